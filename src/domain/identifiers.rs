@@ -1,0 +1,115 @@
+//! String identifiers with a fixed alphabet. The alphabets exclude `$` and `.`, which is
+//! what keeps them from ever being read by MongoDB as operators or field paths.
+
+use std::fmt;
+use std::sync::LazyLock;
+
+use regex::Regex;
+
+/// Declares a string newtype whose only constructor checks it against `$pattern`.
+macro_rules! identifier {
+    ($(#[$doc:meta])* $name:ident, $pattern:literal, $rule:literal) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub struct $name(String);
+
+        impl $name {
+            /// The rule, as told to clients in a 422 answer.
+            pub const RULE: &'static str = $rule;
+
+            pub fn parse(value: &str) -> Result<Self, String> {
+                static PATTERN: LazyLock<Regex> =
+                    LazyLock::new(|| Regex::new($pattern).expect("valid identifier pattern"));
+                if PATTERN.is_match(value) {
+                    Ok(Self(value.to_owned()))
+                } else {
+                    Err(Self::RULE.to_owned())
+                }
+            }
+
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+
+        impl AsRef<str> for $name {
+            fn as_ref(&self) -> &str {
+                &self.0
+            }
+        }
+    };
+}
+
+identifier!(
+    /// A payment provider's configured name, e.g. `stripe`.
+    Provider,
+    r"^[a-z][a-z0-9_-]{0,31}$",
+    "must match ^[a-z][a-z0-9_-]{0,31}$"
+);
+identifier!(
+    /// The merchant account at the provider; `default` when the provider has one account.
+    AccountId,
+    r"^[A-Za-z0-9_.:-]{1,64}$",
+    "must match ^[A-Za-z0-9_.:-]{1,64}$"
+);
+identifier!(
+    /// The provider's id of the payment, e.g. `pi_123`.
+    PaymentIntentId,
+    r"^[A-Za-z0-9_.:-]{1,128}$",
+    "must match ^[A-Za-z0-9_.:-]{1,128}$"
+);
+identifier!(
+    /// The kind of token issued, e.g. `standard`.
+    TokenType,
+    r"^[a-z0-9][a-z0-9_.-]{0,63}$",
+    "must match ^[a-z0-9][a-z0-9_.-]{0,63}$"
+);
+
+impl Default for AccountId {
+    fn default() -> Self {
+        Self("default".to_owned())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn provider_rules() {
+        assert!(Provider::parse("stripe").is_ok());
+        assert!(Provider::parse("standard-webhooks").is_ok());
+        for bad in ["", "Stripe", "1abc", "a.b", "$where", &"a".repeat(33)] {
+            assert!(Provider::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn operator_and_path_characters_are_rejected_everywhere() {
+        for bad in ["{\"$gt\": \"\"}", "$where", "a b", "a/b", ""] {
+            assert!(PaymentIntentId::parse(bad).is_err(), "{bad}");
+            assert!(AccountId::parse(bad).is_err(), "{bad}");
+            assert!(TokenType::parse(bad).is_err(), "{bad}");
+        }
+        assert!(
+            TokenType::parse("a.b").is_ok(),
+            "dots are fine inside a value"
+        );
+    }
+
+    #[test]
+    fn length_limits() {
+        assert!(PaymentIntentId::parse(&"p".repeat(128)).is_ok());
+        assert!(PaymentIntentId::parse(&"p".repeat(129)).is_err());
+        assert!(AccountId::parse(&"a".repeat(64)).is_ok());
+        assert!(AccountId::parse(&"a".repeat(65)).is_err());
+        assert!(TokenType::parse(&"t".repeat(64)).is_ok());
+        assert!(TokenType::parse(&"t".repeat(65)).is_err());
+    }
+}

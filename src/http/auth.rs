@@ -1,0 +1,218 @@
+//! API keys (PRODUCT.md §5): `Authorization: Bearer <key>`; only SHA-256 hashes are
+//! configured. The presented key is hashed and compared with every configured hash in
+//! constant time, so neither the comparison nor the lookup leaks how close a guess was.
+
+use std::sync::Arc;
+
+use axum::extract::FromRequestParts;
+use axum::http::header::AUTHORIZATION;
+use axum::http::request::Parts;
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+use super::AppState;
+use super::error::ApiError;
+use crate::domain::AccountId;
+use crate::settings::ApiKeySettings;
+
+/// A permission an API key may hold. `admin` grants every other one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    IssuancesWrite,
+    IssuancesRequest,
+    Read,
+    TokensRedeem,
+    TokensRevoke,
+    TokensTransfer,
+    Admin,
+}
+
+impl Scope {
+    pub fn parse(value: &str) -> Option<Self> {
+        Some(match value {
+            "issuances:write" => Self::IssuancesWrite,
+            "issuances:request" => Self::IssuancesRequest,
+            "read" => Self::Read,
+            "tokens:redeem" => Self::TokensRedeem,
+            "tokens:revoke" => Self::TokensRevoke,
+            "tokens:transfer" => Self::TokensTransfer,
+            "admin" => Self::Admin,
+            _ => return None,
+        })
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::IssuancesWrite => "issuances:write",
+            Self::IssuancesRequest => "issuances:request",
+            Self::Read => "read",
+            Self::TokensRedeem => "tokens:redeem",
+            Self::TokensRevoke => "tokens:revoke",
+            Self::TokensTransfer => "tokens:transfer",
+            Self::Admin => "admin",
+        }
+    }
+}
+
+/// The authenticated caller of a request.
+#[derive(Debug)]
+pub struct Principal {
+    /// The configured key id: safe to log, unlike the key.
+    pub key_id: String,
+    scopes: Vec<Scope>,
+    accounts: Option<Vec<String>>,
+}
+
+impl Principal {
+    pub fn has(&self, scope: Scope) -> bool {
+        self.scopes
+            .iter()
+            .any(|s| *s == scope || *s == Scope::Admin)
+    }
+
+    /// 403 unless the key holds `scope`.
+    pub fn require(&self, scope: Scope) -> Result<(), ApiError> {
+        if self.has(scope) {
+            Ok(())
+        } else {
+            Err(ApiError::Forbidden(format!(
+                "This API key lacks the scope `{}`.",
+                scope.as_str()
+            )))
+        }
+    }
+
+    /// Whether the key may see data of `account`; keys without an account list see all.
+    pub fn can_see(&self, account: &str) -> bool {
+        self.accounts
+            .as_ref()
+            .is_none_or(|accounts| accounts.iter().any(|a| a == account))
+    }
+
+    /// 403 when the key may not act on `account` (used where the client names the
+    /// account itself, e.g. in a POST body; reads of foreign data answer 404 instead).
+    pub fn require_account(&self, account: &AccountId) -> Result<(), ApiError> {
+        if self.can_see(account.as_str()) {
+            Ok(())
+        } else {
+            Err(ApiError::Forbidden(format!(
+                "This API key is not allowed for account `{account}`."
+            )))
+        }
+    }
+}
+
+/// The configured keys, by hash.
+pub struct ApiKeys {
+    keys: Vec<([u8; 32], Arc<Principal>)>,
+}
+
+impl ApiKeys {
+    /// Builds the registry from validated settings (hashes are 64 hex digits, scopes known).
+    pub fn from_settings(keys: &[ApiKeySettings]) -> Self {
+        let keys = keys
+            .iter()
+            .map(|key| {
+                let mut hash = [0u8; 32];
+                hex::decode_to_slice(&key.sha256, &mut hash).expect("validated sha256 hex");
+                let principal = Principal {
+                    key_id: key.id.clone(),
+                    scopes: key.scopes.iter().filter_map(|s| Scope::parse(s)).collect(),
+                    accounts: key.accounts.clone(),
+                };
+                (hash, Arc::new(principal))
+            })
+            .collect();
+        Self { keys }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+
+    /// The principal of `presented`, if it is a configured key.
+    pub fn authenticate(&self, presented: &str) -> Option<Arc<Principal>> {
+        let hash: [u8; 32] = Sha256::digest(presented.as_bytes()).into();
+        let mut found = None;
+        // Compare against every key, even after a match, so timing says nothing.
+        for (candidate, principal) in &self.keys {
+            if bool::from(candidate.ct_eq(&hash)) {
+                found = Some(principal.clone());
+            }
+        }
+        found
+    }
+}
+
+/// The hex SHA-256 of a bearer key, as it goes into `[[auth.keys]] sha256`.
+pub fn key_hash(key: &str) -> String {
+    hex::encode(Sha256::digest(key.as_bytes()))
+}
+
+/// A fresh random admin key for a development start with no keys configured.
+pub fn generate_dev_key() -> (String, ApiKeySettings) {
+    let key = format!("tm_dev_{}", hex::encode(rand::random::<[u8; 24]>()));
+    let settings = ApiKeySettings {
+        id: "dev-admin".to_owned(),
+        sha256: key_hash(&key),
+        scopes: vec!["admin".to_owned()],
+        accounts: None,
+    };
+    (key, settings)
+}
+
+impl FromRequestParts<AppState> for Arc<Principal> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let header = parts
+            .headers
+            .get(AUTHORIZATION)
+            .ok_or(ApiError::Unauthorized(
+                "Missing Authorization: Bearer <key> header.",
+            ))?;
+        let key = header
+            .to_str()
+            .ok()
+            .and_then(|h| h.strip_prefix("Bearer "))
+            .map(str::trim)
+            .filter(|k| !k.is_empty())
+            .ok_or(ApiError::Unauthorized(
+                "The Authorization header must be `Bearer <key>`.",
+            ))?;
+        let principal = state
+            .keys
+            .authenticate(key)
+            .ok_or(ApiError::Unauthorized("Unknown API key."))?;
+        Ok(principal)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn registry() -> (String, ApiKeys) {
+        let (key, mut settings) = generate_dev_key();
+        settings.scopes = vec!["read".to_owned()];
+        settings.accounts = Some(vec!["acct_1".to_owned()]);
+        (key, ApiKeys::from_settings(&[settings]))
+    }
+
+    #[test]
+    fn authenticates_only_the_configured_key() {
+        let (key, keys) = registry();
+        let principal = keys.authenticate(&key).expect("known key");
+        assert!(principal.has(Scope::Read));
+        assert!(!principal.has(Scope::TokensRedeem));
+        assert!(keys.authenticate("tm_dev_wrong").is_none());
+    }
+
+    #[test]
+    fn accounts_limit_visibility() {
+        let (key, keys) = registry();
+        let principal = keys.authenticate(&key).unwrap();
+        assert!(principal.can_see("acct_1"));
+        assert!(!principal.can_see("acct_2"));
+    }
+}

@@ -1,0 +1,237 @@
+//! The one error envelope: every failure is `application/problem+json` (RFC 9457) with a
+//! stable `code` clients can branch on. Internal causes are logged here, once, and never
+//! put in the body.
+
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use utoipa::ToSchema;
+
+use crate::domain::{FieldError, TokenStatus};
+use crate::store::{Mismatch, StoreError};
+
+/// Seconds a client should wait before retrying a 503.
+const RETRY_AFTER_UNAVAILABLE: &str = "1";
+
+/// Every way a request can fail.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("malformed JSON: {0}")]
+    MalformedJson(String),
+    #[error("unauthorized: {0}")]
+    Unauthorized(&'static str),
+    #[error("forbidden: {0}")]
+    Forbidden(String),
+    #[error("not found: {0}")]
+    NotFound(String),
+    #[error("idempotency conflict")]
+    IdempotencyConflict(Vec<Mismatch>),
+    #[error("state conflict: {detail}")]
+    StateConflict {
+        detail: String,
+        status: Option<TokenStatus>,
+    },
+    #[error("payment not succeeded")]
+    PaymentNotSucceeded(String),
+    #[error("version conflict")]
+    VersionConflict {
+        current_version: i64,
+        status: TokenStatus,
+    },
+    #[error("payload too large")]
+    PayloadTooLarge,
+    #[error("unsupported media type")]
+    UnsupportedMediaType,
+    #[error("validation failed")]
+    Validation(Vec<FieldError>),
+    #[error("precondition required: {0}")]
+    PreconditionRequired(&'static str),
+    #[error("rate limited")]
+    RateLimited { retry_after_secs: u64 },
+    #[error("database unavailable")]
+    DatabaseUnavailable,
+    #[error("transactions unavailable")]
+    TransactionsUnavailable,
+    #[error("request timed out")]
+    Timeout,
+    #[error("internal error")]
+    Internal,
+}
+
+/// The problem document. Optional members appear only where they apply.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Problem {
+    /// A URI reference naming the problem type: `/problems/<code>`.
+    #[serde(rename = "type")]
+    pub problem_type: String,
+    pub title: String,
+    pub status: u16,
+    pub detail: String,
+    /// Stable, machine-readable: branch on this, not on `title` or `detail`.
+    pub code: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub errors: Option<Vec<FieldError>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mismatches: Option<Vec<Mismatch>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub current_version: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub current_status: Option<TokenStatus>,
+}
+
+impl ApiError {
+    pub fn validation(field: &str, message: impl Into<String>) -> Self {
+        Self::Validation(vec![FieldError::new(field, message)])
+    }
+
+    fn status(&self) -> StatusCode {
+        match self {
+            Self::MalformedJson(_) => StatusCode::BAD_REQUEST,
+            Self::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            Self::Forbidden(_) => StatusCode::FORBIDDEN,
+            Self::NotFound(_) => StatusCode::NOT_FOUND,
+            Self::IdempotencyConflict(_)
+            | Self::StateConflict { .. }
+            | Self::PaymentNotSucceeded(_) => StatusCode::CONFLICT,
+            Self::VersionConflict { .. } => StatusCode::PRECONDITION_FAILED,
+            Self::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            Self::Validation(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            Self::PreconditionRequired(_) => StatusCode::PRECONDITION_REQUIRED,
+            Self::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
+            Self::DatabaseUnavailable | Self::TransactionsUnavailable => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            Self::Timeout => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// The stable code and a human title.
+    fn code_and_title(&self) -> (&'static str, &'static str) {
+        match self {
+            Self::MalformedJson(_) => ("malformed_json", "Malformed JSON"),
+            Self::Unauthorized(_) => ("unauthorized", "Unauthorized"),
+            Self::Forbidden(_) => ("forbidden", "Forbidden"),
+            Self::NotFound(_) => ("not_found", "Not found"),
+            Self::IdempotencyConflict(_) => ("idempotency_conflict", "Idempotency conflict"),
+            Self::StateConflict { .. } => ("state_conflict", "State conflict"),
+            Self::PaymentNotSucceeded(_) => ("payment_not_succeeded", "Payment not succeeded"),
+            Self::VersionConflict { .. } => ("version_conflict", "Version conflict"),
+            Self::PayloadTooLarge => ("payload_too_large", "Payload too large"),
+            Self::UnsupportedMediaType => ("unsupported_media_type", "Unsupported media type"),
+            Self::Validation(_) => ("validation_failed", "Validation failed"),
+            Self::PreconditionRequired(_) => ("precondition_required", "Precondition required"),
+            Self::RateLimited { .. } => ("rate_limited", "Too many requests"),
+            Self::DatabaseUnavailable => ("database_unavailable", "Database unavailable"),
+            Self::TransactionsUnavailable => {
+                ("transactions_unavailable", "Transactions unavailable")
+            }
+            Self::Timeout => ("request_timeout", "Request timed out"),
+            Self::Internal => ("internal_error", "Internal error"),
+        }
+    }
+
+    fn detail(&self) -> String {
+        match self {
+            Self::MalformedJson(detail) => format!("The body is not valid JSON: {detail}"),
+            Self::Unauthorized(detail) => (*detail).to_owned(),
+            Self::Forbidden(detail) | Self::NotFound(detail) | Self::PaymentNotSucceeded(detail) => {
+                detail.clone()
+            }
+            Self::StateConflict { detail, .. } => detail.clone(),
+            Self::IdempotencyConflict(_) => {
+                "This payment was already issued with other parameters; see mismatches.".to_owned()
+            }
+            Self::VersionConflict { current_version, .. } => {
+                format!("The token is at version {current_version}; re-read it and retry with If-Match: \"{current_version}\".")
+            }
+            Self::PayloadTooLarge => "The request body exceeds the configured limit.".to_owned(),
+            Self::UnsupportedMediaType => "Send the body as Content-Type: application/json.".to_owned(),
+            Self::Validation(_) => "One or more fields are invalid; see errors.".to_owned(),
+            Self::PreconditionRequired(detail) => (*detail).to_owned(),
+            Self::RateLimited { retry_after_secs } => {
+                format!("Rate limit exceeded; retry after {retry_after_secs} s.")
+            }
+            Self::DatabaseUnavailable => "The database is unavailable; retry later.".to_owned(),
+            Self::TransactionsUnavailable => {
+                "Atomic mode needs MongoDB transactions (a replica set); this deployment has none. Use mode \"upsert\".".to_owned()
+            }
+            Self::Timeout => "The request did not complete in time; retry later.".to_owned(),
+            Self::Internal => "An internal error occurred.".to_owned(),
+        }
+    }
+
+    /// The problem document this error answers with.
+    pub fn problem(&self) -> Problem {
+        let (code, title) = self.code_and_title();
+        let mut problem = Problem {
+            problem_type: format!("/problems/{code}"),
+            title: title.to_owned(),
+            status: self.status().as_u16(),
+            detail: self.detail(),
+            code: code.to_owned(),
+            errors: None,
+            mismatches: None,
+            current_version: None,
+            current_status: None,
+        };
+        match self {
+            Self::Validation(errors) => problem.errors = Some(errors.clone()),
+            Self::IdempotencyConflict(mismatches) => problem.mismatches = Some(mismatches.clone()),
+            Self::VersionConflict {
+                current_version,
+                status,
+            } => {
+                problem.current_version = Some(*current_version);
+                problem.current_status = Some(*status);
+            }
+            Self::StateConflict { status, .. } => problem.current_status = *status,
+            _ => {}
+        }
+        problem
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(err: StoreError) -> Self {
+        match err {
+            StoreError::Unavailable(source) => {
+                tracing::warn!(error = %source, "database unavailable");
+                Self::DatabaseUnavailable
+            }
+            StoreError::TransactionsUnavailable => Self::TransactionsUnavailable,
+            StoreError::Internal(message) => {
+                tracing::error!(error = %message, "store error");
+                Self::Internal
+            }
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        let body = serde_json::to_vec(&self.problem()).unwrap_or_default();
+        let mut response = (status, body).into_response();
+        let headers = response.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
+        match &self {
+            Self::RateLimited { retry_after_secs } => {
+                headers.insert(header::RETRY_AFTER, HeaderValue::from(*retry_after_secs));
+            }
+            Self::DatabaseUnavailable | Self::Timeout => {
+                headers.insert(
+                    header::RETRY_AFTER,
+                    HeaderValue::from_static(RETRY_AFTER_UNAVAILABLE),
+                );
+            }
+            _ => {}
+        }
+        response
+    }
+}

@@ -1,0 +1,157 @@
+//! Request-body extraction with tokenmint's error contract: wrong content type → 415,
+//! too large → 413, not JSON → 400, wrong shape or unknown field → 422 naming the field.
+//! axum's own `Json` answers these in plain text; clients get problem+json instead.
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{FromRequest, Request};
+use axum::http::{StatusCode, header};
+use serde::de::DeserializeOwned;
+
+use super::error::ApiError;
+
+/// A JSON request body of type `T` (which should `deny_unknown_fields`).
+pub struct JsonBody<T>(pub T);
+
+/// Like `JsonBody`, but an empty body means `T::default()` (e.g. redeem's optional body).
+pub struct OptionalJsonBody<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        require_json_content_type(&req)?;
+        let bytes = read_body(req, state).await?;
+        parse_json(&bytes).map(JsonBody)
+    }
+}
+
+impl<S: Send + Sync, T: DeserializeOwned + Default> FromRequest<S> for OptionalJsonBody<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        let has_content_type = req.headers().contains_key(header::CONTENT_TYPE);
+        if has_content_type {
+            require_json_content_type(&req)?;
+        }
+        let bytes = read_body(req, state).await?;
+        if bytes.iter().all(u8::is_ascii_whitespace) {
+            return Ok(OptionalJsonBody(T::default()));
+        }
+        if !has_content_type {
+            return Err(ApiError::UnsupportedMediaType);
+        }
+        parse_json(&bytes).map(OptionalJsonBody)
+    }
+}
+
+fn require_json_content_type(req: &Request) -> Result<(), ApiError> {
+    let content_type = req
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    let essence = content_type
+        .split(';')
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_ascii_lowercase();
+    if essence == "application/json"
+        || (essence.starts_with("application/") && essence.ends_with("+json"))
+    {
+        Ok(())
+    } else {
+        Err(ApiError::UnsupportedMediaType)
+    }
+}
+
+async fn read_body<S: Send + Sync>(req: Request, state: &S) -> Result<Bytes, ApiError> {
+    Bytes::from_request(req, state)
+        .await
+        .map_err(|rejection: BytesRejection| {
+            if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::PayloadTooLarge
+            } else {
+                ApiError::MalformedJson("the body could not be read".to_owned())
+            }
+        })
+}
+
+/// Parses `bytes` as a JSON object into `T`, mapping every failure to the contract.
+pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    let value: serde_json::Value =
+        serde_json::from_slice(bytes).map_err(|e| ApiError::MalformedJson(e.to_string()))?;
+    if !value.is_object() {
+        return Err(ApiError::validation("body", "must be a JSON object"));
+    }
+    serde_path_to_error::deserialize(value).map_err(|err| {
+        let path = err.path().to_string();
+        let message = err.inner().to_string();
+        let field = if path.is_empty() || path == "." {
+            // Unknown and missing fields are reported by serde on the parent object.
+            quoted_name(&message).unwrap_or_else(|| "body".to_owned())
+        } else {
+            path
+        };
+        ApiError::validation(&field, clean_message(&message))
+    })
+}
+
+/// The first `name` in serde's "unknown field `name`, expected ..." style messages.
+fn quoted_name(message: &str) -> Option<String> {
+    let start = message.find('`')? + 1;
+    let len = message[start..].find('`')?;
+    Some(message[start..start + len].to_owned())
+}
+
+fn clean_message(message: &str) -> String {
+    if message.starts_with("unknown field") {
+        "is not a known field".to_owned()
+    } else if message.starts_with("missing field") {
+        "is required".to_owned()
+    } else {
+        message.to_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::FieldError;
+
+    #[derive(Debug, serde::Deserialize)]
+    #[serde(deny_unknown_fields, rename_all = "camelCase")]
+    #[allow(dead_code)]
+    struct Body {
+        token_type: Option<String>,
+        count: Option<i64>,
+    }
+
+    fn errors(bytes: &str) -> Vec<FieldError> {
+        match parse_json::<Body>(bytes.as_bytes()) {
+            Err(ApiError::Validation(errors)) => errors,
+            other => panic!("expected 422, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn unknown_field_is_named() {
+        assert_eq!(errors(r#"{"tokenTyp": "a"}"#)[0].field, "tokenTyp");
+    }
+
+    #[test]
+    fn wrong_type_is_named() {
+        assert_eq!(errors(r#"{"count": "4"}"#)[0].field, "count");
+        assert_eq!(errors(r#"{"count": 4.5}"#)[0].field, "count");
+    }
+
+    #[test]
+    fn non_object_and_syntax_errors() {
+        assert_eq!(errors("[1]")[0].field, "body");
+        assert!(matches!(
+            parse_json::<Body>(b"{"),
+            Err(ApiError::MalformedJson(_))
+        ));
+    }
+}

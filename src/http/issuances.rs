@@ -1,0 +1,315 @@
+//! `/v1/issuances`: issue a payment's tokens exactly once, and read an issuance back.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use super::AppState;
+use super::auth::{Principal, Scope};
+use super::error::{ApiError, Problem};
+use super::extract::JsonBody;
+use crate::domain::{
+    FieldErrors, IssuanceMode, IssuanceParams, IssuanceStatus, NewIssuance, Owner, PaymentKey,
+    Quantity, TokenStatus, TokenType,
+};
+use crate::store::{IssueOutcome, IssuedTokens, TokenSummary, chrono_time};
+
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/v1/issuances", post(create_issuance))
+        .route(
+            "/v1/issuances/{provider}/{accountId}/{paymentIntentId}",
+            get(get_issuance),
+        )
+}
+
+/// Body of `POST /v1/issuances`. Fields are parsed into domain types all at once so that
+/// every bad field is reported in one 422.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct IssuanceRequest {
+    /// Payment provider, `^[a-z][a-z0-9_-]{0,31}$`.
+    #[schema(value_type = String, required = true, example = "stripe")]
+    provider: Option<String>,
+    /// Merchant account at the provider, `^[A-Za-z0-9_.:-]{1,64}$`; default `default`.
+    #[schema(value_type = String, example = "acct_1")]
+    account_id: Option<String>,
+    /// The provider's payment id, `^[A-Za-z0-9_.:-]{1,128}$`.
+    #[schema(value_type = String, required = true, example = "pi_123")]
+    payment_intent_id: Option<String>,
+    /// Owner of the tokens: 24-hex ObjectId.
+    #[schema(value_type = String, required = true, example = "65f1a0c2b3d4e5f601234567")]
+    owner: Option<String>,
+    /// `^[a-z0-9][a-z0-9_.-]{0,63}$`.
+    #[schema(value_type = String, required = true, example = "standard")]
+    token_type: Option<String>,
+    /// Integer from 1 to `issuance.max_quantity` (default 1000).
+    #[schema(value_type = i64, required = true, minimum = 1, example = 4)]
+    quantity: Option<serde_json::Value>,
+    /// RFC 3339; default now. Set on the first write only, never compared on retry.
+    #[schema(value_type = String, format = DateTime)]
+    payment_date: Option<String>,
+    /// `upsert` or `atomic`; default `issuance.default_mode`.
+    #[schema(value_type = IssuanceMode)]
+    mode: Option<String>,
+}
+
+impl IssuanceRequest {
+    /// Validates every field, reporting all bad ones together.
+    fn into_domain(
+        self,
+        max_quantity: u32,
+        default_mode: IssuanceMode,
+    ) -> Result<NewIssuance, ApiError> {
+        let mut errors = FieldErrors::default();
+        let key = PaymentKey::parse_into(
+            &mut errors,
+            self.provider.as_deref(),
+            self.account_id.as_deref(),
+            self.payment_intent_id.as_deref(),
+        );
+        let owner = errors.required("owner", self.owner.as_deref().map(Owner::parse));
+        let token_type = errors.required(
+            "tokenType",
+            self.token_type.as_deref().map(TokenType::parse),
+        );
+        let quantity = errors.required(
+            "quantity",
+            self.quantity
+                .as_ref()
+                .map(|q| Quantity::from_json(q, max_quantity)),
+        );
+        let payment_date = match self.payment_date.as_deref() {
+            Some(date) => errors.check("paymentDate", parse_rfc3339(date)),
+            None => Some(Utc::now()),
+        };
+        let mode = match self.mode.as_deref() {
+            Some(mode) => errors.check("mode", IssuanceMode::parse(mode)),
+            None => Some(default_mode),
+        };
+        errors.finish().map_err(ApiError::Validation)?;
+        match (key, owner, token_type, quantity, payment_date, mode) {
+            (
+                Some(key),
+                Some(owner),
+                Some(token_type),
+                Some(quantity),
+                Some(payment_date),
+                Some(mode),
+            ) => Ok(NewIssuance {
+                key,
+                params: IssuanceParams {
+                    owner,
+                    token_type,
+                    quantity,
+                },
+                payment_date,
+                mode,
+            }),
+            // Unreachable: every None above recorded an error.
+            _ => Err(ApiError::Internal),
+        }
+    }
+}
+
+fn parse_rfc3339(value: &str) -> Result<DateTime<Utc>, String> {
+    DateTime::parse_from_rfc3339(value)
+        .map(|d| d.with_timezone(&Utc))
+        .map_err(|_| "must be an RFC 3339 date-time, e.g. 2026-09-01T00:00:00Z".to_owned())
+}
+
+/// An issuance record as clients see it.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct IssuanceView {
+    pub id: String,
+    pub provider: String,
+    pub account_id: String,
+    pub payment_intent_id: String,
+    pub owner: String,
+    pub token_type: String,
+    pub quantity: i64,
+    pub payment_date: DateTime<Utc>,
+    pub mode: IssuanceMode,
+    pub status: IssuanceStatus,
+    pub created_at: DateTime<Utc>,
+}
+
+/// One token of an issuance.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TokenRef {
+    pub id: String,
+    pub token_index: i64,
+    pub status: TokenStatus,
+    pub version: i64,
+}
+
+/// An issuance with its tokens in tokenIndex order.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct IssuanceResponse {
+    pub issuance: IssuanceView,
+    pub tokens: Vec<TokenRef>,
+    /// How many tokens this request inserted (absent on reads).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub created: Option<u32>,
+}
+
+impl IssuanceResponse {
+    fn new(issued: IssuedTokens, with_created: bool) -> Self {
+        let i = issued.issuance;
+        Self {
+            issuance: IssuanceView {
+                id: i.id.to_hex(),
+                provider: i.provider,
+                account_id: i.account_id,
+                payment_intent_id: i.payment_intent_id,
+                owner: i.owner.to_hex(),
+                token_type: i.token_type,
+                quantity: i.quantity,
+                payment_date: chrono_time(i.payment_date),
+                mode: i.mode,
+                status: i.status,
+                created_at: chrono_time(i.created_at),
+            },
+            tokens: issued.tokens.into_iter().map(TokenRef::from).collect(),
+            created: with_created.then_some(issued.created),
+        }
+    }
+
+    fn location(&self) -> String {
+        let i = &self.issuance;
+        format!(
+            "/v1/issuances/{}/{}/{}",
+            i.provider, i.account_id, i.payment_intent_id
+        )
+    }
+}
+
+impl From<TokenSummary> for TokenRef {
+    fn from(t: TokenSummary) -> Self {
+        Self {
+            id: t.id.to_hex(),
+            token_index: t.token_index,
+            status: t.status,
+            version: t.version,
+        }
+    }
+}
+
+/// Issue a payment's tokens, exactly once.
+///
+/// The first request for a payment writes the issuance and its tokens (201). An identical
+/// retry answers 200 with `Idempotent-Replayed: true` and the same token ids, completing a
+/// partial issuance if a crash interrupted the first. A request whose owner, tokenType or
+/// quantity differs from the recorded issuance is refused with 409 and writes nothing.
+#[utoipa::path(
+    post,
+    path = "/v1/issuances",
+    tag = "issuances",
+    request_body = IssuanceRequest,
+    security(("bearer" = ["issuances:write"])),
+    responses(
+        (status = 201, description = "Issued now", body = IssuanceResponse,
+            headers(("Location" = String, description = "The issuance's GET URL"))),
+        (status = 200, description = "Replay of an earlier identical request", body = IssuanceResponse,
+            headers(("Idempotent-Replayed" = String, description = "`true`"))),
+        (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing or unknown API key", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "Scope or account not allowed", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`idempotency_conflict`: the payment was issued with other parameters", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "Not application/json", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "`validation_failed`, every bad field listed", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "`database_unavailable` or `transactions_unavailable`", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn create_issuance(
+    State(state): State<AppState>,
+    principal: Arc<Principal>,
+    JsonBody(body): JsonBody<IssuanceRequest>,
+) -> Result<Response, ApiError> {
+    principal.require(Scope::IssuancesWrite)?;
+    let request = body.into_domain(state.max_quantity, state.default_mode)?;
+    principal.require_account(&request.key.account_id)?;
+    let outcome = state.store.issue(&request).await?;
+    let (status, issued) = match outcome {
+        IssueOutcome::Created(issued) => (StatusCode::CREATED, issued),
+        IssueOutcome::Replayed(issued) => (StatusCode::OK, issued),
+        IssueOutcome::Conflict(mismatches) => {
+            metrics::counter!("tokenmint_issuances_total", "outcome" => "conflict").increment(1);
+            return Err(ApiError::IdempotencyConflict(mismatches));
+        }
+    };
+    let outcome = if status == StatusCode::CREATED {
+        "created"
+    } else {
+        "replayed"
+    };
+    metrics::counter!("tokenmint_issuances_total", "outcome" => outcome).increment(1);
+    metrics::counter!("tokenmint_tokens_created_total").increment(u64::from(issued.created));
+    let body = IssuanceResponse::new(issued, true);
+    let mut headers = HeaderMap::new();
+    if let Ok(location) = HeaderValue::from_str(&body.location()) {
+        headers.insert(header::LOCATION, location);
+    }
+    if status == StatusCode::OK {
+        headers.insert("idempotent-replayed", HeaderValue::from_static("true"));
+    }
+    Ok((status, headers, axum::Json(body)).into_response())
+}
+
+/// Read an issuance and its tokens.
+#[utoipa::path(
+    get,
+    path = "/v1/issuances/{provider}/{accountId}/{paymentIntentId}",
+    tag = "issuances",
+    params(
+        ("provider" = String, Path, description = "Payment provider"),
+        ("accountId" = String, Path, description = "Merchant account (`default` if none)"),
+        ("paymentIntentId" = String, Path, description = "The provider's payment id"),
+    ),
+    security(("bearer" = ["read"])),
+    responses(
+        (status = 200, description = "The issuance and its tokens", body = IssuanceResponse),
+        (status = 401, description = "Missing or unknown API key", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "Scope not allowed", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No issuance for this payment (or not visible to this key)", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Malformed path parameter", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "`database_unavailable`", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn get_issuance(
+    State(state): State<AppState>,
+    principal: Arc<Principal>,
+    Path((provider, account_id, payment_intent_id)): Path<(String, String, String)>,
+) -> Result<axum::Json<IssuanceResponse>, ApiError> {
+    principal.require(Scope::Read)?;
+    let mut errors = FieldErrors::default();
+    let key = PaymentKey::parse_into(
+        &mut errors,
+        Some(&provider),
+        Some(&account_id),
+        Some(&payment_intent_id),
+    );
+    errors.finish().map_err(ApiError::Validation)?;
+    let key = key.ok_or(ApiError::Internal)?;
+    let not_found = || ApiError::NotFound("No issuance exists for this payment.".to_owned());
+    if !principal.can_see(key.account_id.as_str()) {
+        return Err(not_found());
+    }
+    let issued = state
+        .store
+        .find_issuance(&key)
+        .await?
+        .ok_or_else(not_found)?;
+    Ok(axum::Json(IssuanceResponse::new(issued, false)))
+}

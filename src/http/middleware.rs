@@ -1,0 +1,118 @@
+//! What wraps every request: a request id (on the response and every log line), an
+//! access log, HTTP metrics by route template, a per-request timeout answered as
+//! problem+json, and CORS for the configured checkout origins only.
+
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::extract::{MatchedPath, Request};
+use axum::http::{HeaderName, HeaderValue, Method, header};
+use axum::middleware::{Next, from_fn};
+use axum::response::{IntoResponse, Response};
+use tower_http::cors::{AllowOrigin, CorsLayer};
+use tracing::Instrument;
+
+use super::error::ApiError;
+use crate::settings::Settings;
+
+pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+/// Wraps `router` in the layers every request goes through.
+pub fn apply(router: Router, settings: &Settings) -> Router {
+    let timeout = settings.request_timeout();
+    router
+        .route_layer(from_fn(record_metrics))
+        .layer(from_fn(move |req: Request, next: Next| {
+            with_timeout(timeout, req, next)
+        }))
+        .layer(cors(&settings.server.cors_origins))
+        .layer(from_fn(request_id))
+}
+
+/// Accepts a sane `x-request-id` (1–128 visible characters from a safe set) or makes one,
+/// then runs the request inside a span carrying it and echoes it on the response.
+async fn request_id(req: Request, next: Next) -> Response {
+    let id = req
+        .headers()
+        .get(&REQUEST_ID)
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| is_sane_request_id(v))
+        .map(str::to_owned)
+        .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+    let span = tracing::info_span!("request", request_id = %id, method = %req.method(), path = %req.uri().path());
+    let started = Instant::now();
+    let mut response = next.run(req).instrument(span.clone()).await;
+    span.in_scope(|| {
+        tracing::info!(
+            status = response.status().as_u16(),
+            latency_ms = started.elapsed().as_secs_f64() * 1000.0,
+            "request completed"
+        );
+    });
+    if let Ok(value) = HeaderValue::from_str(&id) {
+        response.headers_mut().insert(REQUEST_ID, value);
+    }
+    response
+}
+
+fn is_sane_request_id(id: &str) -> bool {
+    (1..=128).contains(&id.len())
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b))
+}
+
+/// Answers 503 `request_timeout` when the handler runs past `server.request_timeout_ms`.
+async fn with_timeout(timeout: Duration, req: Request, next: Next) -> Response {
+    match tokio::time::timeout(timeout, next.run(req)).await {
+        Ok(response) => response,
+        Err(_) => {
+            tracing::warn!(timeout_ms = timeout.as_millis() as u64, "request timed out");
+            ApiError::Timeout.into_response()
+        }
+    }
+}
+
+/// Counts requests and observes latency by route template (never the raw path, whose
+/// ids would make unbounded label values).
+async fn record_metrics(req: Request, next: Next) -> Response {
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|p| p.as_str().to_owned())
+        .unwrap_or_else(|| "unmatched".to_owned());
+    let method = req.method().to_string();
+    let started = Instant::now();
+    let response = next.run(req).await;
+    let status = response.status().as_u16().to_string();
+    let labels = [("method", method), ("route", route), ("status", status)];
+    metrics::counter!("tokenmint_http_requests_total", &labels).increment(1);
+    metrics::histogram!("tokenmint_http_request_duration_seconds", &labels)
+        .record(started.elapsed().as_secs_f64());
+    response
+}
+
+/// Browsers may call only from `origins`; others get no CORS headers at all.
+fn cors(origins: &[String]) -> CorsLayer {
+    let origins: Vec<HeaderValue> = origins
+        .iter()
+        .filter_map(|o| HeaderValue::from_str(o).ok())
+        .collect();
+    CorsLayer::new()
+        .allow_origin(AllowOrigin::list(origins))
+        .allow_methods([Method::GET, Method::POST])
+        .allow_headers([
+            header::AUTHORIZATION,
+            header::CONTENT_TYPE,
+            header::IF_MATCH,
+            REQUEST_ID,
+        ])
+        .expose_headers([
+            header::ETAG,
+            header::LOCATION,
+            header::RETRY_AFTER,
+            REQUEST_ID,
+            HeaderName::from_static("idempotent-replayed"),
+        ])
+        .max_age(Duration::from_secs(600))
+}

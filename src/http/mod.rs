@@ -1,0 +1,95 @@
+//! The HTTP surface: one route table, one error envelope, one OpenAPI document.
+
+pub mod auth;
+pub mod error;
+mod extract;
+mod issuances;
+mod middleware;
+mod ops;
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use utoipa::OpenApi;
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa_swagger_ui::SwaggerUi;
+
+use crate::domain::IssuanceMode;
+use crate::settings::Settings;
+use crate::store::Store;
+use auth::ApiKeys;
+use error::ApiError;
+
+/// What every handler can reach.
+#[derive(Clone)]
+pub struct AppState {
+    pub store: Store,
+    pub keys: Arc<ApiKeys>,
+    pub max_quantity: u32,
+    pub default_mode: IssuanceMode,
+    pub metrics: metrics_exporter_prometheus::PrometheusHandle,
+}
+
+impl AppState {
+    pub fn new(store: Store, keys: ApiKeys, settings: &Settings) -> Self {
+        Self {
+            store,
+            keys: Arc::new(keys),
+            max_quantity: settings.issuance.max_quantity,
+            default_mode: settings.issuance.default_mode,
+            metrics: crate::telemetry::metrics_handle(),
+        }
+    }
+}
+
+/// The OpenAPI document, generated from the handlers' annotations.
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "tokenmint",
+        description = "Issues tokens for payments, exactly once per payment.",
+        license(name = "MIT")
+    ),
+    paths(
+        issuances::create_issuance,
+        issuances::get_issuance,
+        ops::healthz,
+        ops::readyz,
+        ops::metrics,
+    ),
+    modifiers(&BearerAuth),
+    tags(
+        (name = "issuances", description = "Issue a payment's tokens exactly once"),
+        (name = "operations", description = "Health, readiness, metrics"),
+    )
+)]
+pub struct ApiDoc;
+
+/// Declares the `bearer` security scheme the handlers reference.
+struct BearerAuth;
+
+impl utoipa::Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
+    }
+}
+
+/// The whole application: routes, then the layers every request goes through.
+pub fn router(state: AppState, settings: &Settings) -> Router {
+    let routes = Router::new()
+        .merge(issuances::router())
+        .merge(ops::router())
+        .merge(SwaggerUi::new("/docs").url("/openapi.json", ApiDoc::openapi()))
+        .fallback(|| async { ApiError::NotFound("No such resource.".to_owned()) })
+        .method_not_allowed_fallback(|| async {
+            ApiError::NotFound("No such resource for this method.".to_owned())
+        })
+        .layer(DefaultBodyLimit::max(settings.server.body_limit_bytes))
+        .with_state(state);
+    middleware::apply(routes, settings)
+}

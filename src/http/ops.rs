@@ -1,0 +1,81 @@
+//! Operations endpoints: liveness, readiness, Prometheus metrics. No authentication:
+//! they reveal nothing about payments or tokens.
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use serde::Serialize;
+use utoipa::ToSchema;
+
+use super::AppState;
+
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+}
+
+/// Liveness and readiness answers.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Health {
+    /// `ok`, `ready` or `unavailable`.
+    pub status: &'static str,
+    /// Why the service is not ready, when it is not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// Liveness: the process serves HTTP.
+#[utoipa::path(get, path = "/healthz", tag = "operations",
+    responses((status = 200, description = "Alive", body = Health)))]
+pub async fn healthz() -> axum::Json<Health> {
+    axum::Json(Health {
+        status: "ok",
+        reason: None,
+    })
+}
+
+/// Readiness: MongoDB answers and every migration is applied.
+#[utoipa::path(get, path = "/readyz", tag = "operations",
+    responses(
+        (status = 200, description = "Ready to serve", body = Health),
+        (status = 503, description = "Database unreachable or migrations pending", body = Health),
+    ))]
+pub async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
+    let reason = match state.store.ping().await {
+        Err(_) => Some("database unreachable".to_owned()),
+        Ok(()) => match crate::migrate::pending(&state.store).await {
+            Ok(pending) if pending.is_empty() => None,
+            Ok(pending) => Some(format!("migrations pending: {}", pending.join(", "))),
+            Err(_) => Some("cannot read applied migrations".to_owned()),
+        },
+    };
+    let ready = reason.is_none();
+    crate::telemetry::record_database_up(ready);
+    let status = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    let body = Health {
+        status: if ready { "ready" } else { "unavailable" },
+        reason,
+    };
+    (status, axum::Json(body))
+}
+
+/// Prometheus metrics in the text exposition format.
+#[utoipa::path(get, path = "/metrics", tag = "operations",
+    responses((status = 200, description = "Prometheus text format", body = String, content_type = "text/plain")))]
+pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        state.metrics.render(),
+    )
+}

@@ -1,0 +1,140 @@
+//! Atomic mode: the issuance record and all its tokens in one multi-document transaction
+//! (seed 000, "transactional alternative"). Either everything is visible or nothing is.
+//!
+//! A duplicate key on the issuance index means another request already issued this
+//! payment: the transaction is abandoned and the request is verified against the record.
+//! Concurrent first writers collide as write conflicts (TransientTransactionError); the
+//! loser retries and then sees the winner's committed record.
+
+use std::time::Duration;
+
+use mongodb::ClientSession;
+use mongodb::bson::{DateTime, Document, oid::ObjectId};
+use mongodb::error::{Error, UNKNOWN_TRANSACTION_COMMIT_RESULT};
+use mongodb::options::{Acknowledgment, ReadConcern, WriteConcern};
+
+use super::documents::{from_document, issuance_filter, new_token};
+use super::error::{
+    ISSUANCES_PAYMENT_INDEX, StoreError, duplicate_key_index, is_transient_transaction_error,
+};
+use super::issuance::{IssueOutcome, IssuedTokens, fresh_tokens, new_record_view, record_document};
+use super::{ISSUANCES, Store, TOKENS};
+use crate::domain::NewIssuance;
+
+/// Transient transaction errors are retried this many times before giving up.
+const MAX_TRANSACTION_ATTEMPTS: u32 = 10;
+
+/// How one transaction attempt ended.
+enum Attempt {
+    Committed(IssuedTokens),
+    /// The payment's record already exists (committed by someone else).
+    AlreadyIssued,
+}
+
+impl Store {
+    pub(super) async fn issue_atomic(
+        &self,
+        request: &NewIssuance,
+    ) -> Result<IssueOutcome, StoreError> {
+        if !self.supports_transactions().await? {
+            return Err(StoreError::TransactionsUnavailable);
+        }
+        let mut session = self.client.start_session().await?;
+        let mut attempt = 1;
+        loop {
+            match self.try_transaction(&mut session, request).await {
+                Ok(Attempt::Committed(issued)) => return Ok(IssueOutcome::Created(issued)),
+                Ok(Attempt::AlreadyIssued) => {
+                    let record = self
+                        .collection(ISSUANCES)
+                        .find_one(issuance_filter(&request.key))
+                        .await?
+                        .ok_or_else(|| {
+                            StoreError::Internal("issuance record vanished".to_owned())
+                        })?;
+                    return self.replay(request, from_document(record)?).await;
+                }
+                Err(err)
+                    if is_transient_transaction_error(&err)
+                        && attempt < MAX_TRANSACTION_ATTEMPTS =>
+                {
+                    attempt += 1;
+                    metrics::counter!("tokenmint_transaction_retries_total").increment(1);
+                    // A short, growing pause lets the conflicting transaction commit.
+                    tokio::time::sleep(Duration::from_millis(u64::from(attempt) * 5)).await;
+                }
+                Err(err) => return Err(err.into()),
+            }
+        }
+    }
+
+    async fn try_transaction(
+        &self,
+        session: &mut ClientSession,
+        request: &NewIssuance,
+    ) -> Result<Attempt, Error> {
+        session
+            .start_transaction()
+            .read_concern(ReadConcern::snapshot())
+            .write_concern(WriteConcern::builder().w(Acknowledgment::Majority).build())
+            .await?;
+        let issuance = new_record_view(request);
+        let record = record_document(&issuance).map_err(|e| Error::custom(e.to_string()))?;
+        if let Err(err) = self
+            .collection(ISSUANCES)
+            .insert_one(record)
+            .session(&mut *session)
+            .await
+        {
+            // Leave the session clean for the next attempt; the abort's own failure is moot.
+            let _ = session.abort_transaction().await;
+            if duplicate_key_index(&err).as_deref() == Some(ISSUANCES_PAYMENT_INDEX) {
+                return Ok(Attempt::AlreadyIssued);
+            }
+            return Err(err);
+        }
+        let (tokens, inserted) = token_documents(request);
+        if let Err(err) = self
+            .collection(TOKENS)
+            .insert_many(tokens)
+            .session(&mut *session)
+            .await
+        {
+            let _ = session.abort_transaction().await;
+            return Err(err);
+        }
+        commit_with_retry(session).await?;
+        Ok(Attempt::Committed(IssuedTokens {
+            issuance,
+            created: inserted.len() as u32,
+            tokens: fresh_tokens(inserted),
+        }))
+    }
+}
+
+/// Commits, retrying while the outcome is unknown (the commit is idempotent).
+async fn commit_with_retry(session: &mut ClientSession) -> Result<(), Error> {
+    let mut attempt = 0;
+    loop {
+        match session.commit_transaction().await {
+            Err(err) if err.contains_label(UNKNOWN_TRANSACTION_COMMIT_RESULT) && attempt < 3 => {
+                attempt += 1;
+            }
+            other => return other,
+        }
+    }
+}
+
+/// The token documents of an atomic issuance, with ids chosen here so the answer can
+/// name them without reading back.
+fn token_documents(request: &NewIssuance) -> (Vec<Document>, Vec<(i64, ObjectId)>) {
+    let now = DateTime::now();
+    (0..i64::from(request.params.quantity.get()))
+        .map(|token_index| {
+            let id = ObjectId::new();
+            let mut document = new_token(request, token_index, now);
+            document.insert("_id", id);
+            (document, (token_index, id))
+        })
+        .unzip()
+}

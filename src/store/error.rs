@@ -1,0 +1,90 @@
+//! Store errors, and the one place where driver errors are classified: by kind for
+//! outages, by index name for duplicate keys (PRODUCT.md §2: a duplicate key on the token
+//! index is a race to retry, any other duplicate key is a real error).
+
+use mongodb::error::{Error, ErrorKind, TRANSIENT_TRANSACTION_ERROR, WriteFailure};
+
+/// The unique index on `tokens` (provider, accountId, paymentIntentId, tokenIndex).
+pub const TOKENS_PAYMENT_INDEX: &str = "uniq_token_payment_index";
+/// The unique index on `issuances` (provider, accountId, paymentIntentId).
+pub const ISSUANCES_PAYMENT_INDEX: &str = "uniq_issuance_payment";
+
+/// What can go wrong below the HTTP layer. Driver text stays inside: the HTTP layer turns
+/// these into generic problems and logs the source once.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// MongoDB cannot be reached (server selection timed out, network, failover).
+    #[error("database unavailable: {0}")]
+    Unavailable(#[source] Error),
+    /// `atomic` mode was asked of a deployment without transactions (a standalone server).
+    #[error("transactions are not available on this deployment")]
+    TransactionsUnavailable,
+    /// Anything else: a bug or an unexpected server answer.
+    #[error("database error: {0}")]
+    Internal(String),
+}
+
+impl From<Error> for StoreError {
+    fn from(err: Error) -> Self {
+        if is_unavailable(&err) {
+            StoreError::Unavailable(err)
+        } else {
+            StoreError::Internal(err.to_string())
+        }
+    }
+}
+
+/// Server codes meaning "this node cannot take the write now" (failover, shutdown).
+const NOT_PRIMARY_CODES: [i32; 8] = [91, 189, 10107, 11600, 11602, 13435, 13436, 262];
+
+/// True when the error means MongoDB is (perhaps briefly) unreachable or electing.
+pub fn is_unavailable(err: &Error) -> bool {
+    match err.kind.as_ref() {
+        ErrorKind::ServerSelection { .. }
+        | ErrorKind::Io(_)
+        | ErrorKind::ConnectionPoolCleared { .. }
+        | ErrorKind::Shutdown => true,
+        ErrorKind::Command(cmd) => NOT_PRIMARY_CODES.contains(&cmd.code),
+        ErrorKind::Write(WriteFailure::WriteConcernError(wce)) => {
+            NOT_PRIMARY_CODES.contains(&wce.code)
+        }
+        _ => err.contains_label("RetryableWriteError"),
+    }
+}
+
+/// True for errors a transaction should be retried from the start on.
+pub fn is_transient_transaction_error(err: &Error) -> bool {
+    err.contains_label(TRANSIENT_TRANSACTION_ERROR)
+}
+
+/// The index named in a duplicate-key (E11000) error, if `err` is one.
+pub fn duplicate_key_index(err: &Error) -> Option<String> {
+    let message = match err.kind.as_ref() {
+        ErrorKind::Write(WriteFailure::WriteError(e)) if e.code == 11000 => &e.message,
+        ErrorKind::Command(e) if e.code == 11000 => &e.message,
+        ErrorKind::InsertMany(e) => {
+            let first = e.write_errors.as_ref()?.iter().find(|w| w.code == 11000)?;
+            &first.message
+        }
+        _ => return None,
+    };
+    Some(index_in_message(message).unwrap_or_default())
+}
+
+/// Parses `... index: <name> dup key: ...` out of a server duplicate-key message.
+pub fn index_in_message(message: &str) -> Option<String> {
+    let rest = message.split_once("index: ")?.1;
+    Some(rest.split_whitespace().next()?.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_the_index_name() {
+        let msg = "E11000 duplicate key error collection: db.tokens index: uniq_token_payment_index dup key: { origin.provider: \"s\" }";
+        assert_eq!(index_in_message(msg).as_deref(), Some(TOKENS_PAYMENT_INDEX));
+        assert_eq!(index_in_message("E11000 duplicate key"), None);
+    }
+}

@@ -1,0 +1,103 @@
+//! The repository layer: every MongoDB call tokenmint makes lives below this module.
+//! Handlers talk to `Store`; they never see a `Collection`.
+
+mod atomic;
+mod documents;
+mod error;
+mod issuance;
+mod token_bulk;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use mongodb::bson::{Document, doc};
+use mongodb::options::ClientOptions;
+use mongodb::{Client, Collection, Database};
+use tokio::sync::OnceCell;
+
+pub use documents::{IssuanceDoc, Origin, TokenDoc, TokenSummary, chrono_time};
+pub use error::{
+    ISSUANCES_PAYMENT_INDEX, StoreError, TOKENS_PAYMENT_INDEX, duplicate_key_index, is_unavailable,
+};
+pub use issuance::{IssueOutcome, IssuedTokens, Mismatch};
+
+/// Collection names (PRODUCT.md §1).
+pub const TOKENS: &str = "tokens";
+pub const ISSUANCES: &str = "issuances";
+
+/// Tunables of the store, taken from `Settings`.
+#[derive(Debug, Clone)]
+pub struct StoreConfig {
+    /// Bounded retries of a token-index duplicate-key race in upsert mode.
+    pub duplicate_key_retries: u32,
+}
+
+/// A handle on tokenmint's database; cheap to clone.
+#[derive(Clone)]
+pub struct Store {
+    client: Client,
+    db: Database,
+    config: Arc<StoreConfig>,
+    /// Whether the deployment supports transactions, learnt from the first `hello`.
+    transactions: Arc<OnceCell<bool>>,
+}
+
+impl Store {
+    /// Builds a client for `uri`. Connecting is lazy: a down database shows up as
+    /// `StoreError::Unavailable` on use (after `server_selection_timeout`), not here.
+    pub async fn connect(
+        uri: &str,
+        database: &str,
+        server_selection_timeout: Duration,
+        max_pool_size: u32,
+        config: StoreConfig,
+    ) -> Result<Self, StoreError> {
+        let mut options = ClientOptions::parse(uri).await?;
+        options.app_name = Some("tokenmint".to_owned());
+        options.server_selection_timeout = Some(server_selection_timeout);
+        options.connect_timeout = Some(server_selection_timeout);
+        options.max_pool_size = Some(max_pool_size);
+        let client = Client::with_options(options)?;
+        let db = client.database(database);
+        Ok(Self {
+            client,
+            db,
+            config: Arc::new(config),
+            transactions: Arc::new(OnceCell::new()),
+        })
+    }
+
+    pub fn database(&self) -> &Database {
+        &self.db
+    }
+
+    pub(crate) fn collection(&self, name: &str) -> Collection<Document> {
+        self.db.collection(name)
+    }
+
+    /// Round trip to the server; used by readiness.
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        self.db.run_command(doc! { "ping": 1 }).await?;
+        Ok(())
+    }
+
+    /// Whether multi-document transactions are available: a replica-set member or mongos.
+    /// A standalone server has neither `setName` nor `msg: "isdbgrid"` in its `hello`.
+    pub async fn supports_transactions(&self) -> Result<bool, StoreError> {
+        let supported = self
+            .transactions
+            .get_or_try_init(|| async {
+                let hello = self.db.run_command(doc! { "hello": 1 }).await?;
+                let replica_set = hello.get_str("setName").is_ok();
+                let mongos = hello.get_str("msg").is_ok_and(|m| m == "isdbgrid");
+                Ok::<_, StoreError>(replica_set || mongos)
+            })
+            .await?;
+        Ok(*supported)
+    }
+
+    /// Closes pooled connections; the client is unusable afterwards.
+    pub async fn shutdown(self) {
+        self.client.shutdown().await;
+    }
+}

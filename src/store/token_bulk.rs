@@ -1,0 +1,130 @@
+//! The upsert-mode token write: ONE unordered `update` command carrying an upsert per
+//! token, each filtered on exactly the unique key and writing only `$setOnInsert`
+//! (seed 000). Whatever happened before — nothing, a partial set, a concurrent twin —
+//! the result converges on tokenIndex 0..N-1, and an existing token is never modified.
+//!
+//! MongoDB 6.0 has no `bulkWrite` command (8.0+), so the statements go in one `update`
+//! command: one round trip, whatever the quantity.
+
+use mongodb::bson::{Bson, DateTime, Document, doc, oid::ObjectId};
+
+use super::documents::{issuance_filter_fields, new_token};
+use super::error::{StoreError, TOKENS_PAYMENT_INDEX, index_in_message};
+use super::{Store, TOKENS};
+use crate::domain::NewIssuance;
+
+/// What one bulk did: the tokens it inserted (tokenIndex, new _id).
+#[derive(Debug, Default)]
+pub struct BulkResult {
+    pub inserted: Vec<(i64, ObjectId)>,
+}
+
+/// Why a bulk statement failed.
+enum BulkFailure {
+    /// Two writers raced to insert the same token; retrying converges.
+    TokenRace,
+    Other(String),
+}
+
+impl Store {
+    /// Upserts tokens 0..quantity-1 of `issuance`, retrying token-index races a bounded
+    /// number of times (PRODUCT.md §2).
+    pub(super) async fn upsert_tokens(
+        &self,
+        issuance: &NewIssuance,
+    ) -> Result<BulkResult, StoreError> {
+        let now = DateTime::now();
+        let command = bulk_command(issuance, now);
+        let mut result = BulkResult::default();
+        let mut attempt = 0;
+        loop {
+            let reply = self.database().run_command(command.clone()).await?;
+            result.inserted.extend(upserted_ids(&reply)?);
+            match first_failure(&reply) {
+                None => return Ok(result),
+                Some(BulkFailure::TokenRace) if attempt < self.config.duplicate_key_retries => {
+                    // The racer's token now exists; the retry matches it and inserts the rest.
+                    attempt += 1;
+                    metrics::counter!("tokenmint_duplicate_key_retries_total").increment(1);
+                }
+                Some(BulkFailure::TokenRace) => {
+                    return Err(StoreError::Internal(
+                        "token upsert kept racing past its retry budget".to_owned(),
+                    ));
+                }
+                Some(BulkFailure::Other(message)) => return Err(StoreError::Internal(message)),
+            }
+        }
+    }
+}
+
+/// The `update` command: one `$setOnInsert` upsert per token, unordered.
+fn bulk_command(issuance: &NewIssuance, now: DateTime) -> Document {
+    let updates: Vec<Bson> = (0..i64::from(issuance.params.quantity.get()))
+        .map(|token_index| {
+            let mut filter = issuance_filter_fields(&issuance.key, "origin.");
+            filter.insert("tokenIndex", token_index);
+            Bson::Document(doc! {
+                "q": filter,
+                "u": { "$setOnInsert": new_token(issuance, token_index, now) },
+                "upsert": true,
+            })
+        })
+        .collect();
+    doc! {
+        "update": TOKENS,
+        "updates": updates,
+        "ordered": false,
+        "writeConcern": { "w": "majority" },
+    }
+}
+
+/// (tokenIndex, _id) of every token the reply says was inserted.
+fn upserted_ids(reply: &Document) -> Result<Vec<(i64, ObjectId)>, StoreError> {
+    let Ok(upserted) = reply.get_array("upserted") else {
+        return Ok(Vec::new());
+    };
+    upserted
+        .iter()
+        .map(|entry| {
+            let entry = entry.as_document();
+            // Statement i upserts tokenIndex i, so the statement index is the token index.
+            let index = entry.and_then(|e| e.get("index")).and_then(bson_integer);
+            let id = entry.and_then(|e| e.get_object_id("_id").ok());
+            index.zip(id).ok_or_else(|| {
+                StoreError::Internal("malformed upserted entry in update reply".to_owned())
+            })
+        })
+        .collect()
+}
+
+fn bson_integer(value: &Bson) -> Option<i64> {
+    match value {
+        Bson::Int32(v) => Some(i64::from(*v)),
+        Bson::Int64(v) => Some(*v),
+        _ => None,
+    }
+}
+
+/// The first write or write-concern error of the reply, classified.
+fn first_failure(reply: &Document) -> Option<BulkFailure> {
+    if let Ok(wce) = reply.get_document("writeConcernError") {
+        let message = wce.get_str("errmsg").unwrap_or("write concern error");
+        return Some(BulkFailure::Other(message.to_owned()));
+    }
+    let errors = reply.get_array("writeErrors").ok()?;
+    let mut failure = None;
+    for error in errors.iter().filter_map(Bson::as_document) {
+        let code = error.get("code").and_then(bson_integer).unwrap_or_default();
+        let message = error.get_str("errmsg").unwrap_or_default();
+        let race =
+            code == 11000 && index_in_message(message).as_deref() == Some(TOKENS_PAYMENT_INDEX);
+        if !race {
+            return Some(BulkFailure::Other(format!(
+                "token upsert failed (code {code})"
+            )));
+        }
+        failure = Some(BulkFailure::TokenRace);
+    }
+    failure
+}

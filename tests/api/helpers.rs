@@ -1,0 +1,257 @@
+//! The test harness: a real mongod (single-node replica set, so transactions work), one
+//! per test binary, and an app per test on port 0 with its own randomly named database,
+//! dropped when the test ends (even when it panics).
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use mongodb::bson::{Document, doc};
+use mongodb::{Client, Database};
+use serde_json::Value;
+use tokenmint::embedded::EmbeddedMongo;
+use tokenmint::http::auth::key_hash;
+use tokenmint::settings::{EmbeddedMongoSettings, Settings};
+use tokenmint::startup::Application;
+
+/// Bearer keys the test apps accept, with their scopes and accounts.
+pub const ADMIN_KEY: &str = "test-admin-key";
+pub const WRITER_KEY: &str = "test-writer-key";
+pub const READER_KEY: &str = "test-reader-key";
+pub const ACCOUNT1_KEY: &str = "test-acct1-key";
+pub const REQUEST_KEY: &str = "test-request-key";
+
+pub const OWNER: &str = "65f1a0c2b3d4e5f601234567";
+pub const OTHER_OWNER: &str = "65f1a0c2b3d4e5f601234568";
+
+/// The URI of the test mongod: `TOKENMINT_TEST_MONGO_URI` if set, else one started here.
+pub fn mongo_uri() -> String {
+    if let Ok(uri) = std::env::var("TOKENMINT_TEST_MONGO_URI") {
+        return uri;
+    }
+    static URI: OnceLock<String> = OnceLock::new();
+    URI.get_or_init(start_test_mongod).clone()
+}
+
+/// Starts mongod on a thread that lives as long as the test process: each test has its
+/// own runtime, and mongod (which dies with the thread that started it) must outlive them.
+fn start_test_mongod() -> String {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async move {
+            let binary_name = std::env::current_exe().unwrap();
+            let stem = binary_name
+                .file_stem()
+                .unwrap()
+                .to_string_lossy()
+                .into_owned();
+            let data_dir =
+                std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("mongo-{stem}"));
+            let _ = std::fs::remove_dir_all(&data_dir);
+            let settings = EmbeddedMongoSettings {
+                binary: String::new(),
+                data_dir,
+            };
+            match EmbeddedMongo::start(&settings).await {
+                Ok(mongo) => {
+                    tx.send(Ok(mongo.uri().to_owned())).unwrap();
+                    // Keep `mongo` (and this thread) alive until the process exits.
+                    std::future::pending::<()>().await;
+                    drop(mongo);
+                }
+                Err(err) => tx.send(Err(err.to_string())).unwrap(),
+            }
+        });
+    });
+    rx.recv()
+        .unwrap()
+        .unwrap_or_else(|err| panic!("cannot start test mongod: {err}"))
+}
+
+/// Settings for a test app: port 0, the test mongod, a fresh database, the test keys.
+pub fn test_settings(database: &str, extra: &str) -> Settings {
+    let keys = [
+        ("admin", ADMIN_KEY, "[\"admin\"]", None),
+        ("writer", WRITER_KEY, "[\"issuances:write\"]", None),
+        ("reader", READER_KEY, "[\"read\"]", None),
+        (
+            "acct1",
+            ACCOUNT1_KEY,
+            "[\"issuances:write\", \"read\", \"tokens:redeem\", \"tokens:revoke\", \"tokens:transfer\"]",
+            Some("[\"acct_1\"]"),
+        ),
+        ("checkout", REQUEST_KEY, "[\"issuances:request\"]", None),
+    ];
+    let mut toml = format!(
+        "[server]\nbind = \"127.0.0.1:0\"\n[mongo]\nuri = \"{}\"\ndatabase = \"{database}\"\n",
+        mongo_uri()
+    );
+    for (id, key, scopes, accounts) in keys {
+        toml.push_str(&format!(
+            "[[auth.keys]]\nid = \"{id}\"\nsha256 = \"{}\"\nscopes = {scopes}\n",
+            key_hash(key)
+        ));
+        if let Some(accounts) = accounts {
+            toml.push_str(&format!("accounts = {accounts}\n"));
+        }
+    }
+    Settings::with_overrides(&[&toml, extra]).expect("test settings")
+}
+
+/// A running app and a direct handle on its database.
+pub struct TestApp {
+    pub address: String,
+    pub http: reqwest::Client,
+    pub db: Database,
+    pub db_name: String,
+    _shutdown: tokio::sync::oneshot::Sender<()>,
+}
+
+pub async fn spawn_app() -> TestApp {
+    spawn_app_with("").await
+}
+
+/// Spawns an app with `extra` TOML appended to the test settings.
+pub async fn spawn_app_with(extra: &str) -> TestApp {
+    let db_name = format!("tokenmint_test_{}", uuid::Uuid::new_v4().simple());
+    let settings = test_settings(&db_name, extra);
+    let app = Application::build(&settings).await.expect("app builds");
+    let address = format!("http://{}", app.local_addr());
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(app.run_until_stopped(async move {
+        let _ = rx.await;
+    }));
+    let client = Client::with_uri_str(mongo_uri()).await.unwrap();
+    TestApp {
+        address,
+        http: reqwest::Client::builder()
+            .timeout(Duration::from_secs(60))
+            .build()
+            .unwrap(),
+        db: client.database(&db_name),
+        db_name,
+        _shutdown: tx,
+    }
+}
+
+impl Drop for TestApp {
+    fn drop(&mut self) {
+        // Drop is synchronous and may run during a panic: use a runtime of our own.
+        let db_name = self.db_name.clone();
+        let _ = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async move {
+                if let Ok(client) = Client::with_uri_str(mongo_uri()).await {
+                    let _ = client.database(&db_name).drop().await;
+                }
+            });
+        })
+        .join();
+    }
+}
+
+/// A valid issuance body for `payment`, to be tweaked per test.
+pub fn issuance_body(payment: &str, quantity: i64) -> Value {
+    serde_json::json!({
+        "provider": "stripe",
+        "accountId": "acct_1",
+        "paymentIntentId": payment,
+        "owner": OWNER,
+        "tokenType": "standard",
+        "quantity": quantity,
+    })
+}
+
+impl TestApp {
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{}", self.address, path)
+    }
+
+    /// POST /v1/issuances as `key`.
+    pub async fn issue(&self, key: &str, body: &Value) -> reqwest::Response {
+        self.http
+            .post(self.url("/v1/issuances"))
+            .bearer_auth(key)
+            .json(body)
+            .send()
+            .await
+            .expect("request sent")
+    }
+
+    pub async fn get(&self, key: &str, path: &str) -> reqwest::Response {
+        self.http
+            .get(self.url(path))
+            .bearer_auth(key)
+            .send()
+            .await
+            .expect("request sent")
+    }
+
+    pub async fn count(&self, collection: &str, filter: Document) -> u64 {
+        self.db
+            .collection::<Document>(collection)
+            .count_documents(filter)
+            .await
+            .unwrap()
+    }
+
+    /// The tokenIndexes stored for a payment (provider stripe, account acct_1), sorted.
+    pub async fn token_indexes(&self, payment: &str) -> Vec<i64> {
+        use futures::TryStreamExt;
+        let docs: Vec<Document> = self
+            .db
+            .collection::<Document>("tokens")
+            .find(doc! { "origin.paymentIntentId": payment })
+            .sort(doc! { "tokenIndex": 1 })
+            .await
+            .unwrap()
+            .try_collect()
+            .await
+            .unwrap();
+        docs.iter()
+            .map(|d| match d.get("tokenIndex") {
+                Some(mongodb::bson::Bson::Int32(v)) => i64::from(*v),
+                Some(mongodb::bson::Bson::Int64(v)) => *v,
+                other => panic!("bad tokenIndex {other:?}"),
+            })
+            .collect()
+    }
+}
+
+/// Reads a JSON body, asserting the content type family.
+pub async fn json(response: reqwest::Response) -> Value {
+    response.json().await.expect("JSON body")
+}
+
+/// Asserts a problem+json answer with `status` and `code`; returns the body.
+pub async fn assert_problem(response: reqwest::Response, status: u16, code: &str) -> Value {
+    assert_eq!(response.status().as_u16(), status, "status");
+    let content_type = response
+        .headers()
+        .get("content-type")
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(content_type, "application/problem+json");
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["code"], code, "{body}");
+    assert_eq!(body["status"], status);
+    body
+}
+
+/// The ids of an issuance answer's tokens, in order.
+pub fn token_ids(body: &Value) -> Vec<String> {
+    body["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["id"].as_str().unwrap().to_owned())
+        .collect()
+}
