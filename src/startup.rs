@@ -14,7 +14,7 @@ use crate::embedded::EmbeddedMongo;
 use crate::http::auth::{ApiKeys, generate_dev_key};
 use crate::http::{AppState, router};
 use crate::settings::Settings;
-use crate::store::{Store, StoreConfig};
+use crate::store::{RetryPolicy, Store, StoreConfig};
 
 /// A connected, migrated, bound application, ready to serve.
 pub struct Application {
@@ -42,6 +42,7 @@ pub async fn connect(settings: &Settings) -> anyhow::Result<(Store, Option<Embed
         settings.mongo.max_pool_size,
         StoreConfig {
             duplicate_key_retries: settings.issuance.duplicate_key_retries,
+            version_gate: RetryPolicy::from(&settings.version_gate),
         },
     )
     .await

@@ -18,9 +18,13 @@ pub fn init_logging(settings: &LogSettings) {
     let filter = EnvFilter::try_from_default_env()
         .or_else(|_| EnvFilter::try_new(&settings.level))
         .unwrap_or_else(|_| EnvFilter::new("info"));
+    // Colours only on a terminal (and not with NO_COLOR): a pipe or log file gets plain text.
+    let ansi = crate::startup::stderr_is_terminal()
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        .with_ansi(ansi);
     let result = match settings.format {
         LogFormat::Json => builder
             .json()

@@ -82,6 +82,11 @@ impl Principal {
         }
     }
 
+    /// The accounts the key is limited to; `None` when it sees all.
+    pub fn accounts(&self) -> Option<&[String]> {
+        self.accounts.as_deref()
+    }
+
     /// Whether the key may see data of `account`; keys without an account list see all.
     pub fn can_see(&self, account: &str) -> bool {
         self.accounts

@@ -36,28 +36,28 @@ pub fn router() -> Router<AppState> {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct IssuanceRequest {
     /// Payment provider, `^[a-z][a-z0-9_-]{0,31}$`.
-    #[schema(value_type = String, required = true, example = "stripe")]
+    #[schema(value_type = String, required = true, pattern = r"^[a-z][a-z0-9_-]{0,31}$", example = "stripe")]
     provider: Option<String>,
     /// Merchant account at the provider, `^[A-Za-z0-9_.:-]{1,64}$`; default `default`.
-    #[schema(value_type = String, example = "acct_1")]
+    #[schema(value_type = String, required = false, pattern = r"^[A-Za-z0-9_.:-]{1,64}$", example = "acct_1")]
     account_id: Option<String>,
     /// The provider's payment id, `^[A-Za-z0-9_.:-]{1,128}$`.
-    #[schema(value_type = String, required = true, example = "pi_123")]
+    #[schema(value_type = String, required = true, pattern = r"^[A-Za-z0-9_.:-]{1,128}$", example = "pi_123")]
     payment_intent_id: Option<String>,
     /// Owner of the tokens: 24-hex ObjectId.
-    #[schema(value_type = String, required = true, example = "65f1a0c2b3d4e5f601234567")]
+    #[schema(value_type = String, required = true, pattern = r"^[0-9a-fA-F]{24}$", example = "65f1a0c2b3d4e5f601234567")]
     owner: Option<String>,
     /// `^[a-z0-9][a-z0-9_.-]{0,63}$`.
-    #[schema(value_type = String, required = true, example = "standard")]
+    #[schema(value_type = String, required = true, pattern = r"^[a-z0-9][a-z0-9_.-]{0,63}$", example = "standard")]
     token_type: Option<String>,
     /// Integer from 1 to `issuance.max_quantity` (default 1000).
     #[schema(value_type = i64, required = true, minimum = 1, example = 4)]
     quantity: Option<serde_json::Value>,
     /// RFC 3339; default now. Set on the first write only, never compared on retry.
-    #[schema(value_type = String, format = DateTime)]
+    #[schema(value_type = String, required = false, format = DateTime)]
     payment_date: Option<String>,
     /// `upsert` or `atomic`; default `issuance.default_mode`.
-    #[schema(value_type = IssuanceMode)]
+    #[schema(value_type = IssuanceMode, required = false)]
     mode: Option<String>,
 }
 

@@ -6,6 +6,7 @@ mod extract;
 mod issuances;
 mod middleware;
 mod ops;
+mod tokens;
 
 use std::sync::Arc;
 
@@ -54,6 +55,11 @@ impl AppState {
     paths(
         issuances::create_issuance,
         issuances::get_issuance,
+        tokens::get_token,
+        tokens::list_tokens,
+        tokens::redeem_token,
+        tokens::revoke_token,
+        tokens::transfer_token,
         ops::healthz,
         ops::readyz,
         ops::metrics,
@@ -61,6 +67,7 @@ impl AppState {
     modifiers(&BearerAuth),
     tags(
         (name = "issuances", description = "Issue a payment's tokens exactly once"),
+        (name = "tokens", description = "Read tokens and change their state through the version gate"),
         (name = "operations", description = "Health, readiness, metrics"),
     )
 )]
@@ -83,6 +90,7 @@ impl utoipa::Modify for BearerAuth {
 pub fn router(state: AppState, settings: &Settings) -> Router {
     let routes = Router::new()
         .merge(issuances::router())
+        .merge(tokens::router())
         .merge(ops::router())
         .merge(SwaggerUi::new("/docs").url("/openapi.json", ApiDoc::openapi()))
         .fallback(|| async { ApiError::NotFound("No such resource.".to_owned()) })

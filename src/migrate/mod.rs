@@ -30,6 +30,10 @@ const FILES: &[(&str, &str)] = &[
         "0003_tokens_backfill_version",
         include_str!("../../migrations/0003_tokens_backfill_version.json"),
     ),
+    (
+        "0004_tokens_owner_listing_index",
+        include_str!("../../migrations/0004_tokens_owner_listing_index.json"),
+    ),
 ];
 
 /// One parsed migration file.

@@ -5,7 +5,9 @@ mod atomic;
 mod documents;
 mod error;
 mod issuance;
+mod retry;
 mod token_bulk;
+mod tokens;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,6 +22,8 @@ pub use error::{
     ISSUANCES_PAYMENT_INDEX, StoreError, TOKENS_PAYMENT_INDEX, duplicate_key_index, is_unavailable,
 };
 pub use issuance::{IssueOutcome, IssuedTokens, Mismatch};
+pub use retry::{Backoff, RetryPolicy};
+pub use tokens::{Gate, TokenQuery, Transition, TransitionOutcome};
 
 /// Collection names (PRODUCT.md §1).
 pub const TOKENS: &str = "tokens";
@@ -30,6 +34,23 @@ pub const ISSUANCES: &str = "issuances";
 pub struct StoreConfig {
     /// Bounded retries of a token-index duplicate-key race in upsert mode.
     pub duplicate_key_retries: u32,
+    /// Backoff of the `_version` gate when the client sent no `If-Match`.
+    pub version_gate: RetryPolicy,
+}
+
+impl Default for StoreConfig {
+    /// The defaults of `config/default.toml`.
+    fn default() -> Self {
+        Self {
+            duplicate_key_retries: 3,
+            version_gate: RetryPolicy {
+                base: Duration::from_millis(10),
+                max_jitter: Duration::from_millis(50),
+                max_attempts: 5,
+                budget: Duration::from_secs(5),
+            },
+        }
+    }
 }
 
 /// A handle on tokenmint's database; cheap to clone.

@@ -3,3 +3,4 @@
 mod helpers;
 mod issuance_races;
 mod issuances;
+mod tokens;
