@@ -12,3 +12,4 @@ pub mod settings;
 pub mod startup;
 pub mod store;
 pub mod telemetry;
+pub mod webhooks;

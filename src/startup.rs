@@ -130,6 +130,9 @@ async fn prepare_database(settings: &Settings, store: &Store) -> anyhow::Result<
     } else {
         crate::migrate::verify_applied(store).await?;
     }
+    store
+        .ensure_webhook_retention(settings.webhooks.retention_days)
+        .await?;
     Ok(())
 }
 

@@ -5,12 +5,14 @@
 mod identifiers;
 mod issuance;
 mod owner;
+mod payment;
 mod quantity;
 mod token;
 
 pub use identifiers::{AccountId, PaymentIntentId, Provider, TokenType};
 pub use issuance::{IssuanceMode, IssuanceParams, IssuanceStatus, NewIssuance, PaymentKey};
 pub use owner::Owner;
+pub use payment::PaymentStatus;
 pub use quantity::Quantity;
 pub use token::{TokenId, TokenStatus};
 

@@ -179,8 +179,10 @@ impl FromRequestParts<AppState> for Arc<Principal> {
         let key = header
             .to_str()
             .ok()
-            .and_then(|h| h.strip_prefix("Bearer "))
-            .map(str::trim)
+            // The scheme is case-insensitive (RFC 9110 §11.1): `bearer <key>` is fine too.
+            .and_then(|h| h.split_once(' '))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("Bearer"))
+            .map(|(_, key)| key.trim())
             .filter(|k| !k.is_empty())
             .ok_or(ApiError::Unauthorized(
                 "The Authorization header must be `Bearer <key>`.",

@@ -20,6 +20,8 @@ pub enum ApiError {
     MalformedJson(String),
     #[error("unauthorized: {0}")]
     Unauthorized(&'static str),
+    #[error("webhook signature rejected: {0}")]
+    WebhookSignature(&'static str),
     #[error("forbidden: {0}")]
     Forbidden(String),
     #[error("not found: {0}")]
@@ -88,7 +90,7 @@ impl ApiError {
     fn status(&self) -> StatusCode {
         match self {
             Self::MalformedJson(_) => StatusCode::BAD_REQUEST,
-            Self::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            Self::Unauthorized(_) | Self::WebhookSignature(_) => StatusCode::UNAUTHORIZED,
             Self::Forbidden(_) => StatusCode::FORBIDDEN,
             Self::NotFound(_) => StatusCode::NOT_FOUND,
             Self::IdempotencyConflict(_)
@@ -113,6 +115,7 @@ impl ApiError {
         match self {
             Self::MalformedJson(_) => ("malformed_json", "Malformed JSON"),
             Self::Unauthorized(_) => ("unauthorized", "Unauthorized"),
+            Self::WebhookSignature(code) => (code, "Webhook signature rejected"),
             Self::Forbidden(_) => ("forbidden", "Forbidden"),
             Self::NotFound(_) => ("not_found", "Not found"),
             Self::IdempotencyConflict(_) => ("idempotency_conflict", "Idempotency conflict"),
@@ -137,6 +140,13 @@ impl ApiError {
         match self {
             Self::MalformedJson(detail) => format!("The body is not valid JSON: {detail}"),
             Self::Unauthorized(detail) => (*detail).to_owned(),
+            Self::WebhookSignature(code) => match *code {
+                "signature_missing" => "The provider's signature header is missing.".to_owned(),
+                "signature_timestamp_out_of_tolerance" => {
+                    "The signature's timestamp is outside the accepted tolerance.".to_owned()
+                }
+                _ => "The signature does not match the body with any configured secret.".to_owned(),
+            },
             Self::Forbidden(detail) | Self::NotFound(detail) | Self::PaymentNotSucceeded(detail) => {
                 detail.clone()
             }

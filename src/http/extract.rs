@@ -80,8 +80,16 @@ async fn read_body<S: Send + Sync>(req: Request, state: &S) -> Result<Bytes, Api
 
 /// Parses `bytes` as a JSON object into `T`, mapping every failure to the contract.
 pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
-    let value: serde_json::Value =
-        serde_json::from_slice(bytes).map_err(|e| ApiError::MalformedJson(e.to_string()))?;
+    let value = match serde_json::from_slice::<UniqueKeys>(bytes) {
+        Ok(UniqueKeys(value)) => value,
+        // The only data error a generic value can raise is our repeated key.
+        Err(e) if e.is_data() => {
+            let message = e.to_string();
+            let field = quoted_name(&message).unwrap_or_else(|| "body".to_owned());
+            return Err(ApiError::validation(&field, "is given more than once"));
+        }
+        Err(e) => return Err(ApiError::MalformedJson(e.to_string())),
+    };
     if !value.is_object() {
         return Err(ApiError::validation("body", "must be a JSON object"));
     }
@@ -96,6 +104,77 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
         };
         ApiError::validation(&field, clean_message(&message))
     })
+}
+
+/// A JSON value in which no object repeats a key. serde_json keeps the last of repeated
+/// keys silently, so `{"quantity": 1, "quantity": 3}` would mean 3 here and perhaps 1 to
+/// whatever checked the body before: refuse it instead.
+struct UniqueKeys(serde_json::Value);
+
+impl<'de> serde::Deserialize<'de> for UniqueKeys {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer
+            .deserialize_any(UniqueKeysVisitor)
+            .map(UniqueKeys)
+    }
+}
+
+struct UniqueKeysVisitor;
+
+impl<'de> serde::de::Visitor<'de> for UniqueKeysVisitor {
+    type Value = serde_json::Value;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_bool<E>(self, v: bool) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+
+    fn visit_i64<E>(self, v: i64) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+
+    fn visit_u64<E>(self, v: u64) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+
+    fn visit_f64<E>(self, v: f64) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+
+    fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+
+    fn visit_string<E>(self, v: String) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+
+    fn visit_unit<E>(self) -> Result<Self::Value, E> {
+        Ok(serde_json::Value::Null)
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut items = Vec::new();
+        while let Some(UniqueKeys(item)) = seq.next_element()? {
+            items.push(item);
+        }
+        Ok(serde_json::Value::Array(items))
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut object = serde_json::Map::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if object.contains_key(&key) {
+                return Err(serde::de::Error::custom(format!("duplicate field `{key}`")));
+            }
+            let UniqueKeys(value) = map.next_value()?;
+            object.insert(key, value);
+        }
+        Ok(serde_json::Value::Object(object))
+    }
 }
 
 /// The first `name` in serde's "unknown field `name`, expected ..." style messages.

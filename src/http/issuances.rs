@@ -17,9 +17,9 @@ use super::error::{ApiError, Problem};
 use super::extract::JsonBody;
 use crate::domain::{
     FieldErrors, IssuanceMode, IssuanceParams, IssuanceStatus, NewIssuance, Owner, PaymentKey,
-    Quantity, TokenStatus, TokenType,
+    PaymentStatus, Quantity, TokenStatus, TokenType,
 };
-use crate::store::{IssueOutcome, IssuedTokens, TokenSummary, chrono_time};
+use crate::store::{IssueOutcome, IssuedTokens, TokenSummary, chrono_time, param_mismatches};
 
 pub fn router() -> Router<AppState> {
     Router::new()
@@ -237,25 +237,27 @@ pub async fn create_issuance(
     principal: Arc<Principal>,
     JsonBody(body): JsonBody<IssuanceRequest>,
 ) -> Result<Response, ApiError> {
-    principal.require(Scope::IssuancesWrite)?;
+    let trusted = principal.has(Scope::IssuancesWrite);
+    if !trusted {
+        principal.require(Scope::IssuancesRequest)?;
+    }
     let request = body.into_domain(state.max_quantity, state.default_mode)?;
     principal.require_account(&request.key.account_id)?;
-    let outcome = state.store.issue(&request).await?;
-    let (status, issued) = match outcome {
-        IssueOutcome::Created(issued) => (StatusCode::CREATED, issued),
-        IssueOutcome::Replayed(issued) => (StatusCode::OK, issued),
+    let outcome = if trusted {
+        state.store.issue(&request).await?
+    } else {
+        request_from_checkout(&state, &request).await?
+    };
+    let (status, issued, label) = match outcome {
+        IssueOutcome::Created(issued) => (StatusCode::CREATED, issued, "created"),
+        IssueOutcome::Replayed(issued) => (StatusCode::OK, issued, "replayed"),
+        IssueOutcome::Pending(issued) => (StatusCode::ACCEPTED, issued, "pending"),
         IssueOutcome::Conflict(mismatches) => {
             metrics::counter!("tokenmint_issuances_total", "outcome" => "conflict").increment(1);
             return Err(ApiError::IdempotencyConflict(mismatches));
         }
     };
-    let outcome = if status == StatusCode::CREATED {
-        "created"
-    } else {
-        "replayed"
-    };
-    metrics::counter!("tokenmint_issuances_total", "outcome" => outcome).increment(1);
-    metrics::counter!("tokenmint_tokens_created_total").increment(u64::from(issued.created));
+    metrics::counter!("tokenmint_issuances_total", "outcome" => label).increment(1);
     let body = IssuanceResponse::new(issued, true);
     let mut headers = HeaderMap::new();
     if let Ok(location) = HeaderValue::from_str(&body.location()) {
@@ -265,6 +267,45 @@ pub async fn create_issuance(
         headers.insert("idempotent-replayed", HeaderValue::from_static("true"));
     }
     Ok((status, headers, axum::Json(body)).into_response())
+}
+
+/// The trust flow for a checkout frontend (`issuances:request` only): it may not issue on
+/// its own word. Tokens are issued when the provider has already reported the payment as
+/// succeeded with the same parameters; otherwise the request is recorded as pending and
+/// the success webhook completes it.
+async fn request_from_checkout(
+    state: &AppState,
+    request: &NewIssuance,
+) -> Result<IssueOutcome, ApiError> {
+    let payment = state.store.find_payment(&request.key).await?;
+    match payment.as_ref().map(|p| p.status) {
+        Some(PaymentStatus::Succeeded) => {
+            let payment = payment.expect("matched Some");
+            let Some(known) = payment.token_params.as_ref().and_then(|p| p.params()) else {
+                return Err(ApiError::StateConflict {
+                    detail: "The payment succeeded without token metadata; only a trusted backend can issue for it.".to_owned(),
+                    status: None,
+                });
+            };
+            let mismatches = param_mismatches(
+                &known.owner.to_string(),
+                known.token_type.as_str(),
+                i64::from(known.quantity.get()),
+                &request.params,
+            );
+            if !mismatches.is_empty() {
+                return Err(ApiError::IdempotencyConflict(mismatches));
+            }
+            Ok(state.store.issue(request).await?)
+        }
+        Some(
+            status @ (PaymentStatus::Failed | PaymentStatus::Canceled | PaymentStatus::Refunded),
+        ) => Err(ApiError::PaymentNotSucceeded(format!(
+            "The payment is {}; no tokens will be issued.",
+            status.as_str()
+        ))),
+        Some(PaymentStatus::Processing) | None => Ok(state.store.request_issuance(request).await?),
+    }
 }
 
 /// Read an issuance and its tokens.

@@ -6,7 +6,9 @@ mod extract;
 mod issuances;
 mod middleware;
 mod ops;
+mod payments;
 mod tokens;
+mod webhooks;
 
 use std::sync::Arc;
 
@@ -19,6 +21,7 @@ use utoipa_swagger_ui::SwaggerUi;
 use crate::domain::IssuanceMode;
 use crate::settings::Settings;
 use crate::store::Store;
+use crate::webhooks::Providers;
 use auth::ApiKeys;
 use error::ApiError;
 
@@ -27,6 +30,7 @@ use error::ApiError;
 pub struct AppState {
     pub store: Store,
     pub keys: Arc<ApiKeys>,
+    pub providers: Arc<Providers>,
     pub max_quantity: u32,
     pub default_mode: IssuanceMode,
     pub metrics: metrics_exporter_prometheus::PrometheusHandle,
@@ -37,6 +41,7 @@ impl AppState {
         Self {
             store,
             keys: Arc::new(keys),
+            providers: Arc::new(Providers::from_settings(&settings.providers)),
             max_quantity: settings.issuance.max_quantity,
             default_mode: settings.issuance.default_mode,
             metrics: crate::telemetry::metrics_handle(),
@@ -60,6 +65,8 @@ impl AppState {
         tokens::redeem_token,
         tokens::revoke_token,
         tokens::transfer_token,
+        payments::get_payment,
+        webhooks::receive_webhook,
         ops::healthz,
         ops::readyz,
         ops::metrics,
@@ -68,6 +75,8 @@ impl AppState {
     tags(
         (name = "issuances", description = "Issue a payment's tokens exactly once"),
         (name = "tokens", description = "Read tokens and change their state through the version gate"),
+        (name = "payments", description = "Payment state as reported by providers"),
+        (name = "webhooks", description = "Deliveries from payment providers"),
         (name = "operations", description = "Health, readiness, metrics"),
     )
 )]
@@ -91,6 +100,8 @@ pub fn router(state: AppState, settings: &Settings) -> Router {
     let routes = Router::new()
         .merge(issuances::router())
         .merge(tokens::router())
+        .merge(payments::router())
+        .merge(webhooks::router())
         .merge(ops::router())
         .merge(SwaggerUi::new("/docs").url("/openapi.json", ApiDoc::openapi()))
         .fallback(|| async { ApiError::NotFound("No such resource.".to_owned()) })

@@ -34,6 +34,14 @@ const FILES: &[(&str, &str)] = &[
         "0004_tokens_owner_listing_index",
         include_str!("../../migrations/0004_tokens_owner_listing_index.json"),
     ),
+    (
+        "0005_webhook_events_unique_event",
+        include_str!("../../migrations/0005_webhook_events_unique_event.json"),
+    ),
+    (
+        "0006_payments_unique_payment",
+        include_str!("../../migrations/0006_payments_unique_payment.json"),
+    ),
 ];
 
 /// One parsed migration file.

@@ -104,6 +104,7 @@ impl Store {
             return Err(err);
         }
         commit_with_retry(session).await?;
+        metrics::counter!("tokenmint_tokens_created_total").increment(inserted.len() as u64);
         Ok(Attempt::Committed(IssuedTokens {
             issuance,
             created: inserted.len() as u32,

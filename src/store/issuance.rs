@@ -50,6 +50,9 @@ pub enum IssueOutcome {
     Replayed(IssuedTokens),
     /// The payment already has an issuance with other parameters; nothing was written.
     Conflict(Vec<Mismatch>),
+    /// Recorded as requested; the tokens follow when the payment is known to have
+    /// succeeded (checkout-frontend trust flow).
+    Pending(IssuedTokens),
 }
 
 /// Bounded retries when a concurrent first insert of the issuance record races ours.
@@ -121,16 +124,66 @@ impl Store {
         }
     }
 
+    /// Records a pending issuance for a payment not yet known to have succeeded, unless
+    /// the payment already has a record (then: verify, and replay if it is issued).
+    pub async fn request_issuance(
+        &self,
+        request: &NewIssuance,
+    ) -> Result<IssueOutcome, StoreError> {
+        let mut pending = new_record_view(request);
+        pending.status = IssuanceStatus::Pending;
+        let existing = match self.claim_record(&request.key, &pending).await? {
+            None => {
+                return Ok(IssueOutcome::Pending(IssuedTokens {
+                    issuance: pending,
+                    tokens: Vec::new(),
+                    created: 0,
+                }));
+            }
+            Some(existing) => existing,
+        };
+        let mismatches = verify(&existing, &request.params);
+        if !mismatches.is_empty() {
+            return Ok(IssueOutcome::Conflict(mismatches));
+        }
+        if existing.status == IssuanceStatus::Pending {
+            let tokens = self.payment_tokens(&request.key).await?;
+            return Ok(IssueOutcome::Pending(IssuedTokens {
+                issuance: existing,
+                tokens,
+                created: 0,
+            }));
+        }
+        self.replay(request, existing).await
+    }
+
     /// A request for a payment that already has a record: verify, then answer from the
-    /// tokens, completing a partial set first (the crash-between-writes case).
+    /// tokens, completing a partial set first (the crash-between-writes case). A pending
+    /// record is fulfilled: this request is entitled to issue, so it flips the record to
+    /// `issued` (exactly one caller wins the flip and reports the first write).
     pub(super) async fn replay(
         &self,
         request: &NewIssuance,
-        existing: IssuanceDoc,
+        mut existing: IssuanceDoc,
     ) -> Result<IssueOutcome, StoreError> {
         let mismatches = verify(&existing, &request.params);
         if !mismatches.is_empty() {
             return Ok(IssueOutcome::Conflict(mismatches));
+        }
+        let mut first_write = false;
+        if existing.status == IssuanceStatus::Pending {
+            let flipped = self
+                .collection(ISSUANCES)
+                .update_one(
+                    doc! { "_id": existing.id, "status": "pending" },
+                    doc! { "$set": { "status": "issued", "mode": request.mode.as_str() } },
+                )
+                .await?;
+            first_write = flipped.modified_count == 1;
+            existing.status = IssuanceStatus::Issued;
+            if first_write {
+                existing.mode = request.mode;
+            }
         }
         let quantity = existing.quantity as usize;
         let mut tokens = self.payment_tokens(&request.key).await?;
@@ -144,11 +197,16 @@ impl Store {
             created = self.upsert_tokens(&recorded).await?.inserted.len() as u32;
             tokens = self.payment_tokens(&request.key).await?;
         }
-        Ok(IssueOutcome::Replayed(IssuedTokens {
+        let issued = IssuedTokens {
             issuance: existing,
             tokens,
             created,
-        }))
+        };
+        Ok(if first_write {
+            IssueOutcome::Created(issued)
+        } else {
+            IssueOutcome::Replayed(issued)
+        })
     }
 
     /// The payment's tokens in tokenIndex order (served by the unique index's prefix).
@@ -230,30 +288,41 @@ pub(super) fn fresh_tokens(
 /// Retry verification: every parameter that differs from the record. paymentDate is set
 /// on first insert only and is deliberately not compared.
 pub fn verify(existing: &IssuanceDoc, requested: &IssuanceParams) -> Vec<Mismatch> {
-    let mut mismatches = Vec::new();
-    let mut compare = |field: &str, existing: serde_json::Value, requested: serde_json::Value| {
-        if existing != requested {
-            mismatches.push(Mismatch {
-                field: field.to_owned(),
-                existing,
-                requested,
-            });
-        }
-    };
-    compare(
-        "owner",
-        existing.owner.to_hex().into(),
-        requested.owner.to_string().into(),
-    );
-    compare(
-        "tokenType",
-        existing.token_type.as_str().into(),
-        requested.token_type.as_str().into(),
-    );
-    compare(
-        "quantity",
-        existing.quantity.into(),
-        i64::from(requested.quantity.get()).into(),
-    );
-    mismatches
+    param_mismatches(
+        &existing.owner.to_hex(),
+        &existing.token_type,
+        existing.quantity,
+        requested,
+    )
+}
+
+/// Every parameter in which `requested` differs from (owner, tokenType, quantity).
+pub fn param_mismatches(
+    owner: &str,
+    token_type: &str,
+    quantity: i64,
+    requested: &IssuanceParams,
+) -> Vec<Mismatch> {
+    let fields: [(&str, serde_json::Value, serde_json::Value); 3] = [
+        ("owner", owner.into(), requested.owner.to_string().into()),
+        (
+            "tokenType",
+            token_type.into(),
+            requested.token_type.as_str().into(),
+        ),
+        (
+            "quantity",
+            quantity.into(),
+            i64::from(requested.quantity.get()).into(),
+        ),
+    ];
+    fields
+        .into_iter()
+        .filter(|(_, existing, requested)| existing != requested)
+        .map(|(field, existing, requested)| Mismatch {
+            field: field.to_owned(),
+            existing,
+            requested,
+        })
+        .collect()
 }

@@ -5,9 +5,11 @@ mod atomic;
 mod documents;
 mod error;
 mod issuance;
+mod payments;
 mod retry;
 mod token_bulk;
 mod tokens;
+mod webhook_events;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,9 +23,11 @@ pub use documents::{IssuanceDoc, Origin, TokenDoc, TokenSummary, chrono_time};
 pub use error::{
     ISSUANCES_PAYMENT_INDEX, StoreError, TOKENS_PAYMENT_INDEX, duplicate_key_index, is_unavailable,
 };
-pub use issuance::{IssueOutcome, IssuedTokens, Mismatch};
+pub use issuance::{IssueOutcome, IssuedTokens, Mismatch, param_mismatches};
+pub use payments::{PAYMENTS, PaymentDoc, TokenParamsDoc};
 pub use retry::{Backoff, RetryPolicy};
 pub use tokens::{Gate, TokenQuery, Transition, TransitionOutcome};
+pub use webhook_events::{EventOutcome, WEBHOOK_EVENTS};
 
 /// Collection names (PRODUCT.md §1).
 pub const TOKENS: &str = "tokens";

@@ -41,7 +41,11 @@ impl Store {
             let reply = self.database().run_command(command.clone()).await?;
             result.inserted.extend(upserted_ids(&reply)?);
             match first_failure(&reply) {
-                None => return Ok(result),
+                None => {
+                    metrics::counter!("tokenmint_tokens_created_total")
+                        .increment(result.inserted.len() as u64);
+                    return Ok(result);
+                }
                 Some(BulkFailure::TokenRace) if attempt < self.config.duplicate_key_retries => {
                     // The racer's token now exists; the retry matches it and inserts the rest.
                     attempt += 1;

@@ -4,3 +4,4 @@ mod helpers;
 mod issuance_races;
 mod issuances;
 mod tokens;
+mod webhooks;

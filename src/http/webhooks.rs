@@ -1,0 +1,107 @@
+//! `POST /v1/webhooks/{provider}`: payment providers' deliveries. Authenticated by the
+//! provider's signature over the raw body (no API key); answered 200 for every verified
+//! event, including duplicates and events tokenmint ignores, so providers stop retrying.
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::HeaderMap;
+use axum::routing::post;
+use serde::Serialize;
+use utoipa::ToSchema;
+
+use super::AppState;
+use super::error::{ApiError, Problem};
+use crate::store::EventOutcome;
+use crate::webhooks::{Rejection, SignatureError, SignatureHeaders, process};
+
+pub fn router() -> Router<AppState> {
+    Router::new().route("/v1/webhooks/{provider}", post(receive_webhook))
+}
+
+/// The answer to a delivery.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WebhookReceipt {
+    pub received: bool,
+    /// True when this event id was processed before; nothing was done again.
+    pub duplicate: bool,
+    #[serde(flatten)]
+    pub outcome: EventOutcome,
+}
+
+/// Receive a payment provider's event.
+///
+/// The signature is checked on the raw bytes before anything is parsed: Stripe
+/// (`Stripe-Signature: t=…,v1=…`) or Standard Webhooks (`webhook-id`, `webhook-timestamp`,
+/// `webhook-signature`), per the provider's configured scheme. Events are deduplicated on
+/// (provider, event id); payment state only moves forward (an older event never
+/// overwrites a newer one). A succeeded payment issues the tokens its metadata names; a
+/// refund or cancellation revokes the payment's active tokens.
+#[utoipa::path(
+    post, path = "/v1/webhooks/{provider}", tag = "webhooks",
+    params(
+        ("provider" = String, Path, description = "The configured provider name, e.g. `stripe`"),
+        ("Stripe-Signature" = Option<String>, Header, description = "Stripe scheme: `t=<unix>,v1=<hex>`"),
+        ("webhook-id" = Option<String>, Header, description = "Standard Webhooks: the event id"),
+        ("webhook-timestamp" = Option<String>, Header, description = "Standard Webhooks: unix seconds"),
+        ("webhook-signature" = Option<String>, Header, description = "Standard Webhooks: `v1,<base64>` (space-separated)"),
+    ),
+    request_body(content = Object, description = "The provider's event, as sent", content_type = "application/json"),
+    responses(
+        (status = 200, description = "Accepted (also for duplicates and ignored events)", body = WebhookReceipt),
+        (status = 400, description = "Signed, but not an event", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "`signature_missing`, `signature_invalid` or `signature_timestamp_out_of_tolerance`", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "Unknown provider", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "`database_unavailable`: retry later", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn receive_webhook(
+    State(state): State<AppState>,
+    Path(provider): Path<String>,
+    headers: HeaderMap,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Result<axum::Json<WebhookReceipt>, ApiError> {
+    let body = body.map_err(|rejection| {
+        if rejection.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::PayloadTooLarge
+        } else {
+            ApiError::MalformedJson("the body could not be read".to_owned())
+        }
+    })?;
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    let signature_headers = SignatureHeaders {
+        stripe_signature: header("stripe-signature"),
+        webhook_id: header("webhook-id"),
+        webhook_timestamp: header("webhook-timestamp"),
+        webhook_signature: header("webhook-signature"),
+    };
+    let now = chrono::Utc::now().timestamp();
+    let event = state
+        .providers
+        .verify_and_parse(&provider, &signature_headers, &body, now, state.max_quantity)
+        .map_err(|rejection| {
+            let outcome = match &rejection {
+                Rejection::UnknownProvider => "unknown_provider",
+                Rejection::Signature(_) => "signature_rejected",
+                Rejection::Malformed(_) => "malformed",
+            };
+            metrics::counter!("tokenmint_webhook_events_total", "provider" => "-", "outcome" => outcome).increment(1);
+            match rejection {
+                Rejection::UnknownProvider => ApiError::NotFound("No provider of that name is configured.".to_owned()),
+                Rejection::Signature(SignatureError::Missing) => ApiError::WebhookSignature("signature_missing"),
+                Rejection::Signature(SignatureError::Invalid) => ApiError::WebhookSignature("signature_invalid"),
+                Rejection::Signature(SignatureError::OutOfTolerance) => {
+                    ApiError::WebhookSignature("signature_timestamp_out_of_tolerance")
+                }
+                Rejection::Malformed(detail) => ApiError::MalformedJson(detail),
+            }
+        })?;
+    let processed = process(&state.store, &provider, &event, state.default_mode).await?;
+    Ok(axum::Json(WebhookReceipt {
+        received: true,
+        duplicate: processed.duplicate,
+        outcome: processed.outcome,
+    }))
+}

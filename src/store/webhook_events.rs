@@ -1,0 +1,135 @@
+//! `webhook_events`: every accepted webhook event, unique on (provider, eventId), with its
+//! outcome; expired after `webhooks.retention_days` by a TTL index on `receivedAt`.
+
+use mongodb::IndexModel;
+use mongodb::bson::{DateTime, Document, doc};
+use mongodb::options::IndexOptions;
+
+use super::Store;
+use super::error::{StoreError, duplicate_key_index};
+
+pub const WEBHOOK_EVENTS: &str = "webhook_events";
+const TTL_INDEX: &str = "webhook_events_ttl";
+
+/// What processing an event did, as recorded and answered.
+#[derive(Debug, Clone, Default, serde::Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EventOutcome {
+    /// `issued`, `already_issued`, `revoked`, `recorded`, `stale`, `ignored`,
+    /// `metadata_invalid`, `no_metadata`, `conflict`.
+    pub outcome: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+    /// Tokens inserted by this event.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tokens_created: Option<u32>,
+    /// Active tokens revoked by this event.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tokens_revoked: Option<u64>,
+    /// Tokens already redeemed, left as they are by a refund or cancellation.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tokens_redeemed_kept: Option<u64>,
+}
+
+impl EventOutcome {
+    pub fn new(outcome: &str) -> Self {
+        Self {
+            outcome: outcome.to_owned(),
+            ..Self::default()
+        }
+    }
+
+    pub fn with_detail(outcome: &str, detail: impl Into<String>) -> Self {
+        Self {
+            detail: Some(detail.into()),
+            ..Self::new(outcome)
+        }
+    }
+}
+
+impl Store {
+    /// Whether (provider, event id) was already processed to an outcome.
+    pub async fn webhook_event_seen(
+        &self,
+        provider: &str,
+        event_id: &str,
+    ) -> Result<bool, StoreError> {
+        let found = self
+            .collection(WEBHOOK_EVENTS)
+            .find_one(doc! { "provider": provider, "eventId": event_id })
+            .projection(doc! { "_id": 1 })
+            .await?;
+        Ok(found.is_some())
+    }
+
+    /// Records a processed event. Written after its effects, so a crash in between makes
+    /// the provider's retry process it again (effects are idempotent) rather than lose it.
+    pub async fn record_webhook_event(
+        &self,
+        provider: &str,
+        event_id: &str,
+        event_type: &str,
+        payment: Option<(&str, &str)>,
+        outcome: &EventOutcome,
+    ) -> Result<(), StoreError> {
+        let mut record = doc! {
+            "provider": provider,
+            "eventId": event_id,
+            "type": event_type,
+            "outcome": &outcome.outcome,
+            "receivedAt": DateTime::now(),
+        };
+        if let Some((account, payment)) = payment {
+            record.insert("accountId", account);
+            record.insert("paymentIntentId", payment);
+        }
+        let extras: Document = mongodb::bson::to_document(outcome)
+            .map_err(|e| StoreError::Internal(format!("cannot encode outcome: {e}")))?;
+        for (field, value) in extras {
+            record.entry(field).or_insert(value);
+        }
+        let result = self
+            .collection(WEBHOOK_EVENTS)
+            .update_one(
+                doc! { "provider": provider, "eventId": event_id },
+                doc! { "$setOnInsert": record },
+            )
+            .upsert(true)
+            .await;
+        match result {
+            // A concurrent delivery of the same event recorded it first: same outcome.
+            Err(err) if duplicate_key_index(&err).is_some() => Ok(()),
+            other => other.map(|_| ()).map_err(Into::into),
+        }
+    }
+
+    /// Makes the TTL index expire events after `days` (creates it, or changes its
+    /// `expireAfterSeconds` when the setting changed).
+    pub async fn ensure_webhook_retention(&self, days: u32) -> Result<(), StoreError> {
+        let seconds = u64::from(days) * 86_400;
+        let index = IndexModel::builder()
+            .keys(doc! { "receivedAt": 1 })
+            .options(
+                IndexOptions::builder()
+                    .name(TTL_INDEX.to_owned())
+                    .expire_after(std::time::Duration::from_secs(seconds))
+                    .build(),
+            )
+            .build();
+        match self.collection(WEBHOOK_EVENTS).create_index(index).await {
+            Ok(_) => Ok(()),
+            // IndexOptionsConflict / IndexKeySpecsConflict: same index, other TTL.
+            Err(err) if matches!(err.kind.as_ref(), mongodb::error::ErrorKind::Command(c) if c.code == 85 || c.code == 86) =>
+            {
+                self.database()
+                    .run_command(doc! {
+                        "collMod": WEBHOOK_EVENTS,
+                        "index": { "name": TTL_INDEX, "expireAfterSeconds": seconds as i64 },
+                    })
+                    .await?;
+                Ok(())
+            }
+            Err(err) => Err(err.into()),
+        }
+    }
+}

@@ -1,0 +1,294 @@
+//! Webhook signature schemes. Both are HMAC-SHA256 over the raw body plus a timestamp,
+//! checked before any parsing, with constant-time comparison (`Mac::verify_slice`), and
+//! with a timestamp tolerance both ways so a captured request cannot be replayed later.
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use hmac::{Hmac, KeyInit, Mac};
+use secrecy::{ExposeSecret, SecretString};
+use sha2::Sha256;
+
+/// Why a signature was refused. Each maps to its own 401 `code`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SignatureError {
+    /// A required signature header is absent.
+    Missing,
+    /// Present but malformed, or no signature matches any configured secret.
+    Invalid,
+    /// Signed too long ago or too far in the future.
+    OutOfTolerance,
+}
+
+/// Header values a scheme reads.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SignatureHeaders<'a> {
+    pub stripe_signature: Option<&'a str>,
+    pub webhook_id: Option<&'a str>,
+    pub webhook_timestamp: Option<&'a str>,
+    pub webhook_signature: Option<&'a str>,
+}
+
+fn mac(key: &[u8], parts: &[&[u8]]) -> Hmac<Sha256> {
+    let mut mac =
+        <Hmac<Sha256> as KeyInit>::new_from_slice(key).expect("HMAC takes any key length");
+    for part in parts {
+        mac.update(part);
+    }
+    mac
+}
+
+fn within(timestamp: i64, now: i64, tolerance_secs: u64) -> Result<(), SignatureError> {
+    if now.abs_diff(timestamp) <= tolerance_secs {
+        Ok(())
+    } else {
+        Err(SignatureError::OutOfTolerance)
+    }
+}
+
+/// Stripe: `Stripe-Signature: t=<unix>,v1=<hex>[,v1=<hex>…]`, HMAC of `"{t}.{body}"` keyed
+/// with the whole secret string. Only `v1` counts; `v0` and unknown schemes are ignored.
+pub fn verify_stripe(
+    headers: &SignatureHeaders<'_>,
+    body: &[u8],
+    secrets: &[SecretString],
+    tolerance_secs: u64,
+    now: i64,
+) -> Result<(), SignatureError> {
+    let header = headers.stripe_signature.ok_or(SignatureError::Missing)?;
+    let mut timestamp = None;
+    let mut signatures = Vec::new();
+    for item in header.split(',') {
+        match item.trim().split_once('=') {
+            Some(("t", value)) => timestamp = value.parse::<i64>().ok(),
+            Some(("v1", value)) => signatures.extend(hex::decode(value).ok()),
+            _ => {}
+        }
+    }
+    let timestamp = timestamp.ok_or(SignatureError::Invalid)?;
+    if signatures.is_empty() {
+        return Err(SignatureError::Invalid);
+    }
+    within(timestamp, now, tolerance_secs)?;
+    let signed_timestamp = timestamp.to_string();
+    let matched = secrets.iter().any(|secret| {
+        let expected = mac(
+            secret.expose_secret().as_bytes(),
+            &[signed_timestamp.as_bytes(), b".", body],
+        );
+        signatures
+            .iter()
+            .any(|candidate| expected.clone().verify_slice(candidate).is_ok())
+    });
+    if matched {
+        Ok(())
+    } else {
+        Err(SignatureError::Invalid)
+    }
+}
+
+/// Standard Webhooks: `webhook-id`, `webhook-timestamp`, `webhook-signature` (space-separated
+/// `v1,<base64>`), HMAC of `"{id}.{timestamp}.{body}"` keyed with the base64 after `whsec_`.
+pub fn verify_standard(
+    headers: &SignatureHeaders<'_>,
+    body: &[u8],
+    secrets: &[SecretString],
+    tolerance_secs: u64,
+    now: i64,
+) -> Result<(), SignatureError> {
+    let id = headers.webhook_id.ok_or(SignatureError::Missing)?;
+    let timestamp_text = headers.webhook_timestamp.ok_or(SignatureError::Missing)?;
+    let header = headers.webhook_signature.ok_or(SignatureError::Missing)?;
+    let timestamp = timestamp_text
+        .parse::<i64>()
+        .map_err(|_| SignatureError::Invalid)?;
+    within(timestamp, now, tolerance_secs)?;
+    let signatures: Vec<Vec<u8>> = header
+        .split_whitespace()
+        .filter_map(|item| item.strip_prefix("v1,"))
+        .filter_map(|sig| BASE64.decode(sig).ok())
+        .collect();
+    if signatures.is_empty() {
+        return Err(SignatureError::Invalid);
+    }
+    let matched = secrets
+        .iter()
+        .filter_map(|s| standard_key(s.expose_secret()))
+        .any(|key| {
+            let expected = mac(
+                &key,
+                &[id.as_bytes(), b".", timestamp_text.as_bytes(), b".", body],
+            );
+            signatures
+                .iter()
+                .any(|candidate| expected.clone().verify_slice(candidate).is_ok())
+        });
+    if matched {
+        Ok(())
+    } else {
+        Err(SignatureError::Invalid)
+    }
+}
+
+/// The HMAC key of a `whsec_<base64>` secret.
+pub fn standard_key(secret: &str) -> Option<Vec<u8>> {
+    BASE64
+        .decode(secret.strip_prefix("whsec_").unwrap_or(secret))
+        .ok()
+}
+
+/// Signs like Stripe does; for tests and for the README's curl example.
+pub fn sign_stripe(secret: &str, timestamp: i64, body: &[u8]) -> String {
+    let tag = mac(
+        secret.as_bytes(),
+        &[timestamp.to_string().as_bytes(), b".", body],
+    )
+    .finalize()
+    .into_bytes();
+    format!("t={timestamp},v1={}", hex::encode(tag))
+}
+
+/// Signs like a Standard Webhooks sender; for tests.
+pub fn sign_standard(secret: &str, id: &str, timestamp: i64, body: &[u8]) -> String {
+    let key = standard_key(secret).unwrap_or_default();
+    let tag = mac(
+        &key,
+        &[
+            id.as_bytes(),
+            b".",
+            timestamp.to_string().as_bytes(),
+            b".",
+            body,
+        ],
+    )
+    .finalize()
+    .into_bytes();
+    format!("v1,{}", BASE64.encode(tag))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NOW: i64 = 1_780_000_000;
+
+    fn secrets(values: &[&str]) -> Vec<SecretString> {
+        values
+            .iter()
+            .map(|v| SecretString::from(v.to_string()))
+            .collect()
+    }
+
+    fn stripe(header: &str, body: &[u8], keys: &[&str]) -> Result<(), SignatureError> {
+        let headers = SignatureHeaders {
+            stripe_signature: Some(header),
+            ..Default::default()
+        };
+        verify_stripe(&headers, body, &secrets(keys), 300, NOW)
+    }
+
+    #[test]
+    fn stripe_accepts_any_matching_v1_and_rotated_secrets() {
+        let body = br#"{"id":"evt_1"}"#;
+        let good = sign_stripe("whsec_new", NOW, body);
+        assert_eq!(stripe(&good, body, &["whsec_new"]), Ok(()));
+        assert_eq!(stripe(&good, body, &["whsec_old", "whsec_new"]), Ok(()));
+        let v1 = good.split(",v1=").nth(1).unwrap();
+        let several = format!("t={NOW},v1={},v1={v1}", "00".repeat(32));
+        assert_eq!(stripe(&several, body, &["whsec_new"]), Ok(()));
+    }
+
+    #[test]
+    fn stripe_refusals() {
+        let body = br#"{"id":"evt_1"}"#;
+        let good = sign_stripe("whsec_a", NOW, body);
+        assert_eq!(
+            stripe(&good, b"{}", &["whsec_a"]),
+            Err(SignatureError::Invalid),
+            "body changed"
+        );
+        assert_eq!(
+            stripe(&good, body, &["whsec_b"]),
+            Err(SignatureError::Invalid),
+            "other secret"
+        );
+        let v0_only = good.replace("v1=", "v0=");
+        assert_eq!(
+            stripe(&v0_only, body, &["whsec_a"]),
+            Err(SignatureError::Invalid)
+        );
+        assert_eq!(
+            stripe("garbage", body, &["whsec_a"]),
+            Err(SignatureError::Invalid)
+        );
+        let old = sign_stripe("whsec_a", NOW - 301, body);
+        assert_eq!(
+            stripe(&old, body, &["whsec_a"]),
+            Err(SignatureError::OutOfTolerance)
+        );
+        let future = sign_stripe("whsec_a", NOW + 301, body);
+        assert_eq!(
+            stripe(&future, body, &["whsec_a"]),
+            Err(SignatureError::OutOfTolerance)
+        );
+        let headers = SignatureHeaders::default();
+        assert_eq!(
+            verify_stripe(&headers, body, &secrets(&["whsec_a"]), 300, NOW),
+            Err(SignatureError::Missing)
+        );
+    }
+
+    #[test]
+    fn standard_webhooks_round_trip_and_refusals() {
+        let secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+        let body = br#"{"type":"payment.succeeded"}"#;
+        let signature = sign_standard(secret, "msg_1", NOW, body);
+        let ts = NOW.to_string();
+        let headers = SignatureHeaders {
+            webhook_id: Some("msg_1"),
+            webhook_timestamp: Some(&ts),
+            webhook_signature: Some(&signature),
+            ..Default::default()
+        };
+        assert_eq!(
+            verify_standard(&headers, body, &secrets(&[secret]), 300, NOW),
+            Ok(())
+        );
+        let both = format!("v1,AAAA {signature}");
+        let rotated = SignatureHeaders {
+            webhook_signature: Some(&both),
+            ..headers
+        };
+        assert_eq!(
+            verify_standard(&rotated, body, &secrets(&["whsec_AAAA", secret]), 300, NOW),
+            Ok(())
+        );
+        assert_eq!(
+            verify_standard(&headers, b"{}", &secrets(&[secret]), 300, NOW),
+            Err(SignatureError::Invalid)
+        );
+        let other_id = SignatureHeaders {
+            webhook_id: Some("msg_2"),
+            ..headers
+        };
+        assert_eq!(
+            verify_standard(&other_id, body, &secrets(&[secret]), 300, NOW),
+            Err(SignatureError::Invalid)
+        );
+        assert_eq!(
+            verify_standard(&headers, body, &secrets(&[secret]), 300, NOW + 301),
+            Err(SignatureError::OutOfTolerance)
+        );
+        assert_eq!(
+            verify_standard(&headers, body, &secrets(&[secret]), 300, NOW - 301),
+            Err(SignatureError::OutOfTolerance)
+        );
+        let missing = SignatureHeaders {
+            webhook_id: None,
+            ..headers
+        };
+        assert_eq!(
+            verify_standard(&missing, body, &secrets(&[secret]), 300, NOW),
+            Err(SignatureError::Missing)
+        );
+    }
+}
