@@ -113,6 +113,11 @@ impl EmbeddedMongo {
         Ok(mongo)
     }
 
+    /// The mongod process id (for operators' tooling and fault-injection tests).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+
     /// The URI to connect to it.
     pub fn uri(&self) -> &str {
         &self.uri

@@ -191,6 +191,9 @@ impl FromRequestParts<AppState> for Arc<Principal> {
             .keys
             .authenticate(key)
             .ok_or(ApiError::Unauthorized("Unknown API key."))?;
+        state
+            .rate_limits
+            .check(format!("key:{}", principal.key_id))?;
         Ok(principal)
     }
 }

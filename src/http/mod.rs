@@ -7,6 +7,7 @@ mod issuances;
 mod middleware;
 mod ops;
 mod payments;
+mod rate_limit;
 mod tokens;
 mod webhooks;
 
@@ -31,6 +32,7 @@ pub struct AppState {
     pub store: Store,
     pub keys: Arc<ApiKeys>,
     pub providers: Arc<Providers>,
+    pub rate_limits: Arc<rate_limit::RateLimits>,
     pub max_quantity: u32,
     pub default_mode: IssuanceMode,
     pub metrics: metrics_exporter_prometheus::PrometheusHandle,
@@ -42,6 +44,7 @@ impl AppState {
             store,
             keys: Arc::new(keys),
             providers: Arc::new(Providers::from_settings(&settings.providers)),
+            rate_limits: Arc::new(rate_limit::RateLimits::new(&settings.rate_limit)),
             max_quantity: settings.issuance.max_quantity,
             default_mode: settings.issuance.default_mode,
             metrics: crate::telemetry::metrics_handle(),

@@ -54,6 +54,7 @@ pub struct WebhookReceipt {
         (status = 401, description = "`signature_missing`, `signature_invalid` or `signature_timestamp_out_of_tolerance`", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "Unknown provider", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "`rate_limited`: too many deliveries for this provider; see Retry-After", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "`database_unavailable`: retry later", body = Problem, content_type = "application/problem+json"),
     )
 )]
@@ -77,6 +78,9 @@ pub async fn receive_webhook(
         webhook_timestamp: header("webhook-timestamp"),
         webhook_signature: header("webhook-signature"),
     };
+    if state.providers.contains(&provider) {
+        state.rate_limits.check(format!("webhook:{provider}"))?;
+    }
     let now = chrono::Utc::now().timestamp();
     let event = state
         .providers

@@ -81,6 +81,11 @@ impl Store {
         options.app_name = Some("tokenmint".to_owned());
         options.server_selection_timeout = Some(server_selection_timeout);
         options.connect_timeout = Some(server_selection_timeout);
+        // The driver has no socket timeout: a server that stops answering (paused, network
+        // partition) is noticed by the monitor's heartbeat, which then interrupts in-use
+        // connections. A frequent heartbeat bounds that to about a second plus the connect
+        // timeout, so requests fail fast with 503 instead of hanging.
+        options.heartbeat_freq = Some(Duration::from_millis(1000));
         options.max_pool_size = Some(max_pool_size);
         let client = Client::with_options(options)?;
         let db = client.database(database);

@@ -55,6 +55,10 @@ impl Providers {
         )
     }
 
+    pub fn contains(&self, provider: &str) -> bool {
+        self.0.contains_key(provider)
+    }
+
     /// Verifies the signature over the raw `body`, then parses it. Nothing is parsed
     /// before the signature holds.
     pub fn verify_and_parse(

@@ -1,3 +1,4 @@
+#![allow(dead_code)] // Shared by several test binaries; each uses a subset.
 //! The test harness: a real mongod (single-node replica set, so transactions work), one
 //! per test binary, and an app per test on port 0 with its own randomly named database,
 //! dropped when the test ends (even when it panics).

@@ -3,5 +3,6 @@
 mod helpers;
 mod issuance_races;
 mod issuances;
+mod ops;
 mod tokens;
 mod webhooks;

@@ -1,0 +1,210 @@
+//! Operational behaviour: CORS, rate limits, graceful shutdown, injection attempts.
+
+use std::time::Duration;
+
+use mongodb::bson::doc;
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::helpers::*;
+
+#[tokio::test]
+async fn cors_allows_only_configured_origins() {
+    let app = spawn_app_with("[server]\ncors_origins = [\"https://shop.example\"]\n").await;
+    let preflight = app
+        .http
+        .request(reqwest::Method::OPTIONS, app.url("/v1/issuances"))
+        .header("origin", "https://shop.example")
+        .header("access-control-request-method", "POST")
+        .header(
+            "access-control-request-headers",
+            "authorization, content-type",
+        )
+        .send()
+        .await
+        .unwrap();
+    assert!(preflight.status().is_success());
+    assert_eq!(
+        preflight.headers()["access-control-allow-origin"],
+        "https://shop.example"
+    );
+    assert!(
+        preflight
+            .headers()
+            .get("access-control-allow-credentials")
+            .is_none()
+    );
+    let methods = preflight.headers()["access-control-allow-methods"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert!(methods.contains("POST"), "{methods}");
+
+    let refused = app
+        .http
+        .request(reqwest::Method::OPTIONS, app.url("/v1/issuances"))
+        .header("origin", "https://evil.example")
+        .header("access-control-request-method", "POST")
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        refused
+            .headers()
+            .get("access-control-allow-origin")
+            .is_none()
+    );
+
+    let simple = app
+        .http
+        .get(app.url("/healthz"))
+        .header("origin", "https://evil.example")
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        simple
+            .headers()
+            .get("access-control-allow-origin")
+            .is_none()
+    );
+    let allowed = app
+        .http
+        .get(app.url("/healthz"))
+        .header("origin", "https://shop.example")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        allowed.headers()["access-control-allow-origin"],
+        "https://shop.example"
+    );
+}
+
+#[tokio::test]
+async fn a_key_over_its_rate_gets_429_with_retry_after() {
+    let app = spawn_app_with("[rate_limit]\nper_key_per_second = 1\nburst = 3\n").await;
+    let mut statuses = Vec::new();
+    for _ in 0..6 {
+        statuses.push(app.get(READER_KEY, "/v1/tokens").await);
+    }
+    let codes: Vec<u16> = statuses.iter().map(|r| r.status().as_u16()).collect();
+    assert_eq!(&codes[..3], &[200, 200, 200], "{codes:?}");
+    assert!(codes[3..].contains(&429), "{codes:?}");
+    let limited = statuses.into_iter().find(|r| r.status() == 429).unwrap();
+    let retry_after: u64 = limited.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=2).contains(&retry_after));
+    assert_problem(limited, 429, "rate_limited").await;
+    // Another key has its own allowance.
+    assert_eq!(app.get(ADMIN_KEY, "/v1/tokens").await.status(), 200);
+}
+
+#[tokio::test]
+async fn injection_attempts_are_rejected_before_any_query() {
+    let app = spawn_app().await;
+    let attempts = [
+        ("owner", json!({"$gt": ""})),
+        ("tokenType", json!("$where")),
+        ("paymentIntentId", json!({"$ne": null})),
+        ("paymentIntentId", json!("a b")),
+        ("provider", json!("a.b")),
+        ("accountId", json!("$gt")),
+    ];
+    for (field, value) in attempts {
+        let mut body = issuance_body("pi_inject", 1);
+        body[field] = value.clone();
+        let problem =
+            assert_problem(app.issue(ADMIN_KEY, &body).await, 422, "validation_failed").await;
+        assert_eq!(problem["errors"][0]["field"], field, "{value}");
+    }
+    assert_problem(
+        app.get(ADMIN_KEY, "/v1/tokens?owner[$gt]=").await,
+        422,
+        "validation_failed",
+    )
+    .await;
+    assert_problem(
+        app.get(ADMIN_KEY, "/v1/tokens?tokenType=$where").await,
+        422,
+        "validation_failed",
+    )
+    .await;
+    assert_problem(
+        app.get(ADMIN_KEY, "/v1/issuances/stripe/$gt/pi_1").await,
+        422,
+        "validation_failed",
+    )
+    .await;
+    assert_eq!(app.count("issuances", doc! {}).await, 0);
+    assert_eq!(app.count("tokens", doc! {}).await, 0);
+}
+
+#[tokio::test]
+async fn an_in_flight_request_completes_after_shutdown_begins() {
+    use tokenmint::startup::Application;
+    let db_name = format!("tokenmint_test_{}", uuid::Uuid::new_v4().simple());
+    let settings = test_settings(&db_name, "");
+    let app = Application::build(&settings).await.unwrap();
+    let address = app.local_addr();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(app.run_until_stopped(async move {
+        let _ = stop_rx.await;
+    }));
+
+    // Start a request and send only half of its body.
+    let body = issuance_body("pi_graceful", 2).to_string();
+    let (first, rest) = body.split_at(body.len() / 2);
+    let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
+    let head = format!(
+        "POST /v1/issuances HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {ADMIN_KEY}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    stream.write_all(first.as_bytes()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    // SIGTERM's equivalent: shutdown begins while the request is in flight.
+    stop_tx.send(()).unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // New connections are no longer served.
+    let refused = tokio::time::timeout(
+        Duration::from_secs(2),
+        reqwest::get(format!("http://{address}/healthz")),
+    )
+    .await;
+    assert!(
+        !matches!(refused, Ok(Ok(ref r)) if r.status().is_success()),
+        "served a new request after shutdown began"
+    );
+
+    stream.write_all(rest.as_bytes()).await.unwrap();
+    let mut response = String::new();
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        stream.read_to_string(&mut response),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert!(response.starts_with("HTTP/1.1 201"), "{response}");
+    tokio::time::timeout(Duration::from_secs(10), server)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+
+    let client = mongodb::Client::with_uri_str(mongo_uri()).await.unwrap();
+    let db = client.database(&db_name);
+    assert_eq!(
+        db.collection::<mongodb::bson::Document>("tokens")
+            .count_documents(doc! {})
+            .await
+            .unwrap(),
+        2
+    );
+    db.drop().await.unwrap();
+}
