@@ -35,6 +35,10 @@ pub enum Command {
     },
     /// List documents that violate (or would violate) tokenmint's unique indexes.
     Duplicates,
+    /// Check the issuance invariants (exactly tokenIndex 0..quantity-1 per payment, no
+    /// duplicates or orphans, every token versioned, no stranded pending issuance); exits
+    /// non-zero on any violation.
+    Verify,
     /// Print the OpenAPI document (YAML).
     Openapi,
 }
@@ -57,6 +61,7 @@ impl Cli {
             }
             Command::Migrate { dry_run } => migrate(&settings, dry_run).await,
             Command::Duplicates => duplicates(&settings).await,
+            Command::Verify => verify(&settings).await,
             Command::Openapi => unreachable!("handled above"),
         }
     }
@@ -107,6 +112,20 @@ async fn duplicates(settings: &Settings) -> anyhow::Result<()> {
     result?;
     if found > 0 {
         anyhow::bail!("{found} group(s) of duplicates found");
+    }
+    Ok(())
+}
+
+async fn verify(settings: &Settings) -> anyhow::Result<()> {
+    let (store, embedded) = connect(settings).await?;
+    let result = store.verify().await;
+    if let Some(embedded) = embedded {
+        embedded.stop().await;
+    }
+    let report = result?;
+    println!("{report}");
+    if !report.is_clean() {
+        anyhow::bail!("{} invariant violation(s)", report.violations());
     }
     Ok(())
 }

@@ -57,6 +57,34 @@ impl FieldErrors {
         }
     }
 
+    /// A required JSON string field: absent or null → "is required", another JSON type →
+    /// "must be a string", else `parse`d. Type errors are reported like any other, so one
+    /// answer still lists every bad field.
+    pub fn required_text<T>(
+        &mut self,
+        field: &str,
+        value: Option<&serde_json::Value>,
+        parse: impl FnOnce(&str) -> Result<T, String>,
+    ) -> Option<T> {
+        self.optional_text(field, value, parse)?
+            .or_else(|| self.check(field, Err("is required".to_owned())))
+    }
+
+    /// An optional JSON string field: `Some(None)` when absent or null, `None` when bad
+    /// (the error is recorded).
+    pub fn optional_text<T>(
+        &mut self,
+        field: &str,
+        value: Option<&serde_json::Value>,
+        parse: impl FnOnce(&str) -> Result<T, String>,
+    ) -> Option<Option<T>> {
+        match value {
+            None | Some(serde_json::Value::Null) => Some(None),
+            Some(serde_json::Value::String(text)) => self.check(field, parse(text)).map(Some),
+            Some(_) => self.check(field, Err("must be a string".to_owned())),
+        }
+    }
+
     pub fn push(&mut self, field: &str, message: impl Into<String>) {
         self.0.push(FieldError::new(field, message));
     }

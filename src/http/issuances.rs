@@ -9,6 +9,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 use utoipa::ToSchema;
 
 use super::AppState;
@@ -16,8 +17,8 @@ use super::auth::{Principal, Scope};
 use super::error::{ApiError, Problem};
 use super::extract::JsonBody;
 use crate::domain::{
-    FieldErrors, IssuanceMode, IssuanceParams, IssuanceStatus, NewIssuance, Owner, PaymentKey,
-    PaymentStatus, Quantity, TokenStatus, TokenType,
+    AccountId, FieldErrors, IssuanceMode, IssuanceParams, IssuanceStatus, NewIssuance, Owner,
+    PaymentIntentId, PaymentKey, PaymentStatus, Provider, Quantity, TokenStatus, TokenType,
 };
 use crate::store::{IssueOutcome, IssuedTokens, TokenSummary, chrono_time, param_mismatches};
 
@@ -37,28 +38,28 @@ pub fn router() -> Router<AppState> {
 pub struct IssuanceRequest {
     /// Payment provider, `^[a-z][a-z0-9_-]{0,31}$`.
     #[schema(value_type = String, required = true, pattern = r"^[a-z][a-z0-9_-]{0,31}$", example = "stripe")]
-    provider: Option<String>,
+    provider: Option<Value>,
     /// Merchant account at the provider, `^[A-Za-z0-9_.:-]{1,64}$`; default `default`.
     #[schema(value_type = String, required = false, pattern = r"^[A-Za-z0-9_.:-]{1,64}$", example = "acct_1")]
-    account_id: Option<String>,
+    account_id: Option<Value>,
     /// The provider's payment id, `^[A-Za-z0-9_.:-]{1,128}$`.
     #[schema(value_type = String, required = true, pattern = r"^[A-Za-z0-9_.:-]{1,128}$", example = "pi_123")]
-    payment_intent_id: Option<String>,
+    payment_intent_id: Option<Value>,
     /// Owner of the tokens: 24-hex ObjectId.
     #[schema(value_type = String, required = true, pattern = r"^[0-9a-fA-F]{24}$", example = "65f1a0c2b3d4e5f601234567")]
-    owner: Option<String>,
+    owner: Option<Value>,
     /// `^[a-z0-9][a-z0-9_.-]{0,63}$`.
     #[schema(value_type = String, required = true, pattern = r"^[a-z0-9][a-z0-9_.-]{0,63}$", example = "standard")]
-    token_type: Option<String>,
+    token_type: Option<Value>,
     /// Integer from 1 to `issuance.max_quantity` (default 1000).
     #[schema(value_type = i64, required = true, minimum = 1, example = 4)]
-    quantity: Option<serde_json::Value>,
+    quantity: Option<Value>,
     /// RFC 3339; default now. Set on the first write only, never compared on retry.
     #[schema(value_type = String, required = false, format = DateTime)]
-    payment_date: Option<String>,
+    payment_date: Option<Value>,
     /// `upsert` or `atomic`; default `issuance.default_mode`.
     #[schema(value_type = IssuanceMode, required = false)]
-    mode: Option<String>,
+    mode: Option<Value>,
 }
 
 impl IssuanceRequest {
@@ -69,30 +70,38 @@ impl IssuanceRequest {
         default_mode: IssuanceMode,
     ) -> Result<NewIssuance, ApiError> {
         let mut errors = FieldErrors::default();
-        let key = PaymentKey::parse_into(
-            &mut errors,
-            self.provider.as_deref(),
-            self.account_id.as_deref(),
-            self.payment_intent_id.as_deref(),
+        let provider = errors.required_text("provider", self.provider.as_ref(), Provider::parse);
+        let account_id = errors
+            .optional_text("accountId", self.account_id.as_ref(), AccountId::parse)
+            .map(Option::unwrap_or_default);
+        let payment_intent_id = errors.required_text(
+            "paymentIntentId",
+            self.payment_intent_id.as_ref(),
+            PaymentIntentId::parse,
         );
-        let owner = errors.required("owner", self.owner.as_deref().map(Owner::parse));
-        let token_type = errors.required(
-            "tokenType",
-            self.token_type.as_deref().map(TokenType::parse),
-        );
+        let owner = errors.required_text("owner", self.owner.as_ref(), Owner::parse);
+        let token_type =
+            errors.required_text("tokenType", self.token_type.as_ref(), TokenType::parse);
         let quantity = errors.required(
             "quantity",
             self.quantity
                 .as_ref()
+                .filter(|q| !q.is_null())
                 .map(|q| Quantity::from_json(q, max_quantity)),
         );
-        let payment_date = match self.payment_date.as_deref() {
-            Some(date) => errors.check("paymentDate", parse_rfc3339(date)),
-            None => Some(Utc::now()),
-        };
-        let mode = match self.mode.as_deref() {
-            Some(mode) => errors.check("mode", IssuanceMode::parse(mode)),
-            None => Some(default_mode),
+        let payment_date = errors
+            .optional_text("paymentDate", self.payment_date.as_ref(), parse_rfc3339)
+            .map(|date| date.unwrap_or_else(Utc::now));
+        let mode = errors
+            .optional_text("mode", self.mode.as_ref(), IssuanceMode::parse)
+            .map(|mode| mode.unwrap_or(default_mode));
+        let key = match (provider, account_id, payment_intent_id) {
+            (Some(provider), Some(account_id), Some(payment_intent_id)) => Some(PaymentKey {
+                provider,
+                account_id,
+                payment_intent_id,
+            }),
+            _ => None,
         };
         errors.finish().map_err(ApiError::Validation)?;
         match (key, owner, token_type, quantity, payment_date, mode) {
@@ -235,12 +244,15 @@ impl From<TokenSummary> for TokenRef {
 pub async fn create_issuance(
     State(state): State<AppState>,
     principal: Arc<Principal>,
-    JsonBody(body): JsonBody<IssuanceRequest>,
+    body: Result<JsonBody<IssuanceRequest>, ApiError>,
 ) -> Result<Response, ApiError> {
     let trusted = principal.has(Scope::IssuancesWrite);
     if !trusted {
         principal.require(Scope::IssuancesRequest)?;
     }
+    // The body is judged only once the caller may send one: a key without the scope
+    // hears 403, whatever it sent.
+    let JsonBody(body) = body?;
     let request = body.into_domain(state.max_quantity, state.default_mode)?;
     principal.require_account(&request.key.account_id)?;
     let outcome = if trusted {

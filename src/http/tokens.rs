@@ -351,9 +351,10 @@ pub async fn redeem_token(
     principal: Arc<Principal>,
     Path(token_id): Path<String>,
     headers: HeaderMap,
-    OptionalJsonBody(body): OptionalJsonBody<RedeemRequest>,
+    body: Result<OptionalJsonBody<RedeemRequest>, ApiError>,
 ) -> Result<Response, ApiError> {
     principal.require(Scope::TokensRedeem)?;
+    let OptionalJsonBody(body) = body?;
     let id = parse_token_id(&token_id)?;
     let gate = if_match(&headers)?.map_or(Gate::Retry, Gate::IfMatch);
     let reference = note("reference", body.reference)?;
@@ -392,9 +393,10 @@ pub async fn revoke_token(
     principal: Arc<Principal>,
     Path(token_id): Path<String>,
     headers: HeaderMap,
-    OptionalJsonBody(body): OptionalJsonBody<RevokeRequest>,
+    body: Result<OptionalJsonBody<RevokeRequest>, ApiError>,
 ) -> Result<Response, ApiError> {
     principal.require(Scope::TokensRevoke)?;
+    let OptionalJsonBody(body) = body?;
     let id = parse_token_id(&token_id)?;
     let gate = if_match(&headers)?.map_or(Gate::Retry, Gate::IfMatch);
     let reason = note("reason", body.reason)?;
@@ -424,9 +426,10 @@ pub async fn transfer_token(
     principal: Arc<Principal>,
     Path(token_id): Path<String>,
     headers: HeaderMap,
-    JsonBody(body): JsonBody<TransferRequest>,
+    body: Result<JsonBody<TransferRequest>, ApiError>,
 ) -> Result<Response, ApiError> {
     principal.require(Scope::TokensTransfer)?;
+    let JsonBody(body) = body?;
     let id = parse_token_id(&token_id)?;
     let new_owner = match body.new_owner.as_deref() {
         Some(owner) => Owner::parse(owner).map_err(|m| ApiError::validation("newOwner", m))?,

@@ -9,6 +9,7 @@ mod payments;
 mod retry;
 mod token_bulk;
 mod tokens;
+mod verify;
 mod webhook_events;
 
 use std::sync::Arc;
@@ -27,6 +28,7 @@ pub use issuance::{IssueOutcome, IssuedTokens, Mismatch, param_mismatches};
 pub use payments::{PAYMENTS, PaymentDoc, TokenParamsDoc};
 pub use retry::{Backoff, RetryPolicy};
 pub use tokens::{Gate, TokenQuery, Transition, TransitionOutcome};
+pub use verify::{Finding, VerifyReport};
 pub use webhook_events::{EventOutcome, WEBHOOK_EVENTS};
 
 /// Collection names (PRODUCT.md §1).

@@ -49,9 +49,10 @@ fn start_test_mongod() -> String {
                 .unwrap()
                 .to_string_lossy()
                 .into_owned();
-            let data_dir =
-                std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("mongo-{stem}"));
-            let _ = std::fs::remove_dir_all(&data_dir);
+            let tmp = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"));
+            remove_stale_data_dirs(tmp, &stem);
+            // The pid keeps concurrent runs of the same test binary apart.
+            let data_dir = tmp.join(format!("mongo-{stem}-{}", std::process::id()));
             let settings = EmbeddedMongoSettings {
                 binary: String::new(),
                 data_dir,
@@ -72,7 +73,27 @@ fn start_test_mongod() -> String {
         .unwrap_or_else(|err| panic!("cannot start test mongod: {err}"))
 }
 
-/// Settings for a test app: port 0, the test mongod, a fresh database, the test keys.
+/// Removes data directories of earlier runs whose process is gone (their mongod died
+/// with them), so target/tmp does not grow run after run.
+fn remove_stale_data_dirs(tmp: &std::path::Path, stem: &str) {
+    let prefix = format!("mongo-{stem}-");
+    let Ok(entries) = std::fs::read_dir(tmp) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name.strip_prefix(&prefix) else {
+            continue;
+        };
+        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
+/// Settings for a test app: port 0, the test mongod, a fresh database, the test keys, and
+/// rate limits and a request timeout generous enough for the concurrency tests on a busy
+/// 2-core machine (the rate-limit test sets its own limits).
 pub fn test_settings(database: &str, extra: &str) -> Settings {
     let keys = [
         ("admin", ADMIN_KEY, "[\"admin\"]", None),
@@ -87,7 +108,7 @@ pub fn test_settings(database: &str, extra: &str) -> Settings {
         ("checkout", REQUEST_KEY, "[\"issuances:request\"]", None),
     ];
     let mut toml = format!(
-        "[server]\nbind = \"127.0.0.1:0\"\n[mongo]\nuri = \"{}\"\ndatabase = \"{database}\"\n",
+        "[server]\nbind = \"127.0.0.1:0\"\nrequest_timeout_ms = 30000\n[rate_limit]\nper_key_per_second = 100000\nburst = 100000\n[mongo]\nuri = \"{}\"\ndatabase = \"{database}\"\n",
         mongo_uri()
     );
     for (id, key, scopes, accounts) in keys {

@@ -1,0 +1,357 @@
+//! Authentication, scopes, account isolation, unauthenticated operations endpoints, the
+//! error envelope of unknown routes, and request ids.
+
+use mongodb::bson::doc;
+use serde_json::json;
+
+use crate::helpers::*;
+
+async fn assert_nothing_written(app: &TestApp) {
+    assert_eq!(app.count("tokens", doc! {}).await, 0, "no token written");
+    assert_eq!(
+        app.count("issuances", doc! {}).await,
+        0,
+        "no issuance written"
+    );
+}
+
+/// POST /v1/issuances with a raw (or no) Authorization header.
+async fn issue_with_authorization(
+    app: &TestApp,
+    authorization: Option<&str>,
+    body: &serde_json::Value,
+) -> reqwest::Response {
+    let mut request = app.http.post(app.url("/v1/issuances")).json(body);
+    if let Some(value) = authorization {
+        request = request.header("authorization", value);
+    }
+    request.send().await.expect("request sent")
+}
+
+#[tokio::test]
+async fn missing_or_invalid_credentials_are_401() {
+    let app = spawn_app().await;
+    let body = issuance_body("pi_auth", 2);
+    let writer = format!("Bearer {WRITER_KEY}");
+    let cases: Vec<(&str, Option<&str>)> = vec![
+        ("no Authorization header", None),
+        ("unknown bearer key", Some("Bearer wrong")),
+        ("basic scheme", Some("Basic x")),
+        ("empty bearer", Some("Bearer ")),
+        ("scheme only", Some("Bearer")),
+        ("key without scheme", Some(WRITER_KEY)),
+        ("empty header", Some("")),
+        ("valid key with a suffix", Some("Bearer test-writer-key2")),
+    ];
+    for (description, authorization) in cases {
+        let response = issue_with_authorization(&app, authorization, &body).await;
+        assert_eq!(response.status(), 401, "{description}");
+        let problem = assert_problem(response, 401, "unauthorized").await;
+        assert!(
+            !problem.to_string().contains(WRITER_KEY),
+            "{description}: the answer never echoes a key: {problem}"
+        );
+    }
+    // Authentication comes before the body: a bad body without a key is still a 401.
+    let response = app
+        .http
+        .post(app.url("/v1/issuances"))
+        .header("content-type", "application/json")
+        .body("{not json")
+        .send()
+        .await
+        .unwrap();
+    assert_problem(response, 401, "unauthorized").await;
+    // Reads need a key too.
+    let response = app
+        .http
+        .get(app.url("/v1/issuances/stripe/acct_1/pi_auth"))
+        .send()
+        .await
+        .unwrap();
+    assert_problem(response, 401, "unauthorized").await;
+    assert_nothing_written(&app).await;
+
+    // The same body with a valid key goes through.
+    let response = issue_with_authorization(&app, Some(&writer), &body).await;
+    assert_eq!(response.status(), 201);
+    assert_eq!(app.count("issuances", doc! {}).await, 1);
+    assert_eq!(app.count("tokens", doc! {}).await, 2);
+}
+
+#[tokio::test]
+async fn the_bearer_scheme_is_case_insensitive() {
+    // RFC 9110 §11.1: authentication schemes are case-insensitive tokens.
+    let app = spawn_app().await;
+    for (i, scheme) in ["bearer", "BEARER", "Bearer"].into_iter().enumerate() {
+        let authorization = format!("{scheme} {WRITER_KEY}");
+        let body = issuance_body(&format!("pi_scheme_{i}"), 1);
+        let response = issue_with_authorization(&app, Some(&authorization), &body).await;
+        assert_eq!(response.status(), 201, "{scheme}");
+    }
+    assert_eq!(app.count("issuances", doc! {}).await, 3);
+    assert_eq!(app.count("tokens", doc! {}).await, 3);
+}
+
+#[tokio::test]
+async fn readiness_waits_for_migrations() {
+    // A start that does not apply migrations, on a fresh database: alive but not ready.
+    let app = spawn_app_with("[migrations]\napply_on_startup = false\n").await;
+    let response = app.http.get(app.url("/healthz")).send().await.unwrap();
+    assert_eq!(response.status(), 200);
+    let response = app.http.get(app.url("/readyz")).send().await.unwrap();
+    assert_eq!(response.status(), 503);
+    let body = json(response).await;
+    assert_eq!(body["status"], "unavailable");
+    assert!(
+        body["reason"]
+            .as_str()
+            .unwrap()
+            .contains("0001_tokens_unique_payment_index"),
+        "{body}"
+    );
+    assert_eq!(app.count("_migrations", doc! {}).await, 0);
+    assert_nothing_written(&app).await;
+}
+
+#[tokio::test]
+async fn keys_without_an_issuance_scope_cannot_issue() {
+    // A read-only key holds neither issuances:write nor issuances:request. (A checkout key
+    // with issuances:request follows the request flow of PRODUCT.md §4, tested elsewhere.)
+    let app = spawn_app().await;
+    let body = issuance_body("pi_scope", 2);
+    let problem = assert_problem(app.issue(READER_KEY, &body).await, 403, "forbidden").await;
+    assert!(
+        problem["detail"].as_str().unwrap().contains("scope"),
+        "{problem}"
+    );
+    assert_nothing_written(&app).await;
+}
+
+#[tokio::test]
+async fn an_account_key_issues_only_for_its_account() {
+    let app = spawn_app().await;
+    let mut foreign = issuance_body("pi_acct", 2);
+    foreign["accountId"] = json!("acct_2");
+    assert_problem(app.issue(ACCOUNT1_KEY, &foreign).await, 403, "forbidden").await;
+    // No accountId means `default`, which is not acct_1 either.
+    let mut default_account = issuance_body("pi_acct", 2);
+    default_account.as_object_mut().unwrap().remove("accountId");
+    assert_problem(
+        app.issue(ACCOUNT1_KEY, &default_account).await,
+        403,
+        "forbidden",
+    )
+    .await;
+    assert_nothing_written(&app).await;
+
+    let response = app.issue(ACCOUNT1_KEY, &issuance_body("pi_acct", 2)).await;
+    assert_eq!(response.status(), 201);
+    assert_eq!(
+        app.count("issuances", doc! { "accountId": "acct_1" }).await,
+        1
+    );
+    assert_eq!(app.count("issuances", doc! {}).await, 1);
+    assert_eq!(app.token_indexes("pi_acct").await, vec![0, 1]);
+}
+
+#[tokio::test]
+async fn an_account_key_sees_nothing_of_another_account() {
+    let app = spawn_app().await;
+    let mut body = issuance_body("pi_x", 2);
+    body["accountId"] = json!("acct_2");
+    assert_eq!(app.issue(ADMIN_KEY, &body).await.status(), 201);
+
+    let existing = assert_problem(
+        app.get(ACCOUNT1_KEY, "/v1/issuances/stripe/acct_2/pi_x")
+            .await,
+        404,
+        "not_found",
+    )
+    .await;
+    let missing = assert_problem(
+        app.get(ACCOUNT1_KEY, "/v1/issuances/stripe/acct_2/pi_missing")
+            .await,
+        404,
+        "not_found",
+    )
+    .await;
+    assert_eq!(
+        existing["detail"], missing["detail"],
+        "an existing foreign issuance is indistinguishable from a missing one"
+    );
+    // The admin (no account list) and a reader see it.
+    assert_eq!(
+        app.get(ADMIN_KEY, "/v1/issuances/stripe/acct_2/pi_x")
+            .await
+            .status(),
+        200
+    );
+    assert_eq!(
+        app.get(READER_KEY, "/v1/issuances/stripe/acct_2/pi_x")
+            .await
+            .status(),
+        200
+    );
+    // A read changes nothing.
+    assert_eq!(app.count("issuances", doc! {}).await, 1);
+    assert_eq!(app.count("tokens", doc! {}).await, 2);
+}
+
+#[tokio::test]
+async fn reading_needs_the_read_scope() {
+    let app = spawn_app().await;
+    assert_eq!(
+        app.issue(WRITER_KEY, &issuance_body("pi_read_scope", 1))
+            .await
+            .status(),
+        201
+    );
+    for key in [WRITER_KEY, REQUEST_KEY] {
+        let problem = assert_problem(
+            app.get(key, "/v1/issuances/stripe/acct_1/pi_read_scope")
+                .await,
+            403,
+            "forbidden",
+        )
+        .await;
+        assert!(
+            problem["detail"].as_str().unwrap().contains("read"),
+            "{problem}"
+        );
+    }
+    assert_eq!(
+        app.get(ACCOUNT1_KEY, "/v1/issuances/stripe/acct_1/pi_read_scope")
+            .await
+            .status(),
+        200
+    );
+    assert_eq!(app.count("issuances", doc! {}).await, 1);
+    assert_eq!(app.count("tokens", doc! {}).await, 1);
+}
+
+#[tokio::test]
+async fn operations_endpoints_need_no_key() {
+    let app = spawn_app().await;
+    for path in ["/healthz", "/readyz"] {
+        let response = app.http.get(app.url(path)).send().await.unwrap();
+        assert_eq!(response.status(), 200, "{path}");
+        let body = json(response).await;
+        assert!(body["status"].is_string(), "{path}: {body}");
+    }
+    let response = app.http.get(app.url("/readyz")).send().await.unwrap();
+    assert_eq!(json(response).await["status"], "ready");
+    assert_nothing_written(&app).await;
+}
+
+#[tokio::test]
+async fn unknown_routes_are_problem_404() {
+    let app = spawn_app().await;
+    for path in ["/nope", "/v1/issuances/stripe", "/v2/issuances"] {
+        let response = app.http.get(app.url(path)).send().await.unwrap();
+        assert_problem(response, 404, "not_found").await;
+        // With a key it is the same answer.
+        assert_problem(app.get(ADMIN_KEY, path).await, 404, "not_found").await;
+    }
+    let response = app.http.post(app.url("/nope")).send().await.unwrap();
+    assert_problem(response, 404, "not_found").await;
+    assert_nothing_written(&app).await;
+}
+
+/// The `x-request-id` of a response; asserts it is present and sane.
+fn request_id(response: &reqwest::Response) -> String {
+    let id = response
+        .headers()
+        .get("x-request-id")
+        .unwrap_or_else(|| panic!("x-request-id on {} {}", response.status(), response.url()))
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        (1..=128).contains(&id.len())
+            && id
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b)),
+        "sane request id: {id:?}"
+    );
+    id
+}
+
+#[tokio::test]
+async fn every_response_carries_a_request_id() {
+    let app = spawn_app().await;
+    let body = issuance_body("pi_rid", 1);
+    let mut responses = vec![
+        app.issue(WRITER_KEY, &body).await, // 201
+        app.issue(WRITER_KEY, &body).await, // 200
+        app.get(READER_KEY, "/v1/issuances/stripe/acct_1/pi_rid")
+            .await, // 200
+        app.issue(READER_KEY, &body).await, // 403
+        app.issue("wrong", &body).await,    // 401
+        app.issue(WRITER_KEY, &json!({ "provider": "Stripe" }))
+            .await, // 422
+        app.get(READER_KEY, "/v1/issuances/stripe/acct_1/pi_none")
+            .await, // 404
+        app.http.get(app.url("/nowhere")).send().await.unwrap(), // 404
+        app.http.get(app.url("/healthz")).send().await.unwrap(), // 200
+        app.http.get(app.url("/readyz")).send().await.unwrap(), // 200
+    ];
+    responses.push(
+        app.http
+            .post(app.url("/v1/issuances"))
+            .bearer_auth(WRITER_KEY)
+            .header("content-type", "text/plain")
+            .body("x")
+            .send()
+            .await
+            .unwrap(), // 415
+    );
+    let statuses: Vec<u16> = responses.iter().map(|r| r.status().as_u16()).collect();
+    assert_eq!(
+        statuses,
+        [201, 200, 200, 403, 401, 422, 404, 404, 200, 200, 415]
+    );
+    let ids: std::collections::HashSet<String> = responses.iter().map(request_id).collect();
+    assert_eq!(ids.len(), responses.len(), "a fresh id per request");
+    assert_eq!(app.count("issuances", doc! {}).await, 1);
+    assert_eq!(app.count("tokens", doc! {}).await, 1);
+}
+
+#[tokio::test]
+async fn a_sane_request_id_is_echoed_and_others_are_replaced() {
+    let app = spawn_app().await;
+    let send = |id: String| {
+        let request = app.http.get(app.url("/healthz")).header("x-request-id", id);
+        async move { request.send().await.unwrap() }
+    };
+
+    let response = send("abc-123".to_owned()).await;
+    assert_eq!(request_id(&response), "abc-123");
+    // Echoed on an error answer too.
+    let response = app
+        .http
+        .post(app.url("/v1/issuances"))
+        .header("x-request-id", "req_42.a:b")
+        .json(&issuance_body("pi_rid", 1))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 401);
+    assert_eq!(request_id(&response), "req_42.a:b");
+
+    let long = "a".repeat(10 * 1024);
+    for bad in [
+        long,
+        "a".repeat(129),
+        "abc\tdef".to_owned(),
+        "abc def".to_owned(),
+        "a\"b".to_owned(),
+        "<script>".to_owned(),
+    ] {
+        let response = send(bad.clone()).await;
+        assert_eq!(response.status(), 200);
+        let id = request_id(&response);
+        assert_ne!(id, bad, "{bad:?} is replaced");
+    }
+    assert_nothing_written(&app).await;
+}
