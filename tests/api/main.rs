@@ -8,4 +8,5 @@ mod migrations;
 mod ops;
 mod tokens;
 mod validation;
+mod verify;
 mod webhooks;
