@@ -1,6 +1,6 @@
 //! What wraps every request: a request id (on the response and every log line), an
 //! access log, HTTP metrics by route template, a per-request timeout answered as
-//! problem+json, and CORS for the configured checkout origins only.
+//! problem+json, a panic guard, and CORS for the configured checkout origins only.
 
 use std::time::{Duration, Instant};
 
@@ -9,6 +9,7 @@ use axum::extract::{MatchedPath, Request};
 use axum::http::{HeaderName, HeaderValue, Method, header};
 use axum::middleware::{Next, from_fn};
 use axum::response::{IntoResponse, Response};
+use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::cors::{AllowOrigin, CorsLayer};
 use tracing::Instrument;
 
@@ -26,6 +27,12 @@ pub fn apply(router: Router, settings: &Settings) -> Router {
             with_timeout(timeout, req, next)
         }))
         .layer(cors(&settings.server.cors_origins))
+        // A bug that panics in a handler answers 500 problem+json (logged), instead of a
+        // dropped connection the client would have to guess about.
+        .layer(CatchPanicLayer::custom(|_| {
+            tracing::error!("handler panicked");
+            ApiError::Internal.into_response()
+        }))
         .layer(from_fn(request_id))
 }
 
