@@ -40,7 +40,7 @@ pub struct IssuanceRequest {
     #[schema(value_type = String, required = true, pattern = r"^[a-z][a-z0-9_-]{0,31}$", example = "stripe")]
     provider: Option<Value>,
     /// Merchant account at the provider, `^[A-Za-z0-9_.:-]{1,64}$`; default `default`.
-    #[schema(value_type = String, required = false, pattern = r"^[A-Za-z0-9_.:-]{1,64}$", example = "acct_1")]
+    #[schema(value_type = Option<String>, required = false, pattern = r"^[A-Za-z0-9_.:-]{1,64}$", example = "acct_1")]
     account_id: Option<Value>,
     /// The provider's payment id, `^[A-Za-z0-9_.:-]{1,128}$`.
     #[schema(value_type = String, required = true, pattern = r"^[A-Za-z0-9_.:-]{1,128}$", example = "pi_123")]
@@ -52,13 +52,13 @@ pub struct IssuanceRequest {
     #[schema(value_type = String, required = true, pattern = r"^[a-z0-9][a-z0-9_.-]{0,63}$", example = "standard")]
     token_type: Option<Value>,
     /// Integer from 1 to `issuance.max_quantity` (default 1000).
-    #[schema(value_type = i64, required = true, minimum = 1, example = 4)]
+    #[schema(value_type = i64, required = true, minimum = 1, maximum = 1000, example = 4)]
     quantity: Option<Value>,
     /// RFC 3339; default now. Set on the first write only, never compared on retry.
-    #[schema(value_type = String, required = false, format = DateTime)]
+    #[schema(value_type = Option<String>, required = false, format = DateTime)]
     payment_date: Option<Value>,
     /// `upsert` or `atomic`; default `issuance.default_mode`.
-    #[schema(value_type = IssuanceMode, required = false)]
+    #[schema(value_type = Option<IssuanceMode>, required = false)]
     mode: Option<Value>,
 }
 
@@ -230,15 +230,22 @@ impl From<TokenSummary> for TokenRef {
         (status = 201, description = "Issued now", body = IssuanceResponse,
             headers(("Location" = String, description = "The issuance's GET URL"))),
         (status = 200, description = "Replay of an earlier identical request", body = IssuanceResponse,
-            headers(("Idempotent-Replayed" = String, description = "`true`"))),
+            headers(
+                ("Idempotent-Replayed" = String, description = "`true`"),
+                ("Location" = String, description = "The issuance's GET URL"),
+            )),
+        (status = 202, description = "Pending: a checkout key's request, fulfilled by the payment's success webhook", body = IssuanceResponse,
+            headers(("Location" = String, description = "The issuance's GET URL"))),
         (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or unknown API key", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "Scope or account not allowed", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "`idempotency_conflict`: the payment was issued with other parameters", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`idempotency_conflict`: the payment was issued with other parameters; `payment_not_succeeded` or `state_conflict` for a checkout key", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "Not application/json", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "`validation_failed`, every bad field listed", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "`database_unavailable` or `transactions_unavailable`", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "`rate_limited`: see Retry-After", body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = String, description = "Seconds to wait"))),
+        (status = 503, description = "`database_unavailable`, `transactions_unavailable` or `request_timeout`", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn create_issuance(
@@ -326,9 +333,9 @@ async fn request_from_checkout(
     path = "/v1/issuances/{provider}/{accountId}/{paymentIntentId}",
     tag = "issuances",
     params(
-        ("provider" = String, Path, description = "Payment provider"),
-        ("accountId" = String, Path, description = "Merchant account (`default` if none)"),
-        ("paymentIntentId" = String, Path, description = "The provider's payment id"),
+        ("provider" = String, Path, description = "Payment provider", pattern = r"^[a-z][a-z0-9_-]{0,31}$", example = "stripe"),
+        ("accountId" = String, Path, description = "Merchant account (`default` if none)", pattern = r"^[A-Za-z0-9_.:-]{1,64}$", example = "default"),
+        ("paymentIntentId" = String, Path, description = "The provider's payment id", pattern = r"^[A-Za-z0-9_.:-]{1,128}$", example = "pi_123"),
     ),
     security(("bearer" = ["read"])),
     responses(
@@ -337,7 +344,9 @@ async fn request_from_checkout(
         (status = 403, description = "Scope not allowed", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No issuance for this payment (or not visible to this key)", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Malformed path parameter", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "`database_unavailable`", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "`rate_limited`: see Retry-After", body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = String, description = "Seconds to wait"))),
+        (status = 503, description = "`database_unavailable` or `request_timeout`", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn get_issuance(

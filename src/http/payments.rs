@@ -79,9 +79,9 @@ impl From<PaymentDoc> for PaymentView {
 #[utoipa::path(
     get, path = "/v1/payments/{provider}/{accountId}/{paymentIntentId}", tag = "payments",
     params(
-        ("provider" = String, Path, description = "Payment provider"),
-        ("accountId" = String, Path, description = "Merchant account (`default` if none)"),
-        ("paymentIntentId" = String, Path, description = "The provider's payment id"),
+        ("provider" = String, Path, description = "Payment provider", pattern = r"^[a-z][a-z0-9_-]{0,31}$", example = "stripe"),
+        ("accountId" = String, Path, description = "Merchant account (`default` if none)", pattern = r"^[A-Za-z0-9_.:-]{1,64}$", example = "default"),
+        ("paymentIntentId" = String, Path, description = "The provider's payment id", pattern = r"^[A-Za-z0-9_.:-]{1,128}$", example = "pi_123"),
     ),
     security(("bearer" = ["read"])),
     responses(
@@ -90,6 +90,9 @@ impl From<PaymentDoc> for PaymentView {
         (status = 403, description = "Scope not allowed", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No event for this payment yet (or not visible to this key)", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Malformed path parameter", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "`rate_limited`: see Retry-After", body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = String, description = "Seconds to wait"))),
+        (status = 503, description = "`database_unavailable` or `request_timeout`", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn get_payment(

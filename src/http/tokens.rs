@@ -108,6 +108,7 @@ pub struct TokenPage {
 #[serde(deny_unknown_fields)]
 pub struct RedeemRequest {
     /// The caller's reference for the redemption (order id, gate scan…), up to 256 chars.
+    #[schema(max_length = 256)]
     pub reference: Option<String>,
 }
 
@@ -116,6 +117,7 @@ pub struct RedeemRequest {
 #[serde(deny_unknown_fields)]
 pub struct RevokeRequest {
     /// Why the token is revoked, up to 256 chars.
+    #[schema(max_length = 256)]
     pub reason: Option<String>,
 }
 
@@ -151,12 +153,17 @@ fn if_match(headers: &HeaderMap) -> Result<Option<i64>, ApiError> {
     let Some(value) = headers.get(header::IF_MATCH) else {
         return Ok(None);
     };
+    // Exactly what openapi.yaml documents, `^(W/)?("[0-9]{1,18}"|[0-9]{1,18})$`: 18 digits
+    // always fit an i64, and no sign, space or stray quote slips through.
     let text = value.to_str().unwrap_or_default().trim();
-    let unquoted = text.trim_start_matches("W/").trim_matches('"');
-    unquoted
-        .parse::<i64>()
-        .ok()
-        .filter(|v| *v >= 0)
+    let tag = text.strip_prefix("W/").unwrap_or(text);
+    let digits = tag
+        .strip_prefix('"')
+        .and_then(|t| t.strip_suffix('"'))
+        .unwrap_or(tag);
+    Some(digits)
+        .filter(|d| (1..=18).contains(&d.len()) && d.bytes().all(|b| b.is_ascii_digit()))
+        .and_then(|d| d.parse::<i64>().ok())
         .map(Some)
         .ok_or_else(|| {
             ApiError::validation(
@@ -218,7 +225,7 @@ async fn apply(
 /// Read a token.
 #[utoipa::path(
     get, path = "/v1/tokens/{tokenId}", tag = "tokens",
-    params(("tokenId" = String, Path, description = "24-hex token id")),
+    params(("tokenId" = String, Path, description = "24-hex token id", pattern = r"^[0-9a-fA-F]{24}$")),
     security(("bearer" = ["read"])),
     responses(
         (status = 200, description = "The token", body = TokenView,
@@ -227,6 +234,9 @@ async fn apply(
         (status = 403, description = "Scope not allowed", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such token (or not visible to this key)", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Malformed token id", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "`rate_limited`: see Retry-After", body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = String, description = "Seconds to wait"))),
+        (status = 503, description = "`database_unavailable` or `request_timeout`", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn get_token(
@@ -252,11 +262,11 @@ pub async fn get_token(
 #[utoipa::path(
     get, path = "/v1/tokens", tag = "tokens",
     params(
-        ("owner" = Option<String>, Query, description = "Only this owner's tokens (24-hex)"),
-        ("tokenType" = Option<String>, Query, description = "Only this token type"),
+        ("owner" = Option<String>, Query, description = "Only this owner's tokens (24-hex)", pattern = r"^[0-9a-fA-F]{24}$"),
+        ("tokenType" = Option<String>, Query, description = "Only this token type", pattern = r"^[a-z0-9][a-z0-9_.-]{0,63}$"),
         ("status" = Option<TokenStatus>, Query, description = "Only tokens in this state"),
-        ("limit" = Option<u32>, Query, description = "Page size, 1–500, default 50"),
-        ("after" = Option<String>, Query, description = "The previous page's nextAfter"),
+        ("limit" = Option<u32>, Query, description = "Page size, 1–500, default 50", minimum = 1, maximum = 500),
+        ("after" = Option<String>, Query, description = "The previous page's nextAfter", pattern = r"^[0-9a-fA-F]{24}$"),
     ),
     security(("bearer" = ["read"])),
     responses(
@@ -264,6 +274,9 @@ pub async fn get_token(
         (status = 401, description = "Missing or unknown API key", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "Scope not allowed", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Bad query parameter", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "`rate_limited`: see Retry-After", body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = String, description = "Seconds to wait"))),
+        (status = 503, description = "`database_unavailable` or `request_timeout`", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn list_tokens(
@@ -333,17 +346,25 @@ fn parse_list_query(pairs: &[(String, String)]) -> Result<(TokenQuery, u32), Api
 #[utoipa::path(
     post, path = "/v1/tokens/{tokenId}/redeem", tag = "tokens",
     params(
-        ("tokenId" = String, Path, description = "24-hex token id"),
-        ("If-Match" = Option<String>, Header, description = "The version the change is based on, e.g. \"3\""),
+        ("tokenId" = String, Path, description = "24-hex token id", pattern = r"^[0-9a-fA-F]{24}$"),
+        ("If-Match" = Option<String>, Header, description = "The version the change is based on, e.g. \"3\"", nullable = false, pattern = r#"^(W/)?("[0-9]{1,18}"|[0-9]{1,18})$"#),
     ),
     request_body(content = Option<RedeemRequest>, description = "Optional; an empty body is fine"),
     security(("bearer" = ["tokens:redeem"])),
     responses(
         (status = 200, description = "Redeemed", body = TokenView, headers(("ETag" = String, description = "The new version"))),
+        (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing or unknown API key", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "Scope not allowed", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such token", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "`state_conflict`: not active, or kept changing", body = Problem, content_type = "application/problem+json"),
         (status = 412, description = "`version_conflict`: If-Match is stale; the body has currentVersion and currentStatus", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "A body that is not application/json", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Bad token id, body or If-Match", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "`rate_limited`: see Retry-After", body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = String, description = "Seconds to wait"))),
+        (status = 503, description = "`database_unavailable` or `request_timeout`", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn redeem_token(
@@ -375,17 +396,25 @@ pub async fn redeem_token(
 #[utoipa::path(
     post, path = "/v1/tokens/{tokenId}/revoke", tag = "tokens",
     params(
-        ("tokenId" = String, Path, description = "24-hex token id"),
-        ("If-Match" = Option<String>, Header, description = "The version the change is based on, e.g. \"3\""),
+        ("tokenId" = String, Path, description = "24-hex token id", pattern = r"^[0-9a-fA-F]{24}$"),
+        ("If-Match" = Option<String>, Header, description = "The version the change is based on, e.g. \"3\"", nullable = false, pattern = r#"^(W/)?("[0-9]{1,18}"|[0-9]{1,18})$"#),
     ),
     request_body(content = Option<RevokeRequest>, description = "Optional; an empty body is fine"),
     security(("bearer" = ["tokens:revoke"])),
     responses(
         (status = 200, description = "Revoked (or already revoked)", body = TokenView, headers(("ETag" = String, description = "The version"))),
+        (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing or unknown API key", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "Scope not allowed", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such token", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "`state_conflict`: redeemed, or kept changing", body = Problem, content_type = "application/problem+json"),
         (status = 412, description = "`version_conflict`", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "A body that is not application/json", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Bad token id, body or If-Match", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "`rate_limited`: see Retry-After", body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = String, description = "Seconds to wait"))),
+        (status = 503, description = "`database_unavailable` or `request_timeout`", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn revoke_token(
@@ -407,18 +436,26 @@ pub async fn revoke_token(
 #[utoipa::path(
     post, path = "/v1/tokens/{tokenId}/transfer", tag = "tokens",
     params(
-        ("tokenId" = String, Path, description = "24-hex token id"),
-        ("If-Match" = String, Header, description = "The version the transfer is based on, e.g. \"3\""),
+        ("tokenId" = String, Path, description = "24-hex token id", pattern = r"^[0-9a-fA-F]{24}$"),
+        ("If-Match" = String, Header, description = "The version the transfer is based on, e.g. \"3\"", pattern = r#"^(W/)?("[0-9]{1,18}"|[0-9]{1,18})$"#),
     ),
     request_body = TransferRequest,
     security(("bearer" = ["tokens:transfer"])),
     responses(
         (status = 200, description = "Transferred", body = TokenView, headers(("ETag" = String, description = "The new version"))),
+        (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing or unknown API key", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "Scope not allowed", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such token", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "`state_conflict`: not active", body = Problem, content_type = "application/problem+json"),
         (status = 412, description = "`version_conflict`", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "A body that is not application/json", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Bad token id, newOwner or If-Match", body = Problem, content_type = "application/problem+json"),
         (status = 428, description = "`precondition_required`: If-Match missing", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "`rate_limited`: see Retry-After", body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = String, description = "Seconds to wait"))),
+        (status = 503, description = "`database_unavailable` or `request_timeout`", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn transfer_token(
@@ -446,4 +483,48 @@ pub async fn transfer_token(
         Gate::IfMatch(version),
     )
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parsed(value: &str) -> Result<Option<i64>, ApiError> {
+        let mut headers = HeaderMap::new();
+        headers.insert(header::IF_MATCH, HeaderValue::from_str(value).unwrap());
+        if_match(&headers)
+    }
+
+    #[test]
+    fn if_match_accepts_exactly_the_documented_forms() {
+        assert!(matches!(if_match(&HeaderMap::new()), Ok(None)));
+        for (value, version) in [("\"3\"", 3), ("W/\"3\"", 3), ("3", 3), ("W/0", 0)] {
+            assert!(
+                matches!(parsed(value), Ok(Some(v)) if v == version),
+                "{value}"
+            );
+        }
+        assert!(matches!(parsed(&"9".repeat(18)), Ok(Some(_))));
+        // Found by scripts/fuzz-api.sh: the old parser took `+3`, `""3""` or `W/W/3`,
+        // which openapi.yaml's pattern refuses.
+        for bad in [
+            "",
+            "*",
+            "\"\"",
+            "\"",
+            "+3",
+            "-1",
+            "\"3",
+            "\"\"3\"\"",
+            "W/W/3",
+            "3 4",
+            "null",
+            &"9".repeat(19),
+        ] {
+            assert!(
+                matches!(parsed(bad), Err(ApiError::Validation(_))),
+                "{bad:?}"
+            );
+        }
+    }
 }

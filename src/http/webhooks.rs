@@ -41,11 +41,11 @@ pub struct WebhookReceipt {
 #[utoipa::path(
     post, path = "/v1/webhooks/{provider}", tag = "webhooks",
     params(
-        ("provider" = String, Path, description = "The configured provider name, e.g. `stripe`"),
-        ("Stripe-Signature" = Option<String>, Header, description = "Stripe scheme: `t=<unix>,v1=<hex>`"),
-        ("webhook-id" = Option<String>, Header, description = "Standard Webhooks: the event id"),
-        ("webhook-timestamp" = Option<String>, Header, description = "Standard Webhooks: unix seconds"),
-        ("webhook-signature" = Option<String>, Header, description = "Standard Webhooks: `v1,<base64>` (space-separated)"),
+        ("provider" = String, Path, description = "The configured provider name, e.g. `stripe`", pattern = r"^[a-z][a-z0-9_-]{0,31}$", example = "stripe"),
+        ("Stripe-Signature" = Option<String>, Header, nullable = false, description = "Stripe scheme: `t=<unix>,v1=<hex>`"),
+        ("webhook-id" = Option<String>, Header, nullable = false, description = "Standard Webhooks: the event id"),
+        ("webhook-timestamp" = Option<String>, Header, nullable = false, description = "Standard Webhooks: unix seconds"),
+        ("webhook-signature" = Option<String>, Header, nullable = false, description = "Standard Webhooks: `v1,<base64>` (space-separated)"),
     ),
     request_body(content = Object, description = "The provider's event, as sent", content_type = "application/json"),
     responses(
@@ -54,8 +54,9 @@ pub struct WebhookReceipt {
         (status = 401, description = "`signature_missing`, `signature_invalid` or `signature_timestamp_out_of_tolerance`", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "Unknown provider", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
-        (status = 429, description = "`rate_limited`: too many deliveries for this provider; see Retry-After", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "`database_unavailable`: retry later", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "`rate_limited`: too many deliveries for this provider; see Retry-After", body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = String, description = "Seconds to wait"))),
+        (status = 503, description = "`database_unavailable` or `request_timeout`: retry later", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn receive_webhook(

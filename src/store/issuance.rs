@@ -26,9 +26,11 @@ use crate::domain::{IssuanceMode, IssuanceParams, IssuanceStatus, NewIssuance, P
 #[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct Mismatch {
     pub field: String,
-    #[schema(value_type = Object)]
+    /// The recorded value (a string or an integer, as the field is).
+    #[schema(value_type = Value)]
     pub existing: serde_json::Value,
-    #[schema(value_type = Object)]
+    /// The value this request asked for.
+    #[schema(value_type = Value)]
     pub requested: serde_json::Value,
 }
 

@@ -87,6 +87,14 @@ pub fn parse_stripe(
 ) -> Result<ParsedEvent, EventError> {
     let event: StripeEvent =
         serde_json::from_slice(body).map_err(|e| EventError(format!("not a Stripe event: {e}")))?;
+    // `created` (unix seconds) is folded into the version below the status rank; outside
+    // 0..STRIPE_RANK_FACTOR it would overflow or outrank a higher status.
+    if !(0..STRIPE_RANK_FACTOR).contains(&event.created) {
+        return Err(EventError(format!(
+            "not a Stripe event: created {} is not a unix time in seconds",
+            event.created
+        )));
+    }
     let ignored = |reason: &str| {
         Ok(ParsedEvent::Ignored {
             event_id: event.id.clone(),
@@ -334,6 +342,19 @@ mod tests {
             ParsedEvent::Ignored { .. }
         ));
         assert!(parse_stripe(&stripe(), b"[]", 10).is_err());
+    }
+
+    #[test]
+    fn stripe_created_out_of_range_is_malformed() {
+        // Found by scripts/fuzz-api.sh: `created: i64::MAX` overflowed the version.
+        for created in [i64::MAX, i64::MIN, -1, STRIPE_RANK_FACTOR] {
+            let body = json!({"id": "evt_1", "type": "payment_intent.succeeded", "created": created,
+                "data": {"object": {"id": "pi_1"}}});
+            assert!(
+                parse_stripe(&stripe(), body.to_string().as_bytes(), 10).is_err(),
+                "{created}"
+            );
+        }
     }
 
     #[test]
