@@ -16,6 +16,7 @@ use super::AppState;
 use super::auth::{Principal, Scope};
 use super::error::{ApiError, Problem};
 use super::extract::JsonBody;
+use super::payment_path::PaymentPath;
 use crate::domain::{
     AccountId, FieldErrors, IssuanceMode, IssuanceParams, IssuanceStatus, NewIssuance, Owner,
     PaymentIntentId, PaymentKey, PaymentStatus, Provider, Quantity, TokenStatus, TokenType,
@@ -332,11 +333,7 @@ async fn request_from_checkout(
     get,
     path = "/v1/issuances/{provider}/{accountId}/{paymentIntentId}",
     tag = "issuances",
-    params(
-        ("provider" = String, Path, description = "Payment provider", pattern = r"^[a-z][a-z0-9_-]{0,31}$", example = "stripe"),
-        ("accountId" = String, Path, description = "Merchant account (`default` if none)", pattern = r"^[A-Za-z0-9_.:-]{1,64}$", example = "default"),
-        ("paymentIntentId" = String, Path, description = "The provider's payment id", pattern = r"^[A-Za-z0-9_.:-]{1,128}$", example = "pi_123"),
-    ),
+    params(PaymentPath),
     security(("bearer" = ["read"])),
     responses(
         (status = 200, description = "The issuance and its tokens", body = IssuanceResponse),
@@ -352,22 +349,11 @@ async fn request_from_checkout(
 pub async fn get_issuance(
     State(state): State<AppState>,
     principal: Arc<Principal>,
-    Path((provider, account_id, payment_intent_id)): Path<(String, String, String)>,
+    Path(path): Path<PaymentPath>,
 ) -> Result<axum::Json<IssuanceResponse>, ApiError> {
     principal.require(Scope::Read)?;
-    let mut errors = FieldErrors::default();
-    let key = PaymentKey::parse_into(
-        &mut errors,
-        Some(&provider),
-        Some(&account_id),
-        Some(&payment_intent_id),
-    );
-    errors.finish().map_err(ApiError::Validation)?;
-    let key = key.ok_or(ApiError::Internal)?;
+    let key = path.visible_key(&principal, "No issuance exists for this payment.")?;
     let not_found = || ApiError::NotFound("No issuance exists for this payment.".to_owned());
-    if !principal.can_see(key.account_id.as_str()) {
-        return Err(not_found());
-    }
     let issued = state
         .store
         .find_issuance(&key)

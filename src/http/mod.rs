@@ -6,6 +6,7 @@ mod extract;
 mod issuances;
 mod middleware;
 mod ops;
+mod payment_path;
 mod payments;
 mod rate_limit;
 mod tokens;

@@ -13,7 +13,8 @@ use utoipa::ToSchema;
 use super::AppState;
 use super::auth::{Principal, Scope};
 use super::error::{ApiError, Problem};
-use crate::domain::{FieldErrors, PaymentKey, PaymentStatus};
+use super::payment_path::PaymentPath;
+use crate::domain::PaymentStatus;
 use crate::store::{PaymentDoc, chrono_time};
 
 pub fn router() -> Router<AppState> {
@@ -78,11 +79,7 @@ impl From<PaymentDoc> for PaymentView {
 /// Read a payment's state.
 #[utoipa::path(
     get, path = "/v1/payments/{provider}/{accountId}/{paymentIntentId}", tag = "payments",
-    params(
-        ("provider" = String, Path, description = "Payment provider", pattern = r"^[a-z][a-z0-9_-]{0,31}$", example = "stripe"),
-        ("accountId" = String, Path, description = "Merchant account (`default` if none)", pattern = r"^[A-Za-z0-9_.:-]{1,64}$", example = "default"),
-        ("paymentIntentId" = String, Path, description = "The provider's payment id", pattern = r"^[A-Za-z0-9_.:-]{1,128}$", example = "pi_123"),
-    ),
+    params(PaymentPath),
     security(("bearer" = ["read"])),
     responses(
         (status = 200, description = "The payment", body = PaymentView),
@@ -98,23 +95,12 @@ impl From<PaymentDoc> for PaymentView {
 pub async fn get_payment(
     State(state): State<AppState>,
     principal: Arc<Principal>,
-    Path((provider, account_id, payment_intent_id)): Path<(String, String, String)>,
+    Path(path): Path<PaymentPath>,
 ) -> Result<axum::Json<PaymentView>, ApiError> {
     principal.require(Scope::Read)?;
-    let mut errors = FieldErrors::default();
-    let key = PaymentKey::parse_into(
-        &mut errors,
-        Some(&provider),
-        Some(&account_id),
-        Some(&payment_intent_id),
-    );
-    errors.finish().map_err(ApiError::Validation)?;
-    let key = key.ok_or(ApiError::Internal)?;
+    let key = path.visible_key(&principal, "No event has been received for this payment.")?;
     let not_found =
         || ApiError::NotFound("No event has been received for this payment.".to_owned());
-    if !principal.can_see(key.account_id.as_str()) {
-        return Err(not_found());
-    }
     let payment = state
         .store
         .find_payment(&key)

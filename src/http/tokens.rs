@@ -183,14 +183,16 @@ fn note(field: &str, value: Option<String>) -> Result<Option<String>, ApiError> 
     }
 }
 
-/// Runs a transition for `principal` and maps its outcome to the HTTP contract.
+/// Runs a transition of the token `token_id` for `principal` and maps its outcome to the
+/// HTTP contract.
 async fn apply(
     state: &AppState,
     principal: &Principal,
-    id: TokenId,
+    token_id: &str,
     transition: Transition,
     gate: Gate,
 ) -> Result<Response, ApiError> {
+    let id = parse_token_id(token_id)?;
     let outcome = state
         .store
         .transition_token(id, &transition, gate, |t| {
@@ -376,13 +378,12 @@ pub async fn redeem_token(
 ) -> Result<Response, ApiError> {
     principal.require(Scope::TokensRedeem)?;
     let OptionalJsonBody(body) = body?;
-    let id = parse_token_id(&token_id)?;
     let gate = if_match(&headers)?.map_or(Gate::Retry, Gate::IfMatch);
     let reference = note("reference", body.reference)?;
     apply(
         &state,
         &principal,
-        id,
+        &token_id,
         Transition::Redeem { reference },
         gate,
     )
@@ -426,10 +427,16 @@ pub async fn revoke_token(
 ) -> Result<Response, ApiError> {
     principal.require(Scope::TokensRevoke)?;
     let OptionalJsonBody(body) = body?;
-    let id = parse_token_id(&token_id)?;
     let gate = if_match(&headers)?.map_or(Gate::Retry, Gate::IfMatch);
     let reason = note("reason", body.reason)?;
-    apply(&state, &principal, id, Transition::Revoke { reason }, gate).await
+    apply(
+        &state,
+        &principal,
+        &token_id,
+        Transition::Revoke { reason },
+        gate,
+    )
+    .await
 }
 
 /// Transfer an active token to a new owner. `If-Match` is required (428 without).
@@ -467,7 +474,6 @@ pub async fn transfer_token(
 ) -> Result<Response, ApiError> {
     principal.require(Scope::TokensTransfer)?;
     let JsonBody(body) = body?;
-    let id = parse_token_id(&token_id)?;
     let new_owner = match body.new_owner.as_deref() {
         Some(owner) => Owner::parse(owner).map_err(|m| ApiError::validation("newOwner", m))?,
         None => return Err(ApiError::validation("newOwner", "is required")),
@@ -475,11 +481,12 @@ pub async fn transfer_token(
     let version = if_match(&headers)?.ok_or(ApiError::PreconditionRequired(
         "A transfer needs If-Match with the token's current ETag.",
     ))?;
+    let transition = Transition::Transfer { new_owner };
     apply(
         &state,
         &principal,
-        id,
-        Transition::Transfer { new_owner },
+        &token_id,
+        transition,
         Gate::IfMatch(version),
     )
     .await

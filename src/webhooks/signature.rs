@@ -70,20 +70,14 @@ pub fn verify_stripe(
     }
     within(timestamp, now, tolerance_secs)?;
     let signed_timestamp = timestamp.to_string();
-    let matched = secrets.iter().any(|secret| {
-        let expected = mac(
-            secret.expose_secret().as_bytes(),
-            &[signed_timestamp.as_bytes(), b".", body],
-        );
-        signatures
-            .iter()
-            .any(|candidate| expected.clone().verify_slice(candidate).is_ok())
-    });
-    if matched {
-        Ok(())
-    } else {
-        Err(SignatureError::Invalid)
-    }
+    let keys = secrets
+        .iter()
+        .map(|s| s.expose_secret().as_bytes().to_vec());
+    any_signature_matches(
+        keys,
+        &[signed_timestamp.as_bytes(), b".", body],
+        &signatures,
+    )
 }
 
 /// Standard Webhooks: `webhook-id`, `webhook-timestamp`, `webhook-signature` (space-separated
@@ -110,23 +104,33 @@ pub fn verify_standard(
     if signatures.is_empty() {
         return Err(SignatureError::Invalid);
     }
-    let matched = secrets
+    let keys = secrets
         .iter()
-        .filter_map(|s| standard_key(s.expose_secret()))
-        .any(|key| {
-            let expected = mac(
-                &key,
-                &[id.as_bytes(), b".", timestamp_text.as_bytes(), b".", body],
-            );
-            signatures
-                .iter()
-                .any(|candidate| expected.clone().verify_slice(candidate).is_ok())
-        });
-    if matched {
-        Ok(())
-    } else {
-        Err(SignatureError::Invalid)
+        .filter_map(|s| standard_key(s.expose_secret()));
+    any_signature_matches(
+        keys,
+        &[id.as_bytes(), b".", timestamp_text.as_bytes(), b".", body],
+        &signatures,
+    )
+}
+
+/// Whether any presented signature is the HMAC of `parts` under any of `keys` (several
+/// during a secret rotation). Each comparison is constant-time (`verify_slice`).
+fn any_signature_matches(
+    keys: impl Iterator<Item = Vec<u8>>,
+    parts: &[&[u8]],
+    signatures: &[Vec<u8>],
+) -> Result<(), SignatureError> {
+    for key in keys {
+        let expected = mac(&key, parts);
+        if signatures
+            .iter()
+            .any(|candidate| expected.clone().verify_slice(candidate).is_ok())
+        {
+            return Ok(());
+        }
     }
+    Err(SignatureError::Invalid)
 }
 
 /// The HMAC key of a `whsec_<base64>` secret.
