@@ -63,6 +63,12 @@ impl Store {
                     // A short, growing pause lets the conflicting transaction commit.
                     tokio::time::sleep(Duration::from_millis(u64::from(attempt) * 5)).await;
                 }
+                // Still conflicting after every retry: most likely a transaction a crashed
+                // instance left open, which the server aborts when its lifetime ends
+                // (`transactionLifetimeLimitSeconds`). Retrying later will succeed: 503.
+                Err(err) if is_transient_transaction_error(&err) => {
+                    return Err(StoreError::Unavailable(err));
+                }
                 Err(err) => return Err(err.into()),
             }
         }

@@ -35,7 +35,7 @@ impl From<Error> for StoreError {
 }
 
 /// Server codes meaning "this node cannot take the write now" (failover, shutdown).
-const NOT_PRIMARY_CODES: [i32; 8] = [91, 189, 10107, 11600, 11602, 13435, 13436, 262];
+pub(super) const NOT_PRIMARY_CODES: [i32; 8] = [91, 189, 10107, 11600, 11602, 13435, 13436, 262];
 
 /// True when the error means MongoDB is (perhaps briefly) unreachable or electing.
 pub fn is_unavailable(err: &Error) -> bool {

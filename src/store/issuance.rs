@@ -10,7 +10,7 @@
 
 use futures::TryStreamExt;
 use mongodb::bson::{DateTime, Document, doc};
-use mongodb::options::ReturnDocument;
+use mongodb::options::{CollectionOptions, ReadConcern, ReturnDocument};
 use serde::Serialize;
 
 use super::documents::{
@@ -216,9 +216,16 @@ impl Store {
         &self,
         key: &PaymentKey,
     ) -> Result<Vec<TokenSummary>, StoreError> {
+        // Majority read: a replay must not acknowledge tokens a concurrent request wrote
+        // but that are not yet replicated (a failover could still roll them back). Fewer
+        // visible tokens send the replay through the completing bulk, whose `w: majority`
+        // makes them durable before the answer.
+        let majority = CollectionOptions::builder()
+            .read_concern(ReadConcern::majority())
+            .build();
         let cursor = self
             .db
-            .collection::<TokenSummary>(TOKENS)
+            .collection_with_options::<TokenSummary>(TOKENS, majority)
             .find(payment_tokens_filter(key))
             .projection(token_summary_projection())
             .sort(doc! { "tokenIndex": 1 })

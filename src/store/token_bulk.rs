@@ -9,7 +9,7 @@
 use mongodb::bson::{Bson, DateTime, Document, doc, oid::ObjectId};
 
 use super::documents::{issuance_filter_fields, new_token};
-use super::error::{StoreError, TOKENS_PAYMENT_INDEX, index_in_message};
+use super::error::{NOT_PRIMARY_CODES, StoreError, TOKENS_PAYMENT_INDEX, index_in_message};
 use super::{Store, TOKENS};
 use crate::domain::NewIssuance;
 
@@ -23,6 +23,8 @@ pub struct BulkResult {
 enum BulkFailure {
     /// Two writers raced to insert the same token; retrying converges.
     TokenRace,
+    /// The primary stepped down or shut down mid-bulk (failover): a 503, not a bug.
+    Unavailable(String),
     Other(String),
 }
 
@@ -55,6 +57,11 @@ impl Store {
                     return Err(StoreError::Internal(
                         "token upsert kept racing past its retry budget".to_owned(),
                     ));
+                }
+                Some(BulkFailure::Unavailable(message)) => {
+                    return Err(StoreError::Unavailable(mongodb::error::Error::custom(
+                        message,
+                    )));
                 }
                 Some(BulkFailure::Other(message)) => return Err(StoreError::Internal(message)),
             }
@@ -113,8 +120,9 @@ fn bson_integer(value: &Bson) -> Option<i64> {
 /// The first write or write-concern error of the reply, classified.
 fn first_failure(reply: &Document) -> Option<BulkFailure> {
     if let Ok(wce) = reply.get_document("writeConcernError") {
+        let code = wce.get("code").and_then(bson_integer).unwrap_or_default();
         let message = wce.get_str("errmsg").unwrap_or("write concern error");
-        return Some(BulkFailure::Other(message.to_owned()));
+        return Some(not_primary_or_other(code, message.to_owned()));
     }
     let errors = reply.get_array("writeErrors").ok()?;
     let mut failure = None;
@@ -124,11 +132,46 @@ fn first_failure(reply: &Document) -> Option<BulkFailure> {
         let race =
             code == 11000 && index_in_message(message).as_deref() == Some(TOKENS_PAYMENT_INDEX);
         if !race {
-            return Some(BulkFailure::Other(format!(
-                "token upsert failed (code {code})"
-            )));
+            return Some(not_primary_or_other(
+                code,
+                format!("token upsert failed (code {code})"),
+            ));
         }
         failure = Some(BulkFailure::TokenRace);
     }
     failure
+}
+
+/// A failover code (the node stepped down or is shutting down) is unavailability; the
+/// statements are not acknowledged and the client's retry converges. Anything else is a bug.
+fn not_primary_or_other(code: i64, message: String) -> BulkFailure {
+    if i32::try_from(code).is_ok_and(|code| NOT_PRIMARY_CODES.contains(&code)) {
+        BulkFailure::Unavailable(message)
+    } else {
+        BulkFailure::Other(message)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stepdown_mid_bulk_is_unavailability_not_a_bug() {
+        let stepdown = doc! { "ok": 1, "n": 1, "writeConcernError": {
+        "code": 11602, "codeName": "InterruptedDueToReplStateChange",
+        "errmsg": "operation was interrupted" } };
+        assert!(matches!(
+            first_failure(&stepdown),
+            Some(BulkFailure::Unavailable(_))
+        ));
+        let not_primary = doc! { "ok": 1, "writeErrors": [ { "index": 0, "code": 10107, "errmsg": "not primary" } ] };
+        assert!(matches!(
+            first_failure(&not_primary),
+            Some(BulkFailure::Unavailable(_))
+        ));
+        let other =
+            doc! { "ok": 1, "writeErrors": [ { "index": 0, "code": 2, "errmsg": "bad value" } ] };
+        assert!(matches!(first_failure(&other), Some(BulkFailure::Other(_))));
+    }
 }
