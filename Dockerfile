@@ -3,6 +3,8 @@ FROM rust:1-bookworm AS build
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 COPY src src
+# The workspace's other member (the benchmark); not built here, but the manifest must exist.
+COPY bench bench
 COPY config config
 COPY migrations migrations
 RUN cargo build --release --locked --bin tokenmint

@@ -1,0 +1,515 @@
+//! The database floor: the MongoDB operations tokenmint performs per issuance — same
+//! filters, same documents, same indexes, same write concern, same retries — issued
+//! directly with the mongodb crate, without HTTP. What tokenmint costs above this is the
+//! price of the service itself.
+//!
+//! Mirrors src/store/issuance.rs, token_bulk.rs and atomic.rs; keep them in step.
+
+use std::time::{Duration, Instant};
+
+use futures::TryStreamExt;
+use hdrhistogram::Histogram;
+use mongodb::bson::{self, Bson, DateTime, Document, doc, oid::ObjectId};
+use mongodb::error::{Error, TRANSIENT_TRANSACTION_ERROR, UNKNOWN_TRANSACTION_COMMIT_RESULT};
+use mongodb::options::{Acknowledgment, ClientOptions, ReadConcern, ReturnDocument, WriteConcern};
+use mongodb::{Client, ClientSession, Collection, Database};
+use tokenmint::domain::{IssuanceMode, IssuanceStatus};
+use tokenmint::store::{
+    ISSUANCES_PAYMENT_INDEX, IssuanceDoc, TOKENS_PAYMENT_INDEX, TokenSummary, duplicate_key_index,
+};
+
+use crate::workload::{Outcome, Payment};
+
+const ISSUANCES: &str = "issuances";
+const TOKENS: &str = "tokens";
+/// src/store/issuance.rs RECORD_RACE_RETRIES.
+const RECORD_RACE_RETRIES: u32 = 3;
+/// config/default.toml issuance.duplicate_key_retries.
+const DUPLICATE_KEY_RETRIES: u32 = 3;
+/// src/store/atomic.rs MAX_TRANSACTION_ATTEMPTS.
+const MAX_TRANSACTION_ATTEMPTS: u32 = 10;
+
+/// The database operations a floor issuance is made of, timed separately so that the
+/// report can say where the database spends its time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    ClaimRecord,
+    TokenBulk,
+    ReadTokens,
+    StartSession,
+    TxnInsertRecord,
+    TxnInsertTokens,
+    TxnCommit,
+    ReadRecord,
+}
+
+impl Op {
+    pub const ALL: [Op; 8] = [
+        Op::ClaimRecord,
+        Op::TokenBulk,
+        Op::ReadTokens,
+        Op::StartSession,
+        Op::TxnInsertRecord,
+        Op::TxnInsertTokens,
+        Op::TxnCommit,
+        Op::ReadRecord,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Op::ClaimRecord => "findOneAndUpdate issuances (upsert, $setOnInsert)",
+            Op::TokenBulk => "update tokens (N upserts, unordered, w:majority)",
+            Op::ReadTokens => "find tokens (sorted, projected)",
+            Op::StartSession => "startSession",
+            Op::TxnInsertRecord => "txn insert issuances",
+            Op::TxnInsertTokens => "txn insertMany tokens",
+            Op::TxnCommit => "commitTransaction (w:majority)",
+            Op::ReadRecord => "findOne issuances",
+        }
+    }
+}
+
+/// Latency of each database operation, in microseconds.
+pub struct OpTimes {
+    pub hists: Vec<Histogram<u64>>,
+}
+
+impl Default for OpTimes {
+    fn default() -> Self {
+        Self {
+            hists: Op::ALL
+                .iter()
+                .map(|_| crate::workload::new_histogram())
+                .collect(),
+        }
+    }
+}
+
+impl OpTimes {
+    fn record(&mut self, op: Op, started: Instant) {
+        let index = Op::ALL.iter().position(|o| *o == op).unwrap_or(0);
+        let _ = self.hists[index].record(crate::workload::micros(started.elapsed()));
+    }
+
+    pub fn add(&mut self, other: &OpTimes) {
+        for (mine, theirs) in self.hists.iter_mut().zip(&other.hists) {
+            let _ = mine.add(theirs);
+        }
+    }
+}
+
+/// A connection to the floor's own database, with tokenmint's indexes.
+#[derive(Clone)]
+pub struct Floor {
+    client: Client,
+    db: Database,
+}
+
+impl Floor {
+    /// Connects like `Store::connect` (same pool size and timeouts) and applies
+    /// tokenmint's migrations to `database`, so the indexes are the service's own.
+    pub async fn connect(uri: &str, database: &str, max_pool_size: u32) -> anyhow::Result<Self> {
+        let timeout = Duration::from_millis(2000);
+        let store = tokenmint::store::Store::connect(
+            uri,
+            database,
+            timeout,
+            max_pool_size,
+            tokenmint::store::StoreConfig::default(),
+        )
+        .await?;
+        tokenmint::migrate::run(&store, false).await?;
+        store.shutdown().await;
+
+        let mut options = ClientOptions::parse(uri).await?;
+        options.app_name = Some("tokenmint-bench-floor".to_owned());
+        options.server_selection_timeout = Some(timeout);
+        options.connect_timeout = Some(timeout);
+        options.max_pool_size = Some(max_pool_size);
+        let client = Client::with_options(options)?;
+        let db = client.database(database);
+        Ok(Self { client, db })
+    }
+
+    pub async fn shutdown(self) {
+        self.client.shutdown().await;
+    }
+
+    fn collection(&self, name: &str) -> Collection<Document> {
+        self.db.collection(name)
+    }
+
+    /// One issuance, as `Store::issue` performs it.
+    pub async fn issue(
+        &self,
+        payment: &Payment,
+        mode: IssuanceMode,
+        times: &mut OpTimes,
+    ) -> Outcome {
+        let result = match mode {
+            IssuanceMode::Upsert => self.issue_upsert(payment, times).await,
+            IssuanceMode::Atomic => self.issue_atomic(payment, times).await,
+        };
+        match result {
+            Ok(outcome) => outcome,
+            Err(err) => Outcome::error(500, err.to_string()),
+        }
+    }
+
+    async fn issue_upsert(
+        &self,
+        payment: &Payment,
+        times: &mut OpTimes,
+    ) -> anyhow::Result<Outcome> {
+        let record_view = new_record_view(payment, IssuanceMode::Upsert);
+        let record = bson::to_document(&record_view)?;
+        let filter = issuance_filter(payment, "");
+        let mut attempt = 0;
+        let existing = loop {
+            let started = Instant::now();
+            let result = self
+                .collection(ISSUANCES)
+                .find_one_and_update(filter.clone(), doc! { "$setOnInsert": record.clone() })
+                .upsert(true)
+                .return_document(ReturnDocument::Before)
+                .await;
+            times.record(Op::ClaimRecord, started);
+            match result {
+                Ok(existing) => break existing,
+                Err(err)
+                    if attempt < RECORD_RACE_RETRIES
+                        && duplicate_key_index(&err).as_deref()
+                            == Some(ISSUANCES_PAYMENT_INDEX) =>
+                {
+                    attempt += 1
+                }
+                Err(err) => return Err(err.into()),
+            }
+        };
+        match existing {
+            None => {
+                let inserted = self.upsert_tokens(payment, payment.date, times).await?;
+                let created = inserted.len() as u32;
+                // Built as the service builds its answer, though only the count is used.
+                let _tokens = if inserted.len() == payment.quantity as usize {
+                    fresh_tokens(inserted)
+                } else {
+                    self.payment_tokens(payment, times).await?
+                };
+                Ok(Outcome::ok(201, created))
+            }
+            Some(existing) => {
+                let existing: IssuanceDoc = bson::from_document(existing)?;
+                self.replay(payment, existing, times).await
+            }
+        }
+    }
+
+    /// `Store::replay`: verify, read the tokens, complete a partial set.
+    async fn replay(
+        &self,
+        payment: &Payment,
+        existing: IssuanceDoc,
+        times: &mut OpTimes,
+    ) -> anyhow::Result<Outcome> {
+        if existing.owner != payment.owner
+            || existing.token_type != payment.token_type
+            || existing.quantity != i64::from(payment.quantity)
+        {
+            return Ok(Outcome::ok(409, 0));
+        }
+        let tokens = self.payment_tokens(payment, times).await?;
+        let mut created = 0;
+        if tokens.len() < existing.quantity as usize {
+            created = self
+                .upsert_tokens(payment, existing.payment_date, times)
+                .await?
+                .len() as u32;
+            self.payment_tokens(payment, times).await?;
+        }
+        Ok(Outcome::ok(200, created))
+    }
+
+    /// `Store::upsert_tokens`: one unordered `update` with an upsert per token.
+    async fn upsert_tokens(
+        &self,
+        payment: &Payment,
+        date: DateTime,
+        times: &mut OpTimes,
+    ) -> anyhow::Result<Vec<(i64, ObjectId)>> {
+        let command = bulk_command(payment, date, DateTime::now());
+        let mut inserted = Vec::new();
+        let mut attempt = 0;
+        loop {
+            let started = Instant::now();
+            let reply = self.db.run_command(command.clone()).await;
+            times.record(Op::TokenBulk, started);
+            let reply = reply?;
+            inserted.extend(upserted_ids(&reply)?);
+            match first_failure(&reply) {
+                None => return Ok(inserted),
+                Some(Ok(())) if attempt < DUPLICATE_KEY_RETRIES => attempt += 1,
+                Some(Ok(())) => anyhow::bail!("token upsert kept racing past its retry budget"),
+                Some(Err(message)) => anyhow::bail!(message),
+            }
+        }
+    }
+
+    /// `Store::payment_tokens`.
+    async fn payment_tokens(
+        &self,
+        payment: &Payment,
+        times: &mut OpTimes,
+    ) -> anyhow::Result<Vec<TokenSummary>> {
+        let started = Instant::now();
+        let cursor = self
+            .db
+            .collection::<TokenSummary>(TOKENS)
+            .find(issuance_filter(payment, "origin."))
+            .projection(doc! { "_id": 1, "tokenIndex": 1, "status": 1, "_version": 1 })
+            .sort(doc! { "tokenIndex": 1 })
+            .await?;
+        let tokens: Vec<TokenSummary> = cursor.try_collect().await?;
+        times.record(Op::ReadTokens, started);
+        Ok(tokens)
+    }
+
+    /// `Store::issue_atomic`: one transaction per attempt, on a session per request.
+    async fn issue_atomic(
+        &self,
+        payment: &Payment,
+        times: &mut OpTimes,
+    ) -> anyhow::Result<Outcome> {
+        let started = Instant::now();
+        let mut session = self.client.start_session().await?;
+        times.record(Op::StartSession, started);
+        let mut attempt = 1;
+        loop {
+            match self.try_transaction(&mut session, payment, times).await {
+                Ok(Some(created)) => return Ok(Outcome::ok(201, created)),
+                Ok(None) => {
+                    let started = Instant::now();
+                    let record = self
+                        .collection(ISSUANCES)
+                        .find_one(issuance_filter(payment, ""))
+                        .await?;
+                    times.record(Op::ReadRecord, started);
+                    let record =
+                        record.ok_or_else(|| anyhow::anyhow!("issuance record vanished"))?;
+                    return self
+                        .replay(payment, bson::from_document(record)?, times)
+                        .await;
+                }
+                Err(err)
+                    if err.contains_label(TRANSIENT_TRANSACTION_ERROR)
+                        && attempt < MAX_TRANSACTION_ATTEMPTS =>
+                {
+                    attempt += 1;
+                    tokio::time::sleep(Duration::from_millis(u64::from(attempt) * 5)).await;
+                }
+                Err(err) => return Err(err.into()),
+            }
+        }
+    }
+
+    /// One attempt: `Some(created)` when committed, `None` when the record already exists.
+    async fn try_transaction(
+        &self,
+        session: &mut ClientSession,
+        payment: &Payment,
+        times: &mut OpTimes,
+    ) -> Result<Option<u32>, Error> {
+        session
+            .start_transaction()
+            .read_concern(ReadConcern::snapshot())
+            .write_concern(WriteConcern::builder().w(Acknowledgment::Majority).build())
+            .await?;
+        let record_view = new_record_view(payment, IssuanceMode::Atomic);
+        let record = bson::to_document(&record_view).map_err(|e| Error::custom(e.to_string()))?;
+        let started = Instant::now();
+        let result = self
+            .collection(ISSUANCES)
+            .insert_one(record)
+            .session(&mut *session)
+            .await;
+        times.record(Op::TxnInsertRecord, started);
+        if let Err(err) = result {
+            let _ = session.abort_transaction().await;
+            if duplicate_key_index(&err).as_deref() == Some(ISSUANCES_PAYMENT_INDEX) {
+                return Ok(None);
+            }
+            return Err(err);
+        }
+        let now = DateTime::now();
+        let (tokens, inserted): (Vec<Document>, Vec<(i64, ObjectId)>) =
+            (0..i64::from(payment.quantity))
+                .map(|token_index| {
+                    let id = ObjectId::new();
+                    let mut document = new_token(payment, token_index, payment.date, now);
+                    document.insert("_id", id);
+                    (document, (token_index, id))
+                })
+                .unzip();
+        let started = Instant::now();
+        let result = self
+            .collection(TOKENS)
+            .insert_many(tokens)
+            .session(&mut *session)
+            .await;
+        times.record(Op::TxnInsertTokens, started);
+        if let Err(err) = result {
+            let _ = session.abort_transaction().await;
+            return Err(err);
+        }
+        let started = Instant::now();
+        let mut commit_attempt = 0;
+        loop {
+            match session.commit_transaction().await {
+                Err(err)
+                    if err.contains_label(UNKNOWN_TRANSACTION_COMMIT_RESULT)
+                        && commit_attempt < 3 =>
+                {
+                    commit_attempt += 1
+                }
+                other => {
+                    times.record(Op::TxnCommit, started);
+                    other?;
+                    break;
+                }
+            }
+        }
+        // The answer names the tokens it inserted, as `fresh_tokens` does.
+        Ok(Some(fresh_tokens(inserted).len() as u32))
+    }
+}
+
+/// `new_record_view` in src/store/issuance.rs.
+fn new_record_view(payment: &Payment, mode: IssuanceMode) -> IssuanceDoc {
+    IssuanceDoc {
+        id: ObjectId::new(),
+        provider: payment.provider.to_owned(),
+        account_id: payment.account_id.to_owned(),
+        payment_intent_id: payment.payment_intent_id.clone(),
+        owner: payment.owner,
+        token_type: payment.token_type.to_owned(),
+        quantity: i64::from(payment.quantity),
+        payment_date: payment.date,
+        mode,
+        status: IssuanceStatus::Issued,
+        created_at: DateTime::now(),
+    }
+}
+
+/// `issuance_filter_fields` in src/store/documents.rs.
+fn issuance_filter(payment: &Payment, prefix: &str) -> Document {
+    doc! {
+        format!("{prefix}provider"): payment.provider,
+        format!("{prefix}accountId"): payment.account_id,
+        format!("{prefix}paymentIntentId"): payment.payment_intent_id.as_str(),
+    }
+}
+
+/// `new_token` in src/store/documents.rs.
+fn new_token(payment: &Payment, token_index: i64, date: DateTime, now: DateTime) -> Document {
+    doc! {
+        "owner": payment.owner,
+        "type": payment.token_type,
+        "tokenIndex": token_index,
+        "origin": {
+            "provider": payment.provider,
+            "accountId": payment.account_id,
+            "paymentIntentId": payment.payment_intent_id.as_str(),
+            "date": date,
+        },
+        "status": "active",
+        "_version": 0,
+        "createdAt": now,
+        "updatedAt": now,
+    }
+}
+
+/// `bulk_command` in src/store/token_bulk.rs.
+fn bulk_command(payment: &Payment, date: DateTime, now: DateTime) -> Document {
+    let updates: Vec<Bson> = (0..i64::from(payment.quantity))
+        .map(|token_index| {
+            let mut filter = issuance_filter(payment, "origin.");
+            filter.insert("tokenIndex", token_index);
+            Bson::Document(doc! {
+                "q": filter,
+                "u": { "$setOnInsert": new_token(payment, token_index, date, now) },
+                "upsert": true,
+            })
+        })
+        .collect();
+    doc! {
+        "update": TOKENS,
+        "updates": updates,
+        "ordered": false,
+        "writeConcern": { "w": "majority" },
+    }
+}
+
+/// `upserted_ids` in src/store/token_bulk.rs.
+fn upserted_ids(reply: &Document) -> anyhow::Result<Vec<(i64, ObjectId)>> {
+    let Ok(upserted) = reply.get_array("upserted") else {
+        return Ok(Vec::new());
+    };
+    upserted
+        .iter()
+        .map(|entry| {
+            let entry = entry.as_document();
+            let index = entry.and_then(|e| e.get("index")).and_then(bson_integer);
+            let id = entry.and_then(|e| e.get_object_id("_id").ok());
+            index
+                .zip(id)
+                .ok_or_else(|| anyhow::anyhow!("malformed upserted entry"))
+        })
+        .collect()
+}
+
+fn bson_integer(value: &Bson) -> Option<i64> {
+    match value {
+        Bson::Int32(v) => Some(i64::from(*v)),
+        Bson::Int64(v) => Some(*v),
+        _ => None,
+    }
+}
+
+/// `first_failure` in src/store/token_bulk.rs: `Ok(())` for a token-index race (retry),
+/// `Err(message)` for anything else.
+fn first_failure(reply: &Document) -> Option<Result<(), String>> {
+    if let Ok(wce) = reply.get_document("writeConcernError") {
+        return Some(Err(wce
+            .get_str("errmsg")
+            .unwrap_or("write concern error")
+            .to_owned()));
+    }
+    let errors = reply.get_array("writeErrors").ok()?;
+    let mut failure = None;
+    for error in errors.iter().filter_map(Bson::as_document) {
+        let code = error.get("code").and_then(bson_integer).unwrap_or_default();
+        let message = error.get_str("errmsg").unwrap_or_default();
+        let index = message
+            .split_once("index: ")
+            .and_then(|(_, rest)| rest.split_whitespace().next());
+        if !(code == 11000 && index == Some(TOKENS_PAYMENT_INDEX)) {
+            return Some(Err(format!("token upsert failed (code {code})")));
+        }
+        failure = Some(Ok(()));
+    }
+    failure
+}
+
+/// `fresh_tokens` in src/store/issuance.rs.
+fn fresh_tokens(mut inserted: Vec<(i64, ObjectId)>) -> Vec<TokenSummary> {
+    inserted.sort_unstable_by_key(|(index, _)| *index);
+    inserted
+        .into_iter()
+        .map(|(token_index, id)| TokenSummary {
+            id,
+            token_index,
+            status: tokenmint::domain::TokenStatus::Active,
+            version: 0,
+        })
+        .collect()
+}

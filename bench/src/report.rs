@@ -1,0 +1,383 @@
+//! The report: one row per target and scenario, tokenmint ÷ floor, the targets of
+//! issue 7 (reported, never asserted), and where the floor's database time goes.
+
+use std::fmt::Write;
+use std::time::Duration;
+
+use tokenmint::domain::IssuanceMode;
+
+use crate::Scenario;
+use crate::floor::Op;
+use crate::workload::Stats;
+
+/// What one target did over a scenario's measured segments.
+#[derive(Default)]
+pub struct Measured {
+    pub stats: Stats,
+    pub elapsed: Duration,
+    pub cpu_service: Option<Duration>,
+    pub cpu_mongod: Option<Duration>,
+    pub cpu_bench: Option<Duration>,
+    /// mongod opcounters over the measured segments (all clients; the bench's own
+    /// `serverStatus` calls included).
+    pub ops: Option<crate::service::OpCounters>,
+}
+
+impl Measured {
+    pub fn per_second(&self) -> f64 {
+        self.stats.ok as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+
+    fn tokens_per_second(&self) -> f64 {
+        self.stats.created as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+
+    /// CPU microseconds per successful issuance.
+    fn per_issuance(&self, cpu: Option<Duration>) -> Option<f64> {
+        let cpu = cpu?;
+        (self.stats.ok > 0).then(|| cpu.as_secs_f64() * 1e6 / self.stats.ok as f64)
+    }
+
+    /// Latency percentile in milliseconds.
+    fn ms(&self, quantile: f64) -> f64 {
+        self.stats.latency.value_at_quantile(quantile) as f64 / 1000.0
+    }
+
+    fn max_ms(&self) -> f64 {
+        self.stats.latency.max() as f64 / 1000.0
+    }
+
+    /// mongod operations per successful issuance, by counter.
+    fn ops_per_issuance(&self) -> String {
+        let Some(ops) = self.ops.filter(|_| self.stats.ok > 0) else {
+            return "n/a".to_owned();
+        };
+        crate::service::OPCOUNTER_NAMES
+            .iter()
+            .zip(ops)
+            .filter(|(_, count)| *count > 0)
+            .map(|(name, count)| format!("{name} {:.2}", count as f64 / self.stats.ok as f64))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    fn statuses(&self) -> String {
+        self.stats
+            .by_status
+            .iter()
+            .map(|(status, count)| format!("{status}×{count}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+}
+
+/// One scenario's figures.
+pub struct ScenarioResult {
+    pub scenario: Scenario,
+    pub service: Option<Measured>,
+    /// tokenmint's `Store::issue` without HTTP (with `--with-store`).
+    pub store: Option<Measured>,
+    pub floor: Option<Measured>,
+    /// VmRSS of the service at the end of the scenario.
+    pub service_rss: Option<u64>,
+    pub mongod_rss: Option<u64>,
+}
+
+impl ScenarioResult {
+    fn ratio(&self, f: impl Fn(&Measured) -> Option<f64>) -> Option<f64> {
+        let service = f(self.service.as_ref()?)?;
+        let floor = f(self.floor.as_ref()?)?;
+        (floor > 0.0).then(|| service / floor)
+    }
+
+    fn throughput_ratio(&self) -> Option<f64> {
+        self.ratio(|m| Some(m.per_second()))
+    }
+
+    fn mongod_cpu_ratio(&self) -> Option<f64> {
+        self.ratio(|m| m.per_issuance(m.cpu_mongod))
+    }
+
+    fn p50_ratio(&self) -> Option<f64> {
+        self.ratio(|m| Some(m.ms(0.5)))
+    }
+}
+
+pub fn scenario_name(scenario: &Scenario) -> String {
+    let w = &scenario.workload;
+    let mut name = format!(
+        "c{} q{} {} replays {:.0}%",
+        w.concurrency,
+        w.quantity,
+        w.mode.as_str(),
+        w.replays * 100.0
+    );
+    if w.races > 0.0 {
+        let _ = write!(name, " races {:.0}%", w.races * 100.0);
+    }
+    name
+}
+
+fn opt(value: Option<f64>, decimals: usize) -> String {
+    value.map_or_else(|| "n/a".to_owned(), |v| format!("{v:.decimals$}"))
+}
+
+fn mib(bytes: Option<u64>) -> String {
+    opt(bytes.map(|b| b as f64 / (1024.0 * 1024.0)), 1)
+}
+
+fn row(name: &str, target: &str, m: &Measured) -> String {
+    format!(
+        "| {name} | {target} | {:.0} | {:.0} | {:.2} | {:.2} | {:.2} | {:.1} | {} | {} | {} | {} |",
+        m.per_second(),
+        m.tokens_per_second(),
+        m.ms(0.5),
+        m.ms(0.9),
+        m.ms(0.99),
+        m.max_ms(),
+        opt(m.per_issuance(m.cpu_service), 0),
+        opt(m.per_issuance(m.cpu_mongod), 0),
+        opt(m.per_issuance(m.cpu_bench), 0),
+        m.statuses(),
+    )
+}
+
+const RESULT_HEADER: &str = "| scenario | target | issuances/s | tokens/s | p50 ms | p90 ms | p99 ms | max ms | service CPU µs/iss | mongod CPU µs/iss | bench CPU µs/iss | statuses |\n|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|";
+
+/// The per-scenario block printed as the run goes.
+pub fn scenario_detail(result: &ScenarioResult) -> String {
+    let name = scenario_name(&result.scenario);
+    let mut out = String::new();
+    let _ = writeln!(out, "{RESULT_HEADER}");
+    for (target, m) in [
+        ("tokenmint", &result.service),
+        ("store", &result.store),
+        ("floor", &result.floor),
+    ] {
+        if let Some(m) = m {
+            let _ = writeln!(out, "{}", row(&name, target, m));
+            let _ = writeln!(
+                out,
+                "   mongod ops/issuance ({target}): {}",
+                m.ops_per_issuance()
+            );
+            if let Some(error) = &m.stats.first_error {
+                let _ = writeln!(out, "   first error ({target}): {}", truncate(error, 300));
+            }
+        }
+    }
+    if let Some(store) = &result.store {
+        let _ = writeln!(
+            out,
+            "tokenmint ÷ store (the HTTP layer): throughput {}; store ÷ floor (tokenmint's store code): throughput {}",
+            opt(
+                result
+                    .service
+                    .as_ref()
+                    .map(|s| s.per_second() / store.per_second().max(1e-9)),
+                2
+            ),
+            opt(
+                result
+                    .floor
+                    .as_ref()
+                    .map(|f| store.per_second() / f.per_second().max(1e-9)),
+                2
+            ),
+        );
+    }
+    let _ = write!(
+        out,
+        "tokenmint ÷ floor: throughput {}, mongod CPU/iss {}, p50 {}; service RSS {} MiB, mongod RSS {} MiB",
+        opt(result.throughput_ratio(), 2),
+        opt(result.mongod_cpu_ratio(), 2),
+        opt(result.p50_ratio(), 2),
+        mib(result.service_rss),
+        mib(result.mongod_rss),
+    );
+    out
+}
+
+fn truncate(text: &str, max: usize) -> &str {
+    match text.char_indices().nth(max) {
+        Some((at, _)) => &text[..at],
+        None => text,
+    }
+}
+
+/// The whole report, in markdown, ready for BENCHMARKS.md.
+pub fn markdown(results: &[ScenarioResult], command: &str, machine: &str, load: &str) -> String {
+    let mut out = String::new();
+    let now = chrono::Utc::now().format("%Y-%m-%d %H:%M UTC");
+    let _ = writeln!(out, "### Run of {now}\n");
+    let _ = writeln!(out, "- command: `{command}`");
+    let _ = writeln!(out, "- machine: {machine}");
+    let _ = writeln!(out, "- load average (1, 5, 15 min): {load}");
+    if let Some(first) = results.first() {
+        let s = &first.scenario;
+        let _ = writeln!(
+            out,
+            "- per scenario: a fresh tokenmint process and databases; {:.0} s warm-up per target, then {:.0} s measured per target, interleaved tokenmint ½ · (store ½) · floor 1 · (store ½) · tokenmint ½",
+            s.warmup.as_secs_f64(),
+            s.duration.as_secs_f64()
+        );
+    }
+    let _ = writeln!(out, "\n{RESULT_HEADER}");
+    for result in results {
+        let name = scenario_name(&result.scenario);
+        for (target, m) in [
+            ("tokenmint", &result.service),
+            ("store", &result.store),
+            ("floor", &result.floor),
+        ] {
+            if let Some(m) = m {
+                let _ = writeln!(out, "{}", row(&name, target, m));
+            }
+        }
+    }
+
+    let _ = writeln!(
+        out,
+        "\n#### tokenmint ÷ floor (same run)\n\n| scenario | throughput | mongod CPU/iss | p50 | p99 | service RSS at end (MiB) | mongod RSS (MiB) |\n|---|--:|--:|--:|--:|--:|--:|"
+    );
+    for result in results {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {} | {} | {} |",
+            scenario_name(&result.scenario),
+            opt(result.throughput_ratio(), 2),
+            opt(result.mongod_cpu_ratio(), 2),
+            opt(result.p50_ratio(), 2),
+            opt(result.ratio(|m| Some(m.ms(0.99))), 2),
+            mib(result.service_rss),
+            mib(result.mongod_rss),
+        );
+    }
+
+    let _ = writeln!(out, "\n#### Targets (reported, never asserted)\n");
+    for line in targets(results) {
+        let _ = writeln!(out, "- {line}");
+    }
+
+    let _ = writeln!(
+        out,
+        "\n#### mongod operations per issuance (serverStatus opcounters)\n\n| scenario | target | operations per issuance |\n|---|---|---|"
+    );
+    for result in results {
+        for (target, m) in [
+            ("tokenmint", &result.service),
+            ("store", &result.store),
+            ("floor", &result.floor),
+        ] {
+            if let Some(m) = m {
+                let _ = writeln!(
+                    out,
+                    "| {} | {target} | {} |",
+                    scenario_name(&result.scenario),
+                    m.ops_per_issuance()
+                );
+            }
+        }
+    }
+
+    let _ = writeln!(
+        out,
+        "\n#### Floor: time per database operation (µs; p50 / p99, count)\n\n| scenario | operation | p50 | p99 | count |\n|---|---|--:|--:|--:|"
+    );
+    for result in results {
+        let Some(floor) = &result.floor else { continue };
+        for (op, hist) in Op::ALL.iter().zip(&floor.stats.op_times.hists) {
+            if hist.is_empty() {
+                continue;
+            }
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {} | {} |",
+                scenario_name(&result.scenario),
+                op.name(),
+                hist.value_at_quantile(0.5),
+                hist.value_at_quantile(0.99),
+                hist.len()
+            );
+        }
+    }
+    out
+}
+
+fn verdict(met: bool) -> &'static str {
+    if met { "met" } else { "MISSED" }
+}
+
+/// Each target of issue 7 against the scenarios that measure it.
+fn targets(results: &[ScenarioResult]) -> Vec<String> {
+    let mut lines = Vec::new();
+    let c32 = |r: &&ScenarioResult| r.scenario.workload.concurrency == 32;
+    let c1 = |r: &&ScenarioResult| r.scenario.workload.concurrency == 1;
+    for (mode, floor_share) in [(IssuanceMode::Upsert, 0.85), (IssuanceMode::Atomic, 0.8)] {
+        for r in results
+            .iter()
+            .filter(c32)
+            .filter(|r| r.scenario.workload.mode == mode)
+        {
+            if let Some(ratio) = r.throughput_ratio() {
+                lines.push(format!(
+                    "{} throughput ≥ {floor_share}× floor — {}: {ratio:.2}× → {}",
+                    mode.as_str(),
+                    scenario_name(&r.scenario),
+                    verdict(ratio >= floor_share)
+                ));
+            }
+        }
+    }
+    for r in results
+        .iter()
+        .filter(c32)
+        .filter(|r| r.scenario.workload.quantity == 4)
+    {
+        if let Some(cpu) = r
+            .service
+            .as_ref()
+            .and_then(|m| m.per_issuance(m.cpu_service))
+        {
+            lines.push(format!(
+                "service CPU ≤ 150 µs/issuance — {}: {cpu:.0} µs → {}",
+                scenario_name(&r.scenario),
+                verdict(cpu <= 150.0)
+            ));
+        }
+    }
+    for r in results.iter().filter(c32) {
+        if let Some(m) = &r.service {
+            let (p50, p99) = (m.ms(0.5), m.ms(0.99));
+            lines.push(format!(
+                "p99 ≤ 3× p50 — {}: p99 {p99:.2} ms = {:.2}× p50 {p50:.2} ms → {}",
+                scenario_name(&r.scenario),
+                p99 / p50.max(1e-9),
+                verdict(p99 <= 3.0 * p50)
+            ));
+        }
+    }
+    for r in results.iter().filter(c1) {
+        if let (Some(ratio), Some(s), Some(f)) = (r.p50_ratio(), &r.service, &r.floor) {
+            lines.push(format!(
+                "p50 at concurrency 1 ≤ 1.3× floor — {}: {:.2} ms vs {:.2} ms = {ratio:.2}× → {}",
+                scenario_name(&r.scenario),
+                s.ms(0.5),
+                f.ms(0.5),
+                verdict(ratio <= 1.3)
+            ));
+        }
+    }
+    let rss: Vec<(String, u64)> = results
+        .iter()
+        .filter_map(|r| Some((scenario_name(&r.scenario), r.service_rss?)))
+        .collect();
+    if let Some((name, max)) = rss.iter().max_by_key(|(_, b)| *b) {
+        lines.push(format!(
+            "service RSS ≤ 64 MiB — largest at the end of a scenario: {} MiB ({name}) → {}",
+            mib(Some(*max)),
+            verdict(*max <= 64 * 1024 * 1024)
+        ));
+    }
+    lines
+}

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The benchmark (issue 7), in one command: installs the pinned mongod, builds the release
+# tokenmint and tokenmint-bench, then runs the matrix — concurrency 32 quantity 4 with
+# 0% and 50% replays in both modes, and concurrency 1 for latency — each scenario against
+# a fresh tokenmint and database, with the database floor measured in the same run.
+# Prints the markdown report (also written to target/bench/report.md).
+#
+#   scripts/bench.sh                      # the full matrix: 5 s warm-up + 20 s per target
+#   scripts/bench.sh --quick              # smoke test: 1 s warm-up + 3 s per target
+#   scripts/bench.sh --duration 60 --warmup 10
+#   BENCH_DURATION=60 BENCH_WARMUP=10 scripts/bench.sh
+#   scripts/bench.sh run -c 8 -q 10 --mode atomic --replays 0.2 --races 0.1 --duration 10
+#
+# Any other option goes to tokenmint-bench (see `target/release/tokenmint-bench --help`).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+scripts/install-mongod.sh >&2
+cargo build --release -p tokenmint -p tokenmint-bench --bins >&2
+
+mkdir -p target/bench
+args=()
+if [ "${1:-}" = "run" ]; then
+  shift
+  args=(run "$@")
+else
+  args=(matrix)
+  [ -n "${BENCH_DURATION:-}" ] && args+=(--duration "$BENCH_DURATION")
+  [ -n "${BENCH_WARMUP:-}" ] && args+=(--warmup "$BENCH_WARMUP")
+  args+=("$@")
+fi
+exec target/release/tokenmint-bench "${args[@]}" --markdown target/bench/report.md
