@@ -161,21 +161,26 @@ pub async fn spawn_app_with(extra: &str) -> TestApp {
 
 impl Drop for TestApp {
     fn drop(&mut self) {
-        // Drop is synchronous and may run during a panic: use a runtime of our own.
-        let db_name = self.db_name.clone();
-        let _ = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            runtime.block_on(async move {
-                if let Ok(client) = Client::with_uri_str(mongo_uri()).await {
-                    let _ = client.database(&db_name).drop().await;
-                }
-            });
-        })
-        .join();
+        drop_database_blocking(&self.db_name);
     }
+}
+
+/// Drops database `name` from a synchronous context (a `Drop`, possibly during a panic),
+/// on a runtime of its own so it works whatever runtime the test was on.
+pub fn drop_database_blocking(name: &str) {
+    let name = name.to_owned();
+    let _ = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async move {
+            if let Ok(client) = Client::with_uri_str(mongo_uri()).await {
+                let _ = client.database(&name).drop().await;
+            }
+        });
+    })
+    .join();
 }
 
 /// A valid issuance body for `payment`, to be tweaked per test.

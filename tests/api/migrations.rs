@@ -12,7 +12,7 @@ use mongodb::{Client, Collection, Database};
 use tokenmint::migrate::{MigrateError, migrations, parse, pending, run, verify_applied};
 use tokenmint::store::{Store, StoreConfig};
 
-use crate::helpers::mongo_uri;
+use crate::helpers::{drop_database_blocking, mongo_uri};
 
 /// The ids of every embedded migration, in order.
 fn all() -> Vec<String> {
@@ -112,19 +112,7 @@ impl FreshDb {
 
 impl Drop for FreshDb {
     fn drop(&mut self) {
-        let name = self.name.clone();
-        let _ = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            runtime.block_on(async move {
-                if let Ok(client) = Client::with_uri_str(mongo_uri()).await {
-                    let _ = client.database(&name).drop().await;
-                }
-            });
-        })
-        .join();
+        drop_database_blocking(&self.name);
     }
 }
 
