@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 
 use futures::TryStreamExt;
 use hdrhistogram::Histogram;
-use mongodb::bson::{self, Bson, DateTime, Document, doc, oid::ObjectId};
+use mongodb::bson::{
+    self, Bson, DateTime, Document, RawArrayBuf, RawDocumentBuf, doc, oid::ObjectId, rawdoc,
+};
 use mongodb::error::{Error, TRANSIENT_TRANSACTION_ERROR, UNKNOWN_TRANSACTION_COMMIT_RESULT};
 use mongodb::options::{Acknowledgment, ClientOptions, ReadConcern, ReturnDocument, WriteConcern};
 use mongodb::{Client, ClientSession, Collection, Database};
@@ -135,8 +137,9 @@ impl Floor {
         self.client.shutdown().await;
     }
 
-    fn collection(&self, name: &str) -> Collection<Document> {
-        self.db.collection(name)
+    /// `Store::records`: `issuances`, decoded straight into `IssuanceDoc`.
+    fn records(&self) -> Collection<IssuanceDoc> {
+        self.db.collection(ISSUANCES)
     }
 
     /// One issuance, as `Store::issue` performs it.
@@ -162,14 +165,15 @@ impl Floor {
         times: &mut OpTimes,
     ) -> anyhow::Result<Outcome> {
         let record_view = new_record_view(payment, IssuanceMode::Upsert);
-        let record = bson::to_document(&record_view)?;
-        let filter = issuance_filter(payment, "");
         let mut attempt = 0;
         let existing = loop {
             let started = Instant::now();
             let result = self
-                .collection(ISSUANCES)
-                .find_one_and_update(filter.clone(), doc! { "$setOnInsert": record.clone() })
+                .records()
+                .find_one_and_update(
+                    issuance_filter(payment, RECORD_KEY_FIELDS),
+                    doc! { "$setOnInsert": bson::to_document(&record_view)? },
+                )
                 .upsert(true)
                 .return_document(ReturnDocument::Before)
                 .await;
@@ -198,10 +202,7 @@ impl Floor {
                 };
                 Ok(Outcome::ok(201, created))
             }
-            Some(existing) => {
-                let existing: IssuanceDoc = bson::from_document(existing)?;
-                self.replay(payment, existing, times).await
-            }
+            Some(existing) => self.replay(payment, existing, times).await,
         }
     }
 
@@ -242,7 +243,7 @@ impl Floor {
         let mut attempt = 0;
         loop {
             let started = Instant::now();
-            let reply = self.db.run_command(command.clone()).await;
+            let reply = self.db.run_raw_command(command.clone()).await;
             times.record(Op::TokenBulk, started);
             let reply = reply?;
             inserted.extend(upserted_ids(&reply)?);
@@ -265,7 +266,7 @@ impl Floor {
         let cursor = self
             .db
             .collection::<TokenSummary>(TOKENS)
-            .find(issuance_filter(payment, "origin."))
+            .find(issuance_filter(payment, TOKEN_KEY_FIELDS))
             .projection(doc! { "_id": 1, "tokenIndex": 1, "status": 1, "_version": 1 })
             .sort(doc! { "tokenIndex": 1 })
             .await?;
@@ -290,15 +291,13 @@ impl Floor {
                 Ok(None) => {
                     let started = Instant::now();
                     let record = self
-                        .collection(ISSUANCES)
-                        .find_one(issuance_filter(payment, ""))
+                        .records()
+                        .find_one(issuance_filter(payment, RECORD_KEY_FIELDS))
                         .await?;
                     times.record(Op::ReadRecord, started);
                     let record =
                         record.ok_or_else(|| anyhow::anyhow!("issuance record vanished"))?;
-                    return self
-                        .replay(payment, bson::from_document(record)?, times)
-                        .await;
+                    return self.replay(payment, record, times).await;
                 }
                 Err(err)
                     if err.contains_label(TRANSIENT_TRANSACTION_ERROR)
@@ -325,11 +324,10 @@ impl Floor {
             .write_concern(WriteConcern::builder().w(Acknowledgment::Majority).build())
             .await?;
         let record_view = new_record_view(payment, IssuanceMode::Atomic);
-        let record = bson::to_document(&record_view).map_err(|e| Error::custom(e.to_string()))?;
         let started = Instant::now();
         let result = self
-            .collection(ISSUANCES)
-            .insert_one(record)
+            .records()
+            .insert_one(&record_view)
             .session(&mut *session)
             .await;
         times.record(Op::TxnInsertRecord, started);
@@ -341,18 +339,19 @@ impl Floor {
             return Err(err);
         }
         let now = DateTime::now();
-        let (tokens, inserted): (Vec<Document>, Vec<(i64, ObjectId)>) =
+        let (tokens, inserted): (Vec<RawDocumentBuf>, Vec<(i64, ObjectId)>) =
             (0..i64::from(payment.quantity))
                 .map(|token_index| {
                     let id = ObjectId::new();
                     let mut document = new_token(payment, token_index, payment.date, now);
-                    document.insert("_id", id);
+                    document.append_ref("_id", id);
                     (document, (token_index, id))
                 })
                 .unzip();
         let started = Instant::now();
         let result = self
-            .collection(TOKENS)
+            .db
+            .collection::<RawDocumentBuf>(TOKENS)
             .insert_many(tokens)
             .session(&mut *session)
             .await;
@@ -400,48 +399,72 @@ fn new_record_view(payment: &Payment, mode: IssuanceMode) -> IssuanceDoc {
     }
 }
 
-/// `issuance_filter_fields` in src/store/documents.rs.
-fn issuance_filter(payment: &Payment, prefix: &str) -> Document {
-    doc! {
-        format!("{prefix}provider"): payment.provider,
-        format!("{prefix}accountId"): payment.account_id,
-        format!("{prefix}paymentIntentId"): payment.payment_intent_id.as_str(),
+/// `RECORD_KEY_FIELDS` in src/store/documents.rs.
+const RECORD_KEY_FIELDS: [&str; 3] = ["provider", "accountId", "paymentIntentId"];
+/// `TOKEN_KEY_FIELDS` in src/store/documents.rs.
+const TOKEN_KEY_FIELDS: [&str; 3] = [
+    "origin.provider",
+    "origin.accountId",
+    "origin.paymentIntentId",
+];
+
+/// `key_filter` in src/store/documents.rs.
+fn issuance_filter(payment: &Payment, names: [&str; 3]) -> Document {
+    names
+        .into_iter()
+        .zip(key_values(payment))
+        .map(|(name, value)| (name.to_owned(), Bson::String(value.to_owned())))
+        .collect()
+}
+
+fn key_values(payment: &Payment) -> [&str; 3] {
+    [
+        payment.provider,
+        payment.account_id,
+        payment.payment_intent_id.as_str(),
+    ]
+}
+
+/// `token_filter` in src/store/documents.rs.
+fn token_filter(payment: &Payment, token_index: i64) -> RawDocumentBuf {
+    let mut filter = RawDocumentBuf::new();
+    for (name, value) in TOKEN_KEY_FIELDS.into_iter().zip(key_values(payment)) {
+        filter.append_ref(name, value);
     }
+    filter.append_ref("tokenIndex", token_index);
+    filter
 }
 
 /// `new_token` in src/store/documents.rs.
-fn new_token(payment: &Payment, token_index: i64, date: DateTime, now: DateTime) -> Document {
-    doc! {
-        "owner": payment.owner,
-        "type": payment.token_type,
-        "tokenIndex": token_index,
-        "origin": {
-            "provider": payment.provider,
-            "accountId": payment.account_id,
-            "paymentIntentId": payment.payment_intent_id.as_str(),
-            "date": date,
-        },
-        "status": "active",
-        "_version": 0,
-        "createdAt": now,
-        "updatedAt": now,
+fn new_token(payment: &Payment, token_index: i64, date: DateTime, now: DateTime) -> RawDocumentBuf {
+    let mut origin = RawDocumentBuf::new();
+    for (name, value) in RECORD_KEY_FIELDS.into_iter().zip(key_values(payment)) {
+        origin.append_ref(name, value);
     }
+    origin.append_ref("date", date);
+    let mut token = RawDocumentBuf::new();
+    token.append_ref("owner", payment.owner);
+    token.append_ref("type", payment.token_type);
+    token.append_ref("tokenIndex", token_index);
+    token.append_ref("origin", &origin);
+    token.append_ref("status", "active");
+    token.append_ref("_version", 0_i32);
+    token.append_ref("createdAt", now);
+    token.append_ref("updatedAt", now);
+    token
 }
 
 /// `bulk_command` in src/store/token_bulk.rs.
-fn bulk_command(payment: &Payment, date: DateTime, now: DateTime) -> Document {
-    let updates: Vec<Bson> = (0..i64::from(payment.quantity))
-        .map(|token_index| {
-            let mut filter = issuance_filter(payment, "origin.");
-            filter.insert("tokenIndex", token_index);
-            Bson::Document(doc! {
-                "q": filter,
-                "u": { "$setOnInsert": new_token(payment, token_index, date, now) },
-                "upsert": true,
-            })
-        })
-        .collect();
-    doc! {
+fn bulk_command(payment: &Payment, date: DateTime, now: DateTime) -> RawDocumentBuf {
+    let mut updates = RawArrayBuf::new();
+    for token_index in 0..i64::from(payment.quantity) {
+        updates.push(rawdoc! {
+            "q": token_filter(payment, token_index),
+            "u": { "$setOnInsert": new_token(payment, token_index, date, now) },
+            "upsert": true,
+        });
+    }
+    rawdoc! {
         "update": TOKENS,
         "updates": updates,
         "ordered": false,

@@ -9,16 +9,16 @@
 use std::time::Duration;
 
 use mongodb::ClientSession;
-use mongodb::bson::{DateTime, Document, oid::ObjectId};
+use mongodb::bson::{DateTime, RawDocumentBuf, oid::ObjectId};
 use mongodb::error::{Error, UNKNOWN_TRANSACTION_COMMIT_RESULT};
 use mongodb::options::{Acknowledgment, ReadConcern, WriteConcern};
 
-use super::documents::{from_document, issuance_filter, new_token};
+use super::documents::{issuance_filter, new_token};
 use super::error::{
     ISSUANCES_PAYMENT_INDEX, StoreError, duplicate_key_index, is_transient_transaction_error,
 };
-use super::issuance::{IssueOutcome, IssuedTokens, fresh_tokens, new_record_view, record_document};
-use super::{ISSUANCES, Store, TOKENS};
+use super::issuance::{IssueOutcome, IssuedTokens, fresh_tokens, new_record_view};
+use super::{Store, TOKENS};
 use crate::domain::NewIssuance;
 
 /// Transient transaction errors are retried this many times before giving up.
@@ -46,13 +46,13 @@ impl Store {
                 Ok(Attempt::Committed(issued)) => return Ok(IssueOutcome::Created(issued)),
                 Ok(Attempt::AlreadyIssued) => {
                     let record = self
-                        .collection(ISSUANCES)
+                        .records()
                         .find_one(issuance_filter(&request.key))
                         .await?
                         .ok_or_else(|| {
                             StoreError::Internal("issuance record vanished".to_owned())
                         })?;
-                    return self.replay(request, from_document(record)?).await;
+                    return self.replay(request, record).await;
                 }
                 Err(err)
                     if is_transient_transaction_error(&err)
@@ -85,10 +85,9 @@ impl Store {
             .write_concern(WriteConcern::builder().w(Acknowledgment::Majority).build())
             .await?;
         let issuance = new_record_view(request);
-        let record = record_document(&issuance).map_err(|e| Error::custom(e.to_string()))?;
         if let Err(err) = self
-            .collection(ISSUANCES)
-            .insert_one(record)
+            .records()
+            .insert_one(&issuance)
             .session(&mut *session)
             .await
         {
@@ -101,7 +100,8 @@ impl Store {
         }
         let (tokens, inserted) = token_documents(request);
         if let Err(err) = self
-            .collection(TOKENS)
+            .database()
+            .collection::<RawDocumentBuf>(TOKENS)
             .insert_many(tokens)
             .session(&mut *session)
             .await
@@ -134,13 +134,13 @@ async fn commit_with_retry(session: &mut ClientSession) -> Result<(), Error> {
 
 /// The token documents of an atomic issuance, with ids chosen here so the answer can
 /// name them without reading back.
-fn token_documents(request: &NewIssuance) -> (Vec<Document>, Vec<(i64, ObjectId)>) {
+fn token_documents(request: &NewIssuance) -> (Vec<RawDocumentBuf>, Vec<(i64, ObjectId)>) {
     let now = DateTime::now();
     (0..i64::from(request.params.quantity.get()))
         .map(|token_index| {
             let id = ObjectId::new();
             let mut document = new_token(request, token_index, now);
-            document.insert("_id", id);
+            document.append_ref("_id", id);
             (document, (token_index, id))
         })
         .unzip()

@@ -1,6 +1,6 @@
 //! The shapes of stored documents (PRODUCT.md §1), as read back from MongoDB.
 
-use mongodb::bson::{self, DateTime, Document, doc, oid::ObjectId};
+use mongodb::bson::{self, Bson, DateTime, Document, RawDocumentBuf, doc, oid::ObjectId};
 use serde::{Deserialize, Serialize};
 
 use crate::domain::{IssuanceMode, IssuanceStatus, PaymentKey, TokenStatus};
@@ -73,24 +73,53 @@ pub struct IssuanceDoc {
     pub created_at: DateTime,
 }
 
+/// Field names of a payment's unique key in `issuances` and `payments`.
+const RECORD_KEY_FIELDS: [&str; 3] = ["provider", "accountId", "paymentIntentId"];
+/// The same fields as a token stores them, under `origin` (a prefix of its unique index).
+const TOKEN_KEY_FIELDS: [&str; 3] = [
+    "origin.provider",
+    "origin.accountId",
+    "origin.paymentIntentId",
+];
+
+/// A payment key's values, in the order of the field-name arrays above.
+fn key_values(key: &PaymentKey) -> [&str; 3] {
+    [
+        key.provider.as_str(),
+        key.account_id.as_str(),
+        key.payment_intent_id.as_str(),
+    ]
+}
+
+/// `names` paired with the key's values as a filter. Values are validated identifiers,
+/// never operators.
+fn key_filter(key: &PaymentKey, names: [&str; 3]) -> Document {
+    names
+        .into_iter()
+        .zip(key_values(key))
+        .map(|(name, value)| (name.to_owned(), Bson::String(value.to_owned())))
+        .collect()
+}
+
 /// The filter selecting a payment's issuance record (its unique key, nothing else).
 pub fn issuance_filter(key: &PaymentKey) -> Document {
-    issuance_filter_fields(key, "")
+    key_filter(key, RECORD_KEY_FIELDS)
 }
 
 /// The filter selecting every token of a payment (a prefix of the unique token index).
 pub fn payment_tokens_filter(key: &PaymentKey) -> Document {
-    issuance_filter_fields(key, "origin.")
+    key_filter(key, TOKEN_KEY_FIELDS)
 }
 
-/// A payment's unique key as filter fields, under `prefix` (`""` for issuances and
-/// payments, `"origin."` for tokens). Values are validated identifiers, never operators.
-pub fn issuance_filter_fields(key: &PaymentKey, prefix: &str) -> Document {
-    doc! {
-        format!("{prefix}provider"): key.provider.as_str(),
-        format!("{prefix}accountId"): key.account_id.as_str(),
-        format!("{prefix}paymentIntentId"): key.payment_intent_id.as_str(),
+/// The filter selecting one token: exactly its unique key. Raw BSON because it is built
+/// per token on the issuance hot path (see `new_token`).
+pub fn token_filter(key: &PaymentKey, token_index: i64) -> RawDocumentBuf {
+    let mut filter = RawDocumentBuf::new();
+    for (name, value) in TOKEN_KEY_FIELDS.into_iter().zip(key_values(key)) {
+        filter.append_ref(name, value);
     }
+    filter.append_ref("tokenIndex", token_index);
+    filter
 }
 
 /// Converts a chrono time to BSON, at MongoDB's millisecond precision.
@@ -107,31 +136,91 @@ pub fn from_document<T: serde::de::DeserializeOwned>(
 }
 
 /// A new token of `request` as first written (`_version: 0`, status `active`), without
-/// `_id`: the upsert lets the server choose it, atomic mode sets its own.
+/// `_id`: the upsert lets the server choose it, atomic mode appends its own.
+///
+/// Written straight to raw BSON: a `Document` would cost an allocation per key and value,
+/// then a second pass to encode it, and it is built once per token of every issuance.
 pub fn new_token(
     request: &crate::domain::NewIssuance,
     token_index: i64,
     now: DateTime,
-) -> Document {
-    let key = &request.key;
-    doc! {
-        "owner": request.params.owner.object_id(),
-        "type": request.params.token_type.as_str(),
-        "tokenIndex": token_index,
-        "origin": {
-            "provider": key.provider.as_str(),
-            "accountId": key.account_id.as_str(),
-            "paymentIntentId": key.payment_intent_id.as_str(),
-            "date": bson_time(request.payment_date),
-        },
-        "status": "active",
-        "_version": 0,
-        "createdAt": now,
-        "updatedAt": now,
+) -> RawDocumentBuf {
+    let mut origin = RawDocumentBuf::new();
+    for (name, value) in RECORD_KEY_FIELDS.into_iter().zip(key_values(&request.key)) {
+        origin.append_ref(name, value);
     }
+    origin.append_ref("date", bson_time(request.payment_date));
+    let mut token = RawDocumentBuf::new();
+    token.append_ref("owner", request.params.owner.object_id());
+    token.append_ref("type", request.params.token_type.as_str());
+    token.append_ref("tokenIndex", token_index);
+    token.append_ref("origin", &origin);
+    token.append_ref("status", TokenStatus::Active.as_str());
+    token.append_ref("_version", 0_i32);
+    token.append_ref("createdAt", now);
+    token.append_ref("updatedAt", now);
+    token
 }
 
 /// Converts a BSON time to chrono, for answers and for re-issuing with a recorded date.
 pub fn chrono_time(at: DateTime) -> chrono::DateTime<chrono::Utc> {
     chrono::DateTime::from_timestamp_millis(at.timestamp_millis()).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use mongodb::bson::{Bson, doc, oid::ObjectId};
+
+    use super::*;
+    use crate::domain::{
+        AccountId, IssuanceParams, NewIssuance, Owner, PaymentIntentId, Provider, Quantity,
+        TokenType,
+    };
+
+    fn request() -> NewIssuance {
+        NewIssuance {
+            key: PaymentKey {
+                provider: Provider::parse("stripe").unwrap(),
+                account_id: AccountId::parse("acct_1").unwrap(),
+                payment_intent_id: PaymentIntentId::parse("pi_1").unwrap(),
+            },
+            params: IssuanceParams {
+                owner: Owner::from_object_id(ObjectId::from_bytes([7; 12])),
+                token_type: TokenType::parse("ticket").unwrap(),
+                quantity: Quantity::from_i64(2, 10).unwrap(),
+            },
+            payment_date: chrono::DateTime::from_timestamp_millis(1_700_000_000_000).unwrap(),
+            mode: crate::domain::IssuanceMode::Upsert,
+        }
+    }
+
+    /// The raw builders must write exactly the documented shape (PRODUCT.md §1), with
+    /// the same BSON types the rest of the store reads back.
+    #[test]
+    fn raw_token_documents_have_the_documented_shape() {
+        let now = DateTime::from_millis(1_800_000_000_000);
+        let token = new_token(&request(), 1, now).to_document().unwrap();
+        assert_eq!(
+            token,
+            doc! {
+                "owner": ObjectId::from_bytes([7; 12]),
+                "type": "ticket",
+                "tokenIndex": 1_i64,
+                "origin": {
+                    "provider": "stripe",
+                    "accountId": "acct_1",
+                    "paymentIntentId": "pi_1",
+                    "date": DateTime::from_millis(1_700_000_000_000),
+                },
+                "status": "active",
+                "_version": 0_i32,
+                "createdAt": now,
+                "updatedAt": now,
+            }
+        );
+        let filter = token_filter(&request().key, 1).to_document().unwrap();
+        let mut expected = payment_tokens_filter(&request().key);
+        expected.insert("tokenIndex", Bson::Int64(1));
+        assert_eq!(filter, expected);
+    }
 }

@@ -14,8 +14,8 @@ use mongodb::options::{CollectionOptions, ReadConcern, ReturnDocument};
 use serde::Serialize;
 
 use super::documents::{
-    IssuanceDoc, TokenSummary, bson_time, chrono_time, from_document, issuance_filter,
-    payment_tokens_filter, token_summary_projection,
+    IssuanceDoc, TokenSummary, bson_time, chrono_time, issuance_filter, payment_tokens_filter,
+    token_summary_projection,
 };
 use super::error::{ISSUANCES_PAYMENT_INDEX, StoreError, duplicate_key_index};
 use super::{ISSUANCES, Store, TOKENS};
@@ -100,18 +100,20 @@ impl Store {
         key: &PaymentKey,
         issuance: &IssuanceDoc,
     ) -> Result<Option<IssuanceDoc>, StoreError> {
-        let record = record_document(issuance)?;
-        let filter = issuance_filter(key);
         let mut attempt = 0;
         loop {
+            // Built per attempt rather than cloned: a retry is rare, a first attempt is not.
             let result = self
-                .collection(ISSUANCES)
-                .find_one_and_update(filter.clone(), doc! { "$setOnInsert": record.clone() })
+                .records()
+                .find_one_and_update(
+                    issuance_filter(key),
+                    doc! { "$setOnInsert": record_document(issuance)? },
+                )
                 .upsert(true)
                 .return_document(ReturnDocument::Before)
                 .await;
             match result {
-                Ok(existing) => return existing.map(from_document).transpose(),
+                Ok(existing) => return Ok(existing),
                 // Two first inserts raced; the loser's retry finds the winner's record.
                 Err(err)
                     if attempt < RECORD_RACE_RETRIES
@@ -238,14 +240,9 @@ impl Store {
         &self,
         key: &PaymentKey,
     ) -> Result<Option<IssuedTokens>, StoreError> {
-        let Some(record) = self
-            .collection(ISSUANCES)
-            .find_one(issuance_filter(key))
-            .await?
-        else {
+        let Some(issuance) = self.records().find_one(issuance_filter(key)).await? else {
             return Ok(None);
         };
-        let issuance: IssuanceDoc = from_document(record)?;
         let tokens = self.payment_tokens(key).await?;
         Ok(Some(IssuedTokens {
             issuance,

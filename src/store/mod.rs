@@ -107,6 +107,11 @@ impl Store {
         self.db.collection(name)
     }
 
+    /// `issuances`, typed: records are decoded straight from the reply's bytes.
+    fn records(&self) -> Collection<IssuanceDoc> {
+        self.db.collection(ISSUANCES)
+    }
+
     /// Round trip to the server; used by readiness.
     pub async fn ping(&self) -> Result<(), StoreError> {
         self.db.run_command(doc! { "ping": 1 }).await?;

@@ -6,9 +6,9 @@
 //! MongoDB 6.0 has no `bulkWrite` command (8.0+), so the statements go in one `update`
 //! command: one round trip, whatever the quantity.
 
-use mongodb::bson::{Bson, DateTime, Document, doc, oid::ObjectId};
+use mongodb::bson::{Bson, DateTime, Document, RawArrayBuf, RawDocumentBuf, oid::ObjectId, rawdoc};
 
-use super::documents::{issuance_filter_fields, new_token};
+use super::documents::{new_token, token_filter};
 use super::error::{NOT_PRIMARY_CODES, StoreError, TOKENS_PAYMENT_INDEX, index_in_message};
 use super::{Store, TOKENS};
 use crate::domain::NewIssuance;
@@ -40,7 +40,7 @@ impl Store {
         let mut result = BulkResult::default();
         let mut attempt = 0;
         loop {
-            let reply = self.database().run_command(command.clone()).await?;
+            let reply = self.database().run_raw_command(command.clone()).await?;
             result.inserted.extend(upserted_ids(&reply)?);
             match first_failure(&reply) {
                 None => {
@@ -69,20 +69,18 @@ impl Store {
     }
 }
 
-/// The `update` command: one `$setOnInsert` upsert per token, unordered.
-fn bulk_command(issuance: &NewIssuance, now: DateTime) -> Document {
-    let updates: Vec<Bson> = (0..i64::from(issuance.params.quantity.get()))
-        .map(|token_index| {
-            let mut filter = issuance_filter_fields(&issuance.key, "origin.");
-            filter.insert("tokenIndex", token_index);
-            Bson::Document(doc! {
-                "q": filter,
-                "u": { "$setOnInsert": new_token(issuance, token_index, now) },
-                "upsert": true,
-            })
-        })
-        .collect();
-    doc! {
+/// The `update` command: one `$setOnInsert` upsert per token, unordered. Built as raw
+/// BSON, so the driver sends these bytes as they are (no `Document` to encode).
+fn bulk_command(issuance: &NewIssuance, now: DateTime) -> RawDocumentBuf {
+    let mut updates = RawArrayBuf::new();
+    for token_index in 0..i64::from(issuance.params.quantity.get()) {
+        updates.push(rawdoc! {
+            "q": token_filter(&issuance.key, token_index),
+            "u": { "$setOnInsert": new_token(issuance, token_index, now) },
+            "upsert": true,
+        });
+    }
+    rawdoc! {
         "update": TOKENS,
         "updates": updates,
         "ordered": false,
@@ -154,6 +152,8 @@ fn not_primary_or_other(code: i64, message: String) -> BulkFailure {
 
 #[cfg(test)]
 mod tests {
+    use mongodb::bson::doc;
+
     use super::*;
 
     #[test]
