@@ -26,7 +26,10 @@ use crate::workload::{Client, Stats, Target, Workload};
 #[derive(Debug, Parser)]
 #[command(
     name = "tokenmint-bench",
-    about = "Closed-loop benchmark of POST /v1/issuances against a MongoDB floor."
+    about = "Closed-loop benchmark of POST /v1/issuances against a MongoDB floor.",
+    // A repeated option keeps its last value, so wrapper scripts can put their defaults
+    // first and let the caller's options win.
+    args_override_self = true
 )]
 struct Cli {
     #[command(subcommand)]
@@ -51,6 +54,7 @@ enum Command {
         warmup: Option<f64>,
     },
     /// One scenario.
+    #[command(args_override_self = true)]
     Run(RunArgs),
 }
 

@@ -114,7 +114,7 @@ pub fn payment_tokens_filter(key: &PaymentKey) -> Document {
 /// The filter selecting one token: exactly its unique key. Raw BSON because it is built
 /// per token on the issuance hot path (see `new_token`).
 pub fn token_filter(key: &PaymentKey, token_index: i64) -> RawDocumentBuf {
-    let mut filter = RawDocumentBuf::new();
+    let mut filter = raw_document(192);
     for (name, value) in TOKEN_KEY_FIELDS.into_iter().zip(key_values(key)) {
         filter.append_ref(name, value);
     }
@@ -145,12 +145,12 @@ pub fn new_token(
     token_index: i64,
     now: DateTime,
 ) -> RawDocumentBuf {
-    let mut origin = RawDocumentBuf::new();
+    let mut origin = raw_document(160);
     for (name, value) in RECORD_KEY_FIELDS.into_iter().zip(key_values(&request.key)) {
         origin.append_ref(name, value);
     }
     origin.append_ref("date", bson_time(request.payment_date));
-    let mut token = RawDocumentBuf::new();
+    let mut token = raw_document(320);
     token.append_ref("owner", request.params.owner.object_id());
     token.append_ref("type", request.params.token_type.as_str());
     token.append_ref("tokenIndex", token_index);
@@ -161,6 +161,18 @@ pub fn new_token(
     token.append_ref("updatedAt", now);
     token
 }
+
+/// An empty raw document with room for about `capacity` bytes. The builders above know
+/// roughly how big their documents get; `RawDocumentBuf::new` starts at 5 bytes and
+/// would reallocate at every doubling, for every token of every issuance.
+fn raw_document(capacity: usize) -> RawDocumentBuf {
+    let mut bytes = Vec::with_capacity(capacity);
+    bytes.extend_from_slice(&EMPTY_DOCUMENT);
+    RawDocumentBuf::from_bytes(bytes).expect("the empty document is valid BSON")
+}
+
+/// `{}` in BSON: its length (5, little-endian) and the terminating zero.
+const EMPTY_DOCUMENT: [u8; 5] = [5, 0, 0, 0, 0];
 
 /// Converts a BSON time to chrono, for answers and for re-issuing with a recorded date.
 pub fn chrono_time(at: DateTime) -> chrono::DateTime<chrono::Utc> {
