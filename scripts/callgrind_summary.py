@@ -1,16 +1,17 @@
 #!/usr/bin/env python3
-"""Instructions per issuance of a callgrind profile of `tokenmint serve`, by component.
+"""Instructions per request of a callgrind profile of `tokenmint serve`, by component.
 
-Usage: scripts/callgrind_summary.py target/profile/callgrind.out.<pid>
+Usage: scripts/callgrind_summary.py CALLGRIND_OUT ISSUANCES
+
+ISSUANCES is how many requests the service answered while profiled (scripts/profile.sh
+reads it off the bench's report, measured without warm-up so that every answered request
+counts).
 
 Every instruction is counted once, where it executes (callgrind's self cost), and
 grouped by the source file it comes from: the crate directory in the path says which
 library it belongs to. Code the compiler inlined from the Rust standard library is
 reported as such, whoever called it. Then the inclusive cost of a few entry points
 (the two database writes, the JSON body in and out) says what each step costs whole.
-
-The number of issuances is the number of calls of `new_record_view`, which every
-issuance attempt makes exactly once (a retried atomic transaction counts again).
 """
 
 import re
@@ -32,7 +33,10 @@ COMPONENTS = [
     ("tracing", r"/tracing(-core|-subscriber)?-\d"),
     ("metrics (metrics, prometheus exporter)", r"/(metrics|metrics-util|metrics-exporter-prometheus|quanta|sketches-ddsketch)-\d"),
     ("hashing and collections (hashbrown, indexmap, ahash)", r"/(hashbrown|indexmap|ahash|foldhash)-\d"),
-    ("tokenmint's own code", r"^/work/|/src/(store|http|domain|webhooks|migrate)/"),
+    ("API keys and encodings (sha2, hex, base64)", r"/(sha2|hex|base64|hmac|digest)-\d"),
+    ("dates (chrono)", r"/chrono-\d"),
+    ("regular expressions (regex: identifier validation)", r"/(regex|regex-automata|regex-syntax)-\d"),
+    ("tokenmint's own code", r"^(/\S*/)?src/((store|http|domain|webhooks|migrate)/|(main|lib|cli|startup|settings|telemetry|embedded)\.rs)"),
     ("Rust standard library (inlined everywhere)", r"/rustc/|/library/(core|alloc|std)/"),
 ]
 
@@ -41,6 +45,7 @@ ENTRY_POINTS = [
     ("Store::issue (all database work of an issuance)", r"tokenmint::store::issuance::<impl tokenmint::store::Store>::issue::\{\{closure\}\} \["),
     ("  claim_record: findOneAndUpdate of the issuance record", r"claim_record::\{\{closure\}\} \["),
     ("  upsert_tokens: the unordered token bulk", r"upsert_tokens::\{\{closure\}\} \["),
+    ("  issue_atomic: the transaction (and a replay's reads)", r"issue_atomic::\{\{closure\}\} \["),
     ("  driver: the operations on checked-out connections", r"execute_operation_on_connection::\{\{closure\}\} \["),
     ("  driver: server selection (clones the topology)", r"Client::select_server::\{\{closure\}\} \["),
     ("  driver: topology worker (cluster-time gossip)", r"TopologyWorker::start::\{\{closure\}\} \["),
@@ -48,22 +53,6 @@ ENTRY_POINTS = [
     ("JSON response body", r"<axum::json::Json<T> as axum_core::response::into_response::IntoResponse>::into_response \["),
 ]
 
-
-
-def issuance_count(tree):
-    """Calls of `new_record_view`: the sum of the '< caller (Nx)' lines above its entry."""
-    callers = []
-    for line in tree.splitlines():
-        caller = re.match(r"\s*[\d,]+ \([ \d.]+%\)\s+< .*\((\d[\d,]*)x\)", line)
-        if caller:
-            callers.append(int(caller.group(1).replace(",", "")))
-        elif re.match(r"\s*[\d,]+ \([ \d.]+%\)\s+\* ", line):
-            if re.search(r"::new_record_view \[", line):
-                return sum(callers)
-            callers = []
-        elif not line.strip():
-            callers = []
-    return 0
 
 
 def annotate(path, *options):
@@ -81,14 +70,12 @@ def rows(text):
             yield int(match.group(1).replace(",", "")), match.group(2)
 
 
-def main(path):
+def main(path, issuances):
     flat = annotate(path)
     total = next(
         int(m.group(1).replace(",", ""))
         for m in re.finditer(r"([\d,]+) \([ \d.]+%\)\s+PROGRAM TOTALS", flat)
     )
-    tree = annotate(path, "--inclusive=yes", "--tree=caller")
-    issuances = max(issuance_count(tree), 1)
 
     by_component = {name: 0 for name, _ in COMPONENTS}
     by_component["other"] = 0
@@ -102,10 +89,10 @@ def main(path):
             by_component["other"] += cost
 
     print(f"callgrind profile: {path}")
-    print(f"issuances (calls of new_record_view): {issuances}")
-    print(f"instructions: {total:,} in all, {total / issuances:,.0f} per issuance "
-          "(start-up and warm-up included)\n")
-    print("| component (self cost, by source file) | instructions per issuance | share |")
+    print(f"requests answered: {issuances}")
+    print(f"instructions: {total:,} in all, {total / issuances:,.0f} per request "
+          "(start-up included)\n")
+    print("| component (self cost, by source file) | instructions per request | share |")
     print("|---|--:|--:|")
     for name, cost in sorted(by_component.items(), key=lambda item: -item[1]):
         if cost:
@@ -119,14 +106,15 @@ def main(path):
         if edge and "'" not in edge.group(2):
             callee = edge.group(2)
             into[callee] = into.get(callee, 0) + int(edge.group(1).replace(",", ""))
-    print("\n| entry point (inclusive: everything it calls) | instructions per issuance |")
+    print("\n| entry point (inclusive: everything it calls) | instructions per request |")
     print("|---|--:|")
     for name, pattern in ENTRY_POINTS:
         cost = sum(c for callee, c in into.items() if re.search(pattern, callee + " ["))
-        print(f"| {name} | {cost / issuances:,.0f} |")
+        if cost:
+            print(f"| {name} | {cost / issuances:,.0f} |")
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
+    if len(sys.argv) != 3:
         sys.exit(__doc__)
-    main(sys.argv[1])
+    main(sys.argv[1], int(sys.argv[2]))

@@ -12,7 +12,8 @@
 #   scripts/profile.sh --mode atomic
 #   scripts/profile.sh --mode upsert --replays 0.5 --duration 30
 #
-# Options go to `tokenmint-bench run` (the defaults below come first, so yours win).
+# Options go to `tokenmint-bench run` (the defaults below come first, so yours win;
+# --warmup is always 0, see below).
 # Needs valgrind (Debian: apt-get install valgrind). Output: target/profile/.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -31,7 +32,12 @@ exec valgrind --tool=callgrind --callgrind-out-file=$out/callgrind.out.%p $PWD/t
 EOF
 chmod +x "$out/tokenmint-callgrind"
 
-target/release/tokenmint-bench run --target service -c 8 -q 4 --warmup 2 --duration 20 \
-  --work-dir "$out/bench" --service-bin "$out/tokenmint-callgrind" "$@" | tee "$out/bench.md"
+# No warm-up: every answered request is then in the report's status counts, which is
+# what the instructions are divided by.
+target/release/tokenmint-bench run --target service -c 8 -q 4 --duration 20 \
+  --work-dir "$out/bench" --service-bin "$out/tokenmint-callgrind" "$@" --warmup 0 |
+  tee "$out/bench.md"
 
-python3 scripts/callgrind_summary.py "$out"/callgrind.out.* | tee "$out/summary.md"
+# The statuses column of the first result row, e.g. "200×812 201×790" -> 1602.
+answered=$(grep -m1 '| tokenmint |' "$out/bench.md" | grep -o '×[0-9]*' | tr -d '×' | awk '{ n += $1 } END { print n }')
+python3 scripts/callgrind_summary.py "$out"/callgrind.out.* "$answered" | tee "$out/summary.md"
