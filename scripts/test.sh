@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it: format check, clippy with warnings denied, and
-# every test (unit and HTTP tests against a real mongod, which the harness starts from
-# .tools/mongodb/bin/mongod; this script installs it first if missing).
+# every test of both workspace members, tokenmint and the bench tool (unit and HTTP tests
+# against a real mongod, which the harness starts from .tools/mongodb/bin/mongod; this
+# script installs it first if missing).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 scripts/install-mongod.sh
 cargo fmt --all -- --check
-cargo clippy --all-targets --locked -- -D warnings
-cargo test --all-targets --locked "$@"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+cargo test --workspace --all-targets --locked "$@"

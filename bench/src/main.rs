@@ -458,10 +458,18 @@ async fn segment(
         cpu(Some(Pid::Myself)),
     );
     let started = Instant::now();
+    let sampler = arm
+        .service_pid
+        .filter(|_| measure)
+        .map(|pid| tokio::spawn(sample_rss(pid, started + duration)));
     let clients = std::mem::take(&mut arm.clients);
     let (clients, stats): (Vec<Client>, Stats) =
         workload::run_segment(clients, &arm.target, workload, started + duration).await;
     arm.clients = clients;
+    let rss_samples = match sampler {
+        Some(sampler) => sampler.await.unwrap_or_default(),
+        None => Vec::new(),
+    };
     let elapsed = started.elapsed();
     let after = (
         cpu(arm.service_pid),
@@ -479,10 +487,27 @@ async fn segment(
     m.cpu_service = add_opt(m.cpu_service, delta(before.0, after.0));
     m.cpu_mongod = add_opt(m.cpu_mongod, delta(before.1, after.1));
     m.cpu_bench = add_opt(m.cpu_bench, delta(before.2, after.2));
+    m.rss_samples.extend(rss_samples);
     if let (Some(b), Some(a)) = (ops_before, ops_after) {
         let ops = m.ops.get_or_insert([0; 6]);
         for (i, total) in ops.iter_mut().enumerate() {
             *total += a[i] - b[i];
+        }
+    }
+}
+
+/// VmRSS of `pid` once a second until `until` (for the memory trend of a long run).
+async fn sample_rss(pid: Pid, until: Instant) -> Vec<(Instant, u64)> {
+    let mut samples = Vec::new();
+    let mut every_second = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        every_second.tick().await;
+        let now = Instant::now();
+        if now >= until {
+            return samples;
+        }
+        if let Some(bytes) = procfs::resident_bytes(pid) {
+            samples.push((now, bytes));
         }
     }
 }

@@ -2,7 +2,7 @@
 //! issue 7 (reported, never asserted), and where the floor's database time goes.
 
 use std::fmt::Write;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokenmint::domain::IssuanceMode;
 
@@ -21,6 +21,8 @@ pub struct Measured {
     /// mongod opcounters over the measured segments (all clients; the bench's own
     /// `serverStatus` calls included).
     pub ops: Option<crate::service::OpCounters>,
+    /// The service's VmRSS, sampled every second of its measured segments.
+    pub rss_samples: Vec<(Instant, u64)>,
 }
 
 impl Measured {
@@ -100,6 +102,49 @@ impl ScenarioResult {
 
     fn p50_ratio(&self) -> Option<f64> {
         self.ratio(|m| Some(m.ms(0.5)))
+    }
+}
+
+/// Below this many minutes of samples a memory trend is reported but not judged.
+const TREND_MINUTES: f64 = 4.0;
+
+/// The service's resident memory over a scenario: how long it was sampled, the last and the
+/// largest sample, and the least-squares slope over the second half of the samples (after
+/// the pools and caches have filled), in MiB per minute.
+struct RssTrend {
+    minutes: f64,
+    last: u64,
+    largest: u64,
+    slope_mib_per_minute: f64,
+}
+
+impl RssTrend {
+    fn of(samples: &[(Instant, u64)]) -> Option<Self> {
+        let (first, _) = *samples.first()?;
+        let &(end, last) = samples.last()?;
+        let points: Vec<(f64, f64)> = samples[samples.len() / 2..]
+            .iter()
+            .map(|(at, bytes)| {
+                let minutes = at.duration_since(first).as_secs_f64() / 60.0;
+                (minutes, *bytes as f64 / (1024.0 * 1024.0))
+            })
+            .collect();
+        let n = points.len() as f64;
+        let mean_x = points.iter().map(|p| p.0).sum::<f64>() / n;
+        let mean_y = points.iter().map(|p| p.1).sum::<f64>() / n;
+        let sxx: f64 = points.iter().map(|p| (p.0 - mean_x).powi(2)).sum();
+        let sxy: f64 = points.iter().map(|p| (p.0 - mean_x) * (p.1 - mean_y)).sum();
+        Some(Self {
+            minutes: end.duration_since(first).as_secs_f64() / 60.0,
+            last,
+            largest: samples.iter().map(|s| s.1).max()?,
+            slope_mib_per_minute: if sxx > 0.0 { sxy / sxx } else { 0.0 },
+        })
+    }
+
+    /// No growth: the slope is under 1 % of the largest sample per minute.
+    fn grows(&self) -> bool {
+        self.slope_mib_per_minute > 0.01 * self.largest as f64 / (1024.0 * 1024.0)
     }
 }
 
@@ -368,6 +413,28 @@ fn targets(results: &[ScenarioResult]) -> Vec<String> {
             ));
         }
     }
+    for r in results {
+        let Some(trend) = r
+            .service
+            .as_ref()
+            .and_then(|m| RssTrend::of(&m.rss_samples))
+        else {
+            continue;
+        };
+        let judged = if trend.minutes < TREND_MINUTES {
+            format!("too short to judge a trend (under {TREND_MINUTES} min)")
+        } else {
+            verdict(trend.largest <= 64 * 1024 * 1024 && !trend.grows()).to_owned()
+        };
+        lines.push(format!(
+            "service RSS ≤ 64 MiB after minutes of load, no growth trend — {}: {} MiB after {:.1} min (largest {} MiB), slope over the second half {:+.3} MiB/min → {judged}",
+            scenario_name(&r.scenario),
+            mib(Some(trend.last)),
+            trend.minutes,
+            mib(Some(trend.largest)),
+            trend.slope_mib_per_minute,
+        ));
+    }
     let rss: Vec<(String, u64)> = results
         .iter()
         .filter_map(|r| Some((scenario_name(&r.scenario), r.service_rss?)))
@@ -380,4 +447,42 @@ fn targets(results: &[ScenarioResult]) -> Vec<String> {
         ));
     }
     lines
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1024 * 1024;
+
+    /// One sample a second for `minutes`, growing by `per_minute` MiB a minute from 20 MiB.
+    fn samples(minutes: u64, per_minute: f64) -> Vec<(Instant, u64)> {
+        let start = Instant::now();
+        (0..=minutes * 60)
+            .map(|second| {
+                let mib = 20.0 + per_minute * second as f64 / 60.0;
+                (
+                    start + Duration::from_secs(second),
+                    (mib * MIB as f64) as u64,
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_steady_service_has_no_growth_trend() {
+        let trend = RssTrend::of(&samples(5, 0.0)).unwrap();
+        assert!((trend.minutes - 5.0).abs() < 1e-9);
+        assert_eq!(trend.last, 20 * MIB);
+        assert!(trend.slope_mib_per_minute.abs() < 1e-6);
+        assert!(!trend.grows());
+    }
+
+    #[test]
+    fn a_leak_shows_as_a_slope() {
+        let trend = RssTrend::of(&samples(5, 2.0)).unwrap();
+        assert!((trend.slope_mib_per_minute - 2.0).abs() < 0.01);
+        assert_eq!(trend.largest, trend.last);
+        assert!(trend.grows());
+    }
 }
