@@ -253,7 +253,7 @@ impl Store {
 }
 
 /// The issuance record document for `view` (the record as a new request inserts it).
-pub(super) fn record_document(view: &IssuanceDoc) -> Result<Document, StoreError> {
+fn record_document(view: &IssuanceDoc) -> Result<Document, StoreError> {
     mongodb::bson::to_document(view)
         .map_err(|e| StoreError::Internal(format!("cannot encode issuance record: {e}")))
 }
