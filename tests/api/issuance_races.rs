@@ -29,7 +29,11 @@ async fn identical_requests_race(mode: &str) {
     for p in 0..PAYMENTS {
         let mine: Vec<&(usize, u16, Value)> = answers.iter().filter(|(q, _, _)| *q == p).collect();
         let created = mine.iter().filter(|(_, s, _)| *s == 201).count();
-        assert_eq!(created, 1, "exactly one first write for payment {p}");
+        let statuses: Vec<u16> = mine.iter().map(|(_, s, _)| *s).collect();
+        assert_eq!(
+            created, 1,
+            "exactly one first write for payment {p}; statuses {statuses:?}"
+        );
         assert!(
             mine.iter().all(|(_, s, _)| *s == 201 || *s == 200),
             "no errors: {:?}",
