@@ -101,7 +101,7 @@ impl EmbeddedMongo {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .kill_on_drop(true);
-        die_with_parent(&mut command);
+        die_with_parent(command.as_std_mut(), libc::SIGTERM);
         let child = command.spawn()?;
         tracing::info!(binary = %binary.display(), port, data_dir = %data_dir.display(), "started embedded mongod");
         let mut mongo = Self {
@@ -201,19 +201,26 @@ fn remembered_port(data_dir: &Path) -> Result<u16, EmbeddedError> {
     Ok(port)
 }
 
-/// On Linux, mongod gets SIGTERM if the thread that started it dies, so a killed
-/// tokenmint never leaves an orphaned mongod holding the data directory.
-fn die_with_parent(command: &mut Command) {
+/// On Linux, the child started by `command` gets `signal` when the thread that started it
+/// dies, so a killed parent never leaves an orphan behind (a mongod holding its data
+/// directory, a service still bound to its port). Elsewhere this does nothing.
+///
+/// Shared by every place that starts a child process: the embedded mongod, and the
+/// bench's and the fault-injection tests' service and mongod processes.
+pub fn die_with_parent(command: &mut std::process::Command, signal: i32) {
     #[cfg(target_os = "linux")]
-    // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
-    unsafe {
-        command.pre_exec(|| {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
+    {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
+        unsafe {
+            command.pre_exec(move || {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, signal) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
     }
     #[cfg(not(target_os = "linux"))]
-    let _ = command;
+    let _ = (command, signal);
 }

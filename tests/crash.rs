@@ -39,6 +39,7 @@ use mongodb::bson::{Document, doc};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use serde_json::{Value, json};
+use tokenmint::embedded::die_with_parent;
 use tokenmint::http::auth::key_hash;
 use tokenmint::store::{Store, StoreConfig, VerifyReport};
 
@@ -98,7 +99,8 @@ impl Service {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
-        die_with_parent(&mut command);
+        // SIGKILL if the test process dies first.
+        die_with_parent(&mut command, libc::SIGKILL);
         let mut child = command.spawn().expect("tokenmint binary starts");
         let stderr = child.stderr.take().expect("piped stderr");
         let log = Arc::new(Mutex::new(VecDeque::new()));
@@ -164,25 +166,6 @@ impl Drop for Service {
             let _ = self.child.wait();
         }
     }
-}
-
-/// The child gets SIGKILL if the test process dies first (Linux).
-fn die_with_parent(command: &mut Command) {
-    #[cfg(target_os = "linux")]
-    {
-        use std::os::unix::process::CommandExt;
-        // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
-        unsafe {
-            command.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-    }
-    #[cfg(not(target_os = "linux"))]
-    let _ = command;
 }
 
 // ---------------------------------------------------------------------------------------

@@ -39,6 +39,7 @@ use mongodb::{Client, Collection};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use serde_json::{Value, json};
+use tokenmint::embedded::die_with_parent;
 use tokenmint::http::auth::key_hash;
 use tokenmint::settings::Settings;
 use tokenmint::startup::Application;
@@ -173,7 +174,8 @@ impl ReplicaSet {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null());
-        die_with_parent(&mut command);
+        // SIGKILL if the test process dies first.
+        die_with_parent(&mut command, libc::SIGKILL);
         member.child = Some(command.spawn().expect("mongod starts"));
     }
 
@@ -382,25 +384,6 @@ fn longest_gap_over(
         previous = next;
     }
     longest
-}
-
-/// The child gets SIGKILL if the test process dies first (Linux).
-fn die_with_parent(command: &mut Command) {
-    #[cfg(target_os = "linux")]
-    {
-        use std::os::unix::process::CommandExt;
-        // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
-        unsafe {
-            command.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-    }
-    #[cfg(not(target_os = "linux"))]
-    let _ = command;
 }
 
 // ---------------------------------------------------------------------------------------

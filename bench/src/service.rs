@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use mongodb::bson::oid::ObjectId;
-use tokenmint::embedded::EmbeddedMongo;
+use tokenmint::embedded::{EmbeddedMongo, die_with_parent};
 use tokenmint::settings::EmbeddedMongoSettings;
 use tokio::process::{Child, Command};
 
@@ -156,7 +156,8 @@ impl Service {
             .stdout(log_file.try_clone()?)
             .stderr(log_file)
             .kill_on_drop(true);
-        die_with_parent(&mut command);
+        // SIGTERM if the bench dies: no stray tokenmint keeps running.
+        die_with_parent(command.as_std_mut(), libc::SIGTERM);
         let mut child = command
             .spawn()
             .with_context(|| format!("cannot start {}", binary.display()))?;
@@ -213,17 +214,4 @@ impl Service {
 
 fn free_port() -> anyhow::Result<SocketAddr> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?)
-}
-
-/// The service gets SIGTERM if the bench dies, so no stray tokenmint keeps running.
-fn die_with_parent(command: &mut Command) {
-    // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
-    unsafe {
-        command.pre_exec(|| {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
 }
