@@ -716,20 +716,7 @@ struct DropDatabase(Store);
 
 impl Drop for DropDatabase {
     fn drop(&mut self) {
-        let database = self.0.database().clone();
-        let _ = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            // A client of this runtime's own: the test's runtime may be gone.
-            runtime.block_on(async move {
-                if let Ok(client) = mongodb::Client::with_uri_str(helpers::mongo_uri()).await {
-                    let _ = client.database(database.name()).drop().await;
-                }
-            });
-        })
-        .join();
+        helpers::drop_database_blocking(self.0.database().name());
     }
 }
 
