@@ -43,7 +43,7 @@ use tokenmint::embedded::die_with_parent;
 use tokenmint::http::auth::key_hash;
 use tokenmint::settings::Settings;
 use tokenmint::startup::Application;
-use tokenmint::store::{Store, StoreConfig};
+use tokenmint::store::{Store, StoreConfig, VerifyReport};
 use tokio::task::JoinHandle;
 
 const KEY: &str = "failover-test-key";
@@ -679,19 +679,7 @@ async fn failover_scenario(fault: Fault) {
             ));
         }
     }
-    let store = Store::connect(
-        &set.uri(),
-        database,
-        Duration::from_secs(10),
-        4,
-        StoreConfig::default(),
-    )
-    .await
-    .unwrap();
-    let report = store.verify().await.expect("verify");
-    if !report.is_clean() {
-        violations.push(format!("verify:\n{report}"));
-    }
+    let report = verify(&set.uri(), database, &mut violations).await;
     if report.issuances_checked != by_payment.len() as u64 {
         violations.push(format!(
             "{} issuance records but {} acknowledged payments",
@@ -764,6 +752,25 @@ async fn failover_scenario(fault: Fault) {
         !by_payment.is_empty(),
         "no issuance was acknowledged at all"
     );
+}
+
+/// `tokenmint verify` on `database`: any finding is a violation. Returns the report for
+/// the caller's own counts.
+async fn verify(uri: &str, database: &str, violations: &mut Vec<String>) -> VerifyReport {
+    let store = Store::connect(
+        uri,
+        database,
+        Duration::from_secs(10),
+        4,
+        StoreConfig::default(),
+    )
+    .await
+    .unwrap();
+    let report = store.verify().await.expect("verify");
+    if !report.is_clean() {
+        violations.push(format!("verify:\n{report}"));
+    }
+    report
 }
 
 /// Every stored token, by payment, as (tokenIndex, id) in tokenIndex order; read with
@@ -928,19 +935,7 @@ async fn replication_lag_scenario() {
         }
     }
     stop_app.stop(server).await;
-    let store = Store::connect(
-        &set.uri(),
-        database,
-        Duration::from_secs(10),
-        4,
-        StoreConfig::default(),
-    )
-    .await
-    .unwrap();
-    let report = store.verify().await.expect("verify");
-    if !report.is_clean() {
-        violations.push(format!("verify:\n{report}"));
-    }
+    verify(&set.uri(), database, &mut violations).await;
     eprintln!(
         "failover[replication-lag] summary: second requests {:?} violations={}",
         seconds
