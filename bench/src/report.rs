@@ -86,6 +86,17 @@ pub struct ScenarioResult {
 }
 
 impl ScenarioResult {
+    /// The targets this scenario measured, in report order, with their names.
+    fn measured(&self) -> impl Iterator<Item = (&'static str, &Measured)> {
+        [
+            ("tokenmint", &self.service),
+            ("store", &self.store),
+            ("floor", &self.floor),
+        ]
+        .into_iter()
+        .filter_map(|(name, m)| Some((name, m.as_ref()?)))
+    }
+
     fn ratio(&self, f: impl Fn(&Measured) -> Option<f64>) -> Option<f64> {
         let service = f(self.service.as_ref()?)?;
         let floor = f(self.floor.as_ref()?)?;
@@ -194,21 +205,15 @@ pub fn scenario_detail(result: &ScenarioResult) -> String {
     let name = scenario_name(&result.scenario);
     let mut out = String::new();
     let _ = writeln!(out, "{RESULT_HEADER}");
-    for (target, m) in [
-        ("tokenmint", &result.service),
-        ("store", &result.store),
-        ("floor", &result.floor),
-    ] {
-        if let Some(m) = m {
-            let _ = writeln!(out, "{}", row(&name, target, m));
-            let _ = writeln!(
-                out,
-                "   mongod ops/issuance ({target}): {}",
-                m.ops_per_issuance()
-            );
-            if let Some(error) = &m.stats.first_error {
-                let _ = writeln!(out, "   first error ({target}): {}", truncate(error, 300));
-            }
+    for (target, m) in result.measured() {
+        let _ = writeln!(out, "{}", row(&name, target, m));
+        let _ = writeln!(
+            out,
+            "   mongod ops/issuance ({target}): {}",
+            m.ops_per_issuance()
+        );
+        if let Some(error) = &m.stats.first_error {
+            let _ = writeln!(out, "   first error ({target}): {}", truncate(error, 300));
         }
     }
     if let Some(store) = &result.store {
@@ -270,14 +275,8 @@ pub fn markdown(results: &[ScenarioResult], command: &str, machine: &str, load: 
     let _ = writeln!(out, "\n{RESULT_HEADER}");
     for result in results {
         let name = scenario_name(&result.scenario);
-        for (target, m) in [
-            ("tokenmint", &result.service),
-            ("store", &result.store),
-            ("floor", &result.floor),
-        ] {
-            if let Some(m) = m {
-                let _ = writeln!(out, "{}", row(&name, target, m));
-            }
+        for (target, m) in result.measured() {
+            let _ = writeln!(out, "{}", row(&name, target, m));
         }
     }
 
