@@ -308,19 +308,13 @@ pub fn markdown(results: &[ScenarioResult], command: &str, machine: &str, load: 
         "\n#### mongod operations per issuance (serverStatus opcounters)\n\n| scenario | target | operations per issuance |\n|---|---|---|"
     );
     for result in results {
-        for (target, m) in [
-            ("tokenmint", &result.service),
-            ("store", &result.store),
-            ("floor", &result.floor),
-        ] {
-            if let Some(m) = m {
-                let _ = writeln!(
-                    out,
-                    "| {} | {target} | {} |",
-                    scenario_name(&result.scenario),
-                    m.ops_per_issuance()
-                );
-            }
+        for (target, m) in result.measured() {
+            let _ = writeln!(
+                out,
+                "| {} | {target} | {} |",
+                scenario_name(&result.scenario),
+                m.ops_per_issuance()
+            );
         }
     }
 
