@@ -1,12 +1,16 @@
 //! tokenmint: issues tokens for payments, exactly once per payment, backed by MongoDB.
 //!
-//! Layers, outermost first: `cli` → `startup` → `http` (routes, auth, error envelope) →
-//! `domain` (validated types) → `store` (every MongoDB call) and `migrate` (schema).
+//! Layers, outermost first, each using only the ones after it: `cli` → `startup` →
+//! `http` (routes, auth, error envelope) and `webhooks` (signatures, event parsing) →
+//! `issuing` (every business rule) → `store` (every MongoDB call, no decisions) and
+//! `migrate` (schema) → `domain` (validated types). `settings`, `telemetry` and
+//! `embedded` are leaves the outer layers configure the inner ones from.
 
 pub mod cli;
 pub mod domain;
 pub mod embedded;
 pub mod http;
+pub mod issuing;
 pub mod migrate;
 pub mod settings;
 pub mod startup;

@@ -34,6 +34,7 @@ pub struct Settings {
     #[serde(default)]
     pub providers: BTreeMap<String, ProviderSettings>,
     pub webhooks: WebhookSettings,
+    pub repair: RepairSettings,
     pub rate_limit: RateLimitSettings,
     pub log: LogSettings,
     /// `TOKENMINT_ENV` (default `development`); not read from files.
@@ -85,6 +86,21 @@ pub struct IssuanceSettings {
     pub max_quantity: u32,
     /// Bounded retries of a token-index duplicate-key race in upsert mode.
     pub duplicate_key_retries: u32,
+    /// How long a checkout's pending request waits for the payment's success event
+    /// before it expires.
+    pub pending_ttl_days: u32,
+}
+
+/// Self-repair of token sets a crash left short.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RepairSettings {
+    pub enabled: bool,
+    /// How often each instance sweeps for unfinished issuances.
+    pub interval_ms: u64,
+    /// How old an `issuing` record must be before it counts as abandoned: longer than
+    /// any request may take, so a sweep does not race requests still in flight.
+    pub min_age_ms: u64,
 }
 
 /// The retry policy of the `_version` gate when the client sent no `If-Match`.
@@ -253,6 +269,11 @@ impl Settings {
                 u64::from(self.webhooks.retention_days),
             ),
             (
+                "issuance.pending_ttl_days",
+                u64::from(self.issuance.pending_ttl_days),
+            ),
+            ("repair.interval_ms", self.repair.interval_ms),
+            (
                 "rate_limit.per_key_per_second",
                 u64::from(self.rate_limit.per_key_per_second),
             ),
@@ -297,7 +318,7 @@ impl Settings {
                 ));
             }
             for scope in &key.scopes {
-                if crate::http::auth::Scope::parse(scope).is_none() {
+                if crate::domain::Scope::parse(scope).is_none() {
                     return Err(invalid(
                         format!("{at}.scopes"),
                         format!("has unknown scope `{scope}`"),

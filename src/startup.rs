@@ -2,7 +2,6 @@
 //! works: tests use it), so callers can read the address before serving.
 
 use std::future::Future;
-use std::io::IsTerminal;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -13,6 +12,7 @@ use tokio::net::TcpListener;
 use crate::embedded::EmbeddedMongo;
 use crate::http::auth::{ApiKeys, generate_dev_key};
 use crate::http::{AppState, router};
+use crate::issuing::{Issuer, IssuingConfig, spawn_repair};
 use crate::settings::Settings;
 use crate::store::{RetryPolicy, Store, StoreConfig};
 
@@ -42,7 +42,7 @@ pub async fn connect(settings: &Settings) -> anyhow::Result<(Store, Option<Embed
         settings.mongo.max_pool_size,
         StoreConfig {
             duplicate_key_retries: settings.issuance.duplicate_key_retries,
-            version_gate: RetryPolicy::from(&settings.version_gate),
+            version_gate: version_gate_policy(settings),
         },
     )
     .await
@@ -60,7 +60,15 @@ impl Application {
             return Err(err);
         }
         let keys = api_keys(settings)?;
-        let state = AppState::new(store.clone(), keys, settings);
+        let issuer = issuer(settings, store.clone());
+        if settings.repair.enabled {
+            spawn_repair(
+                issuer.clone(),
+                Duration::from_millis(settings.repair.interval_ms),
+                Duration::from_millis(settings.repair.min_age_ms),
+            );
+        }
+        let state = AppState::new(issuer, keys, settings);
         crate::telemetry::spawn_metrics_upkeep(state.metrics.clone());
         let listener = TcpListener::bind(settings.server.bind)
             .await
@@ -120,6 +128,31 @@ impl Application {
     }
 }
 
+/// The issuing service over `store`, with the rules' settings.
+pub fn issuer(settings: &Settings, store: Store) -> Issuer {
+    Issuer::new(
+        store,
+        IssuingConfig {
+            default_mode: settings.issuance.default_mode,
+            providers: settings.providers.keys().cloned().collect(),
+            pending_ttl: Duration::from_secs(
+                u64::from(settings.issuance.pending_ttl_days) * 86_400,
+            ),
+        },
+    )
+}
+
+/// The `_version` gate's backoff, from `[version_gate]`.
+fn version_gate_policy(settings: &Settings) -> RetryPolicy {
+    let gate = &settings.version_gate;
+    RetryPolicy {
+        base: Duration::from_millis(gate.base_delay_ms),
+        max_jitter: Duration::from_millis(gate.max_jitter_ms),
+        max_attempts: gate.max_attempts,
+        budget: Duration::from_millis(gate.budget_ms),
+    }
+}
+
 /// Applies migrations (or, when disabled, checks that applied ones are unchanged).
 async fn prepare_database(settings: &Settings, store: &Store) -> anyhow::Result<()> {
     if settings.migrations.apply_on_startup {
@@ -173,9 +206,4 @@ pub async fn shutdown_signal() {
         () = ctrl_c => {},
         () = terminate => {},
     }
-}
-
-/// Whether log output goes to a terminal (colors only then).
-pub fn stderr_is_terminal() -> bool {
-    std::io::stderr().is_terminal()
 }

@@ -5,6 +5,7 @@
 //! failure is logged once, where it is handled (`ApiError::from(StoreError)` for store
 //! failures), at `warn` when the caller can retry and `error` when it is a bug.
 
+use std::io::IsTerminal;
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -19,7 +20,7 @@ pub fn init_logging(settings: &LogSettings) {
         .or_else(|_| EnvFilter::try_new(&settings.level))
         .unwrap_or_else(|_| EnvFilter::new("info"));
     // Colours only on a terminal (and not with NO_COLOR): a pipe or log file gets plain text.
-    let ansi = crate::startup::stderr_is_terminal()
+    let ansi = std::io::stderr().is_terminal()
         && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)

@@ -13,6 +13,7 @@ use proptest::prelude::*;
 use secrecy::SecretString;
 use serde_json::{Value, json};
 
+use tokenmint::domain::ParsedEvent;
 use tokenmint::domain::{
     AccountId, Owner, PaymentIntentId, PaymentStatus, Provider, Quantity, TokenId, TokenStatus,
     TokenType,
@@ -20,7 +21,7 @@ use tokenmint::domain::{
 use tokenmint::webhooks::signature::{
     SignatureError, SignatureHeaders, sign_standard, sign_stripe, verify_standard, verify_stripe,
 };
-use tokenmint::webhooks::{ParsedEvent, parse_standard, parse_stripe};
+use tokenmint::webhooks::{parse_standard, parse_stripe};
 
 const TOLERANCE: u64 = 300;
 

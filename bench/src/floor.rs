@@ -394,8 +394,9 @@ fn new_record_view(payment: &Payment, mode: IssuanceMode) -> IssuanceDoc {
         quantity: i64::from(payment.quantity),
         payment_date: payment.date,
         mode,
-        status: IssuanceStatus::Issued,
+        status: IssuanceStatus::Issuing,
         created_at: DateTime::now(),
+        expires_at: None,
     }
 }
 

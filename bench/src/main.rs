@@ -394,7 +394,7 @@ async fn run_scenario(
         service.stop().await;
     }
     if let Some(store) = store {
-        store.shutdown().await;
+        store.store().clone().shutdown().await;
     }
     if let Some(floor) = floor {
         floor.shutdown().await;
@@ -415,12 +415,12 @@ async fn run_scenario(
     })
 }
 
-/// tokenmint's own store on `database`, migrated as the service migrates its own.
+/// tokenmint's own issuing service on `database`, migrated as the service migrates its own.
 async fn connect_store(
     uri: &str,
     database: &str,
     max_pool_size: u32,
-) -> anyhow::Result<tokenmint::store::Store> {
+) -> anyhow::Result<tokenmint::issuing::Issuer> {
     let store = tokenmint::store::Store::connect(
         uri,
         database,
@@ -430,7 +430,12 @@ async fn connect_store(
     )
     .await?;
     tokenmint::migrate::run(&store, false).await?;
-    Ok(store)
+    let config = tokenmint::issuing::IssuingConfig {
+        default_mode: IssuanceMode::Upsert,
+        providers: Default::default(),
+        pending_ttl: Duration::from_secs(7 * 86_400),
+    };
+    Ok(tokenmint::issuing::Issuer::new(store, config))
 }
 
 fn target_name(target: &Target) -> &'static str {

@@ -15,7 +15,7 @@ use tokenmint::domain::{
     AccountId, IssuanceMode, IssuanceParams, NewIssuance, Owner, PaymentIntentId, PaymentKey,
     Provider, Quantity, TokenType,
 };
-use tokenmint::store::{IssueOutcome, Store};
+use tokenmint::issuing::{Caller, IssueError, IssueOutcome, Issuer};
 
 use crate::floor::{Floor, OpTimes};
 use crate::http::Conn;
@@ -92,8 +92,8 @@ impl Outcome {
 pub enum Target {
     /// tokenmint over HTTP.
     Service { addr: SocketAddr, api_key: String },
-    /// tokenmint's own `Store::issue`, in the bench process: the service without HTTP.
-    Store(Store),
+    /// tokenmint's own issuing service, in the bench process: the service without HTTP.
+    Store(Issuer),
     /// The same database operations, issued directly.
     Floor(Floor),
 }
@@ -347,22 +347,22 @@ async fn timed_post(conn: &mut Conn, payment: &Payment, mode: IssuanceMode) -> (
     (post(conn, payment, mode).await, started.elapsed())
 }
 
-async fn timed_store(store: &Store, payment: &Payment, mode: IssuanceMode) -> (Outcome, Duration) {
+async fn timed_store(store: &Issuer, payment: &Payment, mode: IssuanceMode) -> (Outcome, Duration) {
     let started = Instant::now();
     (store_issue(store, payment, mode).await, started.elapsed())
 }
 
-/// `Store::issue` with the request the HTTP handler would have validated.
-async fn store_issue(store: &Store, payment: &Payment, mode: IssuanceMode) -> Outcome {
+/// `Issuer::issue` with the request the HTTP handler would have validated.
+async fn store_issue(store: &Issuer, payment: &Payment, mode: IssuanceMode) -> Outcome {
     let request = match new_issuance(payment, mode) {
         Ok(request) => request,
         Err(message) => return Outcome::error(422, message),
     };
-    match store.issue(&request).await {
+    match store.issue(Caller::Trusted, &request).await {
         Ok(IssueOutcome::Created(issued)) => Outcome::ok(201, issued.created),
         Ok(IssueOutcome::Replayed(issued)) => Outcome::ok(200, issued.created),
         Ok(IssueOutcome::Pending(issued)) => Outcome::ok(202, issued.created),
-        Ok(IssueOutcome::Conflict(_)) => Outcome::ok(409, 0),
+        Err(IssueError::Conflict(_)) => Outcome::ok(409, 0),
         Err(err) => Outcome::error(500, err.to_string()),
     }
 }

@@ -33,14 +33,28 @@ impl IssuanceMode {
     }
 }
 
-/// Whether an issuance's tokens are owed yet.
+/// Where an issuance record is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum IssuanceStatus {
-    /// Requested by a checkout frontend; waits for the payment to succeed.
+    /// Requested by a checkout frontend; waits for the payment to succeed, and expires
+    /// if it never does.
     Pending,
-    /// Authorised: exactly `quantity` tokens exist (or converge on the next retry).
+    /// Authorised, and its tokens are being written: the set may still be partial (a
+    /// writer crashed), which self-repair completes.
+    Issuing,
+    /// Complete: exactly `quantity` tokens exist, checked against the payment's state.
     Issued,
+}
+
+impl IssuanceStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "pending",
+            Self::Issuing => "issuing",
+            Self::Issued => "issued",
+        }
+    }
 }
 
 /// The unique key of a payment: the same payment id may exist at two providers or accounts.
@@ -91,5 +105,52 @@ impl PaymentKey {
             account_id: account_id?,
             payment_intent_id: payment_intent_id?,
         })
+    }
+}
+
+/// One parameter in which a request differs from the recorded issuance.
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
+pub struct Mismatch {
+    pub field: String,
+    /// The recorded value (a string or an integer, as the field is). Left out for
+    /// checkout keys: a public key must not learn who owns a payment's tokens.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Value>)]
+    pub existing: Option<serde_json::Value>,
+    /// The value this request asked for.
+    #[schema(value_type = Value)]
+    pub requested: serde_json::Value,
+}
+
+impl IssuanceParams {
+    /// Every field in which `requested` differs from these (the recorded) parameters.
+    /// paymentDate is set on first insert only and is deliberately not a parameter.
+    pub fn mismatches(&self, requested: &IssuanceParams) -> Vec<Mismatch> {
+        let fields: [(&str, serde_json::Value, serde_json::Value); 3] = [
+            (
+                "owner",
+                self.owner.to_string().into(),
+                requested.owner.to_string().into(),
+            ),
+            (
+                "tokenType",
+                self.token_type.as_str().into(),
+                requested.token_type.as_str().into(),
+            ),
+            (
+                "quantity",
+                self.quantity.get().into(),
+                requested.quantity.get().into(),
+            ),
+        ];
+        fields
+            .into_iter()
+            .filter(|(_, existing, requested)| existing != requested)
+            .map(|(field, existing, requested)| Mismatch {
+                field: field.to_owned(),
+                existing: Some(existing),
+                requested,
+            })
+            .collect()
     }
 }

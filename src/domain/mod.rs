@@ -7,13 +7,17 @@ mod issuance;
 mod owner;
 mod payment;
 mod quantity;
+mod scope;
 mod token;
 
 pub use identifiers::{AccountId, PaymentIntentId, Provider, TokenType};
-pub use issuance::{IssuanceMode, IssuanceParams, IssuanceStatus, NewIssuance, PaymentKey};
+pub use issuance::{
+    IssuanceMode, IssuanceParams, IssuanceStatus, Mismatch, NewIssuance, PaymentKey,
+};
 pub use owner::Owner;
-pub use payment::PaymentStatus;
+pub use payment::{EventOutcome, ParsedEvent, PaymentEvent, PaymentStatus};
 pub use quantity::Quantity;
+pub use scope::Scope;
 pub use token::{TokenId, TokenStatus};
 
 /// One rejected input field, as listed in a 422 answer.

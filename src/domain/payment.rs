@@ -1,6 +1,9 @@
 //! A payment's state as the provider last reported it.
 
+use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
+
+use super::{IssuanceParams, PaymentKey};
 
 /// The payment states tokenmint distinguishes. Their `rank` orders them for providers
 /// without an object version (Stripe): a state never moves to a lower rank.
@@ -32,6 +35,100 @@ impl PaymentStatus {
             Self::Succeeded => "succeeded",
             Self::Canceled => "canceled",
             Self::Refunded => "refunded",
+        }
+    }
+}
+
+/// A verified event that concerns a payment.
+#[derive(Debug, Clone)]
+pub struct PaymentEvent {
+    pub event_id: String,
+    pub event_type: String,
+    pub key: PaymentKey,
+    pub status: PaymentStatus,
+    /// Monotonic per payment: a lower version never overwrites a higher one.
+    pub version: i64,
+    pub amount: Option<i64>,
+    pub currency: Option<String>,
+    /// The tokens the payment buys: `None` without tokenmint metadata, `Err` when the
+    /// metadata is there but invalid (the reason, for operators).
+    pub token_params: Option<Result<IssuanceParams, String>>,
+    pub payment_date: Option<DateTime<Utc>>,
+    /// How much of `amount` the provider has refunded so far (a refund event), in the
+    /// same minor units; a full refund may leave it out.
+    pub amount_refunded: Option<i64>,
+}
+
+/// What an event body turned out to be.
+#[derive(Debug, Clone)]
+pub enum ParsedEvent {
+    Payment(PaymentEvent),
+    /// Verified, but nothing tokenmint acts on (unhandled type, partial refund, …).
+    Ignored {
+        event_id: String,
+        event_type: String,
+        reason: String,
+    },
+}
+
+impl ParsedEvent {
+    pub fn event_id(&self) -> &str {
+        match self {
+            Self::Payment(e) => &e.event_id,
+            Self::Ignored { event_id, .. } => event_id,
+        }
+    }
+
+    pub fn event_type(&self) -> &str {
+        match self {
+            Self::Payment(e) => &e.event_type,
+            Self::Ignored { event_type, .. } => event_type,
+        }
+    }
+}
+
+impl PaymentStatus {
+    /// Whether the provider has taken the payment back or never took it: no token of it
+    /// may be issued, and any it has are revoked (refunded, canceled) or never owed (failed).
+    pub fn forbids_issuance(self) -> bool {
+        matches!(self, Self::Failed | Self::Canceled | Self::Refunded)
+    }
+}
+
+/// What processing one provider event did, as answered to the provider and recorded in
+/// `webhook_events`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EventOutcome {
+    /// `issued`, `already_issued`, `revoked`, `recorded`, `stale`, `ignored`,
+    /// `metadata_invalid`, `no_metadata`, `conflict`.
+    pub outcome: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+    /// Tokens inserted by this event.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tokens_created: Option<u32>,
+    /// Active tokens revoked by this event (a refund, partial refund or cancellation).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tokens_revoked: Option<u64>,
+    /// Tokens the refund takes back that were already redeemed: they stay redeemed, and
+    /// the merchant is short of this many.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shortfall: Option<u64>,
+}
+
+impl EventOutcome {
+    pub fn new(outcome: &str) -> Self {
+        Self {
+            outcome: outcome.to_owned(),
+            ..Self::default()
+        }
+    }
+
+    pub fn with_detail(outcome: &str, detail: impl Into<String>) -> Self {
+        Self {
+            detail: Some(detail.into()),
+            ..Self::new(outcome)
         }
     }
 }

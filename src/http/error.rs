@@ -7,8 +7,9 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use crate::domain::{FieldError, TokenStatus};
-use crate::store::{Mismatch, StoreError};
+use crate::domain::{FieldError, Mismatch, TokenStatus};
+use crate::issuing::IssueError;
+use crate::store::StoreError;
 
 /// Seconds a client should wait before retrying a 503.
 const RETRY_AFTER_UNAVAILABLE: &str = "1";
@@ -216,6 +217,26 @@ impl From<StoreError> for ApiError {
                 tracing::error!(error = %message, "store error");
                 Self::Internal
             }
+        }
+    }
+}
+
+impl From<IssueError> for ApiError {
+    fn from(err: IssueError) -> Self {
+        match err {
+            IssueError::Conflict(mismatches) => Self::IdempotencyConflict(mismatches),
+            IssueError::PaymentNotSucceeded(status) => Self::PaymentNotSucceeded(format!(
+                "The payment is {}; no tokens will be issued.",
+                status.as_str()
+            )),
+            IssueError::NeedsTrustedIssuer(detail) => Self::StateConflict {
+                detail: detail.to_owned(),
+                status: None,
+            },
+            IssueError::UnknownProvider => {
+                Self::validation("provider", "is not a configured payment provider")
+            }
+            IssueError::Store(err) => err.into(),
         }
     }
 }

@@ -13,15 +13,16 @@ use serde_json::Value;
 use utoipa::ToSchema;
 
 use super::AppState;
-use super::auth::{Principal, Scope};
+use super::auth::Principal;
 use super::error::{ApiError, Problem};
 use super::extract::JsonBody;
 use super::payment_path::PaymentPath;
 use crate::domain::{
     AccountId, FieldErrors, IssuanceMode, IssuanceParams, IssuanceStatus, NewIssuance, Owner,
-    PaymentIntentId, PaymentKey, PaymentStatus, Provider, Quantity, TokenStatus, TokenType,
+    PaymentIntentId, PaymentKey, Provider, Quantity, Scope, TokenStatus, TokenType,
 };
-use crate::store::{IssueOutcome, IssuedTokens, TokenSummary, chrono_time, param_mismatches};
+use crate::issuing::{Caller, IssueOutcome, IssuedTokens};
+use crate::store::{TokenSummary, chrono_time};
 
 pub fn router() -> Router<AppState> {
     Router::new()
@@ -220,7 +221,11 @@ impl From<TokenSummary> for TokenRef {
 /// The first request for a payment writes the issuance and its tokens (201). An identical
 /// retry answers 200 with `Idempotent-Replayed: true` and the same token ids, completing a
 /// partial issuance if a crash interrupted the first. A request whose owner, tokenType or
-/// quantity differs from the recorded issuance is refused with 409 and writes nothing.
+/// quantity differs from the recorded issuance is refused with 409 and writes nothing, and
+/// so is any request for a payment the provider reported failed, canceled or refunded.
+/// A checkout key (`issuances:request`) issues only once the provider reported the payment
+/// succeeded with the same parameters; before that it gets 202 and a pending issuance that
+/// the success webhook fulfils (with the provider's parameters, which outrank the request).
 #[utoipa::path(
     post,
     path = "/v1/issuances",
@@ -240,10 +245,10 @@ impl From<TokenSummary> for TokenRef {
         (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or unknown API key", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "Scope or account not allowed", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "`idempotency_conflict`: the payment was issued with other parameters; `payment_not_succeeded` or `state_conflict` for a checkout key", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`idempotency_conflict`: the payment was issued with other parameters (a checkout key is not shown the existing values); `payment_not_succeeded`: the provider reported the payment failed, canceled or refunded; `state_conflict`: a checkout key asked for a payment only a trusted backend can issue", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "Not application/json", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "`validation_failed`, every bad field listed", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "`validation_failed`, every bad field listed (a checkout key may only name a configured provider)", body = Problem, content_type = "application/problem+json"),
         (status = 429, description = "`rate_limited`: see Retry-After", body = Problem, content_type = "application/problem+json",
             headers(("Retry-After" = String, description = "Seconds to wait"))),
         (status = 503, description = "`database_unavailable`, `transactions_unavailable` or `request_timeout`", body = Problem, content_type = "application/problem+json"),
@@ -254,28 +259,31 @@ pub async fn create_issuance(
     principal: Arc<Principal>,
     body: Result<JsonBody<IssuanceRequest>, ApiError>,
 ) -> Result<Response, ApiError> {
-    let trusted = principal.has(Scope::IssuancesWrite);
-    if !trusted {
+    let caller = if principal.has(Scope::IssuancesWrite) {
+        Caller::Trusted
+    } else {
         principal.require(Scope::IssuancesRequest)?;
-    }
+        Caller::Checkout
+    };
     // The body is judged only once the caller may send one: a key without the scope
     // hears 403, whatever it sent.
     let JsonBody(body) = body?;
-    let request = body.into_domain(state.max_quantity, state.default_mode)?;
+    let request = body.into_domain(state.max_quantity, state.issuer.default_mode())?;
     principal.require_account(&request.key.account_id)?;
-    let outcome = if trusted {
-        state.store.issue(&request).await?
-    } else {
-        request_from_checkout(&state, &request).await?
-    };
+    let outcome = state
+        .issuer
+        .issue(caller, &request)
+        .await
+        .inspect_err(|err| {
+            if let crate::issuing::IssueError::Conflict(_) = err {
+                metrics::counter!("tokenmint_issuances_total", "outcome" => "conflict")
+                    .increment(1);
+            }
+        })?;
     let (status, issued, label) = match outcome {
         IssueOutcome::Created(issued) => (StatusCode::CREATED, issued, "created"),
         IssueOutcome::Replayed(issued) => (StatusCode::OK, issued, "replayed"),
         IssueOutcome::Pending(issued) => (StatusCode::ACCEPTED, issued, "pending"),
-        IssueOutcome::Conflict(mismatches) => {
-            metrics::counter!("tokenmint_issuances_total", "outcome" => "conflict").increment(1);
-            return Err(ApiError::IdempotencyConflict(mismatches));
-        }
     };
     metrics::counter!("tokenmint_issuances_total", "outcome" => label).increment(1);
     let body = IssuanceResponse::new(issued, true);
@@ -287,45 +295,6 @@ pub async fn create_issuance(
         headers.insert("idempotent-replayed", HeaderValue::from_static("true"));
     }
     Ok((status, headers, axum::Json(body)).into_response())
-}
-
-/// The trust flow for a checkout frontend (`issuances:request` only): it may not issue on
-/// its own word. Tokens are issued when the provider has already reported the payment as
-/// succeeded with the same parameters; otherwise the request is recorded as pending and
-/// the success webhook completes it.
-async fn request_from_checkout(
-    state: &AppState,
-    request: &NewIssuance,
-) -> Result<IssueOutcome, ApiError> {
-    let payment = state.store.find_payment(&request.key).await?;
-    match payment.as_ref().map(|p| p.status) {
-        Some(PaymentStatus::Succeeded) => {
-            let payment = payment.expect("matched Some");
-            let Some(known) = payment.token_params.as_ref().and_then(|p| p.params()) else {
-                return Err(ApiError::StateConflict {
-                    detail: "The payment succeeded without token metadata; only a trusted backend can issue for it.".to_owned(),
-                    status: None,
-                });
-            };
-            let mismatches = param_mismatches(
-                &known.owner.to_string(),
-                known.token_type.as_str(),
-                i64::from(known.quantity.get()),
-                &request.params,
-            );
-            if !mismatches.is_empty() {
-                return Err(ApiError::IdempotencyConflict(mismatches));
-            }
-            Ok(state.store.issue(request).await?)
-        }
-        Some(
-            status @ (PaymentStatus::Failed | PaymentStatus::Canceled | PaymentStatus::Refunded),
-        ) => Err(ApiError::PaymentNotSucceeded(format!(
-            "The payment is {}; no tokens will be issued.",
-            status.as_str()
-        ))),
-        Some(PaymentStatus::Processing) | None => Ok(state.store.request_issuance(request).await?),
-    }
 }
 
 /// Read an issuance and its tokens.
@@ -355,7 +324,7 @@ pub async fn get_issuance(
     let key = path.visible_key(&principal, "No issuance exists for this payment.")?;
     let not_found = || ApiError::NotFound("No issuance exists for this payment.".to_owned());
     let issued = state
-        .store
+        .issuer
         .find_issuance(&key)
         .await?
         .ok_or_else(not_found)?;

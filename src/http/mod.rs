@@ -20,9 +20,8 @@ use utoipa::OpenApi;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa_swagger_ui::SwaggerUi;
 
-use crate::domain::IssuanceMode;
+use crate::issuing::Issuer;
 use crate::settings::Settings;
-use crate::store::Store;
 use crate::webhooks::Providers;
 use auth::ApiKeys;
 use error::ApiError;
@@ -30,24 +29,23 @@ use error::ApiError;
 /// What every handler can reach.
 #[derive(Clone)]
 pub struct AppState {
-    pub store: Store,
+    /// The issuing service: every rule, and the store underneath it.
+    pub issuer: Issuer,
     pub keys: Arc<ApiKeys>,
     pub providers: Arc<Providers>,
     pub rate_limits: Arc<rate_limit::RateLimits>,
     pub max_quantity: u32,
-    pub default_mode: IssuanceMode,
     pub metrics: metrics_exporter_prometheus::PrometheusHandle,
 }
 
 impl AppState {
-    pub fn new(store: Store, keys: ApiKeys, settings: &Settings) -> Self {
+    pub fn new(issuer: Issuer, keys: ApiKeys, settings: &Settings) -> Self {
         Self {
-            store,
+            issuer,
             keys: Arc::new(keys),
             providers: Arc::new(Providers::from_settings(&settings.providers)),
             rate_limits: Arc::new(rate_limit::RateLimits::new(&settings.rate_limit)),
             max_quantity: settings.issuance.max_quantity,
-            default_mode: settings.issuance.default_mode,
             metrics: crate::telemetry::metrics_handle(),
         }
     }

@@ -45,9 +45,9 @@ pub async fn healthz() -> axum::Json<Health> {
         (status = 503, description = "Database unreachable or migrations pending", body = Health),
     ))]
 pub async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
-    let reason = match state.store.ping().await {
+    let reason = match state.issuer.store().ping().await {
         Err(_) => Some("database unreachable".to_owned()),
-        Ok(()) => match crate::migrate::pending(&state.store).await {
+        Ok(()) => match crate::migrate::pending(state.issuer.store()).await {
             Ok(pending) if pending.is_empty() => None,
             Ok(pending) => Some(format!("migrations pending: {}", pending.join(", "))),
             Err(_) => Some("cannot read applied migrations".to_owned()),

@@ -11,10 +11,11 @@ use serde::Serialize;
 use utoipa::ToSchema;
 
 use super::AppState;
-use super::auth::{Principal, Scope};
+use super::auth::Principal;
 use super::error::{ApiError, Problem};
 use super::payment_path::PaymentPath;
 use crate::domain::PaymentStatus;
+use crate::domain::Scope;
 use crate::store::{PaymentDoc, chrono_time};
 
 pub fn router() -> Router<AppState> {
@@ -102,7 +103,8 @@ pub async fn get_payment(
     let not_found =
         || ApiError::NotFound("No event has been received for this payment.".to_owned());
     let payment = state
-        .store
+        .issuer
+        .store()
         .find_payment(&key)
         .await?
         .ok_or_else(not_found)?;

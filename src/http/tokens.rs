@@ -14,11 +14,13 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::AppState;
-use super::auth::{Principal, Scope};
+use super::auth::Principal;
 use super::error::{ApiError, Problem};
 use super::extract::{JsonBody, OptionalJsonBody};
+use crate::domain::Scope;
 use crate::domain::{FieldErrors, Owner, TokenId, TokenStatus, TokenType};
-use crate::store::{Gate, TokenDoc, TokenQuery, Transition, TransitionOutcome, chrono_time};
+use crate::issuing::{Gate, Transition, TransitionOutcome};
+use crate::store::{TokenDoc, TokenQuery, chrono_time};
 
 /// Listing page size: default and maximum.
 const DEFAULT_LIMIT: u32 = 50;
@@ -194,7 +196,7 @@ async fn apply(
 ) -> Result<Response, ApiError> {
     let id = parse_token_id(token_id)?;
     let outcome = state
-        .store
+        .issuer
         .transition_token(id, &transition, gate, |t| {
             principal.can_see(&t.origin.account_id)
         })
@@ -249,7 +251,8 @@ pub async fn get_token(
     principal.require(Scope::Read)?;
     let id = parse_token_id(&token_id)?;
     let token = state
-        .store
+        .issuer
+        .store()
         .find_token(id)
         .await?
         .filter(|t| principal.can_see(&t.origin.account_id))
@@ -294,7 +297,7 @@ pub async fn list_tokens(
         accounts: principal.accounts().map(<[String]>::to_vec),
         ..filter
     };
-    let (tokens, next) = state.store.list_tokens(&filter, limit).await?;
+    let (tokens, next) = state.issuer.store().list_tokens(&filter, limit).await?;
     Ok(axum::Json(TokenPage {
         items: tokens.into_iter().map(TokenView::from).collect(),
         next_after: next.map(|id| id.to_hex()),

@@ -12,8 +12,8 @@ use utoipa::ToSchema;
 
 use super::AppState;
 use super::error::{ApiError, Problem};
-use crate::store::EventOutcome;
-use crate::webhooks::{Rejection, SignatureError, SignatureHeaders, process};
+use crate::domain::EventOutcome;
+use crate::webhooks::{Rejection, SignatureError, SignatureHeaders};
 
 pub fn router() -> Router<AppState> {
     Router::new().route("/v1/webhooks/{provider}", post(receive_webhook))
@@ -37,7 +37,8 @@ pub struct WebhookReceipt {
 /// `webhook-signature`), per the provider's configured scheme. Events are deduplicated on
 /// (provider, event id); payment state only moves forward (an older event never
 /// overwrites a newer one). A succeeded payment issues the tokens its metadata names; a
-/// refund or cancellation revokes the payment's active tokens.
+/// refund or cancellation revokes the payment's active tokens, a partial refund the
+/// refunded share (highest tokenIndex first; redeemed ones are reported as `shortfall`).
 #[utoipa::path(
     post, path = "/v1/webhooks/{provider}", tag = "webhooks",
     params(
@@ -103,7 +104,7 @@ pub async fn receive_webhook(
                 Rejection::Malformed(detail) => ApiError::MalformedJson(detail),
             }
         })?;
-    let processed = process(&state.store, &provider, &event, state.default_mode).await?;
+    let processed = state.issuer.apply_event(&provider, &event).await?;
     Ok(axum::Json(WebhookReceipt {
         received: true,
         duplicate: processed.duplicate,

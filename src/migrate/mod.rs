@@ -42,6 +42,14 @@ const FILES: &[(&str, &str)] = &[
         "0006_payments_unique_payment",
         include_str!("../../migrations/0006_payments_unique_payment.json"),
     ),
+    (
+        "0007_issuances_unfinished_index",
+        include_str!("../../migrations/0007_issuances_unfinished_index.json"),
+    ),
+    (
+        "0008_issuances_pending_expiry",
+        include_str!("../../migrations/0008_issuances_pending_expiry.json"),
+    ),
 ];
 
 /// One parsed migration file.
@@ -79,6 +87,8 @@ pub struct IndexStep {
     #[serde(default)]
     pub unique: bool,
     pub partial_filter_expression: Option<Document>,
+    /// A TTL index: documents expire this many seconds after the date in its key.
+    pub expire_after_seconds: Option<u64>,
 }
 
 /// Sets fields on matching documents, `batch_size` documents at a time.

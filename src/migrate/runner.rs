@@ -235,6 +235,11 @@ async fn create_index(
         .name(index.name.clone())
         .unique(index.unique.then_some(true))
         .partial_filter_expression(index.partial_filter_expression.clone())
+        .expire_after(
+            index
+                .expire_after_seconds
+                .map(std::time::Duration::from_secs),
+        )
         .build();
     let model = IndexModel::builder()
         .keys(index.keys.clone())

@@ -1,10 +1,11 @@
 //! Atomic mode: the issuance record and all its tokens in one multi-document transaction
-//! (seed 000, "transactional alternative"). Either everything is visible or nothing is.
+//! (the transactional alternative to the upsert bulk). Either everything is visible or
+//! nothing is.
 //!
-//! A duplicate key on the issuance index means another request already issued this
-//! payment: the transaction is abandoned and the request is verified against the record.
-//! Concurrent first writers collide as write conflicts (TransientTransactionError); the
-//! loser retries and then sees the winner's committed record.
+//! A duplicate key on the issuance index means another request already recorded this
+//! payment: the transaction is abandoned and the existing record is handed back for the
+//! caller to verify. Concurrent first writers collide as write conflicts
+//! (TransientTransactionError); the loser retries and then sees the winner's record.
 
 use std::time::Duration;
 
@@ -13,38 +14,49 @@ use mongodb::bson::{DateTime, RawDocumentBuf, oid::ObjectId};
 use mongodb::error::{Error, UNKNOWN_TRANSACTION_COMMIT_RESULT};
 use mongodb::options::{Acknowledgment, ReadConcern, WriteConcern};
 
-use super::documents::{issuance_filter, new_token};
+use super::documents::{IssuanceDoc, TokenSummary, fresh_tokens, issuance_filter, new_token};
 use super::error::{
     ISSUANCES_PAYMENT_INDEX, StoreError, duplicate_key_index, is_transient_transaction_error,
 };
-use super::issuance::{IssueOutcome, IssuedTokens, fresh_tokens, new_record_view};
 use super::{Store, TOKENS};
 use crate::domain::NewIssuance;
 
 /// Transient transaction errors are retried this many times before giving up.
 const MAX_TRANSACTION_ATTEMPTS: u32 = 10;
 
+/// What an atomic insert did.
+#[derive(Debug)]
+pub enum AtomicInsert {
+    /// Record and tokens committed together; the tokens in tokenIndex order.
+    Committed(Vec<TokenSummary>),
+    /// The payment already had a record (committed by someone else): this one.
+    RecordExists(IssuanceDoc),
+}
+
 /// How one transaction attempt ended.
 enum Attempt {
-    Committed(IssuedTokens),
+    Committed(Vec<TokenSummary>),
     /// The payment's record already exists (committed by someone else).
-    AlreadyIssued,
+    RecordExists,
 }
 
 impl Store {
-    pub(super) async fn issue_atomic(
+    /// Inserts `record` and the tokens of `request` in one transaction, unless the
+    /// payment already has a record.
+    pub async fn insert_atomically(
         &self,
+        record: &IssuanceDoc,
         request: &NewIssuance,
-    ) -> Result<IssueOutcome, StoreError> {
+    ) -> Result<AtomicInsert, StoreError> {
         if !self.supports_transactions().await? {
             return Err(StoreError::TransactionsUnavailable);
         }
         let mut session = self.client.start_session().await?;
         let mut attempt = 1;
         loop {
-            match self.try_transaction(&mut session, request).await {
-                Ok(Attempt::Committed(issued)) => return Ok(IssueOutcome::Created(issued)),
-                Ok(Attempt::AlreadyIssued) => {
+            match self.try_transaction(&mut session, record, request).await {
+                Ok(Attempt::Committed(tokens)) => return Ok(AtomicInsert::Committed(tokens)),
+                Ok(Attempt::RecordExists) => {
                     let record = self
                         .records()
                         .find_one(issuance_filter(&request.key))
@@ -52,7 +64,7 @@ impl Store {
                         .ok_or_else(|| {
                             StoreError::Internal("issuance record vanished".to_owned())
                         })?;
-                    return self.replay(request, record).await;
+                    return Ok(AtomicInsert::RecordExists(record));
                 }
                 Err(err)
                     if is_transient_transaction_error(&err)
@@ -77,6 +89,7 @@ impl Store {
     async fn try_transaction(
         &self,
         session: &mut ClientSession,
+        record: &IssuanceDoc,
         request: &NewIssuance,
     ) -> Result<Attempt, Error> {
         session
@@ -84,17 +97,16 @@ impl Store {
             .read_concern(ReadConcern::snapshot())
             .write_concern(WriteConcern::builder().w(Acknowledgment::Majority).build())
             .await?;
-        let issuance = new_record_view(request);
         if let Err(err) = self
             .records()
-            .insert_one(&issuance)
+            .insert_one(record)
             .session(&mut *session)
             .await
         {
             // Leave the session clean for the next attempt; the abort's own failure is moot.
             let _ = session.abort_transaction().await;
             if duplicate_key_index(&err).as_deref() == Some(ISSUANCES_PAYMENT_INDEX) {
-                return Ok(Attempt::AlreadyIssued);
+                return Ok(Attempt::RecordExists);
             }
             return Err(err);
         }
@@ -111,11 +123,7 @@ impl Store {
         }
         commit_with_retry(session).await?;
         metrics::counter!("tokenmint_tokens_created_total").increment(inserted.len() as u64);
-        Ok(Attempt::Committed(IssuedTokens {
-            issuance,
-            created: inserted.len() as u32,
-            tokens: fresh_tokens(inserted),
-        }))
+        Ok(Attempt::Committed(fresh_tokens(inserted)))
     }
 }
 

@@ -3,7 +3,10 @@
 use mongodb::bson::{self, Bson, DateTime, Document, RawDocumentBuf, doc, oid::ObjectId};
 use serde::{Deserialize, Serialize};
 
-use crate::domain::{IssuanceMode, IssuanceStatus, PaymentKey, TokenStatus};
+use crate::domain::{
+    IssuanceMode, IssuanceParams, IssuanceStatus, NewIssuance, Owner, PaymentKey, Quantity,
+    TokenStatus, TokenType,
+};
 
 /// Where a token came from: its payment's unique key and date.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -71,6 +74,94 @@ pub struct IssuanceDoc {
     pub mode: IssuanceMode,
     pub status: IssuanceStatus,
     pub created_at: DateTime,
+    /// When a `pending` record expires (a TTL index removes it); absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<DateTime>,
+}
+
+impl IssuanceDoc {
+    /// The record `request` inserts, in `status`, with a fresh `_id`: also the answer, so
+    /// nothing is read back.
+    pub fn new(request: &NewIssuance, status: IssuanceStatus) -> Self {
+        Self {
+            id: ObjectId::new(),
+            provider: request.key.provider.to_string(),
+            account_id: request.key.account_id.to_string(),
+            payment_intent_id: request.key.payment_intent_id.to_string(),
+            owner: request.params.owner.object_id(),
+            token_type: request.params.token_type.to_string(),
+            quantity: i64::from(request.params.quantity.get()),
+            payment_date: bson_time(request.payment_date),
+            mode: request.mode,
+            status,
+            created_at: DateTime::now(),
+            expires_at: None,
+        }
+    }
+
+    /// The recorded parameters (stored values were validated when written).
+    pub fn params(&self) -> Result<IssuanceParams, super::StoreError> {
+        let invalid = |what: &str| {
+            super::StoreError::Internal(format!(
+                "issuance record {} has an invalid {what}",
+                self.id
+            ))
+        };
+        Ok(IssuanceParams {
+            owner: Owner::from_object_id(self.owner),
+            token_type: TokenType::parse(&self.token_type).map_err(|_| invalid("tokenType"))?,
+            quantity: Quantity::from_i64(self.quantity, u32::MAX)
+                .map_err(|_| invalid("quantity"))?,
+        })
+    }
+
+    /// The payment's unique key, as recorded.
+    pub fn key(&self) -> Result<PaymentKey, super::StoreError> {
+        stored_key(&self.provider, &self.account_id, &self.payment_intent_id)
+    }
+
+    /// The token set this record describes: its key, parameters, date and mode.
+    pub fn token_set(&self) -> Result<NewIssuance, super::StoreError> {
+        Ok(NewIssuance {
+            key: self.key()?,
+            params: self.params()?,
+            payment_date: chrono_time(self.payment_date),
+            mode: self.mode,
+        })
+    }
+}
+
+/// A payment key read back from a document (validated when it was written).
+pub fn stored_key(
+    provider: &str,
+    account_id: &str,
+    payment_intent_id: &str,
+) -> Result<PaymentKey, super::StoreError> {
+    let invalid = || {
+        super::StoreError::Internal(format!(
+            "stored payment key {provider}/{account_id}/{payment_intent_id} is invalid"
+        ))
+    };
+    Ok(PaymentKey {
+        provider: crate::domain::Provider::parse(provider).map_err(|_| invalid())?,
+        account_id: crate::domain::AccountId::parse(account_id).map_err(|_| invalid())?,
+        payment_intent_id: crate::domain::PaymentIntentId::parse(payment_intent_id)
+            .map_err(|_| invalid())?,
+    })
+}
+
+/// Tokens a write just inserted, (tokenIndex, _id), as summaries in tokenIndex order.
+pub fn fresh_tokens(mut inserted: Vec<(i64, ObjectId)>) -> Vec<TokenSummary> {
+    inserted.sort_unstable_by_key(|(index, _)| *index);
+    inserted
+        .into_iter()
+        .map(|(token_index, id)| TokenSummary {
+            id,
+            token_index,
+            status: TokenStatus::Active,
+            version: 0,
+        })
+        .collect()
 }
 
 /// Field names of a payment's unique key in `issuances` and `payments`.

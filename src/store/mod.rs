@@ -1,5 +1,7 @@
-//! The repository layer: every MongoDB call tokenmint makes lives below this module.
-//! Handlers talk to `Store`; they never see a `Collection`.
+//! The repository layer: every MongoDB call tokenmint makes lives below this module, and
+//! nothing here decides a business question. It persists what `issuing` decided (the
+//! upsert bulk, the transaction, the version-gated writes, the payment projection) and
+//! classifies driver errors, duplicate keys by index name included.
 
 mod atomic;
 mod documents;
@@ -20,18 +22,19 @@ use mongodb::options::ClientOptions;
 use mongodb::{Client, Collection, Database};
 use tokio::sync::OnceCell;
 
-pub use documents::{IssuanceDoc, Origin, TokenDoc, TokenSummary, chrono_time};
+pub use atomic::AtomicInsert;
+pub use documents::{IssuanceDoc, Origin, TokenDoc, TokenSummary, chrono_time, fresh_tokens};
 pub use error::{
     ISSUANCES_PAYMENT_INDEX, StoreError, TOKENS_PAYMENT_INDEX, duplicate_key_index, is_unavailable,
 };
-pub use issuance::{IssueOutcome, IssuedTokens, Mismatch, param_mismatches};
 pub use payments::{PAYMENTS, PaymentDoc, TokenParamsDoc};
 pub use retry::{Backoff, RetryPolicy};
-pub use tokens::{Gate, TokenQuery, Transition, TransitionOutcome};
+pub use token_bulk::BulkResult;
+pub use tokens::TokenQuery;
 pub use verify::{Finding, VerifyReport};
-pub use webhook_events::{EventOutcome, WEBHOOK_EVENTS};
+pub use webhook_events::WEBHOOK_EVENTS;
 
-/// Collection names (PRODUCT.md §1).
+/// Collection names.
 pub const TOKENS: &str = "tokens";
 pub const ISSUANCES: &str = "issuances";
 
@@ -42,6 +45,13 @@ pub struct StoreConfig {
     pub duplicate_key_retries: u32,
     /// Backoff of the `_version` gate when the client sent no `If-Match`.
     pub version_gate: RetryPolicy,
+}
+
+impl Store {
+    /// The `_version` gate's retry policy, for the layer that retries.
+    pub fn version_gate_policy(&self) -> RetryPolicy {
+        self.config.version_gate
+    }
 }
 
 impl Default for StoreConfig {

@@ -1,8 +1,9 @@
 //! The `payments` projection: each payment's state as its provider last reported it,
-//! written by a version-gated pipeline upsert (seed 002). The filter is the unique key
-//! only; whether the incoming event is newer is decided inside the update, atomically, by
-//! `$cond` over `$$ROOT`, so an older event never overwrites a newer one whatever order or
-//! concurrency they arrive in.
+//! written by a version-gated pipeline upsert. The filter is the unique key only; whether
+//! the incoming event is newer is decided inside the update, atomically, by `$cond` over
+//! `$$ROOT`, so an older event never overwrites a newer one whatever order or concurrency
+//! they arrive in. Two things an older event still contributes, because they only grow:
+//! facts the state lacks (token metadata, amount, date) and the amount refunded so far.
 
 use mongodb::bson::{Bson, DateTime, Document, doc, oid::ObjectId};
 use mongodb::options::ReturnDocument;
@@ -11,8 +12,9 @@ use serde::Deserialize;
 use super::documents::{bson_time, from_document, issuance_filter, payment_tokens_filter};
 use super::error::{StoreError, duplicate_key_index};
 use super::{Store, TOKENS};
-use crate::domain::{IssuanceParams, Owner, PaymentKey, PaymentStatus, Quantity, TokenType};
-use crate::webhooks::PaymentEvent;
+use crate::domain::{
+    IssuanceParams, Owner, PaymentEvent, PaymentKey, PaymentStatus, Quantity, TokenType,
+};
 
 pub const PAYMENTS: &str = "payments";
 /// The unique index on `payments` (provider, accountId, paymentIntentId).
@@ -55,10 +57,19 @@ pub struct PaymentDoc {
     /// Why the metadata could not be used, when it could not.
     pub metadata_error: Option<String>,
     pub payment_date: Option<DateTime>,
+    /// The largest refunded amount any event reported (refunds only grow).
+    pub amount_refunded: Option<i64>,
     pub last_event_id: String,
     pub last_event_type: String,
     pub created_at: DateTime,
     pub updated_at: DateTime,
+}
+
+impl PaymentDoc {
+    /// The payment's unique key, as stored (validated when it was written).
+    pub fn key(&self) -> Result<PaymentKey, StoreError> {
+        super::documents::stored_key(&self.provider, &self.account_id, &self.payment_intent_id)
+    }
 }
 
 /// Wraps a value so the aggregation pipeline reads it as data, never as `$field` or an
@@ -71,50 +82,81 @@ impl Store {
     /// Applies `event` to its payment if it is newer than the stored state; returns the
     /// state after the update either way.
     pub async fn project_payment(&self, event: &PaymentEvent) -> Result<PaymentDoc, StoreError> {
-        let mut incoming = doc! {
+        // What a newer event sets, and what any event fills in where the state has nothing.
+        let mut newer_sets = doc! {
             "status": literal(event.status.as_str()),
             "version": literal(event.version),
             "lastEventId": literal(event.event_id.as_str()),
             "lastEventType": literal(event.event_type.as_str()),
             "updatedAt": "$$NOW",
-            "createdAt": { "$ifNull": ["$createdAt", "$$NOW"] },
         };
-        // Absent fields keep their stored values (a refund event carries no metadata).
+        let mut facts = Document::new();
         if let Some(amount) = event.amount {
-            incoming.insert("amount", literal(amount));
+            facts.insert("amount", amount);
         }
         if let Some(currency) = &event.currency {
-            incoming.insert("currency", literal(currency.as_str()));
+            facts.insert("currency", currency.as_str());
         }
         if let Some(date) = event.payment_date {
-            incoming.insert("paymentDate", literal(bson_time(date)));
+            facts.insert("paymentDate", bson_time(date));
         }
         match &event.token_params {
             Some(Ok(params)) => {
-                incoming.insert(
+                facts.insert(
                     "tokenParams",
-                    literal(doc! {
+                    doc! {
                         "owner": params.owner.object_id(),
                         "tokenType": params.token_type.as_str(),
                         "quantity": i64::from(params.quantity.get()),
-                    }),
+                    },
                 );
-                incoming.insert("metadataError", literal(Bson::Null));
+                newer_sets.insert("metadataError", literal(Bson::Null));
             }
+            // Invalid metadata in a newer event voids older parameters: nobody may issue
+            // from metadata the provider has since replaced with something unusable.
             Some(Err(reason)) => {
-                incoming.insert("metadataError", literal(reason.as_str()));
+                newer_sets.insert("metadataError", literal(reason.as_str()));
+                newer_sets.insert("tokenParams", literal(Bson::Null));
             }
             None => {}
+        }
+        let mut filled = doc! { "createdAt": { "$ifNull": ["$createdAt", "$$NOW"] } };
+        for (field, value) in &facts {
+            newer_sets.insert(field.clone(), literal(value.clone()));
+            // An older event fills a gap only; metadata only if none was ever judged.
+            let current = format!("${field}");
+            let gap = if field == "tokenParams" {
+                doc! { "$and": [
+                    { "$eq": [ { "$ifNull": [&current, Bson::Null] }, Bson::Null ] },
+                    { "$eq": [ { "$ifNull": ["$metadataError", Bson::Null] }, Bson::Null ] },
+                ] }
+            } else {
+                doc! { "$eq": [ { "$ifNull": [&current, Bson::Null] }, Bson::Null ] }
+            };
+            filled.insert(
+                field.clone(),
+                doc! { "$cond": [gap, literal(value.clone()), &current] },
+            );
+        }
+        if let Some(refunded) = event.amount_refunded {
+            filled.insert(
+                "amountRefunded",
+                doc! { "$max": [ { "$ifNull": ["$amountRefunded", 0_i64] }, literal(refunded) ] },
+            );
         }
         let newer = doc! { "$or": [
             { "$eq": [ { "$type": "$version" }, "missing" ] },
             { "$lt": [ "$version", literal(event.version) ] },
         ] };
-        let pipeline = vec![doc! { "$replaceWith": { "$cond": [
-            newer,
-            { "$mergeObjects": [ "$$ROOT", incoming ] },
-            "$$ROOT",
-        ] } }];
+        let pipeline = vec![
+            doc! { "$replaceWith": { "$cond": [
+                newer,
+                { "$mergeObjects": [ "$$ROOT", newer_sets ] },
+                "$$ROOT",
+            ] } },
+            // Runs after the gate: fills what is still missing, grows the refunded amount.
+            doc! { "$set": filled },
+        ];
         let mut attempt = 0;
         loop {
             let result = self
@@ -151,22 +193,27 @@ impl Store {
         found.map(from_document).transpose()
     }
 
-    /// Revokes every active token of a payment; redeemed ones stay redeemed. Each token is
-    /// written only while `active` and gets `$inc: {_version: 1}`, so a concurrent
-    /// version-gated redeem either happened first (and is kept) or sees the new version.
-    /// Returns (revoked now, redeemed and kept).
-    pub async fn revoke_payment_tokens(
+    /// Revokes the active tokens of a payment whose tokenIndex is `from_index` or more;
+    /// redeemed ones stay redeemed. Each token is written only while `active` and gets
+    /// `$inc: {_version: 1}`, so a concurrent version-gated redeem either happened first
+    /// (and is kept) or sees the new version. Returns (revoked now, redeemed in the range).
+    pub async fn revoke_tokens_from(
         &self,
         key: &PaymentKey,
+        from_index: i64,
         reason: &str,
     ) -> Result<(u64, u64), StoreError> {
         let now = DateTime::now();
-        let mut active = payment_tokens_filter(key);
-        active.insert("status", "active");
+        let in_range = |status: &str| {
+            let mut filter = payment_tokens_filter(key);
+            filter.insert("tokenIndex", doc! { "$gte": from_index });
+            filter.insert("status", status);
+            filter
+        };
         let revoked = self
             .collection(TOKENS)
             .update_many(
-                active,
+                in_range("active"),
                 doc! {
                     "$set": { "status": "revoked", "revokedAt": now, "revocationReason": reason, "updatedAt": now },
                     "$inc": { "_version": 1 },
@@ -174,9 +221,10 @@ impl Store {
             )
             .await?
             .modified_count;
-        let mut redeemed = payment_tokens_filter(key);
-        redeemed.insert("status", "redeemed");
-        let kept = self.collection(TOKENS).count_documents(redeemed).await?;
-        Ok((revoked, kept))
+        let redeemed = self
+            .collection(TOKENS)
+            .count_documents(in_range("redeemed"))
+            .await?;
+        Ok((revoked, redeemed))
     }
 }

@@ -7,8 +7,6 @@ use std::time::Duration;
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 
-use crate::settings::VersionGateSettings;
-
 /// Parameters: `base` doubles per retry, plus 0..=`max_jitter`; at most `max_attempts`
 /// attempts in all, and no retry that would end past `budget`.
 #[derive(Debug, Clone, Copy)]
@@ -17,17 +15,6 @@ pub struct RetryPolicy {
     pub max_jitter: Duration,
     pub max_attempts: u32,
     pub budget: Duration,
-}
-
-impl From<&VersionGateSettings> for RetryPolicy {
-    fn from(s: &VersionGateSettings) -> Self {
-        Self {
-            base: Duration::from_millis(s.base_delay_ms),
-            max_jitter: Duration::from_millis(s.max_jitter_ms),
-            max_attempts: s.max_attempts,
-            budget: Duration::from_millis(s.budget_ms),
-        }
-    }
 }
 
 /// One operation's schedule of retries.

@@ -30,11 +30,8 @@ enum BulkFailure {
 
 impl Store {
     /// Upserts tokens 0..quantity-1 of `issuance`, retrying token-index races a bounded
-    /// number of times (PRODUCT.md §2).
-    pub(super) async fn upsert_tokens(
-        &self,
-        issuance: &NewIssuance,
-    ) -> Result<BulkResult, StoreError> {
+    /// number of times (any other duplicate key is a real error).
+    pub async fn upsert_tokens(&self, issuance: &NewIssuance) -> Result<BulkResult, StoreError> {
         let now = DateTime::now();
         let command = bulk_command(issuance, now);
         let mut result = BulkResult::default();

@@ -1,13 +1,15 @@
 //! The invariant checker behind `tokenmint verify`: scans the database for anything that
-//! breaks "exactly N tokens per payment". Used by operators and by the fault-injection
-//! suites after every crash, failover and soak.
+//! breaks "exactly N tokens per payment" or "tokens stand exactly while their payment
+//! stands". Used by operators and by the fault-injection suites after every crash,
+//! failover and soak. Also the two scans `verify --repair` starts from.
 
 use std::fmt;
 
 use futures::TryStreamExt;
 use mongodb::bson::{Bson, Document, doc};
 
-use super::payments::PAYMENTS;
+use super::documents::from_document;
+use super::payments::{PAYMENTS, PaymentDoc};
 use super::{ISSUANCES, Store, StoreError, TOKENS};
 
 /// How many examples each kind of violation lists.
@@ -37,6 +39,10 @@ pub struct VerifyReport {
     pub tokens_without_version: Finding,
     /// Pending issuances whose payment is known to have succeeded.
     pub stranded_pending: Finding,
+    /// Tokens whose type, or owner (unless transferred), differs from their record.
+    pub foreign_tokens: Finding,
+    /// Active tokens a refunded, canceled or partly refunded payment no longer stands for.
+    pub unbacked_active_tokens: Finding,
 }
 
 impl VerifyReport {
@@ -48,7 +54,7 @@ impl VerifyReport {
         self.findings().iter().map(|(_, f)| f.count).sum()
     }
 
-    fn findings(&self) -> [(&'static str, &Finding); 5] {
+    fn findings(&self) -> [(&'static str, &Finding); 7] {
         [
             (
                 "payments whose tokens are not exactly 0..quantity-1",
@@ -63,6 +69,14 @@ impl VerifyReport {
             (
                 "pending issuances whose payment succeeded",
                 &self.stranded_pending,
+            ),
+            (
+                "payments with tokens whose owner or type differ from the issuance",
+                &self.foreign_tokens,
+            ),
+            (
+                "payments refunded or canceled (in whole or part) with active tokens",
+                &self.unbacked_active_tokens,
             ),
         ]
     }
@@ -113,6 +127,8 @@ impl Store {
         report.orphan_tokens = self.orphan_tokens().await?;
         report.tokens_without_version = self.tokens_without_version().await?;
         report.stranded_pending = self.stranded_pending().await?;
+        report.foreign_tokens = self.foreign_tokens().await?;
+        report.unbacked_active_tokens = self.unbacked_active_tokens().await?;
         Ok(report)
     }
 
@@ -159,33 +175,7 @@ impl Store {
     }
 
     async fn wrong_token_sets(&self) -> Result<Finding, StoreError> {
-        let pipeline = vec![
-            doc! { "$lookup": {
-                "from": TOKENS,
-                "let": { "p": "$provider", "a": "$accountId", "i": "$paymentIntentId" },
-                "pipeline": [
-                    { "$match": { "$expr": { "$and": [
-                        { "$eq": ["$origin.provider", "$$p"] },
-                        { "$eq": ["$origin.accountId", "$$a"] },
-                        { "$eq": ["$origin.paymentIntentId", "$$i"] },
-                    ] } } },
-                    { "$project": { "_id": 0, "tokenIndex": 1 } },
-                ],
-                "as": "tokens",
-            } },
-            doc! { "$project": {
-                "provider": 1, "accountId": 1, "paymentIntentId": 1, "status": 1, "quantity": 1,
-                "indexes": { "$sortArray": { "input": "$tokens.tokenIndex", "sortBy": 1 } },
-            } },
-            doc! { "$match": { "$expr": { "$ne": [
-                "$indexes",
-                { "$cond": [
-                    { "$eq": ["$status", "pending"] },
-                    [],
-                    { "$range": [0, { "$toInt": "$quantity" }] },
-                ] },
-            ] } } },
-        ];
+        let pipeline = wrong_token_sets_pipeline();
         self.collect_finding(ISSUANCES, pipeline, |row| {
             let found = row.get_array("indexes").map(|a| a.len()).unwrap_or(0);
             format!(
@@ -200,6 +190,179 @@ impl Store {
         .await
     }
 
+    /// Marks `issued` records whose token set is short as `issuing` again, so self-repair
+    /// completes them (sets left short by versions before the `issuing` status, or
+    /// tokens removed by hand). Returns how many.
+    pub async fn reopen_short_sets(&self) -> Result<u64, StoreError> {
+        let mut pipeline = wrong_token_sets_pipeline();
+        pipeline.push(doc! { "$match": { "status": "issued", "$expr": {
+        "$lt": [ { "$size": "$indexes" }, { "$toInt": "$quantity" } ] } } });
+        pipeline.push(doc! { "$project": { "_id": 1 } });
+        let ids: Vec<Bson> = self
+            .collection(ISSUANCES)
+            .aggregate(pipeline)
+            .allow_disk_use(true)
+            .await?
+            .try_collect::<Vec<Document>>()
+            .await?
+            .into_iter()
+            .filter_map(|row| row.get("_id").cloned())
+            .collect();
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        let result = self
+            .collection(ISSUANCES)
+            .update_many(
+                doc! { "_id": { "$in": ids }, "status": "issued" },
+                doc! { "$set": { "status": "issuing" } },
+            )
+            .await?;
+        Ok(result.modified_count)
+    }
+
+    /// Payments whose state takes tokens back: refunded, canceled, or partly refunded.
+    pub async fn payments_taking_back(&self) -> Result<Vec<PaymentDoc>, StoreError> {
+        let cursor = self.collection(PAYMENTS).find(taking_back_filter()).await?;
+        let rows: Vec<Document> = cursor.try_collect().await?;
+        rows.into_iter().map(from_document).collect()
+    }
+
+    async fn foreign_tokens(&self) -> Result<Finding, StoreError> {
+        let pipeline = vec![
+            doc! { "$match": { "status": { "$ne": "pending" } } },
+            doc! { "$lookup": {
+                "from": TOKENS,
+                "let": { "p": "$provider", "a": "$accountId", "i": "$paymentIntentId",
+                         "owner": "$owner", "type": "$tokenType" },
+                "pipeline": [
+                    { "$match": { "$expr": { "$and": [
+                        { "$eq": ["$origin.provider", "$$p"] },
+                        { "$eq": ["$origin.accountId", "$$a"] },
+                        { "$eq": ["$origin.paymentIntentId", "$$i"] },
+                        { "$or": [
+                            { "$ne": ["$type", "$$type"] },
+                            { "$and": [
+                                { "$ne": ["$owner", "$$owner"] },
+                                { "$eq": [ { "$type": "$transferredAt" }, "missing" ] },
+                            ] },
+                        ] },
+                    ] } } },
+                    { "$project": { "_id": 1 } },
+                ],
+                "as": "foreign",
+            } },
+            doc! { "$match": { "foreign": { "$ne": [] } } },
+        ];
+        self.collect_finding(ISSUANCES, pipeline, |row| {
+            let n = row.get_array("foreign").map(|a| a.len()).unwrap_or(0);
+            format!("{}: {n} token(s)", key_text(row))
+        })
+        .await
+    }
+
+    async fn unbacked_active_tokens(&self) -> Result<Finding, StoreError> {
+        // The entitlement rule of `issuing::entitlement`, in the aggregation language:
+        // keep = 0 when refunded or canceled (or refunded with no amount known), else
+        // quantity - floor(quantity × min(refunded, amount) ÷ amount).
+        let quantity = doc! { "$toLong": { "$ifNull": [ { "$first": "$issuance.quantity" }, 0 ] } };
+        let keep = doc! { "$cond": [
+            { "$or": [
+                { "$in": ["$status", ["refunded", "canceled"]] },
+                { "$lte": [ { "$ifNull": ["$amount", 0] }, 0 ] },
+            ] },
+            0,
+            { "$subtract": [ quantity.clone(), { "$floor": { "$divide": [
+                { "$multiply": [ quantity, { "$min": ["$amountRefunded", "$amount"] } ] },
+                "$amount",
+            ] } } ] },
+        ] };
+        let pipeline = vec![
+            doc! { "$match": taking_back_filter() },
+            doc! { "$lookup": {
+                "from": ISSUANCES,
+                "let": { "p": "$provider", "a": "$accountId", "i": "$paymentIntentId" },
+                "pipeline": [
+                    { "$match": { "$expr": { "$and": [
+                        { "$eq": ["$provider", "$$p"] },
+                        { "$eq": ["$accountId", "$$a"] },
+                        { "$eq": ["$paymentIntentId", "$$i"] },
+                    ] } } },
+                    { "$project": { "quantity": 1 } },
+                ],
+                "as": "issuance",
+            } },
+            doc! { "$set": { "keep": keep } },
+            doc! { "$lookup": {
+                "from": TOKENS,
+                "let": { "p": "$provider", "a": "$accountId", "i": "$paymentIntentId", "keep": "$keep" },
+                "pipeline": [
+                    { "$match": { "$expr": { "$and": [
+                        { "$eq": ["$origin.provider", "$$p"] },
+                        { "$eq": ["$origin.accountId", "$$a"] },
+                        { "$eq": ["$origin.paymentIntentId", "$$i"] },
+                        { "$eq": ["$status", "active"] },
+                        { "$gte": ["$tokenIndex", "$$keep"] },
+                    ] } } },
+                    { "$project": { "_id": 1 } },
+                ],
+                "as": "active",
+            } },
+            doc! { "$match": { "active": { "$ne": [] } } },
+        ];
+        self.collect_finding(PAYMENTS, pipeline, |row| {
+            let n = row.get_array("active").map(|a| a.len()).unwrap_or(0);
+            format!(
+                "{} ({}): {n} active token(s)",
+                key_text(row),
+                row.get_str("status").unwrap_or("?")
+            )
+        })
+        .await
+    }
+}
+
+/// Payments whose state takes tokens back.
+fn taking_back_filter() -> Document {
+    doc! { "$or": [
+        { "status": { "$in": ["refunded", "canceled"] } },
+        { "amountRefunded": { "$gt": 0 } },
+    ] }
+}
+
+/// Issuance records whose tokens are not exactly tokenIndex 0..quantity-1 (none for a
+/// pending one), with the indexes found in `indexes`.
+fn wrong_token_sets_pipeline() -> Vec<Document> {
+    vec![
+        doc! { "$lookup": {
+            "from": TOKENS,
+            "let": { "p": "$provider", "a": "$accountId", "i": "$paymentIntentId" },
+            "pipeline": [
+                { "$match": { "$expr": { "$and": [
+                    { "$eq": ["$origin.provider", "$$p"] },
+                    { "$eq": ["$origin.accountId", "$$a"] },
+                    { "$eq": ["$origin.paymentIntentId", "$$i"] },
+                ] } } },
+                { "$project": { "_id": 0, "tokenIndex": 1 } },
+            ],
+            "as": "tokens",
+        } },
+        doc! { "$project": {
+            "provider": 1, "accountId": 1, "paymentIntentId": 1, "status": 1, "quantity": 1,
+            "indexes": { "$sortArray": { "input": "$tokens.tokenIndex", "sortBy": 1 } },
+        } },
+        doc! { "$match": { "$expr": { "$ne": [
+            "$indexes",
+            { "$cond": [
+                { "$eq": ["$status", "pending"] },
+                [],
+                { "$range": [0, { "$toInt": "$quantity" }] },
+            ] },
+        ] } } },
+    ]
+}
+
+impl Store {
     async fn duplicate_tokens(&self) -> Result<Finding, StoreError> {
         let pipeline = vec![
             doc! { "$group": {

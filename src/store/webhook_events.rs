@@ -7,45 +7,10 @@ use mongodb::options::IndexOptions;
 
 use super::Store;
 use super::error::{StoreError, duplicate_key_index};
+use crate::domain::EventOutcome;
 
 pub const WEBHOOK_EVENTS: &str = "webhook_events";
 const TTL_INDEX: &str = "webhook_events_ttl";
-
-/// What processing an event did, as recorded and answered.
-#[derive(Debug, Clone, Default, serde::Serialize, utoipa::ToSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct EventOutcome {
-    /// `issued`, `already_issued`, `revoked`, `recorded`, `stale`, `ignored`,
-    /// `metadata_invalid`, `no_metadata`, `conflict`.
-    pub outcome: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub detail: Option<String>,
-    /// Tokens inserted by this event.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub tokens_created: Option<u32>,
-    /// Active tokens revoked by this event.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub tokens_revoked: Option<u64>,
-    /// Tokens already redeemed, left as they are by a refund or cancellation.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub tokens_redeemed_kept: Option<u64>,
-}
-
-impl EventOutcome {
-    pub fn new(outcome: &str) -> Self {
-        Self {
-            outcome: outcome.to_owned(),
-            ..Self::default()
-        }
-    }
-
-    pub fn with_detail(outcome: &str, detail: impl Into<String>) -> Self {
-        Self {
-            detail: Some(detail.into()),
-            ..Self::new(outcome)
-        }
-    }
-}
 
 impl Store {
     /// Whether (provider, event id) was already processed to an outcome.

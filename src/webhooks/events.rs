@@ -6,58 +6,13 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use crate::domain::{
-    AccountId, FieldErrors, IssuanceParams, Owner, PaymentIntentId, PaymentKey, PaymentStatus,
-    Provider, Quantity, TokenType,
+    AccountId, FieldErrors, IssuanceParams, Owner, ParsedEvent, PaymentEvent, PaymentIntentId,
+    PaymentKey, PaymentStatus, Provider, Quantity, TokenType,
 };
 
 /// Stripe has no object version: (status rank, event `created`) is folded into one
 /// integer, rank first. `created` is in seconds, far below this factor.
 const STRIPE_RANK_FACTOR: i64 = 10_000_000_000;
-
-/// A verified event that concerns a payment.
-#[derive(Debug, Clone)]
-pub struct PaymentEvent {
-    pub event_id: String,
-    pub event_type: String,
-    pub key: PaymentKey,
-    pub status: PaymentStatus,
-    /// Monotonic per payment: a lower version never overwrites a higher one.
-    pub version: i64,
-    pub amount: Option<i64>,
-    pub currency: Option<String>,
-    /// The tokens the payment buys: `None` without tokenmint metadata, `Err` when the
-    /// metadata is there but invalid (the reason, for operators).
-    pub token_params: Option<Result<IssuanceParams, String>>,
-    pub payment_date: Option<DateTime<Utc>>,
-}
-
-/// What an event body turned out to be.
-#[derive(Debug, Clone)]
-pub enum ParsedEvent {
-    Payment(PaymentEvent),
-    /// Verified, but nothing tokenmint acts on (unhandled type, partial refund, …).
-    Ignored {
-        event_id: String,
-        event_type: String,
-        reason: String,
-    },
-}
-
-impl ParsedEvent {
-    pub fn event_id(&self) -> &str {
-        match self {
-            Self::Payment(e) => &e.event_id,
-            Self::Ignored { event_id, .. } => event_id,
-        }
-    }
-
-    pub fn event_type(&self) -> &str {
-        match self {
-            Self::Payment(e) => &e.event_type,
-            Self::Ignored { event_type, .. } => event_type,
-        }
-    }
-}
 
 /// A body that is not an event at all (the provider's fault: answered 400).
 #[derive(Debug, thiserror::Error)]
@@ -108,13 +63,7 @@ pub fn parse_stripe(
         "payment_intent.succeeded" => (PaymentStatus::Succeeded, object.get("id")),
         "payment_intent.payment_failed" => (PaymentStatus::Failed, object.get("id")),
         "payment_intent.canceled" => (PaymentStatus::Canceled, object.get("id")),
-        "charge.refunded" => {
-            // Only a full refund takes the tokens back; a partial one is recorded only.
-            if object.get("refunded").and_then(Value::as_bool) != Some(true) {
-                return ignored("partial refund");
-            }
-            (PaymentStatus::Refunded, object.get("payment_intent"))
-        }
+        "charge.refunded" => (PaymentStatus::Refunded, object.get("payment_intent")),
         _ => return ignored("unhandled event type"),
     };
     let account = event.account.as_deref().unwrap_or("default");
@@ -148,6 +97,19 @@ pub fn parse_stripe(
         .and_then(Value::as_i64)
         .or(Some(event.created))
         .and_then(|secs| DateTime::from_timestamp(secs, 0));
+    // A charge fully refunded says `refunded: true`; otherwise `amount_refunded` of its
+    // `amount` is a partial refund, whose share `issuing` takes back.
+    let amount_refunded = match status {
+        PaymentStatus::Refunded
+            if object.get("refunded").and_then(Value::as_bool) != Some(true) =>
+        {
+            match object.get("amount_refunded").and_then(Value::as_i64) {
+                Some(refunded) => Some(refunded),
+                None => return ignored("partial refund without amount_refunded"),
+            }
+        }
+        _ => None,
+    };
     Ok(ParsedEvent::Payment(PaymentEvent {
         event_id: event.id,
         event_type: event.event_type,
@@ -161,6 +123,7 @@ pub fn parse_stripe(
             .map(str::to_owned),
         token_params,
         payment_date,
+        amount_refunded,
     }))
 }
 
@@ -236,6 +199,11 @@ pub fn parse_standard(
         currency: text("currency").map(str::to_owned),
         token_params,
         payment_date,
+        // A refund of part of the amount; without it, `payment.refunded` is a full refund.
+        amount_refunded: match status {
+            PaymentStatus::Refunded => data.get("amountRefunded").and_then(Value::as_i64),
+            _ => None,
+        },
     }))
 }
 
@@ -329,13 +297,26 @@ mod tests {
     }
 
     #[test]
-    fn stripe_partial_refund_and_unknown_types_are_ignored() {
+    fn stripe_refunds_full_and_partial_and_unknown_types() {
         let partial = json!({"id": "evt_2", "type": "charge.refunded", "created": 1,
-            "data": {"object": {"id": "ch_1", "payment_intent": "pi_1", "refunded": false, "amount_refunded": 10}}});
-        assert!(matches!(
-            parse_stripe(&stripe(), partial.to_string().as_bytes(), 10).unwrap(),
-            ParsedEvent::Ignored { .. }
-        ));
+            "data": {"object": {"id": "ch_1", "payment_intent": "pi_1", "amount": 40, "refunded": false, "amount_refunded": 10}}});
+        let ParsedEvent::Payment(event) =
+            parse_stripe(&stripe(), partial.to_string().as_bytes(), 10).unwrap()
+        else {
+            panic!("a partial refund is a payment event")
+        };
+        assert_eq!(
+            (event.status, event.amount, event.amount_refunded),
+            (PaymentStatus::Refunded, Some(40), Some(10))
+        );
+        let full = json!({"id": "evt_4", "type": "charge.refunded", "created": 1,
+            "data": {"object": {"id": "ch_1", "payment_intent": "pi_1", "amount": 40, "refunded": true, "amount_refunded": 40}}});
+        let ParsedEvent::Payment(event) =
+            parse_stripe(&stripe(), full.to_string().as_bytes(), 10).unwrap()
+        else {
+            panic!("a full refund is a payment event")
+        };
+        assert_eq!(event.amount_refunded, None, "a full refund needs no share");
         let other = json!({"id": "evt_3", "type": "customer.created", "created": 1, "data": {"object": {}}});
         assert!(matches!(
             parse_stripe(&stripe(), other.to_string().as_bytes(), 10).unwrap(),

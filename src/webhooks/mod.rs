@@ -1,19 +1,17 @@
-//! Payment providers as webhook senders (PRODUCT.md §4): signature verification, event
-//! parsing, and what an event does to payments, issuances and tokens.
+//! Payment providers as webhook senders: signature verification and event parsing into
+//! domain events. What an event does is `issuing`'s to decide.
 
 mod events;
-mod process;
 pub mod signature;
 
 use std::collections::HashMap;
 
 use secrecy::SecretString;
 
-pub use events::{EventError, ParsedEvent, PaymentEvent, parse_standard, parse_stripe};
-pub use process::process;
+pub use events::{EventError, parse_standard, parse_stripe};
 pub use signature::{SignatureError, SignatureHeaders};
 
-use crate::domain::Provider;
+use crate::domain::{ParsedEvent, Provider};
 use crate::settings::{ProviderSettings, WebhookScheme};
 
 /// One configured provider.

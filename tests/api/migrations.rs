@@ -582,7 +582,7 @@ async fn cli_reports_duplicates_and_refuses_to_migrate() {
     assert!(out.contains("uniq_token_payment_index"), "{out}");
     assert!(out.contains("pi_cli_dup"), "{out}");
     assert!(out.contains("2 x"), "the group and its size: {out}");
-    assert!(err.contains("1 group(s) of duplicates"), "{err}");
+    assert!(out.contains("1 group(s) of duplicates"), "{out}");
 
     let (ok, out, err) = tokenmint_async(&fresh.name, &["migrate"]).await;
     assert!(!ok, "stdout: {out}\nstderr: {err}");

@@ -1,7 +1,7 @@
 //! Webhooks: signatures, deduplication, out-of-order safety, effects, the trust flow.
 
 use futures::future::join_all;
-use mongodb::bson::{Document, doc};
+use mongodb::bson::{Document, doc, oid::ObjectId};
 use serde_json::{Value, json};
 use tokenmint::webhooks::signature::{sign_standard, sign_stripe};
 
@@ -401,7 +401,10 @@ async fn a_refund_after_partial_redemption_revokes_only_active_tokens() {
     .await;
     assert_eq!(receipt["outcome"], "revoked");
     assert_eq!(receipt["tokensRevoked"], 2);
-    assert_eq!(receipt["tokensRedeemedKept"], 2);
+    assert_eq!(
+        receipt["shortfall"], 2,
+        "the redeemed ones are the shortfall"
+    );
     assert_eq!(app.count("tokens", doc! { "status": "redeemed" }).await, 2);
     assert_eq!(
         app.count("tokens", doc! { "status": "revoked", "_version": 1 })
@@ -558,8 +561,12 @@ async fn checkout_requests_wait_for_the_payment_then_complete_once() {
         0
     );
 
-    // A pending request whose parameters differ from the payment's metadata is not fulfilled.
-    app.issue(REQUEST_KEY, &issuance_body("pi_trust3", 9)).await;
+    // A pending request whose parameters differ from the payment's metadata: the signed
+    // metadata wins, and the checkout's own request is then refused without being shown
+    // the recorded values.
+    let mut asked = issuance_body("pi_trust3", 9);
+    asked["owner"] = json!(OTHER_OWNER);
+    assert_eq!(app.issue(REQUEST_KEY, &asked).await.status(), 202);
     let receipt = json(
         send_stripe(
             &app,
@@ -570,10 +577,42 @@ async fn checkout_requests_wait_for_the_payment_then_complete_once() {
         .await,
     )
     .await;
-    assert_eq!(receipt["outcome"], "conflict");
+    assert_eq!(receipt["outcome"], "issued");
+    assert_eq!(receipt["tokensCreated"], 2);
+    assert_eq!(app.token_indexes("pi_trust3").await, vec![0, 1]);
     assert_eq!(
-        app.count("tokens", doc! { "origin.paymentIntentId": "pi_trust3" })
-            .await,
-        0
+        app.count(
+            "tokens",
+            doc! { "origin.paymentIntentId": "pi_trust3", "owner": ObjectId::parse_str(OWNER).unwrap() }
+        )
+        .await,
+        2,
+        "the tokens belong to the owner the provider named"
+    );
+    let record = app
+        .db
+        .collection::<Document>("issuances")
+        .find_one(doc! { "paymentIntentId": "pi_trust3" })
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(record.get_str("status").unwrap(), "issued");
+    assert_eq!(record.get_i64("quantity").unwrap(), 2);
+    assert!(!record.contains_key("expiresAt"), "no longer pending");
+    let refused = assert_problem(
+        app.issue(REQUEST_KEY, &asked).await,
+        409,
+        "idempotency_conflict",
+    )
+    .await;
+    let mismatches = refused["mismatches"].as_array().unwrap();
+    let fields: Vec<&str> = mismatches
+        .iter()
+        .map(|m| m["field"].as_str().unwrap())
+        .collect();
+    assert_eq!(fields, ["owner", "quantity"]);
+    assert!(
+        mismatches.iter().all(|m| m.get("existing").is_none()),
+        "a checkout key never sees the recorded values: {refused}"
     );
 }

@@ -1,0 +1,215 @@
+//! What a verified provider event does. The event is first folded into the payment's
+//! state (the version-gated projection); the effects are then derived from that state,
+//! not from the event, so they are idempotent and order-free: duplicates, concurrent
+//! deliveries, out-of-order events and a provider's retry after a crash all converge.
+//! - succeeded → issue the tokens its metadata names (taking over a pending checkout
+//!   request), then settle any partial refund;
+//! - refunded, canceled, or a partial refund → settle: revoke what no longer stands;
+//! - processing, failed → recorded only.
+//!
+//! The event is recorded in `webhook_events` only after its effects, so nothing the
+//! provider was told is done can be lost.
+
+use chrono::Utc;
+
+use super::issue::usable_metadata;
+use super::{IssueError, IssueOutcome, Issuer, Settlement};
+use crate::domain::{EventOutcome, NewIssuance, ParsedEvent, PaymentEvent, PaymentStatus};
+use crate::store::{PaymentDoc, StoreError};
+
+/// The outcome of one delivery; `duplicate` when the event was processed before.
+pub struct Processed {
+    pub duplicate: bool,
+    pub outcome: EventOutcome,
+}
+
+impl Issuer {
+    /// Processes a verified event from `provider`.
+    pub async fn apply_event(
+        &self,
+        provider: &str,
+        event: &ParsedEvent,
+    ) -> Result<Processed, StoreError> {
+        if self
+            .store
+            .webhook_event_seen(provider, event.event_id())
+            .await?
+        {
+            return Ok(Processed {
+                duplicate: true,
+                outcome: EventOutcome::new("duplicate"),
+            });
+        }
+        let (outcome, payment) = match event {
+            ParsedEvent::Ignored { reason, .. } => {
+                (EventOutcome::with_detail("ignored", reason.as_str()), None)
+            }
+            ParsedEvent::Payment(payment) => {
+                let outcome = self.apply_payment_event(payment).await?;
+                (
+                    outcome,
+                    Some((
+                        payment.key.account_id.as_str(),
+                        payment.key.payment_intent_id.as_str(),
+                    )),
+                )
+            }
+        };
+        self.store
+            .record_webhook_event(
+                provider,
+                event.event_id(),
+                event.event_type(),
+                payment,
+                &outcome,
+            )
+            .await?;
+        metrics::counter!("tokenmint_webhook_events_total", "provider" => provider.to_owned(), "outcome" => outcome.outcome.clone())
+            .increment(1);
+        Ok(Processed {
+            duplicate: false,
+            outcome,
+        })
+    }
+
+    async fn apply_payment_event(&self, event: &PaymentEvent) -> Result<EventOutcome, StoreError> {
+        let is_refund = event.status == PaymentStatus::Refunded;
+        let event = self.read_refund(event).await?;
+        let state = self.store.project_payment(&event).await?;
+        let mut outcome = self.apply_state(&event, &state).await?;
+        if is_refund && outcome.outcome != "conflict" {
+            outcome.outcome = "revoked".to_owned();
+        } else if state.version > event.version && outcome.tokens_created.unwrap_or(0) == 0 {
+            // Older than what is known: it carried no news (its effects, re-derived from
+            // the current state, changed nothing the newer event had not done).
+            outcome = EventOutcome {
+                tokens_revoked: outcome.tokens_revoked.filter(|n| *n > 0),
+                shortfall: None,
+                ..EventOutcome::with_detail(
+                    "stale",
+                    format!("payment is already at version {}", state.version),
+                )
+            };
+        }
+        Ok(outcome)
+    }
+
+    /// A refund event that returns less than the payment's amount is a partial refund:
+    /// the payment still stands (status succeeded) and only the refunded share is taken
+    /// back. The amount is the event's own, else the one already known.
+    async fn read_refund(&self, event: &PaymentEvent) -> Result<PaymentEvent, StoreError> {
+        let (PaymentStatus::Refunded, Some(refunded)) = (event.status, event.amount_refunded)
+        else {
+            return Ok(event.clone());
+        };
+        let amount = match event.amount {
+            Some(amount) => Some(amount),
+            None => self
+                .store
+                .find_payment(&event.key)
+                .await?
+                .and_then(|p| p.amount),
+        };
+        let mut event = event.clone();
+        if amount.is_some_and(|amount| refunded < amount) {
+            event.status = PaymentStatus::Succeeded;
+        }
+        Ok(event)
+    }
+
+    /// The effects the payment's state calls for.
+    async fn apply_state(
+        &self,
+        event: &PaymentEvent,
+        state: &PaymentDoc,
+    ) -> Result<EventOutcome, StoreError> {
+        let record = self.store.find_record(&event.key).await?;
+        let mut outcome = match state.status {
+            PaymentStatus::Succeeded => self.issue_from_metadata(event, state).await?,
+            _ => EventOutcome::new("recorded"),
+        };
+        // Settle against the state just projected: a refund, partial refund or
+        // cancellation revokes what no longer stands (nothing, when the payment stands).
+        // A payment that had no record before this event either has no tokens, or was
+        // issued just now by `issue_from_metadata`, which settles its own writes.
+        let settlement = match &record {
+            Some(record) => {
+                self.settle_with(&event.key, record.quantity, Some(state))
+                    .await?
+            }
+            None if state.status != PaymentStatus::Succeeded => {
+                self.settle_with(&event.key, 0, Some(state)).await?
+            }
+            None => Settlement::default(),
+        };
+        add_settlement(&mut outcome, settlement);
+        Ok(outcome)
+    }
+
+    /// Issues the tokens a succeeded payment's metadata names, through the same path as
+    /// a trusted `POST /v1/issuances`.
+    async fn issue_from_metadata(
+        &self,
+        event: &PaymentEvent,
+        state: &PaymentDoc,
+    ) -> Result<EventOutcome, StoreError> {
+        if let Some(reason) = &state.metadata_error {
+            // Answered 200 all the same: the provider would retry a bad payload forever.
+            tracing::warn!(payment = %event.key.payment_intent_id, event = %event.event_id, %reason, "succeeded payment has invalid token metadata");
+            return Ok(EventOutcome::with_detail(
+                "metadata_invalid",
+                reason.as_str(),
+            ));
+        }
+        let Some(params) = usable_metadata(state) else {
+            return Ok(EventOutcome::with_detail(
+                "no_metadata",
+                "the payment names no tokens",
+            ));
+        };
+        let request = NewIssuance {
+            key: event.key.clone(),
+            params,
+            payment_date: state
+                .payment_date
+                .map(crate::store::chrono_time)
+                .or(event.payment_date)
+                .unwrap_or_else(Utc::now),
+            mode: self.config.default_mode,
+        };
+        Ok(match self.issue_authorised(&request).await {
+            Ok(IssueOutcome::Created(issued)) => EventOutcome {
+                tokens_created: Some(issued.created),
+                ..EventOutcome::new("issued")
+            },
+            Ok(IssueOutcome::Replayed(issued) | IssueOutcome::Pending(issued)) => EventOutcome {
+                tokens_created: Some(issued.created),
+                ..EventOutcome::new("already_issued")
+            },
+            Err(IssueError::Conflict(mismatches)) => {
+                let fields: Vec<&str> = mismatches.iter().map(|m| m.field.as_str()).collect();
+                tracing::warn!(payment = %event.key.payment_intent_id, ?fields, "payment metadata conflicts with its issuance");
+                EventOutcome::with_detail(
+                    "conflict",
+                    format!(
+                        "metadata differs from the issuance in {}",
+                        fields.join(", ")
+                    ),
+                )
+            }
+            // Refunded or canceled while issuing: the tokens written are revoked already.
+            Err(IssueError::PaymentNotSucceeded(status)) => {
+                EventOutcome::with_detail("revoked", format!("the payment is {}", status.as_str()))
+            }
+            Err(IssueError::Store(err)) => return Err(err),
+            Err(other) => return Err(StoreError::Internal(other.to_string())),
+        })
+    }
+}
+
+fn add_settlement(outcome: &mut EventOutcome, settlement: Settlement) {
+    if settlement.revoked > 0 || settlement.shortfall > 0 || settlement.withdrawn.is_some() {
+        outcome.tokens_revoked = Some(outcome.tokens_revoked.unwrap_or(0) + settlement.revoked);
+        outcome.shortfall = Some(outcome.shortfall.unwrap_or(0) + settlement.shortfall);
+    }
+}

@@ -1,0 +1,259 @@
+//! Issuing a payment's tokens: who may, and the write path every issuer shares.
+//!
+//! The write path, in either mode: the record is claimed `issuing` (its unique index
+//! decides the payment's parameters), the tokens are written (one unordered bulk of
+//! `$setOnInsert` upserts, or one transaction with the record in atomic mode), the
+//! payment is re-read and the tokens settled against it, and only then is the record
+//! marked `issued`. A crash anywhere before that mark leaves an `issuing` record, which
+//! self-repair finishes the same way.
+
+use std::time::Duration;
+
+use mongodb::bson::DateTime;
+
+use super::{Caller, IssueError, IssueOutcome, IssuedTokens, Issuer};
+use crate::domain::{IssuanceMode, IssuanceStatus, Mismatch, NewIssuance, PaymentStatus};
+use crate::store::{AtomicInsert, IssuanceDoc, PaymentDoc, StoreError, TokenSummary};
+
+/// A record that keeps changing under us (taken over, expired, re-created) is re-read
+/// this many times before giving up.
+const RECORD_CHANGE_RETRIES: u32 = 3;
+
+impl Issuer {
+    /// Issues `request` as `caller` may.
+    pub async fn issue(
+        &self,
+        caller: Caller,
+        request: &NewIssuance,
+    ) -> Result<IssueOutcome, IssueError> {
+        match caller {
+            Caller::Trusted => {
+                let payment = self.store.find_payment(&request.key).await?;
+                refuse_unless_standing(payment.as_ref())?;
+                self.issue_authorised(request).await
+            }
+            Caller::Checkout => self
+                .request_from_checkout(request)
+                .await
+                .map_err(hide_existing_values),
+        }
+    }
+
+    /// The trust flow of a checkout frontend: tokens are issued only when the provider has
+    /// reported the payment succeeded with the same parameters; otherwise the request is
+    /// recorded as pending, and the success event fulfils it.
+    async fn request_from_checkout(
+        &self,
+        request: &NewIssuance,
+    ) -> Result<IssueOutcome, IssueError> {
+        if !self
+            .config
+            .providers
+            .contains(request.key.provider.as_str())
+        {
+            return Err(IssueError::UnknownProvider);
+        }
+        let payment = self.store.find_payment(&request.key).await?;
+        refuse_unless_standing(payment.as_ref())?;
+        match payment {
+            Some(payment) if payment.status == PaymentStatus::Succeeded => {
+                let known = usable_metadata(&payment).ok_or(IssueError::NeedsTrustedIssuer(
+                    "The payment succeeded without usable token metadata; only a trusted backend can issue for it.",
+                ))?;
+                let mismatches = known.mismatches(&request.params);
+                if !mismatches.is_empty() {
+                    return Err(IssueError::Conflict(mismatches));
+                }
+                self.issue_authorised(request).await
+            }
+            _ => self.record_pending(request).await,
+        }
+    }
+
+    /// Records a checkout's request until the payment succeeds, unless the payment has a
+    /// record already (then: verify it, and answer from it).
+    async fn record_pending(&self, request: &NewIssuance) -> Result<IssueOutcome, IssueError> {
+        let mut pending = IssuanceDoc::new(request, IssuanceStatus::Pending);
+        pending.expires_at = Some(after(self.config.pending_ttl));
+        let Some(existing) = self.store.claim_record(&pending).await? else {
+            return Ok(IssueOutcome::Pending(IssuedTokens {
+                issuance: pending,
+                tokens: Vec::new(),
+                created: 0,
+            }));
+        };
+        let mismatches = existing.params()?.mismatches(&request.params);
+        if !mismatches.is_empty() {
+            return Err(IssueError::Conflict(mismatches));
+        }
+        if existing.status == IssuanceStatus::Pending {
+            return Ok(IssueOutcome::Pending(IssuedTokens {
+                issuance: existing,
+                tokens: Vec::new(),
+                created: 0,
+            }));
+        }
+        Ok(IssueOutcome::Replayed(self.complete(existing).await?))
+    }
+
+    /// Issues `request`, which an authority vouched for: a trusted key, the provider's
+    /// metadata, or a checkout request matching that metadata.
+    pub(super) async fn issue_authorised(
+        &self,
+        request: &NewIssuance,
+    ) -> Result<IssueOutcome, IssueError> {
+        let mut attempt = 0;
+        loop {
+            let record = IssuanceDoc::new(request, IssuanceStatus::Issuing);
+            let existing = match request.mode {
+                IssuanceMode::Upsert => match self.store.claim_record(&record).await? {
+                    None => {
+                        let bulk = self.store.upsert_tokens(request).await?;
+                        let created = bulk.inserted.len() as u32;
+                        // When this request inserted every token, the reply names them all:
+                        // no read-back. Otherwise a concurrent replay inserted some.
+                        let tokens = if created == request.params.quantity.get() {
+                            crate::store::fresh_tokens(bulk.inserted)
+                        } else {
+                            self.store.payment_tokens(&request.key).await?
+                        };
+                        return self
+                            .finish(record, tokens, created)
+                            .await
+                            .map(IssueOutcome::Created);
+                    }
+                    Some(existing) => existing,
+                },
+                IssuanceMode::Atomic => match self.store.insert_atomically(&record, request).await?
+                {
+                    AtomicInsert::Committed(tokens) => {
+                        let created = tokens.len() as u32;
+                        return self
+                            .finish(record, tokens, created)
+                            .await
+                            .map(IssueOutcome::Created);
+                    }
+                    AtomicInsert::RecordExists(existing) => existing,
+                },
+            };
+            if existing.status != IssuanceStatus::Pending {
+                let mismatches = existing.params()?.mismatches(&request.params);
+                if !mismatches.is_empty() {
+                    return Err(IssueError::Conflict(mismatches));
+                }
+                return self.complete(existing).await.map(IssueOutcome::Replayed);
+            }
+            // A pending request carries no authority: the authorised parameters replace
+            // whatever the checkout asked for.
+            if let Some(taken) = self
+                .store
+                .take_over_pending(existing.id, &request.params, request.mode)
+                .await?
+            {
+                return self.complete(taken).await.map(IssueOutcome::Created);
+            }
+            // Someone else took it over, or it expired, in between: look again.
+            attempt += 1;
+            if attempt >= RECORD_CHANGE_RETRIES {
+                return Err(StoreError::Internal(
+                    "issuance record kept changing under the request".to_owned(),
+                )
+                .into());
+            }
+        }
+    }
+
+    /// Answers from an existing (`issuing` or `issued`) record: completes its token set if
+    /// it is short, and finishes it if it is not marked `issued` yet. A complete, issued
+    /// set costs one read.
+    pub(super) async fn complete(&self, record: IssuanceDoc) -> Result<IssuedTokens, IssueError> {
+        let key = record.key()?;
+        let mut tokens = self.store.payment_tokens(&key).await?;
+        let mut created = 0;
+        if tokens.len() < record.quantity as usize {
+            // Completed with the recorded parameters (paymentDate included), not a retry's.
+            created = self
+                .store
+                .upsert_tokens(&record.token_set()?)
+                .await?
+                .inserted
+                .len() as u32;
+            tokens = self.store.payment_tokens(&key).await?;
+        }
+        if record.status == IssuanceStatus::Issued && created == 0 {
+            return Ok(IssuedTokens {
+                issuance: record,
+                tokens,
+                created,
+            });
+        }
+        self.finish(record, tokens, created).await
+    }
+
+    /// The last steps of every token write: settle the tokens against the payment as it
+    /// is now (a refund may have been recorded while they were written), then mark the
+    /// record `issued`. A refunded or canceled payment answers `PaymentNotSucceeded`.
+    async fn finish(
+        &self,
+        mut record: IssuanceDoc,
+        mut tokens: Vec<TokenSummary>,
+        created: u32,
+    ) -> Result<IssuedTokens, IssueError> {
+        let key = record.key()?;
+        let settlement = self.settle(&key, record.quantity).await?;
+        if settlement.revoked > 0 {
+            tokens = self.store.payment_tokens(&key).await?;
+        }
+        if record.status != IssuanceStatus::Issued {
+            self.store.mark_issued(record.id).await?;
+            record.status = IssuanceStatus::Issued;
+        }
+        if let Some(status) = settlement.withdrawn {
+            return Err(IssueError::PaymentNotSucceeded(status));
+        }
+        Ok(IssuedTokens {
+            issuance: record,
+            tokens,
+            created,
+        })
+    }
+}
+
+/// 409 `payment_not_succeeded` for a payment the provider reported failed, canceled or
+/// refunded, whoever asks.
+fn refuse_unless_standing(payment: Option<&PaymentDoc>) -> Result<(), IssueError> {
+    match payment.map(|p| p.status) {
+        Some(status) if status.forbids_issuance() => Err(IssueError::PaymentNotSucceeded(status)),
+        _ => Ok(()),
+    }
+}
+
+/// The token parameters the provider's metadata names, when it names valid ones.
+pub(super) fn usable_metadata(payment: &PaymentDoc) -> Option<crate::domain::IssuanceParams> {
+    if payment.metadata_error.is_some() {
+        return None;
+    }
+    payment.token_params.as_ref().and_then(|p| p.params())
+}
+
+/// A checkout key hears which fields differ, never the recorded values: they would tell
+/// a public key who owns a payment's tokens.
+fn hide_existing_values(err: IssueError) -> IssueError {
+    match err {
+        IssueError::Conflict(mismatches) => IssueError::Conflict(
+            mismatches
+                .into_iter()
+                .map(|m| Mismatch {
+                    existing: None,
+                    ..m
+                })
+                .collect(),
+        ),
+        other => other,
+    }
+}
+
+/// The BSON time `ttl` from now.
+fn after(ttl: Duration) -> DateTime {
+    DateTime::from_millis(DateTime::now().timestamp_millis() + ttl.as_millis() as i64)
+}

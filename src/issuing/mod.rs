@@ -1,0 +1,136 @@
+//! The issuing service: every business rule of tokenmint lives here, and only here.
+//!
+//! - who may issue: a trusted backend at once, a checkout frontend only once the provider
+//!   reported the payment succeeded with the same parameters (else a pending request);
+//! - payment state against issuance: nothing is issued for a payment known to have failed,
+//!   been canceled or refunded, and every write of tokens is followed by a re-check of the
+//!   payment, so a refund that raced the write still takes the tokens back (`standing`);
+//! - provider metadata outranks a checkout's pending request;
+//! - refunds, partial refunds and cancellations revoke (`standing`, `events`);
+//! - the token state machine behind redeem, revoke and transfer (`tokens`);
+//! - self-repair of token sets a crash left short (`repair`).
+//!
+//! HTTP handlers and the webhook receiver translate requests into calls here and the
+//! results back into answers; `store` persists what is decided here and decides nothing.
+
+mod events;
+mod issue;
+mod repair;
+mod standing;
+mod tokens;
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use events::Processed;
+pub use repair::{RepairReport, spawn_repair};
+pub use standing::{Entitlement, Settlement, entitlement};
+pub use tokens::{Gate, Transition, TransitionOutcome};
+
+use crate::domain::{IssuanceMode, Mismatch, PaymentStatus};
+use crate::store::{IssuanceDoc, Store, StoreError, TokenSummary};
+
+/// The rules' tunables, taken from `Settings`.
+#[derive(Debug, Clone)]
+pub struct IssuingConfig {
+    /// The mode of an issuance that names none (and of webhook issuances).
+    pub default_mode: IssuanceMode,
+    /// Providers a checkout key may name: the configured ones.
+    pub providers: HashSet<String>,
+    /// How long a checkout's pending request waits for the payment's success.
+    pub pending_ttl: Duration,
+}
+
+/// Who asks for an issuance, which decides what it may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Caller {
+    /// A backend key (`issuances:write`): issues at once, unless the payment is known to
+    /// have failed, been canceled or refunded.
+    Trusted,
+    /// A checkout frontend key (`issuances:request` only): may not issue on its own word.
+    Checkout,
+}
+
+/// A payment's issuance record and its tokens, in tokenIndex order.
+#[derive(Debug, Clone)]
+pub struct IssuedTokens {
+    pub issuance: IssuanceDoc,
+    pub tokens: Vec<TokenSummary>,
+    /// How many tokens this call inserted.
+    pub created: u32,
+}
+
+/// What an issuance request did.
+#[derive(Debug)]
+pub enum IssueOutcome {
+    /// First write for this payment (or the take-over of a pending request).
+    Created(IssuedTokens),
+    /// The payment already had this issuance; a short set was completed if needed.
+    Replayed(IssuedTokens),
+    /// Recorded as requested; the tokens follow the payment's success event.
+    Pending(IssuedTokens),
+}
+
+/// Why an issuance request was refused. Nothing was written for any of these, except
+/// `PaymentNotSucceeded` after a refund that raced the write (the tokens it wrote are
+/// revoked already).
+#[derive(Debug, thiserror::Error)]
+pub enum IssueError {
+    /// The payment has an issuance with other parameters (or the provider's metadata names
+    /// others). For a checkout key the existing values are left out.
+    #[error("the payment's issuance has other parameters")]
+    Conflict(Vec<Mismatch>),
+    /// The provider reported the payment failed, canceled or refunded.
+    #[error("the payment is {}", .0.as_str())]
+    PaymentNotSucceeded(PaymentStatus),
+    /// A checkout key asked for a payment that only a trusted backend can issue.
+    #[error("{0}")]
+    NeedsTrustedIssuer(&'static str),
+    /// A checkout key named a provider that is not configured.
+    #[error("provider is not configured")]
+    UnknownProvider,
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// The issuing service; cheap to clone.
+#[derive(Clone)]
+pub struct Issuer {
+    store: Store,
+    config: Arc<IssuingConfig>,
+}
+
+impl Issuer {
+    pub fn new(store: Store, config: IssuingConfig) -> Self {
+        Self {
+            store,
+            config: Arc::new(config),
+        }
+    }
+
+    /// The store underneath, for reads that involve no rule.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    pub fn default_mode(&self) -> IssuanceMode {
+        self.config.default_mode
+    }
+
+    /// A payment's issuance record and its tokens, if it has a record.
+    pub async fn find_issuance(
+        &self,
+        key: &crate::domain::PaymentKey,
+    ) -> Result<Option<IssuedTokens>, StoreError> {
+        let Some(issuance) = self.store.find_record(key).await? else {
+            return Ok(None);
+        };
+        let tokens = self.store.payment_tokens(key).await?;
+        Ok(Some(IssuedTokens {
+            issuance,
+            tokens,
+            created: 0,
+        }))
+    }
+}

@@ -1,0 +1,117 @@
+//! Self-repair: a payment whose record says `issuing` for longer than a request could
+//! take was left short by a crash, a timeout or a lost connection between two writes.
+//! Every instance runs the same sweep; each record is leased to one repairer at a time,
+//! and finishing it is idempotent anyway (the upsert bulk, the settle, the conditional
+//! mark), so instances repairing at once, or a repairer racing the client's own retry,
+//! cannot write a token twice.
+
+use std::time::Duration;
+
+use mongodb::bson::DateTime;
+
+use super::{IssueError, Issuer};
+use crate::store::StoreError;
+
+/// How long a repairer holds a record before another may take it.
+const LEASE: Duration = Duration::from_secs(60);
+/// At most this many records per sweep, so one sweep cannot run forever.
+const MAX_PER_SWEEP: usize = 1000;
+
+/// What a repair pass did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct RepairReport {
+    /// `issuing` records finished (their set completed, settled, marked `issued`).
+    pub records_finished: u64,
+    /// Tokens written to complete them.
+    pub tokens_created: u64,
+    /// Short `issued` sets re-opened for completion (`verify --repair` only).
+    pub records_reopened: u64,
+    /// Active tokens revoked because their payment no longer stands for them.
+    pub tokens_revoked: u64,
+    /// Records that could not be finished (logged; retried by the next sweep).
+    pub failed: u64,
+}
+
+impl Issuer {
+    /// Finishes every `issuing` record created more than `min_age` ago.
+    pub async fn repair_unfinished(&self, min_age: Duration) -> Result<RepairReport, StoreError> {
+        let mut report = RepairReport::default();
+        let created_before =
+            DateTime::from_millis(DateTime::now().timestamp_millis() - min_age.as_millis() as i64);
+        for _ in 0..MAX_PER_SWEEP {
+            let Some(record) = self
+                .store
+                .lease_unfinished_record(created_before, LEASE)
+                .await?
+            else {
+                break;
+            };
+            let payment = format!(
+                "{}/{}/{}",
+                record.provider, record.account_id, record.payment_intent_id
+            );
+            match self.complete(record).await {
+                Ok(issued) => {
+                    report.records_finished += 1;
+                    report.tokens_created += u64::from(issued.created);
+                    metrics::counter!("tokenmint_repairs_total", "outcome" => "completed")
+                        .increment(1);
+                    tracing::info!(%payment, tokens_created = issued.created, "repaired an unfinished issuance");
+                }
+                // Finished, and the payment was refunded or canceled meanwhile: the
+                // settle revoked its tokens, which is the repair.
+                Err(IssueError::PaymentNotSucceeded(status)) => {
+                    report.records_finished += 1;
+                    metrics::counter!("tokenmint_repairs_total", "outcome" => "revoked")
+                        .increment(1);
+                    tracing::info!(%payment, status = status.as_str(), "repaired an unfinished issuance of a withdrawn payment");
+                }
+                Err(IssueError::Store(err @ StoreError::Unavailable(_))) => return Err(err),
+                Err(err) => {
+                    report.failed += 1;
+                    metrics::counter!("tokenmint_repairs_total", "outcome" => "failed")
+                        .increment(1);
+                    tracing::error!(%payment, error = %err, "cannot repair an unfinished issuance");
+                }
+            }
+        }
+        Ok(report)
+    }
+
+    /// Everything `verify --repair` fixes: short sets completed (also `issued` ones),
+    /// and the tokens of refunded or canceled payments settled.
+    pub async fn repair_all(&self) -> Result<RepairReport, StoreError> {
+        let reopened = self.store.reopen_short_sets().await?;
+        let mut report = self.repair_unfinished(Duration::ZERO).await?;
+        report.records_reopened = reopened;
+        for payment in self.store.payments_taking_back().await? {
+            let Ok(key) = payment.key() else {
+                report.failed += 1;
+                continue;
+            };
+            let quantity = self
+                .store
+                .find_record(&key)
+                .await?
+                .map_or(0, |record| record.quantity);
+            let settlement = self.settle_with(&key, quantity, Some(&payment)).await?;
+            report.tokens_revoked += settlement.revoked;
+        }
+        Ok(report)
+    }
+}
+
+/// Runs `repair_unfinished(min_age)` every `interval`, for as long as the process lives.
+pub fn spawn_repair(issuer: Issuer, interval: Duration, min_age: Duration) {
+    tokio::spawn(async move {
+        let mut ticks = tokio::time::interval(interval);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticks.tick().await;
+            if let Err(err) = issuer.repair_unfinished(min_age).await {
+                // The database is down or electing: the next tick tries again.
+                tracing::warn!(error = %err, "self-repair sweep interrupted");
+            }
+        }
+    });
+}

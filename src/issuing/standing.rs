@@ -1,0 +1,207 @@
+//! The money invariant: tokens are spendable exactly while their payment stands.
+//!
+//! A payment's state entitles it to all of its tokens, to all but a refunded share, or to
+//! none. `settle` makes the tokens agree with that: it revokes the active tokens the
+//! payment is no longer entitled to, highest tokenIndex first, and leaves redeemed ones
+//! redeemed (they are the shortfall).
+//!
+//! Why every interleaving ends right: a refund first records the payment's new state
+//! (the version-gated projection), then settles. Every writer of tokens settles after its
+//! write. Whichever of the two settles last has seen the other's write: if the refund's
+//! settle ran before the tokens existed, the issuer's settle runs after its write and
+//! reads the refunded state, which was recorded before the refund's settle began. A
+//! writer that crashes in between leaves its record `issuing`, and self-repair settles it.
+
+use crate::domain::{PaymentKey, PaymentStatus};
+use crate::store::{PaymentDoc, StoreError};
+
+use super::Issuer;
+
+/// How many of its `quantity` tokens a payment is entitled to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Entitlement {
+    /// Every token: the payment stands (or tokenmint knows nothing against it).
+    All,
+    /// Tokens 0..keep-1 only; the rest are the refunded share (`reason` says why).
+    Keep { keep: i64, reason: &'static str },
+}
+
+/// The entitlement of a payment of `quantity` tokens in `payment`'s state.
+///
+/// A partial refund of `r` out of `a` takes back `floor(quantity × r ÷ a)` tokens; a
+/// refund of unknown proportion (no amount known) takes back all of them, as a refund
+/// the provider reported without an amount can only be read as a full one.
+pub fn entitlement(payment: Option<&PaymentDoc>, quantity: i64) -> Entitlement {
+    let Some(payment) = payment else {
+        return Entitlement::All;
+    };
+    match payment.status {
+        PaymentStatus::Refunded => Entitlement::Keep {
+            keep: 0,
+            reason: "refunded",
+        },
+        PaymentStatus::Canceled => Entitlement::Keep {
+            keep: 0,
+            reason: "canceled",
+        },
+        PaymentStatus::Processing | PaymentStatus::Failed | PaymentStatus::Succeeded => {
+            match (payment.amount_refunded, payment.amount) {
+                (None | Some(0), _) => Entitlement::All,
+                (Some(refunded), Some(amount)) if amount > 0 => {
+                    let refunded = refunded.clamp(0, amount);
+                    // i128: quantity × amount can exceed i64 for absurd amounts.
+                    let share =
+                        (i128::from(quantity) * i128::from(refunded) / i128::from(amount)) as i64;
+                    if share == 0 {
+                        Entitlement::All
+                    } else {
+                        Entitlement::Keep {
+                            keep: quantity - share,
+                            reason: "partial_refund",
+                        }
+                    }
+                }
+                (Some(_), _) => Entitlement::Keep {
+                    keep: 0,
+                    reason: "refunded",
+                },
+            }
+        }
+    }
+}
+
+/// What settling did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Settlement {
+    /// Active tokens revoked now.
+    pub revoked: u64,
+    /// Tokens of the refunded share that were already redeemed (they stay redeemed).
+    pub shortfall: u64,
+    /// The payment is refunded or canceled: none of its tokens stand.
+    pub withdrawn: Option<PaymentStatus>,
+}
+
+impl Issuer {
+    /// Re-reads the payment and makes its tokens agree with its state.
+    pub(super) async fn settle(
+        &self,
+        key: &PaymentKey,
+        quantity: i64,
+    ) -> Result<Settlement, StoreError> {
+        let payment = self.store.find_payment(key).await?;
+        self.settle_with(key, quantity, payment.as_ref()).await
+    }
+
+    /// Makes a payment's tokens agree with `payment` (its state as just read).
+    pub(super) async fn settle_with(
+        &self,
+        key: &PaymentKey,
+        quantity: i64,
+        payment: Option<&PaymentDoc>,
+    ) -> Result<Settlement, StoreError> {
+        let withdrawn = payment
+            .map(|p| p.status)
+            .filter(|s| matches!(s, PaymentStatus::Refunded | PaymentStatus::Canceled));
+        match entitlement(payment, quantity) {
+            Entitlement::All => Ok(Settlement {
+                withdrawn,
+                ..Settlement::default()
+            }),
+            Entitlement::Keep { keep, reason } => {
+                let (revoked, shortfall) = self.store.revoke_tokens_from(key, keep, reason).await?;
+                if revoked > 0 {
+                    metrics::counter!("tokenmint_tokens_revoked_total", "reason" => reason)
+                        .increment(revoked);
+                }
+                Ok(Settlement {
+                    revoked,
+                    shortfall,
+                    withdrawn,
+                })
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use mongodb::bson::DateTime;
+
+    use super::*;
+
+    fn payment(status: PaymentStatus, amount: Option<i64>, refunded: Option<i64>) -> PaymentDoc {
+        PaymentDoc {
+            provider: "stripe".to_owned(),
+            account_id: "default".to_owned(),
+            payment_intent_id: "pi_1".to_owned(),
+            status,
+            version: 1,
+            amount,
+            currency: None,
+            token_params: None,
+            metadata_error: None,
+            payment_date: None,
+            amount_refunded: refunded,
+            last_event_id: "evt".to_owned(),
+            last_event_type: "t".to_owned(),
+            created_at: DateTime::now(),
+            updated_at: DateTime::now(),
+        }
+    }
+
+    #[test]
+    fn entitlement_follows_the_payment_state() {
+        use PaymentStatus::*;
+        let cases = [
+            (None, Entitlement::All),
+            (Some(payment(Succeeded, Some(1000), None)), Entitlement::All),
+            (Some(payment(Processing, None, None)), Entitlement::All),
+            (
+                Some(payment(Refunded, Some(1000), None)),
+                Entitlement::Keep {
+                    keep: 0,
+                    reason: "refunded",
+                },
+            ),
+            (
+                Some(payment(Canceled, None, None)),
+                Entitlement::Keep {
+                    keep: 0,
+                    reason: "canceled",
+                },
+            ),
+            // 10 tokens, 250 of 1000 refunded: floor(2.5) = 2 taken back.
+            (
+                Some(payment(Succeeded, Some(1000), Some(250))),
+                Entitlement::Keep {
+                    keep: 8,
+                    reason: "partial_refund",
+                },
+            ),
+            // Less than one token's worth: nothing taken back.
+            (
+                Some(payment(Succeeded, Some(1000), Some(99))),
+                Entitlement::All,
+            ),
+            // Over-reported refunds are capped at the amount.
+            (
+                Some(payment(Succeeded, Some(1000), Some(5000))),
+                Entitlement::Keep {
+                    keep: 0,
+                    reason: "partial_refund",
+                },
+            ),
+            // A refund of unknown proportion is a full one.
+            (
+                Some(payment(Succeeded, None, Some(10))),
+                Entitlement::Keep {
+                    keep: 0,
+                    reason: "refunded",
+                },
+            ),
+        ];
+        for (state, expected) in cases {
+            assert_eq!(entitlement(state.as_ref(), 10), expected, "{state:?}");
+        }
+    }
+}

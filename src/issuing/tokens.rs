@@ -1,0 +1,151 @@
+//! The token state machine behind redeem, revoke and transfer, through the `_version`
+//! gate: read the token, decide, then write only if it is still at the version read.
+//! A lost race with the client's `If-Match` is the client's to resolve (412); without
+//! it, the token is re-read and the decision re-made under a backoff, then given up (409).
+
+use std::time::Instant;
+
+use mongodb::bson::{DateTime, Document, doc};
+
+use super::Issuer;
+use crate::domain::{Owner, TokenId, TokenStatus};
+use crate::store::{Backoff, StoreError, TOKENS, TokenDoc};
+
+/// A state change a client asks for.
+#[derive(Debug, Clone)]
+pub enum Transition {
+    Redeem { reference: Option<String> },
+    Revoke { reason: Option<String> },
+    Transfer { new_owner: Owner },
+}
+
+impl Transition {
+    /// The operation label used in metrics and messages.
+    pub fn operation(&self) -> &'static str {
+        match self {
+            Self::Redeem { .. } => "redeem",
+            Self::Revoke { .. } => "revoke",
+            Self::Transfer { .. } => "transfer",
+        }
+    }
+}
+
+/// Which version a write must find.
+#[derive(Debug, Clone, Copy)]
+pub enum Gate {
+    /// The client's `If-Match`: a stale version is the client's to resolve (412).
+    IfMatch(i64),
+    /// No `If-Match`: re-read and retry with backoff.
+    Retry,
+}
+
+/// How a transition ended. Each carries the token as it now is.
+#[derive(Debug)]
+pub enum TransitionOutcome {
+    Applied(TokenDoc),
+    /// Already in the requested end state (revoking a revoked token); nothing written.
+    AlreadyDone(TokenDoc),
+    /// The token's state forbids the transition.
+    StateConflict(TokenDoc),
+    /// `If-Match` named another version.
+    VersionConflict(TokenDoc),
+    /// Kept losing races until the retry policy ran out.
+    Contended(TokenDoc),
+    NotFound,
+}
+
+/// What the transition would do to a token in `status`.
+enum Decision {
+    Write(Document),
+    AlreadyDone,
+    Forbidden,
+}
+
+/// The state machine: only an active token changes; revoking a revoked one is a no-op.
+fn decide(status: TokenStatus, transition: &Transition, now: DateTime) -> Decision {
+    let mut set = doc! { "updatedAt": now };
+    match (status, transition) {
+        (TokenStatus::Active, Transition::Redeem { reference }) => {
+            set.insert("status", TokenStatus::Redeemed.as_str());
+            set.insert("redeemedAt", now);
+            if let Some(reference) = reference {
+                set.insert("redemptionRef", reference.as_str());
+            }
+        }
+        (TokenStatus::Active, Transition::Revoke { reason }) => {
+            set.insert("status", TokenStatus::Revoked.as_str());
+            set.insert("revokedAt", now);
+            if let Some(reason) = reason {
+                set.insert("revocationReason", reason.as_str());
+            }
+        }
+        (TokenStatus::Active, Transition::Transfer { new_owner }) => {
+            set.insert("owner", new_owner.object_id());
+            // Marks the owner as changed on purpose, so `verify` does not report it as
+            // differing from the issuance record.
+            set.insert("transferredAt", now);
+        }
+        (TokenStatus::Revoked, Transition::Revoke { .. }) => return Decision::AlreadyDone,
+        _ => return Decision::Forbidden,
+    }
+    Decision::Write(set)
+}
+
+impl Issuer {
+    /// Applies `transition` to the token through the version gate. `visible` hides tokens
+    /// of accounts the caller may not see (they answer as not found).
+    pub async fn transition_token(
+        &self,
+        id: TokenId,
+        transition: &Transition,
+        gate: Gate,
+        visible: impl Fn(&TokenDoc) -> bool,
+    ) -> Result<TransitionOutcome, StoreError> {
+        let started = Instant::now();
+        let mut backoff = Backoff::new(self.store.version_gate_policy());
+        loop {
+            let Some(current) = self.store.find_token(id).await?.filter(|t| visible(t)) else {
+                return Ok(TransitionOutcome::NotFound);
+            };
+            if let Gate::IfMatch(expected) = gate
+                && expected != current.version
+            {
+                record_rejection(transition);
+                return Ok(TransitionOutcome::VersionConflict(current));
+            }
+            let set = match decide(current.status, transition, DateTime::now()) {
+                Decision::Write(set) => set,
+                Decision::AlreadyDone => return Ok(TransitionOutcome::AlreadyDone(current)),
+                Decision::Forbidden => return Ok(TransitionOutcome::StateConflict(current)),
+            };
+            if let Some(token) = self
+                .store
+                .write_token_gated(current.id, current.version, set)
+                .await?
+            {
+                return Ok(TransitionOutcome::Applied(token));
+            }
+            // matchedCount == 0: another writer got there first.
+            record_rejection(transition);
+            if let Gate::IfMatch(_) = gate {
+                return Ok(match self.store.find_token(id).await? {
+                    Some(now) => TransitionOutcome::VersionConflict(now),
+                    None => TransitionOutcome::NotFound,
+                });
+            }
+            match backoff.next_delay(started.elapsed()) {
+                Some(delay) => tokio::time::sleep(delay).await,
+                None => return Ok(TransitionOutcome::Contended(current)),
+            }
+        }
+    }
+}
+
+fn record_rejection(transition: &Transition) {
+    metrics::counter!(
+        "tokenmint_version_gate_rejections_total",
+        "collection" => TOKENS,
+        "operation" => transition.operation(),
+    )
+    .increment(1);
+}
