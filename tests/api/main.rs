@@ -6,6 +6,7 @@ mod issuance_races;
 mod issuances;
 mod migrations;
 mod ops;
+mod provider_events;
 mod tokens;
 mod validation;
 mod verify;

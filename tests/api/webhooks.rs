@@ -2,107 +2,11 @@
 
 use futures::future::join_all;
 use mongodb::bson::{Document, doc, oid::ObjectId};
-use serde_json::{Value, json};
-use tokenmint::webhooks::signature::{sign_standard, sign_stripe};
+use serde_json::json;
+use tokenmint::webhooks::signature::sign_stripe;
 
 use crate::helpers::*;
-
-const STRIPE_OLD: &str = "whsec_test_old_secret";
-const STRIPE_NEW: &str = "whsec_test_new_secret";
-const ACME_SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
-
-const PROVIDERS: &str = r#"
-[providers.stripe]
-scheme = "stripe"
-secrets = ["whsec_test_old_secret", "whsec_test_new_secret"]
-
-[providers.acme]
-scheme = "standard-webhooks"
-secrets = ["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"]
-"#;
-
-async fn app() -> TestApp {
-    spawn_app_with(PROVIDERS).await
-}
-
-fn now() -> i64 {
-    chrono::Utc::now().timestamp()
-}
-
-/// A Stripe PaymentIntent event with tokenmint metadata (owner OWNER, standard, `quantity`).
-fn intent_event(event_id: &str, kind: &str, payment: &str, created: i64, quantity: &str) -> Value {
-    json!({
-        "id": event_id, "type": format!("payment_intent.{kind}"), "created": created, "account": "acct_1",
-        "data": { "object": {
-            "id": payment, "amount": 1000, "currency": "eur", "status": kind,
-            "metadata": { "tokenmint_owner": OWNER, "tokenmint_token_type": "standard", "tokenmint_quantity": quantity },
-        }},
-    })
-}
-
-fn refund_event(event_id: &str, payment: &str, created: i64) -> Value {
-    json!({
-        "id": event_id, "type": "charge.refunded", "created": created, "account": "acct_1",
-        "data": { "object": { "id": "ch_1", "payment_intent": payment, "refunded": true, "amount_refunded": 1000 } },
-    })
-}
-
-async fn send_stripe(
-    app: &TestApp,
-    event: &Value,
-    secret: &str,
-    signed_at: i64,
-) -> reqwest::Response {
-    let body = event.to_string();
-    app.http
-        .post(app.url("/v1/webhooks/stripe"))
-        .header("content-type", "application/json")
-        .header(
-            "stripe-signature",
-            sign_stripe(secret, signed_at, body.as_bytes()),
-        )
-        .body(body)
-        .send()
-        .await
-        .unwrap()
-}
-
-async fn send_acme(app: &TestApp, id: &str, event: &Value) -> reqwest::Response {
-    let body = event.to_string();
-    let ts = now();
-    app.http
-        .post(app.url("/v1/webhooks/acme"))
-        .header("webhook-id", id)
-        .header("webhook-timestamp", ts.to_string())
-        .header(
-            "webhook-signature",
-            sign_standard(ACME_SECRET, id, ts, body.as_bytes()),
-        )
-        .body(body)
-        .send()
-        .await
-        .unwrap()
-}
-
-fn acme_event(kind: &str, payment: &str, version: i64) -> Value {
-    json!({ "type": format!("payment.{kind}"), "timestamp": "2026-11-30T00:00:00Z",
-        "data": { "paymentIntentId": payment, "version": version, "owner": OWNER, "tokenType": "standard", "quantity": 2 } })
-}
-
-async fn payment_status(app: &TestApp, payment: &str) -> (String, i64) {
-    let doc = app
-        .db
-        .collection::<Document>("payments")
-        .find_one(doc! { "paymentIntentId": payment })
-        .await
-        .unwrap()
-        .unwrap();
-    let version = doc
-        .get("version")
-        .and_then(|v| v.as_i64().or(v.as_i32().map(i64::from)))
-        .unwrap();
-    (doc.get_str("status").unwrap().to_owned(), version)
-}
+use crate::provider_events::*;
 
 #[tokio::test]
 async fn a_succeeded_payment_issues_its_tokens_once() {
