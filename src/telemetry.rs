@@ -93,6 +93,18 @@ fn describe_metrics() {
     );
     describe_counter!("tokenmint_tokens_created_total", "Tokens inserted");
     describe_counter!(
+        "tokenmint_tokens_revoked_total",
+        "Active tokens revoked because their payment no longer stands for them, by reason (refunded, canceled, partial_refund)"
+    );
+    describe_counter!(
+        "tokenmint_repairs_total",
+        "Unfinished issuances finished by self-repair, by outcome (completed, revoked, failed)"
+    );
+    describe_histogram!(
+        "tokenmint_issuance_batch_size",
+        "Upsert-mode issuances committed together by one group commit"
+    );
+    describe_counter!(
         "tokenmint_duplicate_key_retries_total",
         "Duplicate-key races retried"
     );

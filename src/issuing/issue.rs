@@ -27,11 +27,7 @@ impl Issuer {
         request: &NewIssuance,
     ) -> Result<IssueOutcome, IssueError> {
         match caller {
-            Caller::Trusted => {
-                let payment = self.store.find_payment(&request.key).await?;
-                refuse_unless_standing(payment.as_ref())?;
-                self.issue_authorised(request).await
-            }
+            Caller::Trusted => self.issue_authorised(request).await,
             Caller::Checkout => self
                 .request_from_checkout(request)
                 .await
@@ -97,11 +93,27 @@ impl Issuer {
     }
 
     /// Issues `request`, which an authority vouched for: a trusted key, the provider's
-    /// metadata, or a checkout request matching that metadata.
+    /// metadata, or a checkout request matching that metadata. Upsert mode goes through
+    /// group commit; atomic mode keeps one transaction per issuance.
     pub(super) async fn issue_authorised(
         &self,
         request: &NewIssuance,
     ) -> Result<IssueOutcome, IssueError> {
+        match request.mode {
+            IssuanceMode::Upsert => self.committer().submit(request.clone()).await,
+            IssuanceMode::Atomic => self.issue_alone(request).await,
+        }
+    }
+
+    /// Issues `request` on its own: refused if the payment is known not to stand, else
+    /// the record claimed (or found), the tokens written or completed, the set settled and
+    /// marked. Atomic mode's path, and upsert mode's for replays that are not simple.
+    pub(super) async fn issue_alone(
+        &self,
+        request: &NewIssuance,
+    ) -> Result<IssueOutcome, IssueError> {
+        let payment = self.store.find_payment(&request.key).await?;
+        refuse_unless_standing(payment.as_ref())?;
         let mut attempt = 0;
         loop {
             let record = IssuanceDoc::new(request, IssuanceStatus::Issuing);
@@ -221,7 +233,7 @@ impl Issuer {
 
 /// 409 `payment_not_succeeded` for a payment the provider reported failed, canceled or
 /// refunded, whoever asks.
-fn refuse_unless_standing(payment: Option<&PaymentDoc>) -> Result<(), IssueError> {
+pub(super) fn refuse_unless_standing(payment: Option<&PaymentDoc>) -> Result<(), IssueError> {
     match payment.map(|p| p.status) {
         Some(status) if status.forbids_issuance() => Err(IssueError::PaymentNotSucceeded(status)),
         _ => Ok(()),

@@ -13,6 +13,7 @@
 //! HTTP handlers and the webhook receiver translate requests into calls here and the
 //! results back into answers; `store` persists what is decided here and decides nothing.
 
+mod batch;
 mod events;
 mod issue;
 mod repair;
@@ -20,7 +21,7 @@ mod standing;
 mod tokens;
 
 use std::collections::HashSet;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 pub use events::Processed;
@@ -99,6 +100,8 @@ pub enum IssueError {
 pub struct Issuer {
     store: Store,
     config: Arc<IssuingConfig>,
+    /// Group commit's writer tasks, started on the first upsert-mode issuance.
+    committer: Arc<OnceLock<batch::Committer>>,
 }
 
 impl Issuer {
@@ -106,7 +109,13 @@ impl Issuer {
         Self {
             store,
             config: Arc::new(config),
+            committer: Arc::new(OnceLock::new()),
         }
+    }
+
+    fn committer(&self) -> &batch::Committer {
+        self.committer
+            .get_or_init(|| batch::Committer::start(self.clone()))
     }
 
     /// The store underneath, for reads that involve no rule.

@@ -11,7 +11,7 @@ pub const ISSUANCES_PAYMENT_INDEX: &str = "uniq_issuance_payment";
 
 /// What can go wrong below the HTTP layer. Driver text stays inside: the HTTP layer turns
 /// these into generic problems and logs the source once.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
     /// MongoDB cannot be reached (server selection timed out, network, failover).
     #[error("database unavailable: {0}")]

@@ -4,6 +4,7 @@
 //! classifies driver errors, duplicate keys by index name included.
 
 mod atomic;
+mod batch;
 mod documents;
 mod error;
 mod issuance;
@@ -23,6 +24,7 @@ use mongodb::{Client, Collection, Database};
 use tokio::sync::OnceCell;
 
 pub use atomic::AtomicInsert;
+pub use batch::{RecordInsert, TokenInsert};
 pub use documents::{IssuanceDoc, Origin, TokenDoc, TokenSummary, chrono_time, fresh_tokens};
 pub use error::{
     ISSUANCES_PAYMENT_INDEX, StoreError, TOKENS_PAYMENT_INDEX, duplicate_key_index, is_unavailable,

@@ -1,0 +1,300 @@
+//! Group commit of upsert-mode issuances: concurrent requests share database commands.
+//!
+//! Requests queue; a few writer tasks each take whatever has queued (at least one, at most
+//! `MAX_BATCH`, no waiting for more: at low load a batch is one request and nothing is
+//! added to its latency) and commit it with a fixed number of commands, whatever its size:
+//! 1. one read of the batch's payments: a payment known failed, canceled or refunded is
+//!    refused, nothing written;
+//! 2. one `insert` of the records (status `issuing`): a record that exists already makes
+//!    its request a replay (step 6);
+//! 3. one `insert` of the claimed payments' tokens (`w: majority`);
+//! 4. one read of the payments again: the settle after every token write (a refund
+//!    recorded meanwhile revokes the tokens just written);
+//! 5. one update marking the records `issued`, then the answers.
+//! 6. replays, concurrently with 3–5: one read of their records and one of their tokens;
+//!    a complete, matching set is answered from those, anything else takes the
+//!    one-request path (verify, complete with the upsert bulk, take over a pending record).
+//!
+//! Each request's answer depends only on its own items' results: a failed item fails its
+//! request alone, a token race sends its payment to the convergent upsert bulk, and a
+//! command that fails as a whole fails the requests it carried (their records, if any,
+//! stay `issuing` for self-repair). A crash mid-batch leaves only `issuing` records.
+
+use std::sync::Arc;
+
+use futures::future::join_all;
+use tokio::sync::{Mutex, mpsc, oneshot};
+
+use super::issue::refuse_unless_standing;
+use super::{IssueError, IssueOutcome, IssuedTokens, Issuer};
+use crate::domain::{IssuanceStatus, NewIssuance, PaymentKey};
+use crate::store::{IssuanceDoc, RecordInsert, StoreError, TokenInsert};
+
+/// Writer tasks: up to this many batches are in flight while the next ones gather.
+const WRITERS: usize = 4;
+/// Most requests per batch.
+const MAX_BATCH: usize = 256;
+/// Most tokens per batch: bounds the memory one batch holds (the driver splits the insert
+/// itself if it passes the server's limits); a single payment always fits.
+const MAX_BATCH_TOKENS: u64 = 50_000;
+/// Requests waiting beyond this make their senders wait for room (backpressure).
+const QUEUE: usize = 4096;
+
+type Answer = oneshot::Sender<Result<IssueOutcome, IssueError>>;
+
+/// One queued request and where its answer goes.
+struct Queued {
+    request: NewIssuance,
+    answer: Answer,
+}
+
+/// The queue into the writer tasks.
+pub(super) struct Committer {
+    queue: mpsc::Sender<Queued>,
+}
+
+impl Committer {
+    /// Starts the writer tasks for `issuer` (on the current runtime).
+    pub(super) fn start(issuer: Issuer) -> Self {
+        let (queue, receiver) = mpsc::channel::<Queued>(QUEUE);
+        let receiver = Arc::new(Mutex::new(receiver));
+        for _ in 0..WRITERS {
+            let (issuer, receiver) = (issuer.clone(), receiver.clone());
+            tokio::spawn(async move {
+                while let Some(batch) = next_batch(&receiver).await {
+                    issuer.commit(batch).await;
+                }
+            });
+        }
+        Self { queue }
+    }
+
+    /// Queues `request` for the next batch and waits for its answer.
+    pub(super) async fn submit(&self, request: NewIssuance) -> Result<IssueOutcome, IssueError> {
+        let (answer, answered) = oneshot::channel();
+        let gone =
+            || IssueError::Store(StoreError::Internal("the batch writers stopped".to_owned()));
+        self.queue
+            .send(Queued { request, answer })
+            .await
+            .map_err(|_| gone())?;
+        answered.await.map_err(|_| gone())?
+    }
+}
+
+/// Waits for one request, then takes whatever else has queued, within the bounds.
+async fn next_batch(receiver: &Mutex<mpsc::Receiver<Queued>>) -> Option<Vec<Queued>> {
+    let mut receiver = receiver.lock().await;
+    let first = receiver.recv().await?;
+    let mut tokens = u64::from(first.request.params.quantity.get());
+    let mut batch = vec![first];
+    while batch.len() < MAX_BATCH && tokens < MAX_BATCH_TOKENS {
+        let Ok(next) = receiver.try_recv() else {
+            break;
+        };
+        tokens += u64::from(next.request.params.quantity.get());
+        batch.push(next);
+    }
+    metrics::histogram!("tokenmint_issuance_batch_size").record(batch.len() as f64);
+    Some(batch)
+}
+
+/// A request whose record this batch inserted.
+struct Claimed {
+    request: NewIssuance,
+    answer: Answer,
+    record: IssuanceDoc,
+}
+
+impl Issuer {
+    async fn commit(&self, batch: Vec<Queued>) {
+        // 1. Refuse what the payment's known state forbids, before writing anything.
+        let keys: Vec<&PaymentKey> = batch.iter().map(|q| &q.request.key).collect();
+        let payments = match self.store.find_payments(&keys).await {
+            Ok(payments) => payments,
+            Err(err) => return fail_all(batch.into_iter().map(|q| q.answer), &err),
+        };
+        let mut admitted = Vec::with_capacity(batch.len());
+        for queued in batch {
+            match refuse_unless_standing(payments.get(&queued.request.key)) {
+                Ok(()) => admitted.push(queued),
+                Err(refusal) => {
+                    let _ = queued.answer.send(Err(refusal));
+                }
+            }
+        }
+        // 2. Claim: insert the records.
+        let records: Vec<IssuanceDoc> = admitted
+            .iter()
+            .map(|q| IssuanceDoc::new(&q.request, IssuanceStatus::Issuing))
+            .collect();
+        let inserted = match self.store.insert_records(&records).await {
+            Ok(inserted) => inserted,
+            Err(err) => return fail_all(admitted.into_iter().map(|q| q.answer), &err),
+        };
+        let mut claimed = Vec::new();
+        let mut replays = Vec::new();
+        for ((queued, record), result) in admitted.into_iter().zip(records).zip(inserted) {
+            match result {
+                RecordInsert::Inserted => claimed.push(Claimed {
+                    request: queued.request,
+                    answer: queued.answer,
+                    record,
+                }),
+                RecordInsert::Exists => replays.push(queued),
+                RecordInsert::Failed(err) => {
+                    let _ = queued.answer.send(Err(err.into()));
+                }
+            }
+        }
+        tokio::join!(self.write_claimed(claimed), self.replay_batch(replays));
+    }
+
+    /// Steps 3–5 for the requests whose records this batch inserted.
+    async fn write_claimed(&self, claimed: Vec<Claimed>) {
+        if claimed.is_empty() {
+            return;
+        }
+        let sets: Vec<&NewIssuance> = claimed.iter().map(|c| &c.request).collect();
+        let results = match self.store.insert_token_sets(&sets).await {
+            Ok(results) => results,
+            Err(err) => return fail_all(claimed.into_iter().map(|c| c.answer), &err),
+        };
+        let mut written = Vec::new();
+        let mut raced = Vec::new();
+        for (claim, result) in claimed.into_iter().zip(results) {
+            match result {
+                TokenInsert::Inserted(tokens) => written.push((claim, tokens)),
+                TokenInsert::Raced => raced.push(claim),
+                TokenInsert::Failed(err) => {
+                    let _ = claim.answer.send(Err(err.into()));
+                }
+            }
+        }
+        self.settle_and_mark(written).await;
+        // A concurrent replay or repair wrote some of these tokens: converge, one by one.
+        join_all(raced.into_iter().map(|claim| async move {
+            let outcome = self.complete(claim.record).await.map(IssueOutcome::Created);
+            let _ = claim.answer.send(outcome);
+        }))
+        .await;
+    }
+
+    /// Steps 4 and 5: settle the written sets against their payments as they are now,
+    /// mark the records `issued`, answer.
+    async fn settle_and_mark(&self, written: Vec<(Claimed, Vec<crate::store::TokenSummary>)>) {
+        if written.is_empty() {
+            return;
+        }
+        let keys: Vec<&PaymentKey> = written.iter().map(|(c, _)| &c.request.key).collect();
+        let payments = match self.store.find_payments(&keys).await {
+            Ok(payments) => payments,
+            Err(err) => return fail_all(written.into_iter().map(|(c, _)| c.answer), &err),
+        };
+        let mut settled = Vec::with_capacity(written.len());
+        for (claim, mut tokens) in written {
+            let key = &claim.request.key;
+            let outcome = match self
+                .settle_with(key, claim.record.quantity, payments.get(key))
+                .await
+            {
+                Ok(settlement) if settlement.revoked > 0 => {
+                    match self.store.payment_tokens(key).await {
+                        Ok(now) => {
+                            tokens = now;
+                            Ok(settlement)
+                        }
+                        Err(err) => Err(err),
+                    }
+                }
+                other => other,
+            };
+            settled.push((claim, tokens, outcome));
+        }
+        let ids: Vec<_> = settled
+            .iter()
+            .filter(|(_, _, outcome)| outcome.is_ok())
+            .map(|(claim, _, _)| claim.record.id)
+            .collect();
+        // A lost mark costs nothing: the tokens are durable and settled, and the record,
+        // still `issuing`, is marked again by self-repair.
+        if let Err(err) = self.store.mark_issued_many(&ids).await {
+            tracing::warn!(error = %err, records = ids.len(), "cannot mark issued records; self-repair will");
+        }
+        for (mut claim, tokens, outcome) in settled {
+            let answer = match outcome {
+                Err(err) => Err(IssueError::Store(err)),
+                Ok(settlement) => match settlement.withdrawn {
+                    Some(status) => Err(IssueError::PaymentNotSucceeded(status)),
+                    None => {
+                        claim.record.status = IssuanceStatus::Issued;
+                        let created = claim.request.params.quantity.get();
+                        Ok(IssueOutcome::Created(IssuedTokens {
+                            issuance: claim.record,
+                            tokens,
+                            created,
+                        }))
+                    }
+                },
+            };
+            let _ = claim.answer.send(answer);
+        }
+    }
+
+    /// Step 6: requests whose payment had a record already.
+    async fn replay_batch(&self, replays: Vec<Queued>) {
+        if replays.is_empty() {
+            return;
+        }
+        let keys: Vec<&PaymentKey> = replays.iter().map(|q| &q.request.key).collect();
+        let (records, token_sets) = match tokio::try_join!(
+            self.store.find_records(&keys),
+            self.store.find_token_sets(&keys)
+        ) {
+            Ok(found) => found,
+            Err(err) => return fail_all(replays.into_iter().map(|q| q.answer), &err),
+        };
+        let mut slow = Vec::new();
+        for queued in replays {
+            let record = records.get(&queued.request.key);
+            let tokens = token_sets.get(&queued.request.key);
+            match (record, tokens) {
+                // The common replay: issued, complete. Verify and answer from the reads.
+                (Some(record), Some(tokens))
+                    if record.status == IssuanceStatus::Issued
+                        && tokens.len() as i64 == record.quantity =>
+                {
+                    let answer = match record.params() {
+                        Ok(params) => {
+                            let mismatches = params.mismatches(&queued.request.params);
+                            if mismatches.is_empty() {
+                                Ok(IssueOutcome::Replayed(IssuedTokens {
+                                    issuance: record.clone(),
+                                    tokens: tokens.clone(),
+                                    created: 0,
+                                }))
+                            } else {
+                                Err(IssueError::Conflict(mismatches))
+                            }
+                        }
+                        Err(err) => Err(err.into()),
+                    };
+                    let _ = queued.answer.send(answer);
+                }
+                _ => slow.push(queued),
+            }
+        }
+        join_all(slow.into_iter().map(|queued| async move {
+            let outcome = self.issue_alone(&queued.request).await;
+            let _ = queued.answer.send(outcome);
+        }))
+        .await;
+    }
+}
+
+/// Answers every request of a command that failed as a whole with that failure.
+fn fail_all(answers: impl IntoIterator<Item = Answer>, err: &StoreError) {
+    for answer in answers {
+        let _ = answer.send(Err(IssueError::Store(err.clone())));
+    }
+}

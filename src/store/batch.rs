@@ -1,0 +1,311 @@
+//! Writes and reads that carry many issuances in one database command, for group commit:
+//! one `insert` of many records, one `insert` of many payments' tokens, one status update,
+//! and batched reads of payments, records and tokens. The driver splits an `insert` that
+//! would pass the server's size limits into several commands, so a batch never fails for
+//! being large. Each result is reported per item, so one item's failure is its own.
+
+use std::collections::HashMap;
+
+use futures::TryStreamExt;
+use mongodb::bson::{Bson, DateTime, Document, RawDocumentBuf, doc, oid::ObjectId};
+use mongodb::error::{Error, ErrorKind, IndexedWriteError};
+use mongodb::options::{Acknowledgment, CollectionOptions, ReadConcern, WriteConcern};
+
+use super::documents::{
+    IssuanceDoc, TokenSummary, issuance_filter, new_token, payment_tokens_filter,
+    token_summary_projection,
+};
+use super::error::{
+    ISSUANCES_PAYMENT_INDEX, NOT_PRIMARY_CODES, StoreError, TOKENS_PAYMENT_INDEX, index_in_message,
+};
+use super::payments::{PAYMENTS, PaymentDoc};
+use super::{ISSUANCES, Store, TOKENS};
+use crate::domain::{IssuanceStatus, NewIssuance, PaymentKey};
+
+/// What inserting one record of a batch did.
+#[derive(Debug)]
+pub enum RecordInsert {
+    Inserted,
+    /// The payment already has a record (the unique payment index said so).
+    Exists,
+    Failed(StoreError),
+}
+
+/// What inserting one payment's tokens of a batch did.
+#[derive(Debug)]
+pub enum TokenInsert {
+    /// Every token inserted; their summaries in tokenIndex order.
+    Inserted(Vec<TokenSummary>),
+    /// Another writer inserted some of this payment's tokens first (a duplicate key on the
+    /// token index): the set must be converged with the upsert bulk.
+    Raced,
+    Failed(StoreError),
+}
+
+/// Acknowledged by the primary alone. Used for writes whose loss in a failover costs
+/// nothing: a record is made durable by the `w: majority` token insert that follows it
+/// (the majority commit point covers everything before it in the oplog), and a lost
+/// `issued` mark only sends the record back to self-repair, which marks it again.
+fn primary_only() -> WriteConcern {
+    WriteConcern::builder()
+        .w(Acknowledgment::Nodes(1))
+        .journal(false)
+        .build()
+}
+
+fn majority() -> WriteConcern {
+    WriteConcern::builder().w(Acknowledgment::Majority).build()
+}
+
+impl Store {
+    /// Inserts `records` (unordered, one command unless the driver must split it).
+    pub async fn insert_records(
+        &self,
+        records: &[IssuanceDoc],
+    ) -> Result<Vec<RecordInsert>, StoreError> {
+        let mut results: Vec<RecordInsert> =
+            records.iter().map(|_| RecordInsert::Inserted).collect();
+        let outcome = self
+            .db
+            .collection_with_options::<IssuanceDoc>(
+                ISSUANCES,
+                CollectionOptions::builder()
+                    .write_concern(primary_only())
+                    .build(),
+            )
+            .insert_many(records)
+            .ordered(false)
+            .await;
+        for (index, error) in per_item_errors(outcome)? {
+            if let Some(slot) = results.get_mut(index) {
+                *slot = if is_duplicate_on(&error, ISSUANCES_PAYMENT_INDEX) {
+                    RecordInsert::Exists
+                } else {
+                    RecordInsert::Failed(item_error(&error))
+                };
+            }
+        }
+        Ok(results)
+    }
+
+    /// Inserts the tokens of every set (unordered, `w: majority`), with `_id`s chosen here
+    /// so that the answers name them without a read-back.
+    pub async fn insert_token_sets(
+        &self,
+        sets: &[&NewIssuance],
+    ) -> Result<Vec<TokenInsert>, StoreError> {
+        let now = DateTime::now();
+        let mut documents: Vec<RawDocumentBuf> = Vec::new();
+        // Which set each document belongs to, and each set's summaries.
+        let mut owner_of: Vec<usize> = Vec::new();
+        let mut summaries: Vec<Vec<TokenSummary>> = Vec::with_capacity(sets.len());
+        for (set_index, set) in sets.iter().enumerate() {
+            let quantity = i64::from(set.params.quantity.get());
+            let mut tokens = Vec::with_capacity(quantity as usize);
+            for token_index in 0..quantity {
+                let id = ObjectId::new();
+                let mut document = new_token(set, token_index, now);
+                document.append_ref("_id", id);
+                documents.push(document);
+                owner_of.push(set_index);
+                tokens.push(TokenSummary {
+                    id,
+                    token_index,
+                    status: crate::domain::TokenStatus::Active,
+                    version: 0,
+                });
+            }
+            summaries.push(tokens);
+        }
+        let mut failures: Vec<Option<TokenInsert>> = sets.iter().map(|_| None).collect();
+        let mut failed_documents = 0;
+        if !documents.is_empty() {
+            let outcome = self
+                .db
+                .collection_with_options::<RawDocumentBuf>(
+                    TOKENS,
+                    CollectionOptions::builder()
+                        .write_concern(majority())
+                        .build(),
+                )
+                .insert_many(&documents)
+                .ordered(false)
+                .await;
+            let errors = per_item_errors(outcome)?;
+            failed_documents = errors.len();
+            for (index, error) in errors {
+                let Some(&set_index) = owner_of.get(index) else {
+                    continue;
+                };
+                let failure = if is_duplicate_on(&error, TOKENS_PAYMENT_INDEX) {
+                    TokenInsert::Raced
+                } else {
+                    TokenInsert::Failed(item_error(&error))
+                };
+                // A real failure outranks a race for the same set.
+                if !matches!(failures[set_index], Some(TokenInsert::Failed(_))) {
+                    failures[set_index] = Some(failure);
+                }
+            }
+        }
+        metrics::counter!("tokenmint_tokens_created_total")
+            .increment((documents.len() - failed_documents) as u64);
+        Ok(summaries
+            .into_iter()
+            .zip(failures)
+            .map(|(tokens, failure)| failure.unwrap_or(TokenInsert::Inserted(tokens)))
+            .collect())
+    }
+
+    /// Marks these `issuing` records `issued`, in one command (see `mark_issued`).
+    pub async fn mark_issued_many(&self, ids: &[ObjectId]) -> Result<(), StoreError> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        self.db
+            .collection_with_options::<Document>(
+                ISSUANCES,
+                CollectionOptions::builder()
+                    .write_concern(primary_only())
+                    .build(),
+            )
+            .update_many(
+                doc! { "_id": { "$in": ids }, "status": IssuanceStatus::Issuing.as_str() },
+                doc! { "$set": { "status": IssuanceStatus::Issued.as_str() } },
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// The payments of `keys` that tokenmint has heard of, by key, in one query.
+    pub async fn find_payments(
+        &self,
+        keys: &[&PaymentKey],
+    ) -> Result<HashMap<PaymentKey, PaymentDoc>, StoreError> {
+        if keys.is_empty() {
+            return Ok(HashMap::new());
+        }
+        let rows: Vec<Document> = self
+            .collection(PAYMENTS)
+            .find(any_of(keys, issuance_filter))
+            .await?
+            .try_collect()
+            .await?;
+        rows.into_iter()
+            .map(|row| {
+                let payment: PaymentDoc = super::documents::from_document(row)?;
+                Ok((payment.key()?, payment))
+            })
+            .collect()
+    }
+
+    /// The issuance records of `keys`, by key, in one query.
+    pub async fn find_records(
+        &self,
+        keys: &[&PaymentKey],
+    ) -> Result<HashMap<PaymentKey, IssuanceDoc>, StoreError> {
+        if keys.is_empty() {
+            return Ok(HashMap::new());
+        }
+        let rows: Vec<IssuanceDoc> = self
+            .records()
+            .find(any_of(keys, issuance_filter))
+            .await?
+            .try_collect()
+            .await?;
+        rows.into_iter()
+            .map(|record| Ok((record.key()?, record)))
+            .collect()
+    }
+
+    /// The tokens of the payments of `keys`, by key, each in tokenIndex order, in one
+    /// majority read (see `payment_tokens`).
+    pub async fn find_token_sets(
+        &self,
+        keys: &[&PaymentKey],
+    ) -> Result<HashMap<PaymentKey, Vec<TokenSummary>>, StoreError> {
+        let mut sets: HashMap<PaymentKey, Vec<TokenSummary>> = HashMap::new();
+        if keys.is_empty() {
+            return Ok(sets);
+        }
+        let majority = CollectionOptions::builder()
+            .read_concern(ReadConcern::majority())
+            .build();
+        let mut projection = token_summary_projection();
+        projection.insert("origin", 1);
+        let rows: Vec<Document> = self
+            .db
+            .collection_with_options::<Document>(TOKENS, majority)
+            .find(any_of(keys, payment_tokens_filter))
+            .projection(projection)
+            .sort(doc! { "tokenIndex": 1 })
+            .await?
+            .try_collect()
+            .await?;
+        for row in rows {
+            let origin = row.get_document("origin").cloned().unwrap_or_default();
+            let text = |name: &str| origin.get_str(name).unwrap_or_default().to_owned();
+            let key = super::documents::stored_key(
+                &text("provider"),
+                &text("accountId"),
+                &text("paymentIntentId"),
+            )?;
+            let summary: TokenSummary = super::documents::from_document(row)?;
+            sets.entry(key).or_default().push(summary);
+        }
+        Ok(sets)
+    }
+}
+
+/// `{$or: [filter(key)...]}`: each clause is served by the unique index on the key.
+fn any_of(keys: &[&PaymentKey], filter: fn(&PaymentKey) -> Document) -> Document {
+    let clauses: Vec<Bson> = keys.iter().map(|key| Bson::Document(filter(key))).collect();
+    doc! { "$or": clauses }
+}
+
+/// The per-item write errors of an unordered insert; `Err` when the command failed as a
+/// whole (no item can be said to have been written).
+fn per_item_errors<T>(
+    outcome: Result<T, Error>,
+) -> Result<Vec<(usize, IndexedWriteError)>, StoreError> {
+    match outcome {
+        Ok(_) => Ok(Vec::new()),
+        Err(err) => match err.kind.as_ref() {
+            ErrorKind::InsertMany(failure) => match &failure.write_concern_error {
+                // Written but not confirmed durable (a failover mid-command): nothing in
+                // the batch may be acknowledged.
+                Some(wce) if NOT_PRIMARY_CODES.contains(&wce.code) => {
+                    Err(StoreError::Unavailable(err.clone()))
+                }
+                Some(wce) => Err(StoreError::Internal(format!(
+                    "write concern failed with code {}",
+                    wce.code
+                ))),
+                None => Ok(failure
+                    .write_errors
+                    .clone()
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|e| (e.index, e))
+                    .collect()),
+            },
+            _ => Err(err.into()),
+        },
+    }
+}
+
+fn is_duplicate_on(error: &IndexedWriteError, index: &str) -> bool {
+    error.code == 11000 && index_in_message(&error.message).as_deref() == Some(index)
+}
+
+/// One item's write error as a store error: unavailability on a failover code, else a bug.
+fn item_error(error: &IndexedWriteError) -> StoreError {
+    if NOT_PRIMARY_CODES.contains(&error.code) {
+        StoreError::Unavailable(Error::custom(format!(
+            "write failed with code {}",
+            error.code
+        )))
+    } else {
+        StoreError::Internal(format!("write failed with code {}", error.code))
+    }
+}
