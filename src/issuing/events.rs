@@ -73,11 +73,20 @@ impl Issuer {
     }
 
     async fn apply_payment_event(&self, event: &PaymentEvent) -> Result<EventOutcome, StoreError> {
-        let is_refund = event.status == PaymentStatus::Refunded;
-        let event = self.read_refund(event).await?;
-        let state = self.store.project_payment(&event).await?;
-        let mut outcome = self.apply_state(&event, &state).await?;
-        if is_refund && outcome.outcome != "conflict" {
+        if let Some((refunded, amount)) = self.partial_refund(event).await? {
+            let state = self
+                .store
+                .record_partial_refund(&event.key, refunded, amount)
+                .await?;
+            let mut outcome = self.apply_state(event, &state).await?;
+            if outcome.outcome != "conflict" {
+                outcome.outcome = "revoked".to_owned();
+            }
+            return Ok(outcome);
+        }
+        let state = self.store.project_payment(event).await?;
+        let mut outcome = self.apply_state(event, &state).await?;
+        if event.status == PaymentStatus::Refunded && outcome.outcome != "conflict" {
             outcome.outcome = "revoked".to_owned();
         } else if state.version > event.version && outcome.tokens_created.unwrap_or(0) == 0 {
             // Older than what is known: it carried no news (its effects, re-derived from
@@ -94,13 +103,17 @@ impl Issuer {
         Ok(outcome)
     }
 
-    /// A refund event that returns less than the payment's amount is a partial refund:
-    /// the payment still stands (status succeeded) and only the refunded share is taken
-    /// back. The amount is the event's own, else the one already known.
-    async fn read_refund(&self, event: &PaymentEvent) -> Result<PaymentEvent, StoreError> {
+    /// (refunded, amount) when `event` refunds less than the payment's amount: a partial
+    /// refund, after which the payment still stands and only the refunded share is taken
+    /// back. The amount is the event's own, else the one already known; a refund of an
+    /// unknown amount is a full one.
+    async fn partial_refund(
+        &self,
+        event: &PaymentEvent,
+    ) -> Result<Option<(i64, Option<i64>)>, StoreError> {
         let (PaymentStatus::Refunded, Some(refunded)) = (event.status, event.amount_refunded)
         else {
-            return Ok(event.clone());
+            return Ok(None);
         };
         let amount = match event.amount {
             Some(amount) => Some(amount),
@@ -110,11 +123,9 @@ impl Issuer {
                 .await?
                 .and_then(|p| p.amount),
         };
-        let mut event = event.clone();
-        if amount.is_some_and(|amount| refunded < amount) {
-            event.status = PaymentStatus::Succeeded;
-        }
-        Ok(event)
+        Ok(amount
+            .filter(|amount| refunded < *amount)
+            .map(|_| (refunded, event.amount)))
     }
 
     /// The effects the payment's state calls for.
@@ -137,7 +148,7 @@ impl Issuer {
                 self.settle_with(&event.key, record.quantity, Some(state))
                     .await?
             }
-            None if state.status != PaymentStatus::Succeeded => {
+            None if state.status != PaymentStatus::Succeeded || state.amount_refunded.is_some() => {
                 self.settle_with(&event.key, 0, Some(state)).await?
             }
             None => Settlement::default(),

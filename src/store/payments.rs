@@ -49,7 +49,11 @@ pub struct PaymentDoc {
     pub provider: String,
     pub account_id: String,
     pub payment_intent_id: String,
+    /// As last reported; `processing` while only a partial refund has been heard of.
+    #[serde(default = "status_before_any_event")]
     pub status: PaymentStatus,
+    /// 0 while only a partial refund has been heard of (it is no state change).
+    #[serde(default)]
     pub version: i64,
     pub amount: Option<i64>,
     pub currency: Option<String>,
@@ -59,10 +63,16 @@ pub struct PaymentDoc {
     pub payment_date: Option<DateTime>,
     /// The largest refunded amount any event reported (refunds only grow).
     pub amount_refunded: Option<i64>,
+    #[serde(default)]
     pub last_event_id: String,
+    #[serde(default)]
     pub last_event_type: String,
     pub created_at: DateTime,
     pub updated_at: DateTime,
+}
+
+fn status_before_any_event() -> PaymentStatus {
+    PaymentStatus::Processing
 }
 
 impl PaymentDoc {
@@ -157,11 +167,41 @@ impl Store {
             // Runs after the gate: fills what is still missing, grows the refunded amount.
             doc! { "$set": filled },
         ];
+        self.upsert_payment(&event.key, pipeline).await
+    }
+
+    /// Records a partial refund of `amount_refunded` (of `amount`, when the event names
+    /// it): the refunded amount only grows, and nothing else about the payment changes —
+    /// a partial refund is not a state change, so it neither moves the status nor
+    /// consumes a version an older state event would then lose to.
+    pub async fn record_partial_refund(
+        &self,
+        key: &PaymentKey,
+        amount_refunded: i64,
+        amount: Option<i64>,
+    ) -> Result<PaymentDoc, StoreError> {
+        let mut set = doc! {
+            "amountRefunded": { "$max": [ { "$ifNull": ["$amountRefunded", 0_i64] }, literal(amount_refunded) ] },
+            "createdAt": { "$ifNull": ["$createdAt", "$$NOW"] },
+            "updatedAt": "$$NOW",
+        };
+        if let Some(amount) = amount {
+            set.insert("amount", doc! { "$ifNull": ["$amount", literal(amount)] });
+        }
+        self.upsert_payment(key, vec![doc! { "$set": set }]).await
+    }
+
+    /// Runs `pipeline` as an upsert on the payment's document; returns it as it now is.
+    async fn upsert_payment(
+        &self,
+        key: &PaymentKey,
+        pipeline: Vec<Document>,
+    ) -> Result<PaymentDoc, StoreError> {
         let mut attempt = 0;
         loop {
             let result = self
                 .collection(PAYMENTS)
-                .find_one_and_update(issuance_filter(&event.key), pipeline.clone())
+                .find_one_and_update(issuance_filter(key), pipeline.clone())
                 .upsert(true)
                 .return_document(ReturnDocument::After)
                 .await;
@@ -172,7 +212,7 @@ impl Store {
                         "payment upsert returned nothing".to_owned(),
                     ));
                 }
-                // Two first inserts raced; the retry matches the winner and compares versions.
+                // Two first inserts raced; the retry matches the winner and decides again.
                 Err(err)
                     if attempt < FIRST_INSERT_RETRIES
                         && duplicate_key_index(&err).as_deref() == Some(PAYMENTS_INDEX) =>

@@ -98,24 +98,31 @@ pub fn parse_stripe(
         .or(Some(event.created))
         .and_then(|secs| DateTime::from_timestamp(secs, 0));
     // A charge fully refunded says `refunded: true`; otherwise `amount_refunded` of its
-    // `amount` is a partial refund, whose share `issuing` takes back.
-    let amount_refunded = match status {
-        PaymentStatus::Refunded
-            if object.get("refunded").and_then(Value::as_bool) != Some(true) =>
-        {
-            match object.get("amount_refunded").and_then(Value::as_i64) {
-                Some(refunded) => Some(refunded),
-                None => return ignored("partial refund without amount_refunded"),
-            }
-        }
-        _ => None,
+    // `amount` is a partial refund, whose share `issuing` takes back. A full refund also
+    // reports everything refunded, so the refunded amount only ever grows; and it ranks
+    // above a partial one, which ranks as the success it leaves standing, so a full refund
+    // in the same second as a partial one still wins.
+    let fully_refunded = object.get("refunded").and_then(Value::as_bool) == Some(true);
+    let (amount_refunded, rank) = match status {
+        PaymentStatus::Refunded if fully_refunded => (
+            object
+                .get("amount_refunded")
+                .and_then(Value::as_i64)
+                .max(object.get("amount").and_then(Value::as_i64)),
+            status.rank(),
+        ),
+        PaymentStatus::Refunded => match object.get("amount_refunded").and_then(Value::as_i64) {
+            Some(refunded) => (Some(refunded), PaymentStatus::Succeeded.rank()),
+            None => return ignored("partial refund without amount_refunded"),
+        },
+        _ => (None, status.rank()),
     };
     Ok(ParsedEvent::Payment(PaymentEvent {
         event_id: event.id,
         event_type: event.event_type,
         key,
         status,
-        version: status.rank() * STRIPE_RANK_FACTOR + event.created,
+        version: rank * STRIPE_RANK_FACTOR + event.created,
         amount: object.get("amount").and_then(Value::as_i64),
         currency: object
             .get("currency")
@@ -309,6 +316,7 @@ mod tests {
             (event.status, event.amount, event.amount_refunded),
             (PaymentStatus::Refunded, Some(40), Some(10))
         );
+        let partial_version = event.version;
         let full = json!({"id": "evt_4", "type": "charge.refunded", "created": 1,
             "data": {"object": {"id": "ch_1", "payment_intent": "pi_1", "amount": 40, "refunded": true, "amount_refunded": 40}}});
         let ParsedEvent::Payment(event) =
@@ -316,7 +324,15 @@ mod tests {
         else {
             panic!("a full refund is a payment event")
         };
-        assert_eq!(event.amount_refunded, None, "a full refund needs no share");
+        assert_eq!(
+            event.amount_refunded,
+            Some(40),
+            "a full refund refunds it all"
+        );
+        assert!(
+            event.version > partial_version,
+            "a full refund outranks a partial one of the same second"
+        );
         let other = json!({"id": "evt_3", "type": "customer.created", "created": 1, "data": {"object": {}}});
         assert!(matches!(
             parse_stripe(&stripe(), other.to_string().as_bytes(), 10).unwrap(),
