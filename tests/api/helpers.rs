@@ -129,6 +129,8 @@ pub struct TestApp {
     pub http: reqwest::Client,
     pub db: Database,
     pub db_name: String,
+    /// Whether dropping this app drops its database: false for `spawn_app_on`.
+    drops_db: bool,
     _shutdown: tokio::sync::oneshot::Sender<()>,
 }
 
@@ -139,6 +141,16 @@ pub async fn spawn_app() -> TestApp {
 /// Spawns an app with `extra` TOML appended to the test settings.
 pub async fn spawn_app_with(extra: &str) -> TestApp {
     let db_name = format!("tokenmint_test_{}", uuid::Uuid::new_v4().simple());
+    let mut app = spawn_app_on(&db_name, extra).await;
+    app.drops_db = true;
+    app
+}
+
+/// Spawns another instance on the database of an app spawned before (`db_name`), as a
+/// second instance of one deployment. Dropping it leaves the database alone: the app that
+/// created the database drops it.
+pub async fn spawn_app_on(db_name: &str, extra: &str) -> TestApp {
+    let db_name = db_name.to_owned();
     let settings = test_settings(&db_name, extra);
     let app = Application::build(&settings).await.expect("app builds");
     let address = format!("http://{}", app.local_addr());
@@ -155,13 +167,16 @@ pub async fn spawn_app_with(extra: &str) -> TestApp {
             .unwrap(),
         db: client.database(&db_name),
         db_name,
+        drops_db: false,
         _shutdown: tx,
     }
 }
 
 impl Drop for TestApp {
     fn drop(&mut self) {
-        drop_database_blocking(&self.db_name);
+        if self.drops_db {
+            drop_database_blocking(&self.db_name);
+        }
     }
 }
 

@@ -30,7 +30,13 @@ pub fn now() -> i64 {
 }
 
 /// A Stripe PaymentIntent event with tokenmint metadata (owner OWNER, standard, `quantity`).
-pub fn intent_event(event_id: &str, kind: &str, payment: &str, created: i64, quantity: &str) -> Value {
+pub fn intent_event(
+    event_id: &str,
+    kind: &str,
+    payment: &str,
+    created: i64,
+    quantity: &str,
+) -> Value {
     json!({
         "id": event_id, "type": format!("payment_intent.{kind}"), "created": created, "account": "acct_1",
         "data": { "object": {
@@ -104,3 +110,20 @@ pub async fn payment_status(app: &TestApp, payment: &str) -> (String, i64) {
     (doc.get_str("status").unwrap().to_owned(), version)
 }
 
+/// A Stripe `charge.refunded` for part of a charge: `refunded: false`, `amount_refunded`
+/// of `amount` (minor units) refunded so far.
+pub fn partial_refund_event(
+    event_id: &str,
+    payment: &str,
+    created: i64,
+    amount: i64,
+    amount_refunded: i64,
+) -> Value {
+    json!({
+        "id": event_id, "type": "charge.refunded", "created": created, "account": "acct_1",
+        "data": { "object": {
+            "id": "ch_1", "payment_intent": payment, "amount": amount,
+            "refunded": false, "amount_refunded": amount_refunded,
+        } },
+    })
+}

@@ -1,0 +1,350 @@
+//! Checkout keys (`issuances:request`): what a public frontend key may ask for, how long
+//! its pending request lives, and what it is never told.
+
+use chrono::Utc;
+use futures::TryStreamExt;
+use std::time::Duration;
+
+use mongodb::IndexModel;
+use mongodb::bson::{Bson, Document, doc, oid::ObjectId};
+use serde_json::json;
+
+use crate::helpers::*;
+use crate::provider_events::*;
+
+async fn record(app: &TestApp, payment: &str) -> Option<Document> {
+    app.db
+        .collection::<Document>("issuances")
+        .find_one(doc! { "paymentIntentId": payment })
+        .await
+        .unwrap()
+}
+
+/// Asserts `expiresAt` of `payment`'s pending record is `days` from now (a minute either
+/// way, for a slow machine).
+async fn assert_expires_in_days(app: &TestApp, payment: &str, days: i64) {
+    let record = record(app, payment).await.expect("a pending record");
+    assert_eq!(record.get_str("status").unwrap(), "pending");
+    let expires = record
+        .get_datetime("expiresAt")
+        .unwrap_or_else(|_| panic!("pending record without expiresAt: {record}"))
+        .timestamp_millis();
+    let expected = Utc::now().timestamp_millis() + days * 86_400_000;
+    assert!(
+        (expires - expected).abs() < 60_000,
+        "expiresAt {expires} is not {days} day(s) from now ({expected})"
+    );
+}
+
+#[tokio::test]
+async fn checkout_keys_may_only_name_a_configured_provider() {
+    let app = app().await;
+    let mut body = issuance_body("pi_elsewhere", 1);
+    body["provider"] = json!("paypal");
+    let refused = assert_problem(
+        app.issue(REQUEST_KEY, &body).await,
+        422,
+        "validation_failed",
+    )
+    .await;
+    let errors = refused["errors"].as_array().unwrap();
+    assert_eq!(errors.len(), 1, "{refused}");
+    assert_eq!(errors[0]["field"], "provider", "{refused}");
+    assert_eq!(app.count("issuances", doc! {}).await, 0);
+    assert_eq!(app.count("tokens", doc! {}).await, 0);
+
+    // Both configured providers are accepted (pending: the payments are unknown yet).
+    body["provider"] = json!("acme");
+    assert_eq!(app.issue(REQUEST_KEY, &body).await.status(), 202);
+    assert_eq!(
+        app.issue(REQUEST_KEY, &issuance_body("pi_here", 1))
+            .await
+            .status(),
+        202
+    );
+    assert_eq!(
+        app.count("issuances", doc! { "status": "pending" }).await,
+        2
+    );
+
+    // "Configured" means configured on this instance: without providers, stripe is refused.
+    let bare = spawn_app().await;
+    let refused = assert_problem(
+        bare.issue(REQUEST_KEY, &issuance_body("pi_here", 1)).await,
+        422,
+        "validation_failed",
+    )
+    .await;
+    assert_eq!(refused["errors"][0]["field"], "provider");
+    assert_eq!(bare.count("issuances", doc! {}).await, 0);
+}
+
+#[tokio::test]
+async fn a_pending_request_expires_after_the_configured_ttl() {
+    let app = app().await;
+    assert_eq!(
+        app.issue(REQUEST_KEY, &issuance_body("pi_wait", 2))
+            .await
+            .status(),
+        202
+    );
+    assert_expires_in_days(&app, "pi_wait", 7).await;
+
+    // The TTL index that removes expired pending records exists after migrations.
+    let indexes: Vec<IndexModel> = app
+        .db
+        .collection::<Document>("issuances")
+        .list_indexes()
+        .await
+        .unwrap()
+        .try_collect()
+        .await
+        .unwrap();
+    let ttl = indexes
+        .iter()
+        .find(|i| {
+            i.options.as_ref().and_then(|o| o.name.as_deref()) == Some("issuances_pending_expiry")
+        })
+        .unwrap_or_else(|| panic!("no issuances_pending_expiry index in {indexes:?}"));
+    let keys: Vec<(&String, Option<i64>)> = ttl
+        .keys
+        .iter()
+        .map(|(k, v)| (k, v.as_i64().or(v.as_i32().map(i64::from))))
+        .collect();
+    assert_eq!(keys, [(&"expiresAt".to_owned(), Some(1))], "{ttl:?}");
+    assert_eq!(
+        ttl.options.as_ref().unwrap().expire_after,
+        Some(Duration::ZERO),
+        "{ttl:?}"
+    );
+
+    // A configured TTL is used instead of the default.
+    let short = spawn_app_with(&format!("{PROVIDERS}\n[issuance]\npending_ttl_days = 2\n")).await;
+    assert_eq!(
+        short
+            .issue(REQUEST_KEY, &issuance_body("pi_wait", 2))
+            .await
+            .status(),
+        202
+    );
+    assert_expires_in_days(&short, "pi_wait", 2).await;
+}
+
+#[tokio::test]
+async fn invalid_newer_metadata_voids_the_older_parameters_for_checkout() {
+    let app = app().await;
+    let t = now();
+
+    // The checkout waits; the provider first names valid parameters (processing), then
+    // reports success with metadata that is no longer usable.
+    let asked = issuance_body("pi_void", 2);
+    assert_eq!(app.issue(REQUEST_KEY, &asked).await.status(), 202);
+    let processing = json(
+        send_stripe(
+            &app,
+            &intent_event("evt_v1", "processing", "pi_void", t, "2"),
+            STRIPE_NEW,
+            now(),
+        )
+        .await,
+    )
+    .await;
+    assert_eq!(processing["outcome"], "recorded", "{processing}");
+    let succeeded = json(
+        send_stripe(
+            &app,
+            &intent_event("evt_v2", "succeeded", "pi_void", t + 10, "x"),
+            STRIPE_NEW,
+            now(),
+        )
+        .await,
+    )
+    .await;
+    assert_eq!(succeeded["outcome"], "metadata_invalid", "{succeeded}");
+    let refused = assert_problem(app.issue(REQUEST_KEY, &asked).await, 409, "state_conflict").await;
+    assert!(refused.get("mismatches").is_none(), "{refused}");
+    assert_eq!(app.count("tokens", doc! {}).await, 0);
+    let pending = record(&app, "pi_void").await.unwrap();
+    assert_eq!(
+        pending.get_str("status").unwrap(),
+        "pending",
+        "nothing issued from the old parameters"
+    );
+    let payment = app
+        .db
+        .collection::<Document>("payments")
+        .find_one(doc! { "paymentIntentId": "pi_void" })
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(payment.get_str("status").unwrap(), "succeeded");
+    assert!(
+        payment.get_str("metadataError").is_ok(),
+        "the reason is kept: {payment}"
+    );
+    assert!(
+        matches!(payment.get("tokenParams"), None | Some(Bson::Null)),
+        "the older parameters are void: {payment}"
+    );
+
+    // The other order: the invalid success first, the older valid one delivered late.
+    // The late event cannot bring the old parameters back.
+    send_stripe(
+        &app,
+        &intent_event("evt_w2", "succeeded", "pi_void2", t + 10, "x"),
+        STRIPE_NEW,
+        now(),
+    )
+    .await;
+    let late = json(
+        send_stripe(
+            &app,
+            &intent_event("evt_w1", "succeeded", "pi_void2", t, "2"),
+            STRIPE_NEW,
+            now(),
+        )
+        .await,
+    )
+    .await;
+    assert_eq!(
+        late.get("tokensCreated")
+            .and_then(|n| n.as_u64())
+            .unwrap_or(0),
+        0,
+        "{late}"
+    );
+    assert_problem(
+        app.issue(REQUEST_KEY, &issuance_body("pi_void2", 2)).await,
+        409,
+        "state_conflict",
+    )
+    .await;
+    assert_eq!(app.count("tokens", doc! {}).await, 0);
+    assert_eq!(
+        app.count("issuances", doc! { "paymentIntentId": "pi_void2" })
+            .await,
+        0
+    );
+
+    // Only a trusted backend can issue for such a payment.
+    assert_eq!(
+        app.issue(WRITER_KEY, &issuance_body("pi_void2", 2))
+            .await
+            .status(),
+        201
+    );
+    assert_eq!(app.token_indexes("pi_void2").await, vec![0, 1]);
+}
+
+#[tokio::test]
+async fn checkout_keys_never_see_the_recorded_values_of_a_conflict() {
+    let app = app().await;
+
+    // Issued by a trusted backend; a different request from each kind of key.
+    assert_eq!(
+        app.issue(WRITER_KEY, &issuance_body("pi_mine", 2))
+            .await
+            .status(),
+        201
+    );
+    let mut other = issuance_body("pi_mine", 3);
+    other["owner"] = json!(OTHER_OWNER);
+    let trusted = assert_problem(
+        app.issue(WRITER_KEY, &other).await,
+        409,
+        "idempotency_conflict",
+    )
+    .await;
+    let mismatches = trusted["mismatches"].as_array().unwrap();
+    assert_eq!(mismatches.len(), 2, "{trusted}");
+    assert_eq!(mismatches[0]["field"], "owner");
+    assert_eq!(mismatches[0]["existing"], OWNER, "{trusted}");
+    assert_eq!(mismatches[0]["requested"], OTHER_OWNER);
+    assert_eq!(mismatches[1]["field"], "quantity");
+    assert_eq!(mismatches[1]["existing"], 2, "{trusted}");
+    assert_eq!(mismatches[1]["requested"], 3);
+
+    let checkout = assert_problem(
+        app.issue(REQUEST_KEY, &other).await,
+        409,
+        "idempotency_conflict",
+    )
+    .await;
+    let mismatches = checkout["mismatches"].as_array().unwrap();
+    let fields: Vec<&str> = mismatches
+        .iter()
+        .map(|m| m["field"].as_str().unwrap())
+        .collect();
+    assert_eq!(fields, ["owner", "quantity"], "{checkout}");
+    assert!(
+        mismatches
+            .iter()
+            .all(|m| m.get("existing").is_none() && m.get("requested").is_some()),
+        "a checkout key is told what differs, never the recorded value: {checkout}"
+    );
+    assert!(
+        !checkout.to_string().contains(OWNER),
+        "the recorded owner leaks: {checkout}"
+    );
+
+    // Against another checkout's pending request, and against the provider's metadata.
+    assert_eq!(
+        app.issue(REQUEST_KEY, &issuance_body("pi_pending", 1))
+            .await
+            .status(),
+        202
+    );
+    let mut rival = issuance_body("pi_pending", 1);
+    rival["owner"] = json!(OTHER_OWNER);
+    let refused = assert_problem(
+        app.issue(REQUEST_KEY, &rival).await,
+        409,
+        "idempotency_conflict",
+    )
+    .await;
+    assert_eq!(refused["mismatches"][0]["field"], "owner");
+    assert!(
+        refused["mismatches"][0].get("existing").is_none(),
+        "{refused}"
+    );
+    let pending = record(&app, "pi_pending").await.unwrap();
+    assert_eq!(
+        pending.get_object_id("owner").unwrap(),
+        ObjectId::parse_str(OWNER).unwrap(),
+        "the first request stands"
+    );
+
+    send_stripe(
+        &app,
+        &intent_event("evt_meta", "succeeded", "pi_paid", now(), "2"),
+        STRIPE_NEW,
+        now(),
+    )
+    .await;
+    let refused = assert_problem(
+        app.issue(REQUEST_KEY, &issuance_body("pi_paid", 5)).await,
+        409,
+        "idempotency_conflict",
+    )
+    .await;
+    assert_eq!(refused["mismatches"][0]["field"], "quantity");
+    assert!(
+        refused["mismatches"][0].get("existing").is_none(),
+        "{refused}"
+    );
+    let trusted = assert_problem(
+        app.issue(WRITER_KEY, &issuance_body("pi_paid", 5)).await,
+        409,
+        "idempotency_conflict",
+    )
+    .await;
+    assert_eq!(trusted["mismatches"][0]["existing"], 2, "{trusted}");
+
+    // None of the refused requests wrote anything.
+    assert_eq!(app.token_indexes("pi_mine").await, vec![0, 1]);
+    assert_eq!(app.token_indexes("pi_paid").await, vec![0, 1]);
+    assert_eq!(app.token_indexes("pi_pending").await, Vec::<i64>::new());
+    assert_eq!(app.count("issuances", doc! {}).await, 3);
+    let mine = record(&app, "pi_mine").await.unwrap();
+    assert_eq!(mine.get_i64("quantity").unwrap(), 2);
+}
