@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The benchmark (issue 7), in one command: installs the pinned mongod, builds the release
+# The benchmark, in one command: installs the pinned mongod, builds the release
 # tokenmint and tokenmint-bench, then runs the matrix — concurrency 32 quantity 4 with
 # 0% and 50% replays in both modes, and concurrency 1 for latency — each scenario against
 # a fresh tokenmint and database, with the database floor measured in the same run.

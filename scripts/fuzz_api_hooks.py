@@ -116,7 +116,7 @@ def _integral_quantity(case) -> None:
 
     JSON Schema counts 4.0 as an integer, so Schemathesis generates it as valid data; but
     tokenmint deliberately refuses a quantity written as a fraction, even a whole one (a
-    payment system does not guess what a float meant to buy; PRODUCT.md §3, and the unit
+    payment system does not guess what a float meant to buy; the API contract, and the unit
     test `quantity::tests::rejects_everything_else`). No schema keyword can say "integer
     literal", so such values are sent the way a client would write them. Fractional
     values (4.5) and everything else are left as generated.

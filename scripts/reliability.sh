@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The fault-injection suites (issue 6), in one command; RELIABILITY.md explains what each
+# The fault-injection suites, in one command; RELIABILITY.md explains what each
 # proves. Installs the pinned mongod if missing, then runs the ignored tests of
 #   tests/crash.rs     the real tokenmint binary SIGKILLed mid-issuance, restarted on the
 #                      same database, every request retried: exactly N tokens per payment,

@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{AccountId, Owner, PaymentIntentId, Provider, Quantity, TokenType};
 
-/// How the store writes an issuance (PRODUCT.md §2).
+/// How the store writes an issuance.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum IssuanceMode {
@@ -65,7 +65,7 @@ pub struct PaymentKey {
     pub payment_intent_id: PaymentIntentId,
 }
 
-/// The parameters a retry must repeat exactly (retry verification, PRODUCT.md §2).
+/// The parameters a retry must repeat exactly (retry verification).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IssuanceParams {
     pub owner: Owner,

@@ -1,4 +1,4 @@
-//! API keys (PRODUCT.md §5): `Authorization: Bearer <key>`; only SHA-256 hashes are
+//! API keys: `Authorization: Bearer <key>`; only SHA-256 hashes are
 //! configured. The presented key is hashed and compared with every configured hash in
 //! constant time, so neither the comparison nor the lookup leaks how close a guess was.
 

@@ -1,4 +1,4 @@
-//! Schema migrations (PRODUCT.md §6): ordered JSON files in `migrations/`, embedded in the
+//! Schema migrations: ordered JSON files in `migrations/`, embedded in the
 //! binary, applied once each and recorded in `_migrations` with the checksum of the file.
 //!
 //! A migration is a list of steps: `createIndex` (unique ones are preceded by a duplicate

@@ -46,7 +46,7 @@ pub enum TokenInsert {
 /// nothing: a record is made durable by the `w: majority` token insert that follows it
 /// (the majority commit point covers everything before it in the oplog), and a lost
 /// `issued` mark only sends the record back to self-repair, which marks it again.
-fn primary_only() -> WriteConcern {
+pub(super) fn primary_only() -> WriteConcern {
     WriteConcern::builder()
         .w(Acknowledgment::Nodes(1))
         .journal(false)

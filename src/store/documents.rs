@@ -1,4 +1,4 @@
-//! The shapes of stored documents (PRODUCT.md §1), as read back from MongoDB.
+//! The shapes of stored documents, as read back from MongoDB.
 
 use mongodb::bson::{self, Bson, DateTime, Document, RawDocumentBuf, doc, oid::ObjectId};
 use serde::{Deserialize, Serialize};
@@ -297,7 +297,7 @@ mod tests {
         }
     }
 
-    /// The raw builders must write exactly the documented shape (PRODUCT.md §1), with
+    /// The raw builders must write exactly the documented shape (docs: the data model), with
     /// the same BSON types the rest of the store reads back.
     #[test]
     fn raw_token_documents_have_the_documented_shape() {

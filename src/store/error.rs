@@ -1,5 +1,5 @@
 //! Store errors, and the one place where driver errors are classified: by kind for
-//! outages, by index name for duplicate keys (PRODUCT.md §2: a duplicate key on the token
+//! outages, by index name for duplicate keys (a duplicate key on the token
 //! index is a race to retry, any other duplicate key is a real error).
 
 use mongodb::error::{Error, ErrorKind, TRANSIENT_TRANSACTION_ERROR, WriteFailure};

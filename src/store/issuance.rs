@@ -91,10 +91,15 @@ impl Store {
     }
 
     /// Marks an `issuing` record `issued`: its set is complete and checked against the
-    /// payment. Idempotent; false when it was not `issuing` any more.
+    /// payment. Idempotent; false when it was not `issuing` any more. Acknowledged by the
+    /// primary alone: a mark lost in a failover sends the record back to self-repair.
     pub async fn mark_issued(&self, id: ObjectId) -> Result<bool, StoreError> {
+        let primary_only = CollectionOptions::builder()
+            .write_concern(super::batch::primary_only())
+            .build();
         let result = self
-            .collection(ISSUANCES)
+            .db
+            .collection_with_options::<Document>(ISSUANCES, primary_only)
             .update_one(
                 doc! { "_id": id, "status": IssuanceStatus::Issuing.as_str() },
                 doc! { "$set": { "status": IssuanceStatus::Issued.as_str() }, "$unset": { "repairLeaseUntil": "" } },

@@ -1,4 +1,4 @@
-//! The retry policy of the `_version` gate (seed 001): exponential backoff with jitter,
+//! The retry policy of the `_version` gate: exponential backoff with jitter,
 //! bounded both by attempts and by a total time budget. Deterministic under a seeded
 //! generator, so its schedule is unit-tested rather than timed.
 

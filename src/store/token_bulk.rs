@@ -1,7 +1,8 @@
-//! The upsert-mode token write: ONE unordered `update` command carrying an upsert per
-//! token, each filtered on exactly the unique key and writing only `$setOnInsert`
-//! (seed 000). Whatever happened before — nothing, a partial set, a concurrent twin —
-//! the result converges on tokenIndex 0..N-1, and an existing token is never modified.
+//! The convergent token write: ONE unordered `update` command carrying an upsert per
+//! token, each filtered on exactly the unique key and writing only `$setOnInsert`.
+//! Whatever happened before — nothing, a partial set, a concurrent twin — the result
+//! converges on tokenIndex 0..N-1, and an existing token is never modified. Retries, race
+//! losers and self-repair complete sets with it; a first write inserts (group commit).
 //!
 //! MongoDB 6.0 has no `bulkWrite` command (8.0+), so the statements go in one `update`
 //! command: one round trip, whatever the quantity.

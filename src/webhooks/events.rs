@@ -1,5 +1,5 @@
 //! Provider event bodies, parsed (after the signature check) into one `PaymentEvent`
-//! shape. Only the fields PRODUCT.md §4 names are read; everything else is ignored.
+//! shape. Only the fields of the documented event contract are read; everything else is ignored.
 
 use chrono::{DateTime, Utc};
 use serde::Deserialize;

@@ -117,7 +117,7 @@ async fn readiness_waits_for_migrations() {
 #[tokio::test]
 async fn keys_without_an_issuance_scope_cannot_issue() {
     // A read-only key holds neither issuances:write nor issuances:request. (A checkout key
-    // with issuances:request follows the request flow of PRODUCT.md §4, tested elsewhere.)
+    // with issuances:request follows the checkout request flow, tested elsewhere.)
     let app = spawn_app().await;
     let body = issuance_body("pi_scope", 2);
     let problem = assert_problem(app.issue(READER_KEY, &body).await, 403, "forbidden").await;
