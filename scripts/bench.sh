@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # The benchmark, in one command: installs the pinned mongod, builds the release
-# tokenmint and tokenmint-bench, then runs the matrix — concurrency 32 quantity 4 with
-# 0% and 50% replays in both modes, and concurrency 1 for latency — each scenario against
-# a fresh tokenmint and database, with the database floor measured in the same run.
-# Prints the markdown report (also written to target/bench/report.md).
+# tokenmint and tokenmint-bench, then runs the matrix, both modes each — concurrency 32
+# quantity 4 with 0% and 50% replays; concurrency 1 (latency) and 256, quantity 4;
+# concurrency 32 with quantity 1 and 100 — each scenario against a fresh tokenmint and
+# database, with two database floors measured in the same run (the per-request floor:
+# tokenmint's design before group commit; the seed floor: one unordered bulk of
+# $setOnInsert upserts per issuance). Prints the markdown report (also written to
+# target/bench/report.md).
 #
-#   scripts/bench.sh                      # the full matrix: 5 s warm-up + 20 s per target
+#   scripts/bench.sh                      # the full matrix: 5 s warm-up + 15 s per target (~14 min)
 #   scripts/bench.sh --quick              # smoke test: 1 s warm-up + 3 s per target
 #   scripts/bench.sh --duration 60 --warmup 10
 #   BENCH_DURATION=60 BENCH_WARMUP=10 scripts/bench.sh

@@ -1,9 +1,18 @@
-//! The database floor: the MongoDB operations tokenmint performs per issuance — same
-//! filters, same documents, same indexes, same write concern, same retries — issued
-//! directly with the mongodb crate, without HTTP. What tokenmint costs above this is the
-//! price of the service itself.
+//! The database floors: MongoDB operations issued directly with the mongodb crate, without
+//! HTTP and without tokenmint's code, on a database migrated with tokenmint's own indexes.
+//! Two designs are measured:
 //!
-//! Mirrors src/store/issuance.rs, token_bulk.rs and atomic.rs; keep them in step.
+//! - the per-request floor ([`Design::PerRequest`]): tokenmint's design before group
+//!   commit, one request at a time — in upsert mode the issuance record claimed with a
+//!   `findOneAndUpdate` upsert, then one unordered bulk of `$setOnInsert` token upserts; in
+//!   atomic mode one transaction (record + tokens). Same filters, documents, write concern
+//!   and retries as that design had. tokenmint no longer performs exactly these operations
+//!   (upsert mode is group-committed, and both modes now read the payment and mark the
+//!   record issued), so this is a reference point, not a mirror;
+//! - the seed floor ([`Design::Seed`]): the seed design's upsert floor, one unordered bulk
+//!   of `$setOnInsert` upserts per issuance keyed by the token unique index, no issuance
+//!   record, and a read-back only on a replay; in atomic mode the same transaction as the
+//!   per-request floor.
 
 use std::time::{Duration, Instant};
 
@@ -31,6 +40,28 @@ const DUPLICATE_KEY_RETRIES: u32 = 3;
 /// src/store/atomic.rs MAX_TRANSACTION_ATTEMPTS.
 const MAX_TRANSACTION_ATTEMPTS: u32 = 10;
 
+/// Which floor a [`Floor`] issues.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Design {
+    /// tokenmint's per-request design before group commit.
+    PerRequest,
+    /// The seed design's upsert floor: one unordered bulk of `$setOnInsert` upserts per
+    /// issuance, no issuance record.
+    Seed,
+}
+
+impl Design {
+    pub const ALL: [Design; 2] = [Design::PerRequest, Design::Seed];
+
+    /// The target's name in the report.
+    pub fn name(self) -> &'static str {
+        match self {
+            Design::PerRequest => "floor",
+            Design::Seed => "seed floor",
+        }
+    }
+}
+
 /// The database operations a floor issuance is made of, timed separately so that the
 /// report can say where the database spends its time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,6 +69,7 @@ pub enum Op {
     ClaimRecord,
     TokenBulk,
     ReadTokens,
+    VerifyTokens,
     StartSession,
     TxnInsertRecord,
     TxnInsertTokens,
@@ -46,10 +78,11 @@ pub enum Op {
 }
 
 impl Op {
-    pub const ALL: [Op; 8] = [
+    pub const ALL: [Op; 9] = [
         Op::ClaimRecord,
         Op::TokenBulk,
         Op::ReadTokens,
+        Op::VerifyTokens,
         Op::StartSession,
         Op::TxnInsertRecord,
         Op::TxnInsertTokens,
@@ -62,6 +95,7 @@ impl Op {
             Op::ClaimRecord => "findOneAndUpdate issuances (upsert, $setOnInsert)",
             Op::TokenBulk => "update tokens (N upserts, unordered, w:majority)",
             Op::ReadTokens => "find tokens (sorted, projected)",
+            Op::VerifyTokens => "find tokens (sorted, with owner and type to verify a replay)",
             Op::StartSession => "startSession",
             Op::TxnInsertRecord => "txn insert issuances",
             Op::TxnInsertTokens => "txn insertMany tokens",
@@ -100,17 +134,23 @@ impl OpTimes {
     }
 }
 
-/// A connection to the floor's own database, with tokenmint's indexes.
+/// A connection to one floor's own database, with tokenmint's indexes.
 #[derive(Clone)]
 pub struct Floor {
     client: Client,
     db: Database,
+    design: Design,
 }
 
 impl Floor {
     /// Connects like `Store::connect` (same pool size and timeouts) and applies
     /// tokenmint's migrations to `database`, so the indexes are the service's own.
-    pub async fn connect(uri: &str, database: &str, max_pool_size: u32) -> anyhow::Result<Self> {
+    pub async fn connect(
+        uri: &str,
+        database: &str,
+        max_pool_size: u32,
+        design: Design,
+    ) -> anyhow::Result<Self> {
         let timeout = Duration::from_millis(2000);
         let store = tokenmint::store::Store::connect(
             uri,
@@ -124,34 +164,43 @@ impl Floor {
         store.shutdown().await;
 
         let mut options = ClientOptions::parse(uri).await?;
-        options.app_name = Some("tokenmint-bench-floor".to_owned());
+        let app_name = match design {
+            Design::PerRequest => "tokenmint-bench-floor",
+            Design::Seed => "tokenmint-bench-seed-floor",
+        };
+        options.app_name = Some(app_name.to_owned());
         options.server_selection_timeout = Some(timeout);
         options.connect_timeout = Some(timeout);
         options.max_pool_size = Some(max_pool_size);
         let client = Client::with_options(options)?;
         let db = client.database(database);
-        Ok(Self { client, db })
+        Ok(Self { client, db, design })
+    }
+
+    pub fn design(&self) -> Design {
+        self.design
     }
 
     pub async fn shutdown(self) {
         self.client.shutdown().await;
     }
 
-    /// `Store::records`: `issuances`, decoded straight into `IssuanceDoc`.
+    /// `issuances`, decoded straight into `IssuanceDoc` (as `Store::records`).
     fn records(&self) -> Collection<IssuanceDoc> {
         self.db.collection(ISSUANCES)
     }
 
-    /// One issuance, as `Store::issue` performs it.
+    /// One issuance, as this floor's design performs it. Both designs share atomic mode.
     pub async fn issue(
         &self,
         payment: &Payment,
         mode: IssuanceMode,
         times: &mut OpTimes,
     ) -> Outcome {
-        let result = match mode {
-            IssuanceMode::Upsert => self.issue_upsert(payment, times).await,
-            IssuanceMode::Atomic => self.issue_atomic(payment, times).await,
+        let result = match (mode, self.design) {
+            (IssuanceMode::Upsert, Design::PerRequest) => self.issue_upsert(payment, times).await,
+            (IssuanceMode::Upsert, Design::Seed) => self.issue_seed_upsert(payment, times).await,
+            (IssuanceMode::Atomic, _) => self.issue_atomic(payment, times).await,
         };
         match result {
             Ok(outcome) => outcome,
@@ -159,6 +208,8 @@ impl Floor {
         }
     }
 
+    /// The per-request design's upsert mode: claim the record (a `findOneAndUpdate`
+    /// upsert), then the token bulk; a record that existed already makes it a replay.
     async fn issue_upsert(
         &self,
         payment: &Payment,
@@ -206,7 +257,45 @@ impl Floor {
         }
     }
 
-    /// `Store::replay`: verify, read the tokens, complete a partial set.
+    /// The seed design's upsert mode: the tokens alone, one unordered bulk of
+    /// `$setOnInsert` upserts whose filter is the token unique key (re-run on a duplicate
+    /// key of that index). When it upserted every token the answer names them without a
+    /// read; otherwise the payment was issued before (a replay, or a race) and its tokens
+    /// are read back and verified: all of them there, with this owner and type, or 409.
+    async fn issue_seed_upsert(
+        &self,
+        payment: &Payment,
+        times: &mut OpTimes,
+    ) -> anyhow::Result<Outcome> {
+        let inserted = self.upsert_tokens(payment, payment.date, times).await?;
+        let created = inserted.len() as u32;
+        if created == payment.quantity {
+            let _tokens = fresh_tokens(inserted);
+            return Ok(Outcome::ok(201, created));
+        }
+        let started = Instant::now();
+        let tokens: Vec<RawDocumentBuf> = self
+            .db
+            .collection::<RawDocumentBuf>(TOKENS)
+            .find(issuance_filter(payment, TOKEN_KEY_FIELDS))
+            .projection(doc! {
+                "_id": 1, "tokenIndex": 1, "status": 1, "_version": 1, "owner": 1, "type": 1,
+            })
+            .sort(doc! { "tokenIndex": 1 })
+            .await?
+            .try_collect()
+            .await?;
+        times.record(Op::VerifyTokens, started);
+        let matches = tokens.len() == payment.quantity as usize
+            && tokens.iter().all(|token| {
+                token.get_object_id("owner").ok() == Some(payment.owner)
+                    && token.get_str("type").ok() == Some(payment.token_type)
+            });
+        Ok(Outcome::ok(if matches { 200 } else { 409 }, created))
+    }
+
+    /// A replay in the per-request design (and in either floor's atomic mode): verify
+    /// against the record, read the tokens, complete a partial set.
     async fn replay(
         &self,
         payment: &Payment,
@@ -231,7 +320,8 @@ impl Floor {
         Ok(Outcome::ok(200, created))
     }
 
-    /// `Store::upsert_tokens`: one unordered `update` with an upsert per token.
+    /// `Store::upsert_tokens`: one unordered `update` with an upsert per token, re-run on a
+    /// duplicate key of the token index (bounded).
     async fn upsert_tokens(
         &self,
         payment: &Payment,
@@ -256,7 +346,7 @@ impl Floor {
         }
     }
 
-    /// `Store::payment_tokens`.
+    /// `Store::payment_tokens`: the payment's token summaries, in tokenIndex order.
     async fn payment_tokens(
         &self,
         payment: &Payment,
@@ -275,7 +365,8 @@ impl Floor {
         Ok(tokens)
     }
 
-    /// `Store::issue_atomic`: one transaction per attempt, on a session per request.
+    /// Atomic mode, in both designs: one transaction per attempt (the record and the
+    /// tokens), on a session per request; a duplicate key on the record index is a replay.
     async fn issue_atomic(
         &self,
         payment: &Payment,
@@ -382,7 +473,7 @@ impl Floor {
     }
 }
 
-/// `new_record_view` in src/store/issuance.rs.
+/// A new `issuing` record, as `IssuanceDoc::new` builds it.
 fn new_record_view(payment: &Payment, mode: IssuanceMode) -> IssuanceDoc {
     IssuanceDoc {
         id: ObjectId::new(),
@@ -524,7 +615,7 @@ fn first_failure(reply: &Document) -> Option<Result<(), String>> {
     failure
 }
 
-/// `fresh_tokens` in src/store/issuance.rs.
+/// `fresh_tokens` in src/store/documents.rs.
 fn fresh_tokens(mut inserted: Vec<(i64, ObjectId)>) -> Vec<TokenSummary> {
     inserted.sort_unstable_by_key(|(index, _)| *index);
     inserted

@@ -1,7 +1,9 @@
 //! tokenmint-bench: drives `POST /v1/issuances` closed-loop with N concurrent clients and,
-//! in the same run, the same database operations issued directly (the floor), then
-//! reports throughput, latency, statuses, CPU per issuance of the service and of mongod,
-//! and tokenmint ÷ floor. See BENCHMARKS.md; `scripts/bench.sh` is the one command.
+//! in the same run, two database floors issued directly with the mongodb crate (the
+//! per-request floor: tokenmint's design before group commit; the seed floor: one
+//! unordered bulk of `$setOnInsert` upserts per issuance), then reports throughput,
+//! latency, statuses, CPU per issuance of the service and of mongod, and tokenmint ÷ each
+//! floor. See BENCHMARKS.md; `scripts/bench.sh` is the one command.
 
 mod floor;
 mod http;
@@ -17,7 +19,7 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use tokenmint::domain::IssuanceMode;
 
-use crate::floor::Floor;
+use crate::floor::{Design, Floor};
 use crate::procfs::Pid;
 use crate::report::{Measured, ScenarioResult};
 use crate::service::{Mongo, Service};
@@ -26,7 +28,7 @@ use crate::workload::{Client, Stats, Target, Workload};
 #[derive(Debug, Parser)]
 #[command(
     name = "tokenmint-bench",
-    about = "Closed-loop benchmark of POST /v1/issuances against a MongoDB floor.",
+    about = "Closed-loop benchmark of POST /v1/issuances against two MongoDB floors.",
     // A repeated option keeps its last value, so wrapper scripts can put their defaults
     // first and let the caller's options win.
     args_override_self = true
@@ -40,13 +42,14 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// The documented matrix: concurrency 32 quantity 4, replays 0% and 50%, both modes;
-    /// concurrency 1 for latency; each with its floor.
+    /// The documented matrix, both modes each: concurrency 32 quantity 4 with 0% and 50%
+    /// replays; concurrency 1 (latency) and 256, quantity 4; concurrency 32 with quantity 1
+    /// and 100. Every scenario measures tokenmint and both floors.
     Matrix {
         /// A smoke test: 3 s per target and scenario, 1 s warm-up.
         #[arg(long)]
         quick: bool,
-        /// Measured seconds per target and scenario (default 20, quick 3).
+        /// Measured seconds per target and scenario (default 15, quick 3).
         #[arg(long)]
         duration: Option<f64>,
         /// Warm-up seconds per target and scenario (default 5, quick 1).
@@ -80,7 +83,8 @@ struct RunArgs {
     /// Warm-up seconds per target (not measured).
     #[arg(long, default_value_t = 5.0)]
     warmup: f64,
-    #[arg(long, value_enum, default_value_t = Which::Both)]
+    /// What to measure: tokenmint and both floors, or one of them, or both floors alone.
+    #[arg(long, value_enum, default_value_t = Which::All)]
     target: Which,
 }
 
@@ -105,20 +109,20 @@ struct EnvArgs {
     /// Keep the databases and the mongod data directory afterwards.
     #[arg(long, global = true)]
     keep_data: bool,
-    /// Worker threads of the bench's own runtime (HTTP clients, and the floor's driver).
+    /// Worker threads of the bench's own runtime (HTTP clients, and the floors' driver).
     #[arg(long, global = true, default_value_t = 2)]
     client_threads: usize,
-    /// Connection pool size of the service and of the floor (config mongo.max_pool_size).
+    /// Connection pool size of the service and of each floor (config mongo.max_pool_size).
     #[arg(long, global = true, default_value_t = 64)]
     max_pool_size: u32,
     /// Also write the markdown report to this file.
     #[arg(long, global = true)]
     markdown: Option<PathBuf>,
-    /// Seed of the request mix (the same for service and floor).
+    /// Seed of the request mix (the same for every target).
     #[arg(long, global = true, default_value_t = 1)]
     seed: u64,
-    /// Also measure tokenmint's own `Store::issue` in the bench process (the service
-    /// without HTTP), to split the service's cost between its HTTP layer and its store.
+    /// Also measure tokenmint's own `Issuer::issue` in the bench process (the service
+    /// without HTTP), to split the service's cost between its HTTP layer and the rest.
     #[arg(long, global = true)]
     with_store: bool,
 }
@@ -131,9 +135,16 @@ enum ModeArg {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Which {
-    Both,
+    /// tokenmint, the per-request floor and the seed floor.
+    All,
+    /// tokenmint alone.
     Service,
+    /// The per-request floor alone.
     Floor,
+    /// The seed floor alone.
+    SeedFloor,
+    /// Both floors, no tokenmint.
+    Floors,
 }
 
 /// One scenario of a run.
@@ -144,6 +155,7 @@ pub struct Scenario {
     pub warmup: Duration,
     service: bool,
     floor: bool,
+    seed_floor: bool,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -206,13 +218,15 @@ fn scenarios(command: &Command) -> Vec<Scenario> {
             duration,
             warmup,
         } => {
+            // 12 scenarios × 3 targets × (5 + 15) s, plus a few seconds per scenario to
+            // start the service and migrate its and the floors' databases: ~14 minutes.
             let duration =
-                Duration::from_secs_f64(duration.unwrap_or(if *quick { 3.0 } else { 20.0 }));
+                Duration::from_secs_f64(duration.unwrap_or(if *quick { 3.0 } else { 15.0 }));
             let warmup = Duration::from_secs_f64(warmup.unwrap_or(if *quick { 1.0 } else { 5.0 }));
-            let scenario = |concurrency, mode, replays| Scenario {
+            let scenario = |concurrency, quantity, mode, replays| Scenario {
                 workload: Workload {
                     concurrency,
-                    quantity: 4,
+                    quantity,
                     mode,
                     replays,
                     races: 0.0,
@@ -221,15 +235,21 @@ fn scenarios(command: &Command) -> Vec<Scenario> {
                 warmup,
                 service: true,
                 floor: true,
+                seed_floor: true,
             };
-            vec![
-                scenario(32, IssuanceMode::Upsert, 0.0),
-                scenario(32, IssuanceMode::Upsert, 0.5),
-                scenario(32, IssuanceMode::Atomic, 0.0),
-                scenario(32, IssuanceMode::Atomic, 0.5),
-                scenario(1, IssuanceMode::Upsert, 0.0),
-                scenario(1, IssuanceMode::Atomic, 0.0),
-            ]
+            let mut matrix = vec![
+                scenario(32, 4, IssuanceMode::Upsert, 0.0),
+                scenario(32, 4, IssuanceMode::Upsert, 0.5),
+                scenario(32, 4, IssuanceMode::Atomic, 0.0),
+                scenario(32, 4, IssuanceMode::Atomic, 0.5),
+            ];
+            // Latency (1 client), many clients (256), one token and 100 tokens per payment.
+            for (concurrency, quantity) in [(1, 4), (256, 4), (32, 1), (32, 100)] {
+                for mode in [IssuanceMode::Upsert, IssuanceMode::Atomic] {
+                    matrix.push(scenario(concurrency, quantity, mode, 0.0));
+                }
+            }
+            matrix
         }
         Command::Run(args) => vec![Scenario {
             workload: Workload {
@@ -244,8 +264,9 @@ fn scenarios(command: &Command) -> Vec<Scenario> {
             },
             duration: Duration::from_secs_f64(args.duration),
             warmup: Duration::from_secs_f64(args.warmup),
-            service: args.target != Which::Floor,
-            floor: args.target != Which::Service,
+            service: matches!(args.target, Which::All | Which::Service),
+            floor: matches!(args.target, Which::All | Which::Floor | Which::Floors),
+            seed_floor: matches!(args.target, Which::All | Which::SeedFloor | Which::Floors),
         }],
     }
 }
@@ -293,6 +314,7 @@ async fn run_scenario(
     let service_db = format!("bench_{tag}_service");
     let store_db = format!("bench_{tag}_store");
     let floor_db = format!("bench_{tag}_floor");
+    let seed_floor_db = format!("bench_{tag}_seed_floor");
     let races = workload.races > 0.0;
 
     let service = if scenario.service {
@@ -320,11 +342,19 @@ async fn run_scenario(
     } else {
         None
     };
-    let floor = if scenario.floor {
-        Some(Floor::connect(mongo.uri(), &floor_db, env.max_pool_size).await?)
-    } else {
-        None
+    let connect_floor = |wanted: bool, database: &str, design: Design| {
+        let database = database.to_owned();
+        async move {
+            if !wanted {
+                return Ok(None);
+            }
+            Floor::connect(mongo.uri(), &database, env.max_pool_size, design)
+                .await
+                .map(Some)
+        }
     };
+    let floor = connect_floor(scenario.floor, &floor_db, Design::PerRequest).await?;
+    let seed_floor = connect_floor(scenario.seed_floor, &seed_floor_db, Design::Seed).await?;
     let make_arm = |target: Target, service_pid: Option<Pid>| -> anyhow::Result<Arm> {
         let clients = (0..workload.concurrency)
             .map(|id| Client::new(id, env.seed, &tag, &target, races))
@@ -336,10 +366,7 @@ async fn run_scenario(
             measured: Measured::default(),
         })
     };
-    const SERVICE: usize = 0;
-    const STORE: usize = 1;
-    const FLOOR: usize = 2;
-    let mut arms: [Option<Arm>; 3] = [None, None, None];
+    let mut arms: [Option<Arm>; 4] = [None, None, None, None];
     if let Some(s) = &service {
         let target = Target::Service {
             addr: s.addr(),
@@ -353,23 +380,16 @@ async fn run_scenario(
     if let Some(f) = &floor {
         arms[FLOOR] = Some(make_arm(Target::Floor(f.clone()), None)?);
     }
+    if let Some(f) = &seed_floor {
+        arms[SEED_FLOOR] = Some(make_arm(Target::Floor(f.clone()), None)?);
+    }
 
-    // Warm-up, then service ½ · (store ½) · floor 1 · (store ½) · service ½: each target
-    // gets the full duration, and a drift of the shared machine falls on all alike.
+    // A warm-up of each target, then the measured segments, interleaved (see `plan`).
     for arm in arms.iter_mut().flatten() {
         eprintln!("   warm-up {}", target_name(&arm.target));
         segment(arm, workload, scenario.warmup, mongo, false).await;
     }
-    let first = scenario.duration / 2;
-    let second = scenario.duration - first;
-    let plan = [
-        (SERVICE, first),
-        (STORE, first),
-        (FLOOR, scenario.duration),
-        (STORE, second),
-        (SERVICE, second),
-    ];
-    for (which, duration) in plan {
+    for (which, duration) in plan(scenario.duration) {
         if let Some(arm) = arms[which].as_mut() {
             eprintln!(
                 "   measure {} ({:.1} s)",
@@ -396,23 +416,48 @@ async fn run_scenario(
     if let Some(store) = store {
         store.store().clone().shutdown().await;
     }
-    if let Some(floor) = floor {
+    for floor in [floor, seed_floor].into_iter().flatten() {
         floor.shutdown().await;
     }
     if !env.keep_data {
         mongo
-            .drop_databases(&[&service_db, &store_db, &floor_db])
+            .drop_databases(&[&service_db, &store_db, &floor_db, &seed_floor_db])
             .await;
     }
-    let [service_arm, store_arm, floor_arm] = arms;
+    let [service_arm, store_arm, floor_arm, seed_floor_arm] = arms;
     Ok(ScenarioResult {
         scenario: *scenario,
         service: service_arm.map(|arm| arm.measured),
         store: store_arm.map(|arm| arm.measured),
         floor: floor_arm.map(|arm| arm.measured),
+        seed_floor: seed_floor_arm.map(|arm| arm.measured),
         service_rss,
         mongod_rss,
     })
+}
+
+/// Indexes of a scenario's targets (its arms).
+const SERVICE: usize = 0;
+const STORE: usize = 1;
+const FLOOR: usize = 2;
+const SEED_FLOOR: usize = 3;
+
+/// The measured segments of a scenario, after the warm-up: the palindrome service ½ ·
+/// (store ½) · floor ½ · seed floor 1 · floor ½ · (store ½) · service ½. Each target gets
+/// the full duration, centred on the middle of the scenario, so a steady drift of the
+/// shared machine falls on all alike. A target the scenario does not measure is skipped.
+fn plan(duration: Duration) -> [(usize, Duration); 7] {
+    let first = duration / 2;
+    let second = duration - first;
+    [
+        (SERVICE, first),
+        (STORE, first),
+        (FLOOR, first),
+        (SEED_FLOOR, duration),
+        (FLOOR, second),
+        (STORE, second),
+        (SERVICE, second),
+    ]
 }
 
 /// tokenmint's own issuing service on `database`, migrated as the service migrates its own.
@@ -442,7 +487,7 @@ fn target_name(target: &Target) -> &'static str {
     match target {
         Target::Service { .. } => "tokenmint",
         Target::Store(_) => "store",
-        Target::Floor(_) => "floor",
+        Target::Floor(floor) => floor.design().name(),
     }
 }
 
@@ -522,5 +567,79 @@ fn add_opt(total: Option<Duration>, more: Option<Duration>) -> Option<Duration> 
         (Some(t), Some(m)) => Some(t + m),
         (None, m) => m,
         (t, None) => t,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn matrix(quick: bool) -> Vec<Scenario> {
+        scenarios(&Command::Matrix {
+            quick,
+            duration: None,
+            warmup: None,
+        })
+    }
+
+    #[test]
+    fn every_target_gets_the_full_duration_centred_on_the_middle() {
+        let duration = Duration::from_millis(15_001);
+        let plan = plan(duration);
+        let total: Duration = plan.iter().map(|(_, d)| *d).sum();
+        for target in [SERVICE, STORE, FLOOR, SEED_FLOOR] {
+            let (mut start, mut measured, mut moment) = (0.0, 0.0, 0.0);
+            for (which, segment) in plan {
+                let length = segment.as_secs_f64();
+                if which == target {
+                    measured += length;
+                    moment += length * (start + length / 2.0);
+                }
+                start += length;
+            }
+            assert!((measured - duration.as_secs_f64()).abs() < 1e-9);
+            let centre = moment / measured;
+            assert!((centre - total.as_secs_f64() / 2.0).abs() < 1e-3);
+        }
+    }
+
+    #[test]
+    fn the_matrix_measures_every_target_in_every_scenario() {
+        let shape: Vec<(usize, u32, IssuanceMode, f64)> = matrix(false)
+            .iter()
+            .map(|s| {
+                assert!(s.service && s.floor && s.seed_floor);
+                assert_eq!(s.workload.races, 0.0);
+                let w = s.workload;
+                (w.concurrency, w.quantity, w.mode, w.replays)
+            })
+            .collect();
+        let mut expected = Vec::new();
+        for replays in [0.0, 0.5] {
+            expected.push((32, 4, IssuanceMode::Upsert, replays));
+        }
+        for replays in [0.0, 0.5] {
+            expected.push((32, 4, IssuanceMode::Atomic, replays));
+        }
+        for (concurrency, quantity) in [(1, 4), (256, 4), (32, 1), (32, 100)] {
+            for mode in [IssuanceMode::Upsert, IssuanceMode::Atomic] {
+                expected.push((concurrency, quantity, mode, 0.0));
+            }
+        }
+        assert_eq!(shape, expected);
+    }
+
+    #[test]
+    fn the_default_matrix_measures_under_thirteen_minutes() {
+        // Warm-up and measured time of every target; starting the service, migrating and
+        // dropping the databases add a few seconds per scenario on top.
+        let seconds = |scenarios: Vec<Scenario>| -> f64 {
+            scenarios
+                .iter()
+                .map(|s| 3.0 * (s.warmup + s.duration).as_secs_f64())
+                .sum()
+        };
+        assert!(seconds(matrix(false)) <= 13.0 * 60.0);
+        assert!(seconds(matrix(true)) <= 3.0 * 60.0);
     }
 }

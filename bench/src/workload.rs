@@ -1,8 +1,8 @@
 //! The closed loop: N virtual clients, each issuing one request at a time until the
-//! deadline, against either the service (HTTP) or the floor (the same database
-//! operations, direct). What each client sends — new payments, replays of its completed
-//! payments, concurrent duplicate races — is drawn from the same seeded generator for
-//! both targets, so the two see the same mix.
+//! deadline, against the service (HTTP), its store in-process, or one of the floors
+//! (database operations issued directly). What each client sends — new payments, replays
+//! of its completed payments, concurrent duplicate races — is drawn from the same seeded
+//! generator for every target, so all see the same mix.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -32,7 +32,7 @@ pub struct Workload {
     pub races: f64,
 }
 
-/// One payment, as both targets issue it.
+/// One payment, as every target issues it.
 #[derive(Debug, Clone)]
 pub struct Payment {
     pub provider: &'static str,
@@ -41,7 +41,7 @@ pub struct Payment {
     pub owner: ObjectId,
     pub token_type: &'static str,
     pub quantity: u32,
-    /// The floor's paymentDate (the service sets its own: the request carries none).
+    /// The floors' paymentDate (the service sets its own: the request carries none).
     pub date: DateTime,
 }
 
@@ -94,7 +94,7 @@ pub enum Target {
     Service { addr: SocketAddr, api_key: String },
     /// tokenmint's own issuing service, in the bench process: the service without HTTP.
     Store(Issuer),
-    /// The same database operations, issued directly.
+    /// One of the floors (per-request or seed design): database operations issued directly.
     Floor(Floor),
 }
 
@@ -291,7 +291,7 @@ async fn client_loop(
     (client, stats)
 }
 
-/// One request on connection `conn` (service) or through the floor.
+/// One request on connection `conn` (service), or in-process (store, floors).
 async fn issue(
     client: &mut Client,
     conn: usize,
@@ -414,7 +414,7 @@ fn created_field(body: &[u8]) -> Option<u32> {
     Some(digits.fold(0u32, |n, d| n * 10 + u32::from(d - b'0')))
 }
 
-/// A small, fast, seeded generator: the same seed gives both targets the same mix.
+/// A small, fast, seeded generator: the same seed gives every target the same mix.
 struct SplitMix64(u64);
 
 impl SplitMix64 {
