@@ -134,21 +134,22 @@ impl Issuer {
         event: &PaymentEvent,
         state: &PaymentDoc,
     ) -> Result<EventOutcome, StoreError> {
-        let record = self.store.find_record(&event.key).await?;
         let mut outcome = match state.status {
             PaymentStatus::Succeeded => self.issue_from_metadata(event, state).await?,
             _ => EventOutcome::new("recorded"),
         };
         // Settle against the state just projected: a refund, partial refund or
         // cancellation revokes what no longer stands (nothing, when the payment stands).
-        // A payment that had no record before this event either has no tokens, or was
-        // issued just now by `issue_from_metadata`, which settles its own writes.
-        let settlement = match &record {
+        // The record is read after the issuance above, which may have created it or
+        // replaced a pending request's quantity with the provider's: the share is taken
+        // of the quantity the payment has now.
+        let settlement = match self.store.find_record(&event.key).await? {
             Some(record) => {
                 self.settle_with(&event.key, record.quantity, Some(state))
                     .await?
             }
-            None if state.status != PaymentStatus::Succeeded || state.amount_refunded.is_some() => {
+            // No record, so no tokens: only a withdrawn payment has anything to check.
+            None if state.status != PaymentStatus::Succeeded => {
                 self.settle_with(&event.key, 0, Some(state)).await?
             }
             None => Settlement::default(),
