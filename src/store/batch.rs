@@ -43,9 +43,11 @@ pub enum TokenInsert {
 }
 
 /// Acknowledged by the primary alone. Used for writes whose loss in a failover costs
-/// nothing: a record is made durable by the `w: majority` token insert that follows it
-/// (the majority commit point covers everything before it in the oplog), and a lost
-/// `issued` mark only sends the record back to self-repair, which marks it again.
+/// nothing: on a replica set a record is made durable by the `w: majority` token insert
+/// that follows it (the majority commit point covers everything before it in the oplog;
+/// on a sharded cluster the two may live on different shards, so records are written
+/// `w: majority` there), and a lost `issued` mark only sends the record back to
+/// self-repair, which marks it again.
 pub(super) fn primary_only() -> WriteConcern {
     WriteConcern::builder()
         .w(Acknowledgment::Nodes(1))
@@ -65,12 +67,17 @@ impl Store {
     ) -> Result<Vec<RecordInsert>, StoreError> {
         let mut results: Vec<RecordInsert> =
             records.iter().map(|_| RecordInsert::Inserted).collect();
+        let write_concern = if self.is_sharded().await? {
+            majority()
+        } else {
+            primary_only()
+        };
         let outcome = self
             .db
             .collection_with_options::<IssuanceDoc>(
                 ISSUANCES,
                 CollectionOptions::builder()
-                    .write_concern(primary_only())
+                    .write_concern(write_concern)
                     .build(),
             )
             .insert_many(records)

@@ -77,8 +77,18 @@ pub struct Store {
     client: Client,
     db: Database,
     config: Arc<StoreConfig>,
-    /// Whether the deployment supports transactions, learnt from the first `hello`.
-    transactions: Arc<OnceCell<bool>>,
+    /// What kind of deployment this is, learnt from the first `hello`.
+    deployment: Arc<OnceCell<Deployment>>,
+}
+
+/// What the first `hello` told about the deployment.
+#[derive(Debug, Clone, Copy)]
+struct Deployment {
+    /// A replica-set member or mongos: multi-document transactions work.
+    transactions: bool,
+    /// A mongos in front of shards: one write's durability says nothing of another
+    /// shard's, so no write may lean on a later one for its durability.
+    sharded: bool,
 }
 
 impl Store {
@@ -107,7 +117,7 @@ impl Store {
             client,
             db,
             config: Arc::new(config),
-            transactions: Arc::new(OnceCell::new()),
+            deployment: Arc::new(OnceCell::new()),
         })
     }
 
@@ -133,16 +143,28 @@ impl Store {
     /// Whether multi-document transactions are available: a replica-set member or mongos.
     /// A standalone server has neither `setName` nor `msg: "isdbgrid"` in its `hello`.
     pub async fn supports_transactions(&self) -> Result<bool, StoreError> {
-        let supported = self
-            .transactions
+        Ok(self.deployment().await?.transactions)
+    }
+
+    /// Whether tokenmint talks to a sharded cluster (through mongos).
+    pub(crate) async fn is_sharded(&self) -> Result<bool, StoreError> {
+        Ok(self.deployment().await?.sharded)
+    }
+
+    async fn deployment(&self) -> Result<Deployment, StoreError> {
+        let deployment = self
+            .deployment
             .get_or_try_init(|| async {
                 let hello = self.db.run_command(doc! { "hello": 1 }).await?;
                 let replica_set = hello.get_str("setName").is_ok();
                 let mongos = hello.get_str("msg").is_ok_and(|m| m == "isdbgrid");
-                Ok::<_, StoreError>(replica_set || mongos)
+                Ok::<_, StoreError>(Deployment {
+                    transactions: replica_set || mongos,
+                    sharded: mongos,
+                })
             })
             .await?;
-        Ok(*supported)
+        Ok(*deployment)
     }
 
     /// Closes pooled connections; the client is unusable afterwards.
