@@ -1,4 +1,4 @@
-//! Group commit of upsert-mode issuances: concurrent requests share database commands.
+//! Group commit: concurrent issuances share database commands.
 //!
 //! Requests queue; a few writer tasks each take whatever has queued (at least one, at most
 //! `MAX_BATCH`, no waiting for more: at low load a batch is one request and nothing is
@@ -15,6 +15,10 @@
 //!    a complete, matching set is answered from those, anything else takes the
 //!    one-request path (verify, complete with the upsert bulk, take over a pending record).
 //!
+//! Atomic mode keeps one transaction per issuance (record and tokens, all or nothing) in
+//! place of steps 2–3, the batch's transactions running at once; steps 1, 4 and 5 are
+//! shared with the rest of the batch.
+//!
 //! Each request's answer depends only on its own items' results: a failed item fails its
 //! request alone, a token race sends its payment to the convergent upsert bulk, and a
 //! command that fails as a whole fails the requests it carried (their records, if any,
@@ -27,11 +31,16 @@ use tokio::sync::{Mutex, mpsc, oneshot};
 
 use super::issue::refuse_unless_standing;
 use super::{IssueError, IssueOutcome, IssuedTokens, Issuer};
-use crate::domain::{IssuanceStatus, NewIssuance, PaymentKey};
-use crate::store::{IssuanceDoc, RecordInsert, StoreError, TokenInsert};
+use crate::domain::{IssuanceMode, IssuanceStatus, NewIssuance, PaymentKey};
+use crate::store::{
+    AtomicInsert, IssuanceDoc, RecordInsert, StoreError, TokenInsert, TokenSummary,
+};
 
-/// Writer tasks: up to this many batches are in flight while the next ones gather.
-const WRITERS: usize = 4;
+/// Writer tasks: up to this many batches are in flight while the next ones gather. Two
+/// keep the database busy while the next batch gathers; more split the queue into smaller
+/// batches (measured at concurrency 32: one writer 16 issuances a batch, two 9, four 6 —
+/// and four cost mongod the most per issuance).
+const WRITERS: usize = 2;
 /// Most requests per batch.
 const MAX_BATCH: usize = 256;
 /// Most tokens per batch: bounds the memory one batch holds (the driver splits the insert
@@ -106,6 +115,9 @@ struct Claimed {
     record: IssuanceDoc,
 }
 
+/// A claim whose tokens are written, with their summaries.
+type Written = (Claimed, Vec<TokenSummary>);
+
 impl Issuer {
     async fn commit(&self, batch: Vec<Queued>) {
         // 1. Refuse what the payment's known state forbids, before writing anything.
@@ -123,18 +135,47 @@ impl Issuer {
                 }
             }
         }
-        // 2. Claim: insert the records.
-        let records: Vec<IssuanceDoc> = admitted
+        let (atomic, upsert): (Vec<_>, Vec<_>) = admitted
+            .into_iter()
+            .partition(|q| q.request.mode == IssuanceMode::Atomic);
+        let (claimed, replays) = self.claim_records(upsert).await;
+        let writes = async {
+            let ((mut written, raced), (committed, atomic_replays)) =
+                tokio::join!(self.insert_tokens(claimed), self.transact(atomic));
+            written.extend(committed);
+            self.settle_and_mark(written).await;
+            // A concurrent replay or repair wrote some of these tokens: converge, one by one.
+            join_all(raced.into_iter().map(|claim| async move {
+                let outcome = self.complete(claim.record).await.map(IssueOutcome::Created);
+                let _ = claim.answer.send(outcome);
+            }))
+            .await;
+            atomic_replays
+        };
+        let (atomic_replays, ()) = tokio::join!(writes, self.replay_batch(replays));
+        self.replay_batch(atomic_replays).await;
+    }
+
+    /// Step 2 (upsert mode): insert the records; a record that exists makes its request a
+    /// replay.
+    async fn claim_records(&self, upsert: Vec<Queued>) -> (Vec<Claimed>, Vec<Queued>) {
+        let mut claimed = Vec::new();
+        let mut replays = Vec::new();
+        if upsert.is_empty() {
+            return (claimed, replays);
+        }
+        let records: Vec<IssuanceDoc> = upsert
             .iter()
             .map(|q| IssuanceDoc::new(&q.request, IssuanceStatus::Issuing))
             .collect();
         let inserted = match self.store.insert_records(&records).await {
             Ok(inserted) => inserted,
-            Err(err) => return fail_all(admitted.into_iter().map(|q| q.answer), &err),
+            Err(err) => {
+                fail_all(upsert.into_iter().map(|q| q.answer), &err);
+                return (claimed, replays);
+            }
         };
-        let mut claimed = Vec::new();
-        let mut replays = Vec::new();
-        for ((queued, record), result) in admitted.into_iter().zip(records).zip(inserted) {
+        for ((queued, record), result) in upsert.into_iter().zip(records).zip(inserted) {
             match result {
                 RecordInsert::Inserted => claimed.push(Claimed {
                     request: queued.request,
@@ -147,21 +188,25 @@ impl Issuer {
                 }
             }
         }
-        tokio::join!(self.write_claimed(claimed), self.replay_batch(replays));
+        (claimed, replays)
     }
 
-    /// Steps 3–5 for the requests whose records this batch inserted.
-    async fn write_claimed(&self, claimed: Vec<Claimed>) {
+    /// Step 3 (upsert mode): one insert of the claimed payments' tokens. Returns the sets
+    /// written whole, and the claims whose set raced another writer.
+    async fn insert_tokens(&self, claimed: Vec<Claimed>) -> (Vec<Written>, Vec<Claimed>) {
+        let mut written = Vec::new();
+        let mut raced = Vec::new();
         if claimed.is_empty() {
-            return;
+            return (written, raced);
         }
         let sets: Vec<&NewIssuance> = claimed.iter().map(|c| &c.request).collect();
         let results = match self.store.insert_token_sets(&sets).await {
             Ok(results) => results,
-            Err(err) => return fail_all(claimed.into_iter().map(|c| c.answer), &err),
+            Err(err) => {
+                fail_all(claimed.into_iter().map(|c| c.answer), &err);
+                return (written, raced);
+            }
         };
-        let mut written = Vec::new();
-        let mut raced = Vec::new();
         for (claim, result) in claimed.into_iter().zip(results) {
             match result {
                 TokenInsert::Inserted(tokens) => written.push((claim, tokens)),
@@ -171,18 +216,43 @@ impl Issuer {
                 }
             }
         }
-        self.settle_and_mark(written).await;
-        // A concurrent replay or repair wrote some of these tokens: converge, one by one.
-        join_all(raced.into_iter().map(|claim| async move {
-            let outcome = self.complete(claim.record).await.map(IssueOutcome::Created);
-            let _ = claim.answer.send(outcome);
+        (written, raced)
+    }
+
+    /// Steps 2–3 (atomic mode): one transaction per issuance (record and tokens, all or
+    /// nothing), the batch's transactions running at once. Returns the committed sets,
+    /// and the requests whose payment had a record already (replays).
+    async fn transact(&self, atomic: Vec<Queued>) -> (Vec<Written>, Vec<Queued>) {
+        let outcomes = join_all(atomic.into_iter().map(|queued| async move {
+            let record = IssuanceDoc::new(&queued.request, IssuanceStatus::Issuing);
+            let outcome = self.store.insert_atomically(&record, &queued.request).await;
+            (queued, record, outcome)
         }))
         .await;
+        let mut written = Vec::new();
+        let mut replays = Vec::new();
+        for (queued, record, outcome) in outcomes {
+            match outcome {
+                Ok(AtomicInsert::Committed(tokens)) => written.push((
+                    Claimed {
+                        request: queued.request,
+                        answer: queued.answer,
+                        record,
+                    },
+                    tokens,
+                )),
+                Ok(AtomicInsert::RecordExists(_)) => replays.push(queued),
+                Err(err) => {
+                    let _ = queued.answer.send(Err(err.into()));
+                }
+            }
+        }
+        (written, replays)
     }
 
     /// Steps 4 and 5: settle the written sets against their payments as they are now,
     /// mark the records `issued`, answer.
-    async fn settle_and_mark(&self, written: Vec<(Claimed, Vec<crate::store::TokenSummary>)>) {
+    async fn settle_and_mark(&self, written: Vec<Written>) {
         if written.is_empty() {
             return;
         }

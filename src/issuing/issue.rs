@@ -93,21 +93,18 @@ impl Issuer {
     }
 
     /// Issues `request`, which an authority vouched for: a trusted key, the provider's
-    /// metadata, or a checkout request matching that metadata. Upsert mode goes through
-    /// group commit; atomic mode keeps one transaction per issuance.
+    /// metadata, or a checkout request matching that metadata, through group commit
+    /// (atomic mode keeps one transaction per issuance inside it).
     pub(super) async fn issue_authorised(
         &self,
         request: &NewIssuance,
     ) -> Result<IssueOutcome, IssueError> {
-        match request.mode {
-            IssuanceMode::Upsert => self.committer().submit(request.clone()).await,
-            IssuanceMode::Atomic => self.issue_alone(request).await,
-        }
+        self.committer().submit(request.clone()).await
     }
 
     /// Issues `request` on its own: refused if the payment is known not to stand, else
     /// the record claimed (or found), the tokens written or completed, the set settled and
-    /// marked. Atomic mode's path, and upsert mode's for replays that are not simple.
+    /// marked. The path of replays that group commit cannot answer from its reads.
     pub(super) async fn issue_alone(
         &self,
         request: &NewIssuance,
