@@ -80,7 +80,7 @@ trap 'exit 130' INT TERM
 port="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
 base="http://127.0.0.1:$port"
 key="tm_fuzz_$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')"
-stripe_secret="whsec_fuzz"
+stripe_secret="whsec_fuzz_test_secret_0123456789"
 key_sha256="$(printf '%s' "$key" | sha256sum | cut -d' ' -f1)"
 
 mkdir -p "$report_dir"

@@ -1,7 +1,11 @@
 //! The command line: `tokenmint serve | migrate [--dry-run] | duplicates | verify
-//! [--repair] | openapi`. Exit status, for every command: 0 done and clean, 1 the command
-//! ran and found something (violations, duplicates), 2 it could not run (bad
-//! configuration, database unreachable, a failed start).
+//! [--repair] | keys new|dev | openapi`. Exit status, for every command: 0 done and
+//! clean, 1 the command ran and found something (violations, duplicates), 2 it could not
+//! run (bad configuration or usage, database unreachable, a failed start).
+//!
+//! With the embedded database, the operator commands (migrate, duplicates, verify) use
+//! the mongod a running `tokenmint serve` has on the same data directory, and leave it
+//! running; with none running they start their own and stop it when done.
 
 use std::path::PathBuf;
 
@@ -9,8 +13,10 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use utoipa::OpenApi;
 
+use crate::domain::{AccountId, Scope};
+use crate::http::auth::{key_hash, random_key};
 use crate::settings::Settings;
-use crate::startup::{Application, connect, shutdown_signal};
+use crate::startup::{Application, connect, dev_key_path, read_dev_key, shutdown_signal};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -47,8 +53,33 @@ pub enum Command {
         #[arg(long)]
         repair: bool,
     },
+    /// API keys: make a new one, or print the development key again.
+    Keys {
+        #[command(subcommand)]
+        command: KeysCommand,
+    },
     /// Print the OpenAPI document (YAML).
     Openapi,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum KeysCommand {
+    /// Print a fresh random key (once: only its SHA-256 is configured) to stderr, and its
+    /// `[[auth.keys]]` entry to stdout, e.g. `tokenmint keys new --id ci >> config.toml`.
+    New {
+        /// The key's id (logged with its requests); default `key-` and 8 random hex digits.
+        #[arg(long)]
+        id: Option<String>,
+        /// Comma-separated scopes: issuances:write, issuances:request, read,
+        /// tokens:redeem, tokens:revoke, tokens:transfer, admin. Default: admin.
+        #[arg(long, value_delimiter = ',')]
+        scopes: Vec<String>,
+        /// Comma-separated accountIds the key is limited to; default: every account.
+        #[arg(long, value_delimiter = ',')]
+        accounts: Option<Vec<String>>,
+    },
+    /// Print the development admin key the embedded default keeps in its data directory.
+    Dev,
 }
 
 /// How a command that ran ended.
@@ -63,12 +94,24 @@ pub enum Finished {
 impl Cli {
     /// Runs the command; `Err` means it could not run (exit 2).
     pub async fn run(self) -> anyhow::Result<Finished> {
-        if let Command::Openapi = self.command {
-            let yaml = crate::http::ApiDoc::openapi()
-                .to_yaml()
-                .context("render OpenAPI")?;
-            print!("{yaml}");
-            return Ok(Finished::Clean);
+        // Commands that need no configuration: a broken one must not stop them.
+        match self.command {
+            Command::Openapi => {
+                let yaml = crate::http::ApiDoc::openapi()
+                    .to_yaml()
+                    .context("render OpenAPI")?;
+                print!("{yaml}");
+                return Ok(Finished::Clean);
+            }
+            Command::Keys {
+                command:
+                    KeysCommand::New {
+                        id,
+                        scopes,
+                        accounts,
+                    },
+            } => return new_key(id, scopes, accounts),
+            _ => {}
         }
         let settings = Settings::load(self.config.as_deref())?;
         crate::telemetry::init_logging(&settings.log);
@@ -81,8 +124,115 @@ impl Cli {
             Command::Migrate { dry_run } => migrate(&settings, dry_run).await,
             Command::Duplicates => duplicates(&settings).await,
             Command::Verify { repair } => verify(&settings, repair).await,
-            Command::Openapi => unreachable!("handled above"),
+            Command::Keys {
+                command: KeysCommand::Dev,
+            } => dev_key(&settings),
+            Command::Openapi
+            | Command::Keys {
+                command: KeysCommand::New { .. },
+            } => unreachable!("handled above"),
         }
+    }
+}
+
+/// `keys new`: the key to stderr (so that stdout can be appended to a config file), the
+/// entry to stdout.
+fn new_key(
+    id: Option<String>,
+    scopes: Vec<String>,
+    accounts: Option<Vec<String>>,
+) -> anyhow::Result<Finished> {
+    let id = id.unwrap_or_else(|| random_key("key-")[..12].to_owned());
+    if id.trim().is_empty() {
+        anyhow::bail!("--id must not be empty");
+    }
+    let scopes = if scopes.is_empty() {
+        eprintln!(
+            "no --scopes given: the key gets `admin` (every scope); pass --scopes to limit it"
+        );
+        vec![Scope::Admin.as_str().to_owned()]
+    } else {
+        let mut parsed: Vec<String> = Vec::new();
+        for scope in &scopes {
+            let Some(scope) = Scope::parse(scope.trim()) else {
+                anyhow::bail!(
+                    "unknown scope `{}` (known: issuances:write, issuances:request, read, tokens:redeem, tokens:revoke, tokens:transfer, admin)",
+                    scope.trim()
+                );
+            };
+            if !parsed.iter().any(|known| known == scope.as_str()) {
+                parsed.push(scope.as_str().to_owned());
+            }
+        }
+        parsed
+    };
+    let accounts = match accounts {
+        Some(accounts) => {
+            let accounts: Vec<String> = accounts.iter().map(|a| a.trim().to_owned()).collect();
+            if accounts.is_empty() {
+                anyhow::bail!("--accounts must list at least one accountId");
+            }
+            for account in &accounts {
+                if let Err(rule) = AccountId::parse(account) {
+                    anyhow::bail!("--accounts: `{account}` is not an accountId: it {rule}");
+                }
+            }
+            Some(accounts)
+        }
+        None => None,
+    };
+    let key = random_key("tm_");
+    eprintln!(
+        "New API key `{id}` (shown once: tokenmint keeps only its SHA-256; give it to the client now):\n\n    {key}\n\nIts entry for the configuration follows on stdout.\n"
+    );
+    let list = |items: &[String]| {
+        items
+            .iter()
+            .map(|item| toml_string(item))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let mut entry = format!(
+        "[[auth.keys]]\nid = {}\nsha256 = \"{}\"\nscopes = [{}]\n",
+        toml_string(&id),
+        key_hash(&key),
+        list(&scopes)
+    );
+    if let Some(accounts) = &accounts {
+        entry.push_str(&format!("accounts = [{}]\n", list(accounts)));
+    }
+    print!("{entry}");
+    Ok(Finished::Clean)
+}
+
+/// `text` as a TOML basic string. JSON's string escapes are all valid TOML escapes.
+fn toml_string(text: &str) -> String {
+    serde_json::to_string(text).expect("a string serializes")
+}
+
+/// `keys dev`: the development key kept by the embedded default, on stdout.
+fn dev_key(settings: &Settings) -> anyhow::Result<Finished> {
+    if settings.is_production() {
+        anyhow::bail!("TOKENMINT_ENV=production never uses a development key");
+    }
+    if !settings.auth.keys.is_empty() {
+        anyhow::bail!("[[auth.keys]] is configured, so no development key is in use");
+    }
+    if !settings.mongo.uri.is_empty() {
+        anyhow::bail!(
+            "mongo.uri is set: a development key is only kept with the embedded database (a start with mongo.uri and no [[auth.keys]] prints a key valid for that run)"
+        );
+    }
+    let path = dev_key_path(settings);
+    match read_dev_key(&path)? {
+        Some(key) => {
+            println!("{key}");
+            Ok(Finished::Clean)
+        }
+        None => anyhow::bail!(
+            "no development key in {} yet: the first `tokenmint serve` on the embedded database with no [[auth.keys]] creates it",
+            path.display()
+        ),
     }
 }
 

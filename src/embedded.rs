@@ -5,6 +5,12 @@
 //! The port is chosen once and remembered in the data directory, because the replica-set
 //! configuration stored in the data names `host:port`: a restart on another port would
 //! come up as a member that is not in its own set, never primary.
+//!
+//! One mongod per data directory: `start` refuses when a live mongod already holds it
+//! (its pid is in `mongod.lock`), and operator commands (`attach_or_start`) use that
+//! mongod instead, after checking that the server on the remembered port is that very
+//! process, and never stop a mongod they did not start. mongod's stdout and stderr (what
+//! it prints before its log is open) go to its log file too.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -21,7 +27,13 @@ use crate::settings::EmbeddedMongoSettings;
 pub const INSTALLED_BINARY: &str = ".tools/mongodb/bin/mongod";
 const REPLICA_SET: &str = "rs0";
 const PORT_FILE: &str = "tokenmint-port";
+/// mongod writes its pid here while it holds the data directory, and empties it on a
+/// clean shutdown.
+const LOCK_FILE: &str = "mongod.lock";
 const STARTUP_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long mongod gets to finish after the `shutdown` command, then after SIGTERM.
+const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(20);
+const TERMINATE_TIMEOUT: Duration = Duration::from_secs(60);
 
 #[derive(Debug, thiserror::Error)]
 pub enum EmbeddedError {
@@ -41,11 +53,49 @@ pub enum EmbeddedError {
     NotReady(Duration, PathBuf),
     #[error("embedded mongod: {0}")]
     Mongo(#[from] mongodb::error::Error),
+    #[error(
+        "an embedded mongod (pid {pid}) already runs on {data_dir}: another `tokenmint serve` \
+         (or an operator command) is using it. Stop that one first, or use another \
+         mongo.embedded.data_dir"
+    )]
+    InUse { pid: u32, data_dir: PathBuf },
+    #[error(
+        "the embedded mongod (pid {pid}) on {data_dir} has no remembered port ({file} is missing or damaged)"
+    )]
+    NoPort {
+        pid: u32,
+        data_dir: PathBuf,
+        file: PathBuf,
+    },
+    #[error(
+        "port {port} remembered in {data_dir} is answered by {found}, not by the mongod \
+         holding the data directory (pid {pid}); not using it"
+    )]
+    NotOurs {
+        port: u16,
+        pid: u32,
+        data_dir: PathBuf,
+        found: String,
+    },
+    #[error(
+        "the embedded mongod (pid {pid}) on {data_dir} did not answer as a writable primary \
+         on port {port} within {timeout:?}; see {log}"
+    )]
+    Unresponsive {
+        pid: u32,
+        port: u16,
+        data_dir: PathBuf,
+        timeout: Duration,
+        log: PathBuf,
+    },
 }
 
-/// A running embedded mongod.
+/// An embedded mongod in use: one this process started (and stops), or one another
+/// tokenmint process started on the same data directory, which this one only uses.
 pub struct EmbeddedMongo {
-    child: Child,
+    /// `None` when attached to another process's mongod.
+    child: Option<Child>,
+    pid: Option<u32>,
     uri: String,
     log: PathBuf,
 }
@@ -74,13 +124,26 @@ pub fn find_binary(configured: &str) -> Result<PathBuf, EmbeddedError> {
 
 impl EmbeddedMongo {
     /// Starts mongod, initiates the replica set on first use and waits for a writable
-    /// primary. A second start on the same data directory reuses data and port.
+    /// primary. A second start on the same data directory reuses data and port. Refuses
+    /// (`InUse`) when a mongod already runs on the data directory.
     pub async fn start(settings: &EmbeddedMongoSettings) -> Result<Self, EmbeddedError> {
         let binary = find_binary(&settings.binary)?;
         let data_dir = &settings.data_dir;
         std::fs::create_dir_all(data_dir)?;
+        if let Some(pid) = running_mongod(data_dir) {
+            return Err(EmbeddedError::InUse {
+                pid,
+                data_dir: data_dir.clone(),
+            });
+        }
         let port = remembered_port(data_dir)?;
         let log = data_dir.join("mongod.log");
+        // What mongod prints before its log is open (bad options, a locked data
+        // directory) would otherwise be lost.
+        let output = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)?;
         let mut command = Command::new(&binary);
         command
             .arg("--dbpath")
@@ -98,24 +161,107 @@ impl EmbeddedMongo {
             .arg(&log)
             .args(["--setParameter", "diagnosticDataCollectionEnabled=false"])
             .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .kill_on_drop(true);
+            .stdout(Stdio::from(output.try_clone()?))
+            .stderr(Stdio::from(output));
+        // Not kill_on_drop: a dropped handle asks mongod to stop (SIGTERM, see Drop), it
+        // never kills it.
         die_with_parent(command.as_std_mut(), libc::SIGTERM);
         let child = command.spawn()?;
-        tracing::info!(binary = %binary.display(), port, data_dir = %data_dir.display(), "started embedded mongod");
+        let pid = child.id();
+        tracing::info!(binary = %binary.display(), port, pid, data_dir = %data_dir.display(), "started embedded mongod");
         let mut mongo = Self {
-            child,
-            uri: format!("mongodb://127.0.0.1:{port}/?directConnection=true"),
+            child: Some(child),
+            pid,
+            uri: uri(port),
             log,
         };
-        mongo.initiate(port).await?;
+        if let Err(err) = mongo.initiate(port).await {
+            // A mongod that came up but never became primary is stopped cleanly.
+            mongo.stop().await;
+            return Err(err);
+        }
         Ok(mongo)
+    }
+
+    /// For operator commands: the mongod already running on the data directory (checked
+    /// to be the process holding it, and left running afterwards), else one started here
+    /// as by `start` (and stopped by `stop`).
+    pub async fn attach_or_start(settings: &EmbeddedMongoSettings) -> Result<Self, EmbeddedError> {
+        match running_mongod(&settings.data_dir) {
+            Some(pid) => Self::attach(&settings.data_dir, pid).await,
+            None => Self::start(settings).await,
+        }
+    }
+
+    /// Uses the running mongod `pid` of `data_dir`, once the server on the remembered port
+    /// proves to be that process and a writable primary.
+    async fn attach(data_dir: &Path, pid: u32) -> Result<Self, EmbeddedError> {
+        let file = data_dir.join(PORT_FILE);
+        let port = read_port(&file).ok_or_else(|| EmbeddedError::NoPort {
+            pid,
+            data_dir: data_dir.to_path_buf(),
+            file: file.clone(),
+        })?;
+        let log = data_dir.join("mongod.log");
+        let uri = uri(port);
+        let mut options = ClientOptions::parse(&uri).await?;
+        options.server_selection_timeout = Some(Duration::from_millis(500));
+        let client = Client::with_options(options)?;
+        let admin = client.database("admin");
+        let deadline = tokio::time::Instant::now() + STARTUP_TIMEOUT;
+        loop {
+            if let Ok(status) = admin.run_command(doc! { "serverStatus": 1 }).await {
+                let answering = match status.get("pid") {
+                    Some(mongodb::bson::Bson::Int64(p)) => Some(*p),
+                    Some(mongodb::bson::Bson::Int32(p)) => Some(i64::from(*p)),
+                    _ => None,
+                };
+                if answering != Some(i64::from(pid)) {
+                    return Err(EmbeddedError::NotOurs {
+                        port,
+                        pid,
+                        data_dir: data_dir.to_path_buf(),
+                        found: answering.map_or_else(
+                            || "a server that does not tell its pid".to_owned(),
+                            |p| format!("a mongod with pid {p}"),
+                        ),
+                    });
+                }
+                let primary = admin
+                    .run_command(doc! { "hello": 1 })
+                    .await
+                    .is_ok_and(|hello| hello.get_bool("isWritablePrimary").unwrap_or(false));
+                if primary {
+                    tracing::info!(pid, port, data_dir = %data_dir.display(), "using the embedded mongod already running");
+                    return Ok(Self {
+                        child: None,
+                        pid: Some(pid),
+                        uri,
+                        log,
+                    });
+                }
+            }
+            if tokio::time::Instant::now() > deadline || !process_alive(pid) {
+                return Err(EmbeddedError::Unresponsive {
+                    pid,
+                    port,
+                    data_dir: data_dir.to_path_buf(),
+                    timeout: STARTUP_TIMEOUT,
+                    log,
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     /// The mongod process id (for operators' tooling and fault-injection tests).
     pub fn pid(&self) -> Option<u32> {
-        self.child.id()
+        self.pid
+    }
+
+    /// Whether this handle uses a mongod another process started (and will not stop it).
+    pub fn is_attached(&self) -> bool {
+        self.child.is_none()
     }
 
     /// The URI to connect to it.
@@ -131,7 +277,13 @@ impl EmbeddedMongo {
         let deadline = tokio::time::Instant::now() + STARTUP_TIMEOUT;
         let mut initiated = false;
         loop {
-            if let Some(status) = self.child.try_wait()? {
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .map(Child::try_wait)
+                .transpose()?
+                .flatten()
+            {
                 return Err(EmbeddedError::Exited {
                     status: status.to_string(),
                     log: self.log.clone(),
@@ -163,8 +315,24 @@ impl EmbeddedMongo {
         }
     }
 
-    /// Asks mongod to shut down cleanly and waits for it; kills it if it will not.
+    /// Asks mongod to shut down cleanly (the `shutdown` command, then SIGTERM if it does
+    /// not exit in time) and waits for it; never kills it. A mongod another process
+    /// started is left running.
     pub async fn stop(mut self) {
+        let Some(mut child) = self.child.take() else {
+            tracing::info!(
+                pid = self.pid,
+                "left the embedded mongod running: another tokenmint process started it"
+            );
+            return;
+        };
+        if let Ok(Some(_)) = child.try_wait() {
+            tracing::warn!(
+                "embedded mongod had already exited; see {}",
+                self.log.display()
+            );
+            return;
+        }
         if let Ok(mut options) = ClientOptions::parse(&self.uri).await {
             options.server_selection_timeout = Some(Duration::from_secs(2));
             if let Ok(client) = Client::with_options(options) {
@@ -175,23 +343,96 @@ impl EmbeddedMongo {
                     .await;
             }
         }
-        match tokio::time::timeout(Duration::from_secs(20), self.child.wait()).await {
+        if tokio::time::timeout(SHUTDOWN_TIMEOUT, child.wait())
+            .await
+            .is_ok()
+        {
+            tracing::info!("embedded mongod stopped");
+            return;
+        }
+        tracing::warn!(
+            "embedded mongod did not stop within {SHUTDOWN_TIMEOUT:?} of the shutdown command; sending SIGTERM"
+        );
+        terminate(&child);
+        match tokio::time::timeout(TERMINATE_TIMEOUT, child.wait()).await {
             Ok(_) => tracing::info!("embedded mongod stopped"),
-            Err(_) => {
-                tracing::warn!("embedded mongod did not stop in time; killing it");
-                let _ = self.child.kill().await;
-            }
+            Err(_) => tracing::error!(
+                "embedded mongod is still shutting down after SIGTERM; left to finish (see {})",
+                self.log.display()
+            ),
         }
     }
+}
+
+impl Drop for EmbeddedMongo {
+    /// A handle dropped without `stop` (an early error, a panic) still asks the mongod it
+    /// started to shut down cleanly, without waiting.
+    fn drop(&mut self) {
+        if let Some(child) = &self.child {
+            terminate(child);
+        }
+    }
+}
+
+/// Sends SIGTERM (mongod's clean shutdown) to `child` unless it has been reaped.
+fn terminate(child: &Child) {
+    if let Some(pid) = child.id().and_then(|pid| libc::pid_t::try_from(pid).ok()) {
+        // SAFETY: kill(2) on our own child, not reaped yet (tokio clears the id once it
+        // is), so the pid cannot belong to another process.
+        unsafe {
+            libc::kill(pid, libc::SIGTERM);
+        }
+    }
+}
+
+fn uri(port: u16) -> String {
+    format!("mongodb://127.0.0.1:{port}/?directConnection=true")
+}
+
+/// The pid of a live mongod holding `data_dir` (written into its `mongod.lock`), if any.
+/// A lock left behind by a crash names a dead process (or, rarely, a pid reused by
+/// something that is not mongod) and counts as none.
+pub fn running_mongod(data_dir: &Path) -> Option<u32> {
+    let pid: u32 = std::fs::read_to_string(data_dir.join(LOCK_FILE))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    if !process_alive(pid) {
+        return None;
+    }
+    #[cfg(target_os = "linux")]
+    if let Ok(name) = std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        && !name.trim().starts_with("mongod")
+    {
+        return None;
+    }
+    Some(pid)
+}
+
+/// Whether process `pid` exists (also when it belongs to another user).
+fn process_alive(pid: u32) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return false;
+    };
+    if pid <= 0 {
+        return false;
+    }
+    // SAFETY: signal 0 only checks that the process exists; nothing is sent.
+    let rc = unsafe { libc::kill(pid, 0) };
+    rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+fn read_port(file: &Path) -> Option<u16> {
+    std::fs::read_to_string(file)
+        .ok()
+        .and_then(|p| p.trim().parse().ok())
 }
 
 /// The port recorded in `data_dir`, or a free one, recorded for next time.
 fn remembered_port(data_dir: &Path) -> Result<u16, EmbeddedError> {
     let file = data_dir.join(PORT_FILE);
-    if let Some(port) = std::fs::read_to_string(&file)
-        .ok()
-        .and_then(|p| p.trim().parse().ok())
-    {
+    if let Some(port) = read_port(&file) {
         return Ok(port);
     }
     let port = std::net::TcpListener::bind("127.0.0.1:0")?

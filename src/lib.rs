@@ -3,8 +3,9 @@
 //! Layers, outermost first, each using only the ones after it: `cli` → `startup` →
 //! `http` (routes, auth, error envelope) and `webhooks` (signatures, event parsing) →
 //! `issuing` (every business rule) → `store` (every MongoDB call, no decisions) and
-//! `migrate` (schema) → `domain` (validated types). `settings`, `telemetry` and
-//! `embedded` are leaves the outer layers configure the inner ones from.
+//! `migrate` (schema) → `domain` (validated types). `settings`, `telemetry`, `embedded`
+//! and `server` (the hardened HTTP/1.1 connection loop) are leaves the outer layers
+//! configure the inner ones from.
 
 pub mod cli;
 pub mod domain;
@@ -12,6 +13,7 @@ pub mod embedded;
 pub mod http;
 pub mod issuing;
 pub mod migrate;
+pub mod server;
 pub mod settings;
 pub mod startup;
 pub mod store;

@@ -1,20 +1,30 @@
 //! Building and running the application. `Application::build` binds the listener (port 0
 //! works: tests use it), so callers can read the address before serving.
+//!
+//! Order of a start: what can be refused without a database (production rules, the API
+//! keys) is refused first, before any mongod start or migration; then the database
+//! (the embedded mongod when no URI is configured), migrations and the listener. A start
+//! that fails once the embedded mongod runs stops it cleanly.
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
-use axum::Router;
+use axum::{Extension, Router};
 use tokio::net::TcpListener;
 
 use crate::embedded::EmbeddedMongo;
-use crate::http::auth::{ApiKeys, generate_dev_key};
+use crate::http::auth::{ApiKeys, DEV_KEY_PREFIX, dev_key_settings, is_dev_key, random_key};
 use crate::http::{AppState, router};
 use crate::issuing::{Issuer, IssuingConfig, spawn_repair};
+use crate::server::{Limits, ShuttingDown};
 use crate::settings::Settings;
 use crate::store::{RetryPolicy, Store, StoreConfig};
+
+/// The file in the embedded data directory that keeps the development admin key.
+pub const DEV_KEY_FILE: &str = "tokenmint-dev-key";
 
 /// A connected, migrated, bound application, ready to serve.
 pub struct Application {
@@ -23,19 +33,40 @@ pub struct Application {
     store: Store,
     embedded: Option<EmbeddedMongo>,
     grace: Duration,
+    limits: Limits,
+    shutting_down: ShuttingDown,
 }
 
-/// The store for `settings`, starting the embedded mongod when no URI is configured.
+/// For operator commands (migrate, duplicates, verify): the store, on the embedded mongod
+/// already running on the data directory (a running `tokenmint serve`'s, used and left
+/// running) or else on one started here. Stop it afterwards with `EmbeddedMongo::stop`,
+/// which leaves a mongod this process did not start alone.
 pub async fn connect(settings: &Settings) -> anyhow::Result<(Store, Option<EmbeddedMongo>)> {
+    open_store(settings, true).await
+}
+
+/// The store, starting the embedded mongod when no URI is configured; `share`: use the
+/// one already running on the data directory, if any (operator commands), instead of
+/// refusing to start a second one (`serve`).
+async fn open_store(
+    settings: &Settings,
+    share: bool,
+) -> anyhow::Result<(Store, Option<EmbeddedMongo>)> {
+    refuse_embedded_in_production(settings)?;
     let embedded = if settings.mongo.uri.is_empty() {
-        Some(EmbeddedMongo::start(&settings.mongo.embedded).await?)
+        let embedded_settings = &settings.mongo.embedded;
+        Some(if share {
+            EmbeddedMongo::attach_or_start(embedded_settings).await?
+        } else {
+            EmbeddedMongo::start(embedded_settings).await?
+        })
     } else {
         None
     };
     let uri = embedded
         .as_ref()
         .map_or(settings.mongo.uri.as_str(), |e| e.uri());
-    let store = Store::connect(
+    let connected = Store::connect(
         uri,
         &settings.mongo.database,
         settings.server_selection_timeout(),
@@ -45,21 +76,53 @@ pub async fn connect(settings: &Settings) -> anyhow::Result<(Store, Option<Embed
             version_gate: version_gate_policy(settings),
         },
     )
-    .await
-    .context("invalid mongo.uri")?;
-    Ok((store, embedded))
+    .await;
+    match connected {
+        Ok(store) => Ok((store, embedded)),
+        Err(err) => {
+            if let Some(embedded) = embedded {
+                embedded.stop().await;
+            }
+            Err(err).context("invalid mongo.uri")
+        }
+    }
+}
+
+/// The embedded mongod is for development: production needs `mongo.uri`.
+fn refuse_embedded_in_production(settings: &Settings) -> anyhow::Result<()> {
+    if settings.is_production() && settings.mongo.uri.is_empty() {
+        anyhow::bail!(
+            "TOKENMINT_ENV=production requires mongo.uri (TOKENMINT__MONGO__URI): the embedded \
+             mongod is for development only"
+        );
+    }
+    Ok(())
 }
 
 impl Application {
     pub async fn build(settings: &Settings) -> anyhow::Result<Self> {
-        let (store, embedded) = connect(settings).await?;
-        if let Err(err) = prepare_database(settings, &store).await {
-            if let Some(embedded) = embedded {
-                embedded.stop().await;
-            }
-            return Err(err);
-        }
+        // Refused before any mongod start or migration.
+        refuse_embedded_in_production(settings)?;
         let keys = api_keys(settings)?;
+        warn_if_few_descriptors(settings);
+        let (store, embedded) = open_store(settings, false).await?;
+        let ready = async {
+            prepare_database(settings, &store).await?;
+            TcpListener::bind(settings.server.bind)
+                .await
+                .with_context(|| format!("cannot bind server.bind {}", settings.server.bind))
+        }
+        .await;
+        let listener = match ready {
+            Ok(listener) => listener,
+            Err(err) => {
+                if let Some(embedded) = embedded {
+                    embedded.stop().await;
+                }
+                return Err(err);
+            }
+        };
+        tracing::info!("listening on http://{}", listener.local_addr()?);
         let issuer = issuer(settings, store.clone());
         if settings.repair.enabled {
             spawn_repair(
@@ -70,16 +133,18 @@ impl Application {
         }
         let state = AppState::new(issuer, keys, settings);
         crate::telemetry::spawn_metrics_upkeep(state.metrics.clone());
-        let listener = TcpListener::bind(settings.server.bind)
-            .await
-            .with_context(|| format!("cannot bind server.bind {}", settings.server.bind))?;
-        tracing::info!("listening on http://{}", listener.local_addr()?);
+        let shutting_down = ShuttingDown::default();
         Ok(Self {
             listener,
-            router: router(state, settings),
+            router: router(state, settings).layer(Extension(shutting_down.clone())),
             store,
             embedded,
             grace: Duration::from_millis(settings.server.shutdown_grace_ms),
+            limits: Limits {
+                header_read_timeout: Duration::from_millis(settings.server.header_read_timeout_ms),
+                max_connections: settings.server.max_connections,
+            },
+            shutting_down,
         })
     }
 
@@ -93,20 +158,36 @@ impl Application {
         &self.store
     }
 
-    /// Serves until `shutdown` resolves, then stops accepting, lets in-flight requests
-    /// finish (for at most `server.shutdown_grace_ms`), and stops the embedded mongod last.
+    /// The flag `run_until_stopped` sets when shutdown begins (and `/readyz` reads).
+    pub fn shutting_down(&self) -> ShuttingDown {
+        self.shutting_down.clone()
+    }
+
+    /// Serves until `shutdown` resolves, then at once marks the service as shutting down
+    /// (`/readyz` answers 503), stops accepting, lets in-flight requests finish (for at
+    /// most `server.shutdown_grace_ms`), and stops the embedded mongod last.
     pub async fn run_until_stopped(
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> anyhow::Result<()> {
+        let Self {
+            listener,
+            router,
+            store,
+            embedded,
+            grace,
+            limits,
+            shutting_down,
+        } = self;
         let (stopping_tx, stopping_rx) = tokio::sync::oneshot::channel::<()>();
         let signal = async move {
             shutdown.await;
+            shutting_down.begin();
             tracing::info!("shutting down: no new connections, finishing in-flight requests");
             let _ = stopping_tx.send(());
         };
-        let server = axum::serve(self.listener, self.router).with_graceful_shutdown(signal);
-        let grace = self.grace;
+        // Handlers can extract ConnectInfo<SocketAddr>: `serve` provides it.
+        let server = crate::server::serve(listener, router, limits, signal);
         let bounded = async move {
             // Only once shutdown has begun does the grace period start counting.
             if stopping_rx.await.is_ok() {
@@ -116,15 +197,15 @@ impl Application {
                 std::future::pending::<()>().await;
             }
         };
-        let result = tokio::select! {
-            result = server => result.context("server error"),
-            () = bounded => Ok(()),
-        };
-        self.store.shutdown().await;
-        if let Some(embedded) = self.embedded {
+        tokio::select! {
+            () = server => {}
+            () = bounded => {}
+        }
+        store.shutdown().await;
+        if let Some(embedded) = embedded {
             embedded.stop().await;
         }
-        result
+        Ok(())
     }
 }
 
@@ -169,8 +250,11 @@ async fn prepare_database(settings: &Settings, store: &Store) -> anyhow::Result<
     Ok(())
 }
 
-/// The configured keys; with none, a development start gets a random admin key, printed
-/// once, and a production start refuses to run.
+/// The configured keys. With none, production refuses to start, and a development start
+/// gets an admin key: on the embedded database the one kept in its data directory
+/// (created on first use, readable by its owner only), so it survives restarts; on a
+/// configured `mongo.uri`, a random one for this run. The key is printed to the terminal,
+/// never logged: log pipelines must not carry keys.
 fn api_keys(settings: &Settings) -> anyhow::Result<ApiKeys> {
     if !settings.auth.keys.is_empty() {
         return Ok(ApiKeys::from_settings(&settings.auth.keys));
@@ -178,12 +262,137 @@ fn api_keys(settings: &Settings) -> anyhow::Result<ApiKeys> {
     if settings.is_production() {
         anyhow::bail!("TOKENMINT_ENV=production requires at least one [[auth.keys]] entry");
     }
-    let (key, key_settings) = generate_dev_key();
-    // Printed to the terminal, never logged: log pipelines must not carry keys.
-    eprintln!(
-        "\nNo API key is configured, so this development start generated an admin key (shown once):\n\n    {key}\n\nUse it as: Authorization: Bearer {key}\n"
-    );
-    Ok(ApiKeys::from_settings(&[key_settings]))
+    let key = if settings.mongo.uri.is_empty() {
+        let path = dev_key_path(settings);
+        let (key, created) = load_or_create_dev_key(&path)?;
+        let origin = if created {
+            "generated an admin key, kept"
+        } else {
+            "uses the admin key kept"
+        };
+        eprintln!(
+            "\nNo API key is configured, so this development start {origin} in {} (readable by you only; `tokenmint keys dev` prints it again):\n\n    {key}\n\nUse it as: Authorization: Bearer {key}\n",
+            path.display()
+        );
+        key
+    } else {
+        let key = random_key(DEV_KEY_PREFIX);
+        eprintln!(
+            "\nNo API key is configured, so this development start generated an admin key (shown once, valid until it stops):\n\n    {key}\n\nUse it as: Authorization: Bearer {key}\n"
+        );
+        key
+    };
+    Ok(ApiKeys::from_settings(&[dev_key_settings(&key)]))
+}
+
+/// Where the development key of the embedded database is kept.
+pub fn dev_key_path(settings: &Settings) -> PathBuf {
+    settings.mongo.embedded.data_dir.join(DEV_KEY_FILE)
+}
+
+/// The development key kept in `path`, or `None` when there is none yet. A file others
+/// can read is tightened to 0600; a damaged one is an error naming it.
+pub fn read_dev_key(path: &Path) -> anyhow::Result<Option<String>> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(err) => {
+            return Err(err).with_context(|| format!("cannot read {}", path.display()));
+        }
+    };
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(path)?.permissions().mode();
+        if mode & 0o077 != 0 {
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+                .with_context(|| format!("cannot restrict {} to mode 0600", path.display()))?;
+            tracing::warn!(file = %path.display(), "the development key file was readable by others; now mode 0600");
+        }
+    }
+    let key = text.trim();
+    if !is_dev_key(key) {
+        anyhow::bail!(
+            "{} does not hold a development key ({DEV_KEY_PREFIX} and 48 hex digits); delete it to get a new one",
+            path.display()
+        );
+    }
+    Ok(Some(key.to_owned()))
+}
+
+/// The development key kept in `path`, created (mode 0600) when missing; `true` when
+/// created now. Written to a temporary file first and linked into place, so a concurrent
+/// reader never sees half a key and two concurrent starts agree on one.
+fn load_or_create_dev_key(path: &Path) -> anyhow::Result<(String, bool)> {
+    if let Some(key) = read_dev_key(path)? {
+        return Ok((key, false));
+    }
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    let key = random_key(DEV_KEY_PREFIX);
+    let temporary = path.with_extension(format!("tmp{}", std::process::id()));
+    let written = write_private(&temporary, &format!("{key}\n"));
+    let linked = written.and_then(|()| std::fs::hard_link(&temporary, path));
+    let _ = std::fs::remove_file(&temporary);
+    match linked {
+        Ok(()) => Ok((key, true)),
+        // Another start created it first: use theirs.
+        Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => {
+            let key = read_dev_key(path)?
+                .with_context(|| format!("{} vanished while being read", path.display()))?;
+            Ok((key, false))
+        }
+        Err(err) => Err(err).with_context(|| format!("cannot write {}", path.display())),
+    }
+}
+
+/// Writes `text` to a new file `path` that only its owner can read.
+fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.mode(0o600);
+    }
+    let mut file = options.open(path)?;
+    #[cfg(unix)]
+    {
+        // The mode above only applies to a file created now.
+        use std::os::unix::fs::PermissionsExt;
+        file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+    }
+    file.write_all(text.as_bytes())?;
+    file.sync_all()
+}
+
+/// Warns when the open-files limit cannot hold `server.max_connections` connections plus
+/// the MongoDB pool: the cap would then never be reached, descriptors would run out first.
+fn warn_if_few_descriptors(settings: &Settings) {
+    #[cfg(unix)]
+    {
+        let mut limit = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit writes into the struct we pass, nothing else.
+        if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+            return;
+        }
+        let needed =
+            settings.server.max_connections as u64 + u64::from(settings.mongo.max_pool_size) + 64;
+        if limit.rlim_cur != libc::RLIM_INFINITY && limit.rlim_cur < needed {
+            tracing::warn!(
+                open_files_limit = limit.rlim_cur,
+                needed,
+                "the open-files limit is below server.max_connections plus the MongoDB pool; raise it (ulimit -n) or lower server.max_connections"
+            );
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = settings;
 }
 
 /// Resolves on SIGINT or SIGTERM.

@@ -18,8 +18,10 @@ use tokenmint::domain::{
     AccountId, Owner, PaymentIntentId, PaymentStatus, Provider, Quantity, TokenId, TokenStatus,
     TokenType,
 };
+use tokenmint::settings::WebhookScheme;
 use tokenmint::webhooks::signature::{
-    SignatureError, SignatureHeaders, sign_standard, sign_stripe, verify_standard, verify_stripe,
+    SignatureError, SignatureHeaders, check_secret, sign_standard, sign_stripe, verify_standard,
+    verify_stripe,
 };
 use tokenmint::webhooks::{parse_standard, parse_stripe};
 
@@ -36,16 +38,18 @@ fn bytes(max: usize) -> impl Strategy<Value = Vec<u8>> {
     prop::collection::vec(any::<u8>(), 0..max)
 }
 
-/// A Stripe signing secret. HMAC pads short keys with zero bytes, so "k" and "k\0" are the
-/// same key: that is HMAC, not a flaw of ours, and secrets here have no NUL to avoid it.
+/// A Stripe signing secret, as `Settings` accepts it (`whsec_` and at least 16
+/// characters). HMAC pads short keys with zero bytes, so "k" and "k\0" are the same key:
+/// that is HMAC, not a flaw of ours, and secrets here have no NUL to avoid it.
 fn stripe_secret() -> impl Strategy<Value = String> {
-    "whsec_[A-Za-z0-9]{1,40}"
+    "whsec_[A-Za-z0-9]{16,40}"
 }
 
-/// A Standard Webhooks secret, `whsec_<base64 of the key>`, with no zero byte in the key
-/// (same reason as above).
+/// A Standard Webhooks secret as `Settings` accepts it, `whsec_<base64 of a 24–64 byte
+/// key>`, with no zero byte in the key (same reason as above).
 fn standard_secret() -> impl Strategy<Value = String> {
-    prop::collection::vec(1u8..=255, 1..48).prop_map(|key| format!("whsec_{}", BASE64.encode(key)))
+    prop::collection::vec(1u8..=255, 24..=64)
+        .prop_map(|key| format!("whsec_{}", BASE64.encode(key)))
 }
 
 /// Any unix time a sender might sign with, and an offset within the tolerance.
@@ -255,7 +259,7 @@ proptest! {
         body in bytes(64),
         now in any::<i64>(),
     ) {
-        let _ = stripe(&header, &body, &["whsec_a"], now);
+        let _ = stripe(&header, &body, &["whsec_0123456789abcdef"], now);
     }
 
     #[test]
@@ -489,5 +493,29 @@ fn payment_status_ranks_stay_below_the_stripe_factor() {
                 .and_then(|v| v.checked_add(9_999_999_999))
                 .is_some()
         );
+    }
+}
+
+proptest! {
+    // --- configured secrets -------------------------------------------------------------
+
+    #[test]
+    fn generated_secrets_are_ones_settings_accept(
+        stripe in stripe_secret(),
+        standard in standard_secret(),
+    ) {
+        prop_assert_eq!(check_secret(WebhookScheme::Stripe, &stripe), Ok(()));
+        prop_assert_eq!(check_secret(WebhookScheme::StandardWebhooks, &standard), Ok(()));
+    }
+
+    #[test]
+    fn secret_check_never_panics_nor_quotes_the_secret(
+        secret in prop_oneof![any::<String>(), "whsec_[A-Za-z0-9+/=]{0,100}", "whsec_.{0,30}"],
+    ) {
+        for scheme in [WebhookScheme::Stripe, WebhookScheme::StandardWebhooks] {
+            if let Err(problem) = check_secret(scheme, &secret) {
+                prop_assert!(secret.len() < 12 || !problem.contains(secret.as_str()), "{}", problem);
+            }
+        }
     }
 }

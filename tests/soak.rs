@@ -24,7 +24,7 @@ use tokenmint::webhooks::signature::sign_stripe;
 use tokio::sync::Mutex;
 
 const KEY: &str = "soak-test-key";
-const SECRET: &str = "whsec_soak";
+const SECRET: &str = "whsec_soak_test_secret_0123456789";
 const CLIENTS: usize = 8;
 
 /// The service process, killed if the test fails.

@@ -115,15 +115,34 @@ pub fn key_hash(key: &str) -> String {
     hex::encode(Sha256::digest(key.as_bytes()))
 }
 
-/// A fresh random admin key for a development start with no keys configured.
-pub fn generate_dev_key() -> (String, ApiKeySettings) {
-    let key = format!("tm_dev_{}", hex::encode(rand::random::<[u8; 24]>()));
-    let settings = ApiKeySettings {
+/// The prefix of development keys.
+pub const DEV_KEY_PREFIX: &str = "tm_dev_";
+
+/// A fresh random bearer key: `prefix` then 48 hex digits (192 random bits).
+pub fn random_key(prefix: &str) -> String {
+    format!("{prefix}{}", hex::encode(rand::random::<[u8; 24]>()))
+}
+
+/// Whether `key` has the shape of a development key (so a damaged key file is noticed).
+pub fn is_dev_key(key: &str) -> bool {
+    key.strip_prefix(DEV_KEY_PREFIX)
+        .is_some_and(|hex| hex.len() == 48 && hex.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
+/// The `[[auth.keys]]` entry of the development admin key `key`.
+pub fn dev_key_settings(key: &str) -> ApiKeySettings {
+    ApiKeySettings {
         id: "dev-admin".to_owned(),
-        sha256: key_hash(&key),
+        sha256: key_hash(key),
         scopes: vec!["admin".to_owned()],
         accounts: None,
-    };
+    }
+}
+
+/// A fresh random admin key for a development start with no keys configured.
+pub fn generate_dev_key() -> (String, ApiKeySettings) {
+    let key = random_key(DEV_KEY_PREFIX);
+    let settings = dev_key_settings(&key);
     (key, settings)
 }
 

@@ -14,6 +14,135 @@ use crate::store::StoreError;
 /// Seconds a client should wait before retrying a 503.
 const RETRY_AFTER_UNAVAILABLE: &str = "1";
 
+/// The realm of the API-key challenge (`WWW-Authenticate: Bearer realm="tokenmint"`).
+pub const API_KEY_REALM: &str = "tokenmint";
+
+/// The detail of the 401 for a well-formed bearer key that is not configured: the one
+/// case whose challenge says `error="invalid_token"` (RFC 6750 §3.1).
+pub const UNKNOWN_API_KEY: &str = "Unknown API key.";
+
+/// The challenge of a webhook signature failure: deliveries are authenticated by the
+/// provider's signature over the raw body (Stripe-Signature or Standard Webhooks), not by
+/// an API key.
+pub const WEBHOOK_SIGNATURE_CHALLENGE: &str = "Signature realm=\"webhooks\"";
+
+/// Defines [`ProblemCode`] from one table, so the codes problem documents carry, the
+/// descriptions `GET /problems/{code}` serves and the OpenAPI enum cannot drift apart.
+/// (`$code:tt`, not `:literal`: utoipa's derive reads `serde(rename)` only from a plain
+/// string token, not from the invisible group a `literal` fragment arrives in.)
+macro_rules! problem_codes {
+    ($($variant:ident = $code:tt, $status:ident, $title:literal, $description:literal;)+) => {
+        /// Every problem `code` tokenmint answers with. Each names a problem type that
+        /// resolves: `GET /problems/{code}` describes it.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+        pub enum ProblemCode {
+            $(#[serde(rename = $code)] $variant,)+
+        }
+
+        impl ProblemCode {
+            /// Every code, in table order.
+            pub const ALL: &[ProblemCode] = &[$(Self::$variant,)+];
+
+            /// The stable, machine-readable code.
+            pub fn as_str(self) -> &'static str {
+                match self { $(Self::$variant => $code,)+ }
+            }
+
+            /// The status every problem of this type answers with.
+            pub fn status(self) -> StatusCode {
+                match self { $(Self::$variant => StatusCode::$status,)+ }
+            }
+
+            /// The human title problem documents of this type carry.
+            pub fn title(self) -> &'static str {
+                match self { $(Self::$variant => $title,)+ }
+            }
+
+            /// What the problem means and what a client should do about it.
+            pub fn description(self) -> &'static str {
+                match self { $(Self::$variant => $description,)+ }
+            }
+        }
+    };
+}
+
+problem_codes! {
+    MalformedJson = "malformed_json", BAD_REQUEST, "Malformed JSON",
+        "The request body is not valid JSON, or could not be read. Fix the body: sent again unchanged it fails the same way.";
+    Unauthorized = "unauthorized", UNAUTHORIZED, "Unauthorized",
+        "The request has no API key, a malformed Authorization header, or a key that is not configured. Send `Authorization: Bearer <key>`. The answer carries `WWW-Authenticate: Bearer realm=\"tokenmint\"`, with `error=\"invalid_token\"` when a key was presented but is unknown.";
+    SignatureMissing = "signature_missing", UNAUTHORIZED, "Webhook signature rejected",
+        "A webhook delivery lacks the signature header(s) of the provider's configured scheme (`Stripe-Signature`, or `webhook-id`, `webhook-timestamp` and `webhook-signature` for Standard Webhooks). The answer carries `WWW-Authenticate: Signature realm=\"webhooks\"`.";
+    SignatureInvalid = "signature_invalid", UNAUTHORIZED, "Webhook signature rejected",
+        "A webhook delivery's signature does not match its raw body with any configured secret of the provider. Nothing was processed. The answer carries `WWW-Authenticate: Signature realm=\"webhooks\"`.";
+    SignatureTimestampOutOfTolerance = "signature_timestamp_out_of_tolerance", UNAUTHORIZED, "Webhook signature rejected",
+        "A webhook delivery's signed timestamp is outside the accepted tolerance (a replay, or a clock far off). Nothing was processed. The answer carries `WWW-Authenticate: Signature realm=\"webhooks\"`.";
+    Forbidden = "forbidden", FORBIDDEN, "Forbidden",
+        "The API key is valid but lacks the scope this operation needs, or may not act on the account the request names. Another key is needed; retrying does not help.";
+    NotFound = "not_found", NOT_FOUND, "Not found",
+        "No such resource, or one the API key may not see (another account's data answers as absent). Also the answer to an unknown path or an unconfigured webhook provider.";
+    MethodNotAllowed = "method_not_allowed", METHOD_NOT_ALLOWED, "Method not allowed",
+        "The path exists but does not support the request's method. The `Allow` header lists the methods it supports.";
+    IdempotencyConflict = "idempotency_conflict", CONFLICT, "Idempotency conflict",
+        "The payment was already issued with other parameters; `mismatches` lists the fields that differ. A payment's tokens are issued exactly once, so this request is never applied.";
+    StateConflict = "state_conflict", CONFLICT, "State conflict",
+        "The resource's state forbids the change (e.g. redeeming a redeemed or revoked token), or the token kept changing while the request ran. `currentStatus`, when present, says where it is; re-read before deciding again.";
+    PaymentNotSucceeded = "payment_not_succeeded", CONFLICT, "Payment not succeeded",
+        "The provider reports the payment in a state other than succeeded, so no tokens are issued for it.";
+    VersionConflict = "version_conflict", PRECONDITION_FAILED, "Version conflict",
+        "`If-Match` does not match the token's current version. Comparison is strong (RFC 9110 §8.8.3.2): a weak tag such as `W/\"3\"` never matches. `currentVersion` and `currentStatus` say where the token is; re-read it, decide again, and retry with its new ETag.";
+    PayloadTooLarge = "payload_too_large", PAYLOAD_TOO_LARGE, "Payload too large",
+        "The request body exceeds the configured limit (`server.body_limit_bytes`).";
+    UnsupportedMediaType = "unsupported_media_type", UNSUPPORTED_MEDIA_TYPE, "Unsupported media type",
+        "The request has a body that is not `Content-Type: application/json` (or another `application/*+json`).";
+    ValidationFailed = "validation_failed", UNPROCESSABLE_ENTITY, "Validation failed",
+        "One or more fields, path segments, query parameters or headers are invalid; `errors` names each (`field`) with a message.";
+    PreconditionRequired = "precondition_required", PRECONDITION_REQUIRED, "Precondition required",
+        "The change needs `If-Match` with the token's ETag (a transfer always does): read the token first.";
+    RateLimited = "rate_limited", TOO_MANY_REQUESTS, "Too many requests",
+        "The API key, or the webhook provider, exceeded its rate limit. Wait the number of seconds in `Retry-After` (a whole number, rounded up) before retrying.";
+    DatabaseUnavailable = "database_unavailable", SERVICE_UNAVAILABLE, "Database unavailable",
+        "MongoDB did not answer. Nothing is half-done: retry the same request after `Retry-After` seconds.";
+    TransactionsUnavailable = "transactions_unavailable", SERVICE_UNAVAILABLE, "Transactions unavailable",
+        "Atomic issuance needs MongoDB transactions (a replica set) and this deployment has none; issue in mode `upsert` instead.";
+    RequestTimeout = "request_timeout", SERVICE_UNAVAILABLE, "Request timed out",
+        "The request did not complete within `server.request_timeout_ms`. Retry the same request after `Retry-After` seconds: issuance is idempotent.";
+    InternalError = "internal_error", INTERNAL_SERVER_ERROR, "Internal error",
+        "An unexpected error occurred; it is logged with the request id (`x-request-id`). Report it with that id.";
+}
+
+impl ProblemCode {
+    /// The code named `code`, if there is one.
+    pub fn parse(code: &str) -> Option<Self> {
+        Self::ALL.iter().copied().find(|c| c.as_str() == code)
+    }
+
+    /// The URI reference of this problem type, as problem documents carry it in `type`.
+    pub fn type_uri(self) -> String {
+        format!("/problems/{}", self.as_str())
+    }
+
+    /// What `GET /problems/{code}` answers.
+    pub fn describe(self) -> ProblemType {
+        ProblemType {
+            code: self,
+            title: self.title(),
+            status: self.status().as_u16(),
+            description: self.description(),
+        }
+    }
+}
+
+/// A problem type: what the `type` `/problems/{code}` of a problem document means.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ProblemType {
+    pub code: ProblemCode,
+    pub title: &'static str,
+    /// The HTTP status problems of this type answer with.
+    pub status: u16,
+    pub description: &'static str,
+}
+
 /// Every way a request can fail.
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
@@ -27,6 +156,8 @@ pub enum ApiError {
     Forbidden(String),
     #[error("not found: {0}")]
     NotFound(String),
+    #[error("method not allowed")]
+    MethodNotAllowed,
     #[error("idempotency conflict")]
     IdempotencyConflict(Vec<Mismatch>),
     #[error("state conflict: {detail}")]
@@ -65,7 +196,8 @@ pub enum ApiError {
 #[derive(Debug, Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Problem {
-    /// A URI reference naming the problem type: `/problems/<code>`.
+    /// A URI reference naming the problem type, `/problems/<code>`: it resolves, and a GET
+    /// of it describes the code.
     #[serde(rename = "type")]
     pub problem_type: String,
     pub title: String,
@@ -89,51 +221,55 @@ impl ApiError {
     }
 
     fn status(&self) -> StatusCode {
+        self.code().status()
+    }
+
+    /// The stable code: its row of the [`ProblemCode`] table gives the status and title.
+    pub fn code(&self) -> ProblemCode {
         match self {
-            Self::MalformedJson(_) => StatusCode::BAD_REQUEST,
-            Self::Unauthorized(_) | Self::WebhookSignature(_) => StatusCode::UNAUTHORIZED,
-            Self::Forbidden(_) => StatusCode::FORBIDDEN,
-            Self::NotFound(_) => StatusCode::NOT_FOUND,
-            Self::IdempotencyConflict(_)
-            | Self::StateConflict { .. }
-            | Self::PaymentNotSucceeded(_) => StatusCode::CONFLICT,
-            Self::VersionConflict { .. } => StatusCode::PRECONDITION_FAILED,
-            Self::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-            Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            Self::Validation(_) => StatusCode::UNPROCESSABLE_ENTITY,
-            Self::PreconditionRequired(_) => StatusCode::PRECONDITION_REQUIRED,
-            Self::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
-            Self::DatabaseUnavailable | Self::TransactionsUnavailable => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
-            Self::Timeout => StatusCode::SERVICE_UNAVAILABLE,
-            Self::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+            Self::MalformedJson(_) => ProblemCode::MalformedJson,
+            Self::Unauthorized(_) => ProblemCode::Unauthorized,
+            Self::WebhookSignature(code) => ProblemCode::parse(code)
+                .filter(|c| c.status() == StatusCode::UNAUTHORIZED && *c != ProblemCode::Unauthorized)
+                .unwrap_or_else(|| {
+                    debug_assert!(
+                        false,
+                        "webhook signature code `{code}` is not in the ProblemCode table (src/http/error.rs): add it there"
+                    );
+                    ProblemCode::SignatureInvalid
+                }),
+            Self::Forbidden(_) => ProblemCode::Forbidden,
+            Self::NotFound(_) => ProblemCode::NotFound,
+            Self::MethodNotAllowed => ProblemCode::MethodNotAllowed,
+            Self::IdempotencyConflict(_) => ProblemCode::IdempotencyConflict,
+            Self::StateConflict { .. } => ProblemCode::StateConflict,
+            Self::PaymentNotSucceeded(_) => ProblemCode::PaymentNotSucceeded,
+            Self::VersionConflict { .. } => ProblemCode::VersionConflict,
+            Self::PayloadTooLarge => ProblemCode::PayloadTooLarge,
+            Self::UnsupportedMediaType => ProblemCode::UnsupportedMediaType,
+            Self::Validation(_) => ProblemCode::ValidationFailed,
+            Self::PreconditionRequired(_) => ProblemCode::PreconditionRequired,
+            Self::RateLimited { .. } => ProblemCode::RateLimited,
+            Self::DatabaseUnavailable => ProblemCode::DatabaseUnavailable,
+            Self::TransactionsUnavailable => ProblemCode::TransactionsUnavailable,
+            Self::Timeout => ProblemCode::RequestTimeout,
+            Self::Internal => ProblemCode::InternalError,
         }
     }
 
-    /// The stable code and a human title.
-    fn code_and_title(&self) -> (&'static str, &'static str) {
+    /// The `WWW-Authenticate` challenge a 401 carries (RFC 9110 §11.6.1): the bearer scheme
+    /// for API keys (RFC 6750 §3), the signature scheme for webhook deliveries.
+    fn challenge(&self) -> Option<String> {
         match self {
-            Self::MalformedJson(_) => ("malformed_json", "Malformed JSON"),
-            Self::Unauthorized(_) => ("unauthorized", "Unauthorized"),
-            Self::WebhookSignature(code) => (code, "Webhook signature rejected"),
-            Self::Forbidden(_) => ("forbidden", "Forbidden"),
-            Self::NotFound(_) => ("not_found", "Not found"),
-            Self::IdempotencyConflict(_) => ("idempotency_conflict", "Idempotency conflict"),
-            Self::StateConflict { .. } => ("state_conflict", "State conflict"),
-            Self::PaymentNotSucceeded(_) => ("payment_not_succeeded", "Payment not succeeded"),
-            Self::VersionConflict { .. } => ("version_conflict", "Version conflict"),
-            Self::PayloadTooLarge => ("payload_too_large", "Payload too large"),
-            Self::UnsupportedMediaType => ("unsupported_media_type", "Unsupported media type"),
-            Self::Validation(_) => ("validation_failed", "Validation failed"),
-            Self::PreconditionRequired(_) => ("precondition_required", "Precondition required"),
-            Self::RateLimited { .. } => ("rate_limited", "Too many requests"),
-            Self::DatabaseUnavailable => ("database_unavailable", "Database unavailable"),
-            Self::TransactionsUnavailable => {
-                ("transactions_unavailable", "Transactions unavailable")
-            }
-            Self::Timeout => ("request_timeout", "Request timed out"),
-            Self::Internal => ("internal_error", "Internal error"),
+            Self::Unauthorized(UNKNOWN_API_KEY) => Some(format!(
+                "Bearer realm=\"{API_KEY_REALM}\", error=\"invalid_token\""
+            )),
+            Self::Unauthorized(_) => Some(format!("Bearer realm=\"{API_KEY_REALM}\"")),
+            Self::WebhookSignature(_) => Some(format!(
+                "{WEBHOOK_SIGNATURE_CHALLENGE}, error=\"{}\"",
+                self.code().as_str()
+            )),
+            _ => None,
         }
     }
 
@@ -150,6 +286,9 @@ impl ApiError {
             },
             Self::Forbidden(detail) | Self::NotFound(detail) | Self::PaymentNotSucceeded(detail) => {
                 detail.clone()
+            }
+            Self::MethodNotAllowed => {
+                "This path does not support the request's method; see the Allow header.".to_owned()
             }
             Self::StateConflict { detail, .. } => detail.clone(),
             Self::IdempotencyConflict(_) => {
@@ -176,13 +315,13 @@ impl ApiError {
 
     /// The problem document this error answers with.
     pub fn problem(&self) -> Problem {
-        let (code, title) = self.code_and_title();
+        let code = self.code();
         let mut problem = Problem {
-            problem_type: format!("/problems/{code}"),
-            title: title.to_owned(),
-            status: self.status().as_u16(),
+            problem_type: code.type_uri(),
+            title: code.title().to_owned(),
+            status: code.status().as_u16(),
             detail: self.detail(),
-            code: code.to_owned(),
+            code: code.as_str().to_owned(),
             errors: None,
             mismatches: None,
             current_version: None,
@@ -263,6 +402,131 @@ impl IntoResponse for ApiError {
             }
             _ => {}
         }
+        if let Some(challenge) = self.challenge()
+            && let Ok(value) = HeaderValue::from_str(&challenge)
+        {
+            headers.insert(header::WWW_AUTHENTICATE, value);
+        }
         response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One of every variant, so a new variant without a row in the table fails here.
+    fn every_error() -> Vec<ApiError> {
+        let status = TokenStatus::Active;
+        vec![
+            ApiError::MalformedJson("x".to_owned()),
+            ApiError::Unauthorized("Missing Authorization: Bearer <key> header."),
+            ApiError::Unauthorized(UNKNOWN_API_KEY),
+            ApiError::WebhookSignature("signature_missing"),
+            ApiError::WebhookSignature("signature_invalid"),
+            ApiError::WebhookSignature("signature_timestamp_out_of_tolerance"),
+            ApiError::Forbidden("x".to_owned()),
+            ApiError::NotFound("x".to_owned()),
+            ApiError::MethodNotAllowed,
+            ApiError::IdempotencyConflict(Vec::new()),
+            ApiError::StateConflict {
+                detail: "x".to_owned(),
+                status: None,
+            },
+            ApiError::PaymentNotSucceeded("x".to_owned()),
+            ApiError::VersionConflict {
+                current_version: 3,
+                status,
+            },
+            ApiError::PayloadTooLarge,
+            ApiError::UnsupportedMediaType,
+            ApiError::validation("x", "y"),
+            ApiError::PreconditionRequired("x"),
+            ApiError::RateLimited {
+                retry_after_secs: 1,
+            },
+            ApiError::DatabaseUnavailable,
+            ApiError::TransactionsUnavailable,
+            ApiError::Timeout,
+            ApiError::Internal,
+        ]
+    }
+
+    #[test]
+    fn the_table_is_consistent() {
+        for (i, code) in ProblemCode::ALL.iter().enumerate() {
+            assert_eq!(*code as usize, i, "ALL is in declaration order");
+            assert_eq!(ProblemCode::parse(code.as_str()), Some(*code));
+            // The OpenAPI enum (serde) and the table say the same string.
+            assert_eq!(
+                serde_json::to_value(code).unwrap(),
+                serde_json::json!(code.as_str())
+            );
+            assert!(
+                code.as_str()
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b == b'_'),
+                "{code:?}"
+            );
+            assert!(!code.title().is_empty() && !code.description().is_empty());
+            assert!(code.status().is_client_error() || code.status().is_server_error());
+        }
+        assert_eq!(ProblemCode::parse("no_such_code"), None);
+        assert_eq!(ProblemCode::parse("NOT_FOUND"), None);
+    }
+
+    #[test]
+    fn the_openapi_enum_is_the_table() {
+        use utoipa::OpenApi;
+        let doc = serde_json::to_value(crate::http::ApiDoc::openapi()).unwrap();
+        let documented = &doc["components"]["schemas"]["ProblemCode"]["enum"];
+        let table: Vec<&str> = ProblemCode::ALL.iter().map(|c| c.as_str()).collect();
+        assert_eq!(*documented, serde_json::json!(table));
+    }
+
+    #[test]
+    fn every_error_answers_with_a_code_from_the_table() {
+        let mut used = Vec::new();
+        for error in every_error() {
+            let problem = error.problem();
+            let code = ProblemCode::parse(&problem.code).expect("a code from the table");
+            assert_eq!(problem.problem_type, format!("/problems/{}", problem.code));
+            assert_eq!(problem.status, code.status().as_u16());
+            assert_eq!(problem.title, code.title());
+            used.push(code);
+        }
+        // And every code in the table is one some error answers with.
+        for code in ProblemCode::ALL {
+            assert!(used.contains(code), "{code:?} is never used");
+        }
+    }
+
+    fn challenge(error: ApiError) -> Option<String> {
+        error
+            .into_response()
+            .headers()
+            .get(header::WWW_AUTHENTICATE)
+            .map(|v| v.to_str().unwrap().to_owned())
+    }
+
+    #[test]
+    fn every_401_carries_a_challenge_and_nothing_else_does() {
+        for error in every_error() {
+            let status = error.status();
+            let has = challenge(error).is_some();
+            assert_eq!(has, status == StatusCode::UNAUTHORIZED, "{status}");
+        }
+        assert_eq!(
+            challenge(ApiError::Unauthorized("Missing header.")).unwrap(),
+            "Bearer realm=\"tokenmint\""
+        );
+        assert_eq!(
+            challenge(ApiError::Unauthorized(UNKNOWN_API_KEY)).unwrap(),
+            "Bearer realm=\"tokenmint\", error=\"invalid_token\""
+        );
+        assert_eq!(
+            challenge(ApiError::WebhookSignature("signature_invalid")).unwrap(),
+            "Signature realm=\"webhooks\", error=\"signature_invalid\""
+        );
     }
 }

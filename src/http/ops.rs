@@ -1,15 +1,16 @@
 //! Operations endpoints: liveness, readiness, Prometheus metrics. No authentication:
 //! they reveal nothing about payments or tokens.
 
-use axum::Router;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
+use axum::{Extension, Router};
 use serde::Serialize;
 use utoipa::ToSchema;
 
 use super::AppState;
+use crate::server::ShuttingDown;
 
 pub fn router() -> Router<AppState> {
     Router::new()
@@ -38,23 +39,34 @@ pub async fn healthz() -> axum::Json<Health> {
     })
 }
 
-/// Readiness: MongoDB answers and every migration is applied.
+/// Readiness: not shutting down, MongoDB answers and every migration is applied.
 #[utoipa::path(get, path = "/readyz", tag = "operations",
     responses(
         (status = 200, description = "Ready to serve", body = Health),
-        (status = 503, description = "Database unreachable or migrations pending", body = Health),
+        (status = 503, description = "Shutting down, database unreachable or migrations pending", body = Health),
     ))]
-pub async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
-    let reason = match state.issuer.store().ping().await {
-        Err(_) => Some("database unreachable".to_owned()),
-        Ok(()) => match crate::migrate::pending(state.issuer.store()).await {
-            Ok(pending) if pending.is_empty() => None,
-            Ok(pending) => Some(format!("migrations pending: {}", pending.join(", "))),
-            Err(_) => Some("cannot read applied migrations".to_owned()),
-        },
+pub async fn readyz(
+    State(state): State<AppState>,
+    shutting_down: Option<Extension<ShuttingDown>>,
+) -> impl IntoResponse {
+    // Set by the server as soon as shutdown begins, before in-flight requests finish.
+    let stopping = || shutting_down.as_ref().is_some_and(|flag| flag.is_set());
+    let reason = if stopping() {
+        Some("shutting down".to_owned())
+    } else {
+        let reason = match state.issuer.store().ping().await {
+            Err(_) => Some("database unreachable".to_owned()),
+            Ok(()) => match crate::migrate::pending(state.issuer.store()).await {
+                Ok(pending) if pending.is_empty() => None,
+                Ok(pending) => Some(format!("migrations pending: {}", pending.join(", "))),
+                Err(_) => Some("cannot read applied migrations".to_owned()),
+            },
+        };
+        crate::telemetry::record_database_up(reason.is_none());
+        // The checks take a while when the database is slow: shutdown may have begun.
+        reason.or_else(|| stopping().then(|| "shutting down".to_owned()))
     };
     let ready = reason.is_none();
-    crate::telemetry::record_database_up(ready);
     let status = if ready {
         StatusCode::OK
     } else {

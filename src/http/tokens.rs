@@ -20,7 +20,7 @@ use super::extract::{JsonBody, OptionalJsonBody};
 use crate::domain::Scope;
 use crate::domain::{FieldErrors, Owner, TokenId, TokenStatus, TokenType};
 use crate::issuing::{Gate, Transition, TransitionOutcome};
-use crate::store::{TokenDoc, TokenQuery, chrono_time};
+use crate::store::{TOKENS, TokenDoc, TokenQuery, chrono_time};
 
 /// Listing page size: default and maximum.
 const DEFAULT_LIMIT: u32 = 50;
@@ -150,15 +150,94 @@ fn not_found() -> ApiError {
     ApiError::NotFound("No such token.".to_owned())
 }
 
-/// The `If-Match` version: `"3"` (or `W/"3"`, or a bare `3`). Absent → `None`.
-fn if_match(headers: &HeaderMap) -> Result<Option<i64>, ApiError> {
-    let Some(value) = headers.get(header::IF_MATCH) else {
+/// What openapi.yaml documents for `If-Match`, and exactly what [`if_match`] accepts: `*`,
+/// or a comma-separated list of token versions, each quoted (`"3"`), weak (`W/"3"`) or
+/// bare (`3`), 1–18 digits (which always fit an i64). The utoipa annotations repeat it
+/// as a literal (utoipa takes no constant there); unit tests check all three agree.
+#[cfg(test)]
+const IF_MATCH_PATTERN: &str = r#"^[ \t]*(\*|(W/)?("[0-9]{1,18}"|[0-9]{1,18})([ \t]*,[ \t]*(W/)?("[0-9]{1,18}"|[0-9]{1,18}))*)[ \t]*$"#;
+
+/// An `If-Match` precondition (RFC 9110 §13.1.1).
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum IfMatch {
+    /// `*`: any current version of an existing token.
+    Any,
+    /// One or more entity tags; the condition holds if any of them matches.
+    Tags(Vec<EntityTag>),
+}
+
+/// One entity tag naming a token version.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct EntityTag {
+    weak: bool,
+    version: i64,
+}
+
+impl IfMatch {
+    /// RFC 9110's strong comparison (§8.8.3.2), which `If-Match` requires: a weak tag
+    /// never matches, a strong one matches only its own version.
+    fn matches(&self, version: i64) -> bool {
+        match self {
+            Self::Any => true,
+            Self::Tags(tags) => tags.iter().any(|t| !t.weak && t.version == version),
+        }
+    }
+
+    /// The version a write can gate on without reading the token first: that of a lone
+    /// strong tag. `*`, lists and weak tags are evaluated against the token as read.
+    fn sole_version(&self) -> Option<i64> {
+        match self.tags() {
+            [tag] if !tag.weak => Some(tag.version),
+            _ => None,
+        }
+    }
+
+    fn tags(&self) -> &[EntityTag] {
+        match self {
+            Self::Any => &[],
+            Self::Tags(tags) => tags,
+        }
+    }
+}
+
+/// The `If-Match` precondition, from every `If-Match` field line (a recipient combines
+/// them as one list, RFC 9110 §5.3). Absent → `None`; anything `IF_MATCH_PATTERN`
+/// refuses → 422.
+fn if_match(headers: &HeaderMap) -> Result<Option<IfMatch>, ApiError> {
+    let mut lines = headers.get_all(header::IF_MATCH).iter().peekable();
+    if lines.peek().is_none() {
         return Ok(None);
+    }
+    let invalid = || {
+        ApiError::validation(
+            "If-Match",
+            "must be `*` or token versions as given in their ETag, e.g. \"3\"",
+        )
     };
-    // Exactly what openapi.yaml documents, `^(W/)?("[0-9]{1,18}"|[0-9]{1,18})$`: 18 digits
-    // always fit an i64, and no sign, space or stray quote slips through.
-    let text = value.to_str().unwrap_or_default().trim();
-    let tag = text.strip_prefix("W/").unwrap_or(text);
+    let mut text = String::new();
+    for line in lines {
+        if !text.is_empty() {
+            text.push(',');
+        }
+        text.push_str(line.to_str().map_err(|_| invalid())?);
+    }
+    let text = text.trim_matches([' ', '\t']);
+    if text == "*" {
+        return Ok(Some(IfMatch::Any));
+    }
+    text.split(',')
+        .map(|element| entity_tag(element.trim_matches([' ', '\t'])))
+        .collect::<Option<Vec<_>>>()
+        .map(|tags| Some(IfMatch::Tags(tags)))
+        .ok_or_else(invalid)
+}
+
+/// `"3"`, `W/"3"` or `3`: no sign, space or stray quote slips through.
+fn entity_tag(element: &str) -> Option<EntityTag> {
+    let (weak, tag) = match element.strip_prefix("W/") {
+        Some(tag) => (true, tag),
+        None => (false, element),
+    };
     let digits = tag
         .strip_prefix('"')
         .and_then(|t| t.strip_suffix('"'))
@@ -166,13 +245,7 @@ fn if_match(headers: &HeaderMap) -> Result<Option<i64>, ApiError> {
     Some(digits)
         .filter(|d| (1..=18).contains(&d.len()) && d.bytes().all(|b| b.is_ascii_digit()))
         .and_then(|d| d.parse::<i64>().ok())
-        .map(Some)
-        .ok_or_else(|| {
-            ApiError::validation(
-                "If-Match",
-                "must be a token version as given in its ETag, e.g. \"3\"",
-            )
-        })
+        .map(|version| EntityTag { weak, version })
 }
 
 fn note(field: &str, value: Option<String>) -> Result<Option<String>, ApiError> {
@@ -186,15 +259,37 @@ fn note(field: &str, value: Option<String>) -> Result<Option<String>, ApiError> 
 }
 
 /// Runs a transition of the token `token_id` for `principal` and maps its outcome to the
-/// HTTP contract.
+/// HTTP contract. Without `If-Match` the gate retries lost races; with a lone strong tag
+/// it is the gate; otherwise (`*`, a list, weak tags) the precondition is evaluated on the
+/// token as read, and the write then gates on the version just read.
 async fn apply(
     state: &AppState,
     principal: &Principal,
     token_id: &str,
     transition: Transition,
-    gate: Gate,
+    condition: Option<IfMatch>,
 ) -> Result<Response, ApiError> {
     let id = parse_token_id(token_id)?;
+    let gate = match condition {
+        None => Gate::Retry,
+        Some(condition) => match condition.sole_version() {
+            Some(version) => Gate::IfMatch(version),
+            None => {
+                let current = state
+                    .issuer
+                    .store()
+                    .find_token(id)
+                    .await?
+                    .filter(|t| principal.can_see(&t.origin.account_id))
+                    .ok_or_else(not_found)?;
+                if !condition.matches(current.version) {
+                    record_version_rejection(&transition);
+                    return Err(version_conflict(&current));
+                }
+                Gate::IfMatch(current.version)
+            }
+        },
+    };
     let outcome = state
         .issuer
         .transition_token(id, &transition, gate, |t| {
@@ -206,10 +301,7 @@ async fn apply(
             Ok(token_response(token))
         }
         TransitionOutcome::NotFound => Err(not_found()),
-        TransitionOutcome::VersionConflict(token) => Err(ApiError::VersionConflict {
-            current_version: token.version,
-            status: token.status,
-        }),
+        TransitionOutcome::VersionConflict(token) => Err(version_conflict(&token)),
         TransitionOutcome::StateConflict(token) => Err(ApiError::StateConflict {
             detail: format!(
                 "Cannot {} a token that is {}.",
@@ -224,6 +316,23 @@ async fn apply(
             status: Some(token.status),
         }),
     }
+}
+
+fn version_conflict(token: &TokenDoc) -> ApiError {
+    ApiError::VersionConflict {
+        current_version: token.version,
+        status: token.status,
+    }
+}
+
+/// Counts a precondition that failed before reaching the gate, as the gate counts its own.
+fn record_version_rejection(transition: &Transition) {
+    metrics::counter!(
+        "tokenmint_version_gate_rejections_total",
+        "collection" => TOKENS,
+        "operation" => transition.operation(),
+    )
+    .increment(1);
 }
 
 /// Read a token.
@@ -345,14 +454,16 @@ fn parse_list_query(pairs: &[(String, String)]) -> Result<(TokenQuery, u32), Api
 
 /// Redeem an active token.
 ///
-/// With `If-Match` the given version is the gate (412 if stale). Without it the server
-/// re-reads and retries a lost race with backoff, then answers 409. Redeeming a redeemed
-/// or revoked token is 409 `state_conflict`.
+/// With `If-Match` the given version is the gate (412 if stale). `If-Match` uses RFC 9110's
+/// strong comparison: `W/"3"` never matches; `*` matches any version of an existing token
+/// (the write then gates on the version just read); a list matches if any entry does.
+/// Without it the server re-reads and retries a lost race with backoff, then answers 409.
+/// Redeeming a redeemed or revoked token is 409 `state_conflict`.
 #[utoipa::path(
     post, path = "/v1/tokens/{tokenId}/redeem", tag = "tokens",
     params(
         ("tokenId" = String, Path, description = "24-hex token id", pattern = r"^[0-9a-fA-F]{24}$"),
-        ("If-Match" = Option<String>, Header, description = "The version the change is based on, e.g. \"3\"", nullable = false, pattern = r#"^(W/)?("[0-9]{1,18}"|[0-9]{1,18})$"#),
+        ("If-Match" = Option<String>, Header, description = "The version the change is based on, e.g. \"3\"; or `*` (any version: the write gates on the version read), or a list (`\"1\", \"3\"`) of which any may match. Compared strongly: a weak tag (`W/\"3\"`) never matches (412)", nullable = false, pattern = r#"^[ \t]*(\*|(W/)?("[0-9]{1,18}"|[0-9]{1,18})([ \t]*,[ \t]*(W/)?("[0-9]{1,18}"|[0-9]{1,18}))*)[ \t]*$"#),
     ),
     request_body(content = Option<RedeemRequest>, description = "Optional; an empty body is fine"),
     security(("bearer" = ["tokens:redeem"])),
@@ -381,14 +492,14 @@ pub async fn redeem_token(
 ) -> Result<Response, ApiError> {
     principal.require(Scope::TokensRedeem)?;
     let OptionalJsonBody(body) = body?;
-    let gate = if_match(&headers)?.map_or(Gate::Retry, Gate::IfMatch);
+    let condition = if_match(&headers)?;
     let reference = note("reference", body.reference)?;
     apply(
         &state,
         &principal,
         &token_id,
         Transition::Redeem { reference },
-        gate,
+        condition,
     )
     .await
 }
@@ -401,7 +512,7 @@ pub async fn redeem_token(
     post, path = "/v1/tokens/{tokenId}/revoke", tag = "tokens",
     params(
         ("tokenId" = String, Path, description = "24-hex token id", pattern = r"^[0-9a-fA-F]{24}$"),
-        ("If-Match" = Option<String>, Header, description = "The version the change is based on, e.g. \"3\"", nullable = false, pattern = r#"^(W/)?("[0-9]{1,18}"|[0-9]{1,18})$"#),
+        ("If-Match" = Option<String>, Header, description = "The version the change is based on, e.g. \"3\"; or `*` (any version: the write gates on the version read), or a list (`\"1\", \"3\"`) of which any may match. Compared strongly: a weak tag (`W/\"3\"`) never matches (412)", nullable = false, pattern = r#"^[ \t]*(\*|(W/)?("[0-9]{1,18}"|[0-9]{1,18})([ \t]*,[ \t]*(W/)?("[0-9]{1,18}"|[0-9]{1,18}))*)[ \t]*$"#),
     ),
     request_body(content = Option<RevokeRequest>, description = "Optional; an empty body is fine"),
     security(("bearer" = ["tokens:revoke"])),
@@ -430,14 +541,14 @@ pub async fn revoke_token(
 ) -> Result<Response, ApiError> {
     principal.require(Scope::TokensRevoke)?;
     let OptionalJsonBody(body) = body?;
-    let gate = if_match(&headers)?.map_or(Gate::Retry, Gate::IfMatch);
+    let condition = if_match(&headers)?;
     let reason = note("reason", body.reason)?;
     apply(
         &state,
         &principal,
         &token_id,
         Transition::Revoke { reason },
-        gate,
+        condition,
     )
     .await
 }
@@ -447,7 +558,7 @@ pub async fn revoke_token(
     post, path = "/v1/tokens/{tokenId}/transfer", tag = "tokens",
     params(
         ("tokenId" = String, Path, description = "24-hex token id", pattern = r"^[0-9a-fA-F]{24}$"),
-        ("If-Match" = String, Header, description = "The version the transfer is based on, e.g. \"3\"", pattern = r#"^(W/)?("[0-9]{1,18}"|[0-9]{1,18})$"#),
+        ("If-Match" = String, Header, description = "The version the transfer is based on, e.g. \"3\"; or `*`, or a list, as for redeem. Compared strongly: a weak tag (`W/\"3\"`) never matches (412)", pattern = r#"^[ \t]*(\*|(W/)?("[0-9]{1,18}"|[0-9]{1,18})([ \t]*,[ \t]*(W/)?("[0-9]{1,18}"|[0-9]{1,18}))*)[ \t]*$"#),
     ),
     request_body = TransferRequest,
     security(("bearer" = ["tokens:transfer"])),
@@ -481,45 +592,68 @@ pub async fn transfer_token(
         Some(owner) => Owner::parse(owner).map_err(|m| ApiError::validation("newOwner", m))?,
         None => return Err(ApiError::validation("newOwner", "is required")),
     };
-    let version = if_match(&headers)?.ok_or(ApiError::PreconditionRequired(
+    let condition = if_match(&headers)?.ok_or(ApiError::PreconditionRequired(
         "A transfer needs If-Match with the token's current ETag.",
     ))?;
     let transition = Transition::Transfer { new_owner };
-    apply(
-        &state,
-        &principal,
-        &token_id,
-        transition,
-        Gate::IfMatch(version),
-    )
-    .await
+    apply(&state, &principal, &token_id, transition, Some(condition)).await
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn parsed(value: &str) -> Result<Option<i64>, ApiError> {
+    fn parsed(value: &str) -> Result<Option<IfMatch>, ApiError> {
         let mut headers = HeaderMap::new();
         headers.insert(header::IF_MATCH, HeaderValue::from_str(value).unwrap());
         if_match(&headers)
     }
 
+    fn strong(version: i64) -> EntityTag {
+        EntityTag {
+            weak: false,
+            version,
+        }
+    }
+
+    fn weak(version: i64) -> EntityTag {
+        EntityTag {
+            weak: true,
+            version,
+        }
+    }
+
+    fn tags(value: &str) -> Vec<EntityTag> {
+        match parsed(value) {
+            Ok(Some(IfMatch::Tags(tags))) => tags,
+            other => panic!("{value:?}: {other:?}"),
+        }
+    }
+
     #[test]
     fn if_match_accepts_exactly_the_documented_forms() {
         assert!(matches!(if_match(&HeaderMap::new()), Ok(None)));
-        for (value, version) in [("\"3\"", 3), ("W/\"3\"", 3), ("3", 3), ("W/0", 0)] {
-            assert!(
-                matches!(parsed(value), Ok(Some(v)) if v == version),
-                "{value}"
-            );
+        for (value, tag) in [
+            ("\"3\"", strong(3)),
+            ("W/\"3\"", weak(3)),
+            ("3", strong(3)),
+            ("W/0", weak(0)),
+            (" \"7\"\t", strong(7)),
+        ] {
+            assert_eq!(tags(value), [tag], "{value}");
         }
-        assert!(matches!(parsed(&"9".repeat(18)), Ok(Some(_))));
+        assert_eq!(tags(&"9".repeat(18)), [strong(999_999_999_999_999_999)]);
+        assert_eq!(parsed("*").unwrap(), Some(IfMatch::Any));
+        assert_eq!(parsed(" * ").unwrap(), Some(IfMatch::Any));
+        assert_eq!(
+            tags("\"1\", W/\"2\",3 ,\t\"4\""),
+            [strong(1), weak(2), strong(3), strong(4)]
+        );
         // Found by scripts/fuzz-api.sh: the old parser took `+3`, `""3""` or `W/W/3`,
         // which openapi.yaml's pattern refuses.
         for bad in [
             "",
-            "*",
+            " ",
             "\"\"",
             "\"",
             "+3",
@@ -527,14 +661,110 @@ mod tests {
             "\"3",
             "\"\"3\"\"",
             "W/W/3",
+            "w/\"3\"",
             "3 4",
             "null",
+            "**",
+            "*, \"1\"",
+            "\"1\",",
+            ",\"1\"",
+            "\"1\",,\"2\"",
+            "\"abc\"",
             &"9".repeat(19),
         ] {
             assert!(
                 matches!(parsed(bad), Err(ApiError::Validation(_))),
                 "{bad:?}"
             );
+        }
+    }
+
+    #[test]
+    fn several_if_match_lines_are_one_list() {
+        let mut headers = HeaderMap::new();
+        headers.append(header::IF_MATCH, HeaderValue::from_static("\"1\""));
+        headers.append(header::IF_MATCH, HeaderValue::from_static("W/\"2\", \"3\""));
+        assert_eq!(
+            if_match(&headers).unwrap(),
+            Some(IfMatch::Tags(vec![strong(1), weak(2), strong(3)]))
+        );
+        headers.append(header::IF_MATCH, HeaderValue::from_static("*"));
+        assert!(if_match(&headers).is_err(), "`*` is alone or not at all");
+    }
+
+    #[test]
+    fn if_match_compares_strongly() {
+        let any = IfMatch::Any;
+        assert!(any.matches(0) && any.matches(41));
+        assert_eq!(any.sole_version(), None);
+
+        let one = IfMatch::Tags(vec![strong(3)]);
+        assert!(one.matches(3) && !one.matches(2));
+        assert_eq!(one.sole_version(), Some(3));
+
+        let weak_only = IfMatch::Tags(vec![weak(3)]);
+        assert!(!weak_only.matches(3), "a weak tag never matches");
+        assert_eq!(weak_only.sole_version(), None);
+
+        let list = IfMatch::Tags(vec![strong(1), weak(2), strong(3)]);
+        assert!(list.matches(1) && list.matches(3));
+        assert!(!list.matches(2) && !list.matches(4));
+        assert_eq!(list.sole_version(), None);
+    }
+
+    #[test]
+    fn the_documented_pattern_is_the_parsers() {
+        use utoipa::OpenApi;
+        let doc = serde_json::to_value(crate::http::ApiDoc::openapi()).unwrap();
+        for operation in ["redeem", "revoke", "transfer"] {
+            let parameters =
+                &doc["paths"][format!("/v1/tokens/{{tokenId}}/{operation}")]["post"]["parameters"];
+            let if_match = parameters
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|p| p["name"] == "If-Match")
+                .unwrap();
+            assert_eq!(
+                if_match["schema"]["pattern"], IF_MATCH_PATTERN,
+                "{operation}"
+            );
+        }
+    }
+
+    mod properties {
+        use proptest::prelude::*;
+
+        use super::parsed;
+        use crate::http::tokens::IF_MATCH_PATTERN;
+
+        fn element() -> impl Strategy<Value = String> {
+            prop_oneof![
+                "(W/)?\"[0-9]{1,19}\"",
+                "(W/)?[0-9]{1,19}",
+                r#"[W/" *,0-9a-z+-]{0,6}"#,
+            ]
+        }
+
+        proptest! {
+            /// The parser accepts exactly what openapi.yaml's pattern accepts.
+            #[test]
+            fn parser_and_pattern_agree(
+                elements in prop::collection::vec(element(), 1..4),
+                separators in prop::collection::vec("[ \t]{0,2},[ \t]{0,2}|,|[ \t]", 3),
+                edges in ("[ \t]{0,2}", "[ \t]{0,2}"),
+            ) {
+                let mut value = edges.0.clone();
+                for (i, element) in elements.iter().enumerate() {
+                    if i > 0 {
+                        value.push_str(&separators[i - 1]);
+                    }
+                    value.push_str(element);
+                }
+                value.push_str(&edges.1);
+                let pattern = regex::Regex::new(IF_MATCH_PATTERN).unwrap();
+                prop_assert_eq!(parsed(&value).is_ok(), pattern.is_match(&value), "{:?}", value);
+            }
         }
     }
 }

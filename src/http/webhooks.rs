@@ -2,9 +2,11 @@
 //! provider's signature over the raw body (no API key); answered 200 for every verified
 //! event, including duplicates and events tokenmint ignores, so providers stop retrying.
 
+use std::net::SocketAddr;
+
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{Path, State};
+use axum::extract::{ConnectInfo, Path, State};
 use axum::http::HeaderMap;
 use axum::routing::post;
 use serde::Serialize;
@@ -13,7 +15,7 @@ use utoipa::ToSchema;
 use super::AppState;
 use super::error::{ApiError, Problem};
 use crate::domain::EventOutcome;
-use crate::webhooks::{Rejection, SignatureError, SignatureHeaders};
+use crate::webhooks::{SignatureError, SignatureHeaders};
 
 pub fn router() -> Router<AppState> {
     Router::new().route("/v1/webhooks/{provider}", post(receive_webhook))
@@ -32,7 +34,8 @@ pub struct WebhookReceipt {
 
 /// Receive a payment provider's event.
 ///
-/// The signature is checked on the raw bytes before anything is parsed: Stripe
+/// The signature is checked on the raw bytes before anything is parsed, and before the
+/// provider's rate limit (failed checks are limited per remote address instead): Stripe
 /// (`Stripe-Signature: t=…,v1=…`) or Standard Webhooks (`webhook-id`, `webhook-timestamp`,
 /// `webhook-signature`), per the provider's configured scheme. Events are deduplicated on
 /// (provider, event id); payment state only moves forward (an older event never
@@ -55,13 +58,14 @@ pub struct WebhookReceipt {
         (status = 401, description = "`signature_missing`, `signature_invalid` or `signature_timestamp_out_of_tolerance`", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "Unknown provider", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
-        (status = 429, description = "`rate_limited`: too many deliveries for this provider; see Retry-After", body = Problem, content_type = "application/problem+json",
+        (status = 429, description = "`rate_limited`: too many deliveries for this provider, or too many failed signature checks from this address; see Retry-After", body = Problem, content_type = "application/problem+json",
             headers(("Retry-After" = String, description = "Seconds to wait"))),
         (status = 503, description = "`database_unavailable` or `request_timeout`: retry later", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn receive_webhook(
     State(state): State<AppState>,
+    ConnectInfo(remote): ConnectInfo<SocketAddr>,
     Path(provider): Path<String>,
     headers: HeaderMap,
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
@@ -73,6 +77,14 @@ pub async fn receive_webhook(
             ApiError::MalformedJson("the body could not be read".to_owned())
         }
     })?;
+    let Some(config) = state.providers.get(&provider) else {
+        // Never the requested name as a label: anyone can invent names.
+        count("-", "unknown_provider");
+        return Err(ApiError::NotFound(
+            "No provider of that name is configured.".to_owned(),
+        ));
+    };
+    let provider = config.name.as_str();
     let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
     let signature_headers = SignatureHeaders {
         stripe_signature: header("stripe-signature"),
@@ -80,34 +92,35 @@ pub async fn receive_webhook(
         webhook_timestamp: header("webhook-timestamp"),
         webhook_signature: header("webhook-signature"),
     };
-    if state.providers.contains(&provider) {
-        state.rate_limits.check(format!("webhook:{provider}"))?;
-    }
+    // The signature first: only the provider's own deliveries may spend its allowance,
+    // so unsigned noise cannot delay its events. Failures are limited per remote address.
     let now = chrono::Utc::now().timestamp();
-    let event = state
-        .providers
-        .verify_and_parse(&provider, &signature_headers, &body, now, state.max_quantity)
-        .map_err(|rejection| {
-            let outcome = match &rejection {
-                Rejection::UnknownProvider => "unknown_provider",
-                Rejection::Signature(_) => "signature_rejected",
-                Rejection::Malformed(_) => "malformed",
-            };
-            metrics::counter!("tokenmint_webhook_events_total", "provider" => "-", "outcome" => outcome).increment(1);
-            match rejection {
-                Rejection::UnknownProvider => ApiError::NotFound("No provider of that name is configured.".to_owned()),
-                Rejection::Signature(SignatureError::Missing) => ApiError::WebhookSignature("signature_missing"),
-                Rejection::Signature(SignatureError::Invalid) => ApiError::WebhookSignature("signature_invalid"),
-                Rejection::Signature(SignatureError::OutOfTolerance) => {
-                    ApiError::WebhookSignature("signature_timestamp_out_of_tolerance")
-                }
-                Rejection::Malformed(detail) => ApiError::MalformedJson(detail),
-            }
+    if let Err(refused) = config.verify(&signature_headers, &body, now) {
+        count(provider, "signature_rejected");
+        state.rate_limits.check_failed_signature(remote.ip())?;
+        return Err(ApiError::WebhookSignature(match refused {
+            SignatureError::Missing => "signature_missing",
+            SignatureError::Invalid => "signature_invalid",
+            SignatureError::OutOfTolerance => "signature_timestamp_out_of_tolerance",
+        }));
+    }
+    state.rate_limits.check(format!("webhook:{provider}"))?;
+    let event = config
+        .parse(&signature_headers, &body, state.max_quantity)
+        .map_err(|malformed| {
+            count(provider, "malformed");
+            ApiError::MalformedJson(malformed.0)
         })?;
-    let processed = state.issuer.apply_event(&provider, &event).await?;
+    let processed = state.issuer.apply_event(provider, &event).await?;
     Ok(axum::Json(WebhookReceipt {
         received: true,
         duplicate: processed.duplicate,
         outcome: processed.outcome,
     }))
+}
+
+/// Counts a delivery refused before processing; `provider` is a configured name or `-`.
+fn count(provider: &str, outcome: &'static str) {
+    metrics::counter!("tokenmint_webhook_events_total", "provider" => provider.to_owned(), "outcome" => outcome)
+        .increment(1);
 }

@@ -22,20 +22,14 @@ pub struct ProviderConfig {
     tolerance_secs: u64,
 }
 
-/// Why a delivery was refused before any processing.
-#[derive(Debug)]
-pub enum Rejection {
-    UnknownProvider,
-    Signature(SignatureError),
-    Malformed(String),
-}
-
 /// The configured providers, by name.
 #[derive(Default)]
 pub struct Providers(HashMap<String, ProviderConfig>);
 
 impl Providers {
-    /// From validated settings (names are valid provider identifiers, secrets non-empty).
+    /// From validated settings: names are valid provider identifiers and every secret
+    /// passed [`signature::check_secret`] for its scheme (`Settings::validate`), so
+    /// nothing is left out here.
     pub fn from_settings(providers: &std::collections::BTreeMap<String, ProviderSettings>) -> Self {
         Self(
             providers
@@ -57,42 +51,40 @@ impl Providers {
         self.0.contains_key(provider)
     }
 
-    /// Verifies the signature over the raw `body`, then parses it. Nothing is parsed
-    /// before the signature holds.
-    pub fn verify_and_parse(
+    /// The provider configured as `provider`, if any.
+    pub fn get(&self, provider: &str) -> Option<&ProviderConfig> {
+        self.0.get(provider)
+    }
+}
+
+impl ProviderConfig {
+    /// Verifies the delivery's signature over the raw `body`, per the provider's scheme.
+    pub fn verify(
         &self,
-        provider: &str,
         headers: &SignatureHeaders<'_>,
         body: &[u8],
         now: i64,
+    ) -> Result<(), SignatureError> {
+        let verify = match self.scheme {
+            WebhookScheme::Stripe => signature::verify_stripe,
+            WebhookScheme::StandardWebhooks => signature::verify_standard,
+        };
+        verify(headers, body, &self.secrets, self.tolerance_secs, now)
+    }
+
+    /// Parses a delivery whose signature [`verify`](Self::verify) accepted; nothing is
+    /// parsed before that. `Err` is a body that is not an event (400).
+    pub fn parse(
+        &self,
+        headers: &SignatureHeaders<'_>,
+        body: &[u8],
         max_quantity: u32,
-    ) -> Result<ParsedEvent, Rejection> {
-        let config = self.0.get(provider).ok_or(Rejection::UnknownProvider)?;
-        match config.scheme {
-            WebhookScheme::Stripe => {
-                signature::verify_stripe(
-                    headers,
-                    body,
-                    &config.secrets,
-                    config.tolerance_secs,
-                    now,
-                )
-                .map_err(Rejection::Signature)?;
-                parse_stripe(&config.name, body, max_quantity)
-                    .map_err(|e| Rejection::Malformed(e.0))
-            }
+    ) -> Result<ParsedEvent, EventError> {
+        match self.scheme {
+            WebhookScheme::Stripe => parse_stripe(&self.name, body, max_quantity),
             WebhookScheme::StandardWebhooks => {
-                signature::verify_standard(
-                    headers,
-                    body,
-                    &config.secrets,
-                    config.tolerance_secs,
-                    now,
-                )
-                .map_err(Rejection::Signature)?;
                 let id = headers.webhook_id.unwrap_or_default();
-                parse_standard(&config.name, id, body, max_quantity)
-                    .map_err(|e| Rejection::Malformed(e.0))
+                parse_standard(&self.name, id, body, max_quantity)
             }
         }
     }

@@ -8,6 +8,8 @@ use hmac::{Hmac, KeyInit, Mac};
 use secrecy::{ExposeSecret, SecretString};
 use sha2::Sha256;
 
+use crate::settings::WebhookScheme;
+
 /// Why a signature was refused. Each maps to its own 401 `code`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SignatureError {
@@ -104,6 +106,8 @@ pub fn verify_standard(
     if signatures.is_empty() {
         return Err(SignatureError::Invalid);
     }
+    // Every configured secret decodes (`check_secret` ran at startup); one that does not
+    // could not match anything anyway.
     let keys = secrets
         .iter()
         .filter_map(|s| standard_key(s.expose_secret()));
@@ -133,11 +137,40 @@ fn any_signature_matches(
     Err(SignatureError::Invalid)
 }
 
-/// The HMAC key of a `whsec_<base64>` secret.
+/// The HMAC key of a `whsec_<base64>` secret: `None` without the prefix or when the rest
+/// is not base64. Configured secrets are checked with [`check_secret`] at startup, so
+/// every one of them decodes here.
 pub fn standard_key(secret: &str) -> Option<Vec<u8>> {
-    BASE64
-        .decode(secret.strip_prefix("whsec_").unwrap_or(secret))
-        .ok()
+    BASE64.decode(secret.strip_prefix("whsec_")?).ok()
+}
+
+/// The smallest and largest Standard Webhooks key, in bytes (the specification's range).
+pub const STANDARD_KEY_BYTES: std::ops::RangeInclusive<usize> = 24..=64;
+/// The fewest characters a Stripe secret has after `whsec_`.
+pub const STRIPE_SECRET_MIN_CHARS: usize = 16;
+
+/// Whether `secret` is usable with `scheme`; the `Err` says what is wrong without
+/// quoting the secret. `Settings::validate` runs it on every configured secret, so a
+/// secret that could never verify anything stops the start instead of being ignored.
+pub fn check_secret(scheme: WebhookScheme, secret: &str) -> Result<(), &'static str> {
+    match scheme {
+        WebhookScheme::StandardWebhooks => match standard_key(secret) {
+            Some(key) if STANDARD_KEY_BYTES.contains(&key.len()) => Ok(()),
+            Some(_) => Err("must be `whsec_` followed by the base64 of a 24 to 64 byte key"),
+            None => Err("must be `whsec_` followed by standard base64 (with padding)"),
+        },
+        WebhookScheme::Stripe => match secret.strip_prefix("whsec_") {
+            Some(rest)
+                if rest.len() >= STRIPE_SECRET_MIN_CHARS
+                    && rest.bytes().all(|b| b.is_ascii_graphic()) =>
+            {
+                Ok(())
+            }
+            _ => Err(
+                "must be `whsec_` followed by at least 16 visible ASCII characters, without spaces",
+            ),
+        },
+    }
 }
 
 /// Signs like Stripe does; for tests and for the README's curl example.
@@ -239,6 +272,42 @@ mod tests {
             verify_stripe(&headers, body, &secrets(&["whsec_a"]), 300, NOW),
             Err(SignatureError::Missing)
         );
+    }
+
+    #[test]
+    fn secrets_are_checked_per_scheme_without_quoting_them() {
+        use WebhookScheme::{StandardWebhooks, Stripe};
+        let standard = |bytes: usize| format!("whsec_{}", BASE64.encode(vec![7u8; bytes]));
+        assert_eq!(
+            check_secret(StandardWebhooks, "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"),
+            Ok(())
+        );
+        assert_eq!(check_secret(StandardWebhooks, &standard(24)), Ok(()));
+        assert_eq!(check_secret(StandardWebhooks, &standard(64)), Ok(()));
+        let refused = [
+            standard(23),
+            standard(65),
+            standard(32).replace("whsec_", ""),
+            "whsec_not base64!".to_owned(),
+            "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaS".to_owned(),
+            String::new(),
+        ];
+        for secret in &refused {
+            let problem = check_secret(StandardWebhooks, secret).unwrap_err();
+            assert!(secret.is_empty() || !problem.contains(secret.as_str()));
+        }
+
+        let sixteen = "whsec_0123456789abcdef";
+        assert_eq!(check_secret(Stripe, sixteen), Ok(()));
+        for secret in [
+            "whsec_0123456789abcde",
+            "0123456789abcdef0123",
+            "whsec_0123456789abcdef\n",
+            "whsec_0123456789 abcdef",
+            "",
+        ] {
+            assert!(check_secret(Stripe, secret).is_err(), "{secret:?}");
+        }
     }
 
     #[test]

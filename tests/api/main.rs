@@ -2,7 +2,9 @@
 
 mod auth;
 mod checkout;
+mod hardening;
 mod helpers;
+mod http_conventions;
 mod issuance_races;
 mod issuances;
 mod migrations;

@@ -7,14 +7,14 @@ use tokenmint::webhooks::signature::{sign_standard, sign_stripe};
 
 use crate::helpers::*;
 
-pub const STRIPE_OLD: &str = "whsec_test_old_secret";
-pub const STRIPE_NEW: &str = "whsec_test_new_secret";
+pub const STRIPE_OLD: &str = "whsec_test_old_secret_0123456789";
+pub const STRIPE_NEW: &str = "whsec_test_new_secret_0123456789";
 pub const ACME_SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 
 pub const PROVIDERS: &str = r#"
 [providers.stripe]
 scheme = "stripe"
-secrets = ["whsec_test_old_secret", "whsec_test_new_secret"]
+secrets = ["whsec_test_old_secret_0123456789", "whsec_test_new_secret_0123456789"]
 
 [providers.acme]
 scheme = "standard-webhooks"

@@ -1,0 +1,150 @@
+//! The real binary with a bad configuration: it stops with exit status 2 and one error
+//! that names the key and the kind of problem, and never the value — which may be a
+//! secret. No database is needed: the configuration is refused before anything connects.
+
+use std::process::{Command, Output};
+
+/// Looks like a signing secret, and must never appear in any output.
+const SECRET: &str = "whsec_N3verPrintMeN3verPrintMe0123456789";
+
+/// Runs `tokenmint <args>` in an empty directory with only `env` set.
+fn tokenmint(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
+        "config-errors-{}-{}",
+        std::process::id(),
+        args.join("-").replace('/', "_")
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut command = Command::new(env!("CARGO_BIN_EXE_tokenmint"));
+    command.args(args).current_dir(&dir).env_clear();
+    // If a configuration were (wrongly) accepted, fail fast rather than start a mongod.
+    command.env(
+        "TOKENMINT__MONGO__URI",
+        "mongodb://127.0.0.1:1/?serverSelectionTimeoutMS=200",
+    );
+    command.env("TOKENMINT__MONGO__SERVER_SELECTION_TIMEOUT_MS", "200");
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    command.output().expect("tokenmint runs")
+}
+
+/// Asserts exit status 2 and one error naming every one of `names`, without the secret
+/// in either stream; returns stderr.
+fn refused(output: &Output, names: &[&str]) -> String {
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(2), "stderr: {stderr}");
+    for name in names {
+        assert!(stderr.contains(name), "{name:?} not named in: {stderr}");
+    }
+    for stream in [&stderr[..], &stdout[..]] {
+        assert!(!stream.contains(SECRET), "the secret was printed: {stream}");
+        assert!(
+            !stream.contains("N3verPrintMe"),
+            "part of the secret was printed: {stream}"
+        );
+    }
+    assert_eq!(
+        stderr.matches("invalid configuration").count(),
+        1,
+        "said once: {stderr}"
+    );
+    stderr
+}
+
+#[test]
+fn a_secret_given_as_a_bare_string_is_named_by_key_and_never_printed() {
+    for command in ["verify", "serve"] {
+        let output = tokenmint(
+            &[command],
+            &[
+                ("TOKENMINT__PROVIDERS__STRIPE__SCHEME", "stripe"),
+                ("TOKENMINT__PROVIDERS__STRIPE__SECRETS", SECRET),
+            ],
+        );
+        let stderr = refused(
+            &output,
+            &[
+                "`providers.stripe.secrets`",
+                "TOKENMINT__PROVIDERS__STRIPE__SECRETS",
+                "not a string",
+            ],
+        );
+        assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+    }
+}
+
+#[test]
+fn an_unusable_secret_names_its_provider_and_is_never_printed() {
+    let short = "whsec_N3verPrintMe";
+    let output = tokenmint(
+        &["verify"],
+        &[
+            ("TOKENMINT__PROVIDERS__BILLING__SCHEME", "stripe"),
+            (
+                "TOKENMINT__PROVIDERS__BILLING__SECRETS",
+                &format!("[\"{SECRET}\", \"{short}\"]"),
+            ),
+        ],
+    );
+    refused(
+        &output,
+        &["providers.billing.secrets[1]", "provider `billing`"],
+    );
+
+    let undecodable = "whsec_N3verPrintMe!!not-base64";
+    let output = tokenmint(
+        &["verify"],
+        &[
+            ("TOKENMINT__PROVIDERS__ACME__SCHEME", "standard-webhooks"),
+            (
+                "TOKENMINT__PROVIDERS__ACME__SECRETS",
+                &format!("[\"{undecodable}\"]"),
+            ),
+        ],
+    );
+    refused(&output, &["providers.acme.secrets[0]", "provider `acme`"]);
+}
+
+#[test]
+fn other_bad_values_are_named_by_key_without_their_value() {
+    let output = tokenmint(
+        &["serve"],
+        &[(
+            "TOKENMINT__SERVER__CORS_ORIGINS",
+            &format!("[\"{SECRET}\"]"),
+        )],
+    );
+    refused(&output, &["`server.cors_origins[0]`"]);
+
+    let output = tokenmint(
+        &["verify"],
+        &[("TOKENMINT__ISSUANCE__MAX_QUANTITY", "20000")],
+    );
+    refused(&output, &["`issuance.max_quantity`", "at most 10000"]);
+
+    let output = tokenmint(
+        &["verify"],
+        &[("TOKENMINT__ISSUANCE__DEFAULT_MODE", SECRET)],
+    );
+    refused(&output, &["`issuance.default_mode`", "`upsert`, `atomic`"]);
+
+    let output = tokenmint(&["verify"], &[("TOKENMINT__LOG__FORMAT", SECRET)]);
+    refused(&output, &["`log.format`", "TOKENMINT__LOG__FORMAT"]);
+}
+
+#[test]
+fn a_config_file_that_does_not_parse_is_located_without_quoting_it() {
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("config-errors-file-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("bad.toml");
+    std::fs::write(
+        &file,
+        format!("[providers.stripe]\nscheme = \"stripe\"\nsecrets = [\"{SECRET}\"\n"),
+    )
+    .unwrap();
+    let output = tokenmint(&["verify", "--config", file.to_str().unwrap()], &[]);
+    refused(&output, &["TOML parse error at line", "bad.toml"]);
+}
