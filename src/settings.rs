@@ -107,6 +107,9 @@ pub struct RepairSettings {
     /// How old an `issuing` record must be before it counts as abandoned: longer than
     /// any request may take, so a sweep does not race requests still in flight.
     pub min_age_ms: u64,
+    /// How far back each sweep settles refunded or canceled payments again (covers an
+    /// atomic issuance whose process died between its commit and its settle).
+    pub withdrawal_lookback_ms: u64,
 }
 
 /// The retry policy of the `_version` gate when the client sent no `If-Match`.

@@ -129,6 +129,7 @@ impl Application {
                 issuer.clone(),
                 Duration::from_millis(settings.repair.interval_ms),
                 Duration::from_millis(settings.repair.min_age_ms),
+                Duration::from_millis(settings.repair.withdrawal_lookback_ms),
             );
         }
         let state = AppState::new(issuer, keys, settings);

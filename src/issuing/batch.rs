@@ -15,9 +15,10 @@
 //!    a complete, matching set is answered from those, anything else takes the
 //!    one-request path (verify, complete with the upsert bulk, take over a pending record).
 //!
-//! Atomic mode keeps one transaction per issuance (record and tokens, all or nothing) in
-//! place of steps 2–3, the batch's transactions running at once; steps 1, 4 and 5 are
-//! shared with the rest of the batch.
+//! Atomic mode keeps one transaction per issuance (record and tokens, all or nothing,
+//! the record committed `issued`) in place of steps 2–3, the batch's transactions running
+//! at once; steps 1 and 4 are shared with the rest of the batch, and step 5 has nothing to
+//! mark for it.
 //!
 //! Each request's answer depends only on its own items' results: a failed item fails its
 //! request alone, a token race sends its payment to the convergent upsert bulk, and a
@@ -224,7 +225,10 @@ impl Issuer {
     /// and the requests whose payment had a record already (replays).
     async fn transact(&self, atomic: Vec<Queued>) -> (Vec<Written>, Vec<Queued>) {
         let outcomes = join_all(atomic.into_iter().map(|queued| async move {
-            let record = IssuanceDoc::new(&queued.request, IssuanceStatus::Issuing);
+            // Committed with its tokens, the record is complete at once: `issued`. The
+            // settle after the commit still runs; `repair_recent_withdrawals` covers a
+            // crash between the two.
+            let record = IssuanceDoc::new(&queued.request, IssuanceStatus::Issued);
             let outcome = self.store.insert_atomically(&record, &queued.request).await;
             (queued, record, outcome)
         }))
@@ -283,7 +287,9 @@ impl Issuer {
         }
         let ids: Vec<_> = settled
             .iter()
-            .filter(|(_, _, outcome)| outcome.is_ok())
+            .filter(|(claim, _, outcome)| {
+                outcome.is_ok() && claim.record.status == IssuanceStatus::Issuing
+            })
             .map(|(claim, _, _)| claim.record.id)
             .collect();
         // A lost mark costs nothing: the tokens are durable and settled, and the record,

@@ -1,11 +1,12 @@
 //! Issuing a payment's tokens: who may, and the write path every issuer shares.
 //!
-//! The write path, in either mode: the record is claimed `issuing` (its unique index
-//! decides the payment's parameters), the tokens are written (one unordered bulk of
-//! `$setOnInsert` upserts, or one transaction with the record in atomic mode), the
-//! payment is re-read and the tokens settled against it, and only then is the record
-//! marked `issued`. A crash anywhere before that mark leaves an `issuing` record, which
-//! self-repair finishes the same way.
+//! The write path, in either mode: the record is claimed (its unique index decides the
+//! payment's parameters), the tokens are written, the payment is re-read and the tokens
+//! settled against it. In upsert mode the record is `issuing` until then and only then
+//! marked `issued`: a crash anywhere before that mark leaves an `issuing` record, which
+//! self-repair finishes the same way. In atomic mode record and tokens commit together,
+//! `issued`; a crash between the commit and the settle is covered by the sweep of
+//! recently withdrawn payments (`repair_recent_withdrawals`).
 
 use std::time::Duration;
 
@@ -113,7 +114,12 @@ impl Issuer {
         refuse_unless_standing(payment.as_ref())?;
         let mut attempt = 0;
         loop {
-            let record = IssuanceDoc::new(request, IssuanceStatus::Issuing);
+            // Atomic mode commits record and tokens together: the record is `issued` at once.
+            let status = match request.mode {
+                IssuanceMode::Upsert => IssuanceStatus::Issuing,
+                IssuanceMode::Atomic => IssuanceStatus::Issued,
+            };
+            let record = IssuanceDoc::new(request, status);
             let existing = match request.mode {
                 IssuanceMode::Upsert => match self.store.claim_record(&record).await? {
                     None => {

@@ -101,14 +101,48 @@ impl Issuer {
     }
 }
 
-/// Runs `repair_unfinished(min_age)` every `interval`, for as long as the process lives.
-pub fn spawn_repair(issuer: Issuer, interval: Duration, min_age: Duration) {
+impl Issuer {
+    /// Settles the payments refunded, canceled or partly refunded in the last `lookback`.
+    /// An atomic issuance commits its record `issued` and then settles; if its process
+    /// died in between while a refund's own settle had already run (before the commit
+    /// made the tokens visible), nobody else would revoke them. Settling is idempotent,
+    /// so sweeping recent withdrawals again costs one query and, per payment, one write
+    /// that changes nothing.
+    pub async fn repair_recent_withdrawals(&self, lookback: Duration) -> Result<u64, StoreError> {
+        let since =
+            DateTime::from_millis(DateTime::now().timestamp_millis() - lookback.as_millis() as i64);
+        let mut revoked = 0;
+        for payment in self.store.payments_taking_back_since(since).await? {
+            let Ok(key) = payment.key() else { continue };
+            let quantity = self
+                .store
+                .find_record(&key)
+                .await?
+                .map_or(0, |record| record.quantity);
+            let settlement = self.settle_with(&key, quantity, Some(&payment)).await?;
+            if settlement.revoked > 0 {
+                metrics::counter!("tokenmint_repairs_total", "outcome" => "revoked").increment(1);
+                tracing::info!(payment = %key.payment_intent_id, revoked = settlement.revoked, "revoked tokens a crashed issuance left active after a refund");
+            }
+            revoked += settlement.revoked;
+        }
+        Ok(revoked)
+    }
+}
+
+/// Every `interval`, for as long as the process lives: `repair_unfinished(min_age)`,
+/// then `repair_recent_withdrawals(lookback)`.
+pub fn spawn_repair(issuer: Issuer, interval: Duration, min_age: Duration, lookback: Duration) {
     tokio::spawn(async move {
         let mut ticks = tokio::time::interval(interval);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             ticks.tick().await;
-            if let Err(err) = issuer.repair_unfinished(min_age).await {
+            let swept = match issuer.repair_unfinished(min_age).await {
+                Ok(_) => issuer.repair_recent_withdrawals(lookback).await.map(drop),
+                Err(err) => Err(err),
+            };
+            if let Err(err) = swept {
                 // The database is down or electing: the next tick tries again.
                 tracing::warn!(error = %err, "self-repair sweep interrupted");
             }

@@ -50,6 +50,10 @@ const FILES: &[(&str, &str)] = &[
         "0008_issuances_pending_expiry",
         include_str!("../../migrations/0008_issuances_pending_expiry.json"),
     ),
+    (
+        "0009_payments_recent_changes",
+        include_str!("../../migrations/0009_payments_recent_changes.json"),
+    ),
 ];
 
 /// One parsed migration file.

@@ -228,6 +228,22 @@ impl Store {
         rows.into_iter().map(from_document).collect()
     }
 
+    /// Payments whose state takes tokens back and that changed at or after `since`.
+    pub async fn payments_taking_back_since(
+        &self,
+        since: mongodb::bson::DateTime,
+    ) -> Result<Vec<PaymentDoc>, StoreError> {
+        let mut filter = taking_back_filter();
+        filter.insert("updatedAt", doc! { "$gte": since });
+        let rows: Vec<Document> = self
+            .collection(PAYMENTS)
+            .find(filter)
+            .await?
+            .try_collect()
+            .await?;
+        rows.into_iter().map(from_document).collect()
+    }
+
     async fn foreign_tokens(&self) -> Result<Finding, StoreError> {
         let pipeline = vec![
             doc! { "$match": { "status": { "$ne": "pending" } } },

@@ -243,26 +243,49 @@ impl TestApp {
             .unwrap()
     }
 
-    /// The tokenIndexes stored for a payment (provider stripe, account acct_1), sorted.
+    /// Every token stored for `payment`, in tokenIndex order.
+    pub async fn tokens_of(&self, payment: &str) -> Vec<Document> {
+        payment_tokens(&self.db, payment).await
+    }
+
+    /// The tokenIndexes stored for `payment`, sorted.
     pub async fn token_indexes(&self, payment: &str) -> Vec<i64> {
-        use futures::TryStreamExt;
-        let docs: Vec<Document> = self
-            .db
-            .collection::<Document>("tokens")
-            .find(doc! { "origin.paymentIntentId": payment })
-            .sort(doc! { "tokenIndex": 1 })
+        self.tokens_of(payment)
             .await
-            .unwrap()
-            .try_collect()
-            .await
-            .unwrap();
-        docs.iter()
-            .map(|d| match d.get("tokenIndex") {
-                Some(mongodb::bson::Bson::Int32(v)) => i64::from(*v),
-                Some(mongodb::bson::Bson::Int64(v)) => *v,
-                other => panic!("bad tokenIndex {other:?}"),
-            })
+            .iter()
+            .map(token_index)
             .collect()
+    }
+
+    /// (tokenIndex, status) of every token of `payment`, in tokenIndex order.
+    pub async fn token_states(&self, payment: &str) -> Vec<(i64, String)> {
+        self.tokens_of(payment)
+            .await
+            .iter()
+            .map(|t| (token_index(t), t.get_str("status").unwrap().to_owned()))
+            .collect()
+    }
+}
+
+/// Every token stored for `payment` in `db`, in tokenIndex order.
+pub async fn payment_tokens(db: &Database, payment: &str) -> Vec<Document> {
+    use futures::TryStreamExt;
+    db.collection::<Document>("tokens")
+        .find(doc! { "origin.paymentIntentId": payment })
+        .sort(doc! { "tokenIndex": 1 })
+        .await
+        .unwrap()
+        .try_collect()
+        .await
+        .unwrap()
+}
+
+/// A stored token's tokenIndex, whichever integer type holds it.
+pub fn token_index(token: &Document) -> i64 {
+    match token.get("tokenIndex") {
+        Some(mongodb::bson::Bson::Int32(v)) => i64::from(*v),
+        Some(mongodb::bson::Bson::Int64(v)) => *v,
+        other => panic!("bad tokenIndex {other:?}"),
     }
 }
 

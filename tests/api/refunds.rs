@@ -4,7 +4,6 @@
 //! (`charge.refunded` with `refunded: false`) and Standard Webhooks (`payment.refunded`
 //! with `data.amountRefunded`).
 
-use futures::TryStreamExt;
 use mongodb::bson::{Bson, Document, doc};
 use serde_json::{Value, json};
 
@@ -18,32 +17,6 @@ fn int(doc: &Document, field: &str) -> Option<i64> {
         Bson::Int64(v) => Some(*v),
         other => panic!("{field} is not an integer: {other:?}"),
     }
-}
-
-/// (tokenIndex, status) of every token of `payment`, in tokenIndex order.
-async fn token_states(app: &TestApp, payment: &str) -> Vec<(i64, String)> {
-    tokens_of(app, payment)
-        .await
-        .iter()
-        .map(|t| {
-            (
-                int(t, "tokenIndex").unwrap(),
-                t.get_str("status").unwrap().to_owned(),
-            )
-        })
-        .collect()
-}
-
-async fn tokens_of(app: &TestApp, payment: &str) -> Vec<Document> {
-    app.db
-        .collection::<Document>("tokens")
-        .find(doc! { "origin.paymentIntentId": payment })
-        .sort(doc! { "tokenIndex": 1 })
-        .await
-        .unwrap()
-        .try_collect()
-        .await
-        .unwrap()
 }
 
 /// `statuses[i]` is the expected status of tokenIndex i.
@@ -153,10 +126,10 @@ async fn stripe_partial_refunds_take_back_the_refunded_share_highest_index_first
     assert_eq!(receipt["tokensRevoked"], 1, "{receipt}");
     assert_eq!(receipt["shortfall"], 0, "{receipt}");
     assert_eq!(
-        token_states(&app, pi).await,
+        app.token_states(pi).await,
         expect(&["active", "active", "active", "revoked"])
     );
-    let revoked = &tokens_of(&app, pi).await[3];
+    let revoked = &app.tokens_of(pi).await[3];
     assert_eq!(
         revoked.get_str("revocationReason").unwrap(),
         "partial_refund"
@@ -183,7 +156,7 @@ async fn stripe_partial_refunds_take_back_the_refunded_share_highest_index_first
     .await;
     assert_eq!(receipt["tokensRevoked"], 1, "{receipt}");
     assert_eq!(
-        token_states(&app, pi).await,
+        app.token_states(pi).await,
         expect(&["active", "active", "revoked", "revoked"])
     );
     assert_eq!(
@@ -206,7 +179,7 @@ async fn stripe_partial_refunds_take_back_the_refunded_share_highest_index_first
     .await;
     assert_eq!(revoked_in(&older), 0, "{older}");
     assert_eq!(
-        token_states(&app, pi).await,
+        app.token_states(pi).await,
         expect(&["active", "active", "revoked", "revoked"])
     );
     assert_eq!(
@@ -231,7 +204,7 @@ async fn stripe_partial_refunds_take_back_the_refunded_share_highest_index_first
     assert_eq!(full["outcome"], "revoked", "{full}");
     assert_eq!(full["tokensRevoked"], 2, "{full}");
     assert_eq!(
-        token_states(&app, pi).await,
+        app.token_states(pi).await,
         expect(&["revoked", "revoked", "revoked", "revoked"])
     );
     assert_eq!(
@@ -258,7 +231,7 @@ async fn standard_webhooks_partial_refunds_use_the_known_amount_and_round_down()
     assert_eq!(receipt["outcome"], "revoked", "{receipt}");
     assert_eq!(receipt["tokensRevoked"], 1, "{receipt}");
     assert_eq!(
-        token_states(&app, pay).await,
+        app.token_states(pay).await,
         expect(&["active", "active", "revoked"])
     );
     let payment = payment_doc(&app, pay).await;
@@ -274,7 +247,7 @@ async fn standard_webhooks_partial_refunds_use_the_known_amount_and_round_down()
     let receipt = acme(&app, "msg_r700", &acme_refund(pay, 3, Some(700))).await;
     assert_eq!(receipt["tokensRevoked"], 1, "{receipt}");
     assert_eq!(
-        token_states(&app, pay).await,
+        app.token_states(pay).await,
         expect(&["active", "revoked", "revoked"])
     );
 
@@ -285,7 +258,7 @@ async fn standard_webhooks_partial_refunds_use_the_known_amount_and_round_down()
     let older = acme(&app, "msg_r500_old", &acme_refund(pay, 2, Some(500))).await;
     assert_eq!(revoked_in(&older), 0, "{older}");
     assert_eq!(
-        token_states(&app, pay).await,
+        app.token_states(pay).await,
         expect(&["active", "revoked", "revoked"])
     );
     let payment = payment_doc(&app, pay).await;
@@ -296,7 +269,7 @@ async fn standard_webhooks_partial_refunds_use_the_known_amount_and_round_down()
     let full = acme(&app, "msg_full", &acme_refund(pay, 5, None)).await;
     assert_eq!(full["tokensRevoked"], 1, "{full}");
     assert_eq!(
-        token_states(&app, pay).await,
+        app.token_states(pay).await,
         expect(&["revoked", "revoked", "revoked"])
     );
     assert_eq!(
@@ -327,7 +300,7 @@ async fn redeemed_tokens_of_the_refunded_share_stay_redeemed_and_are_the_shortfa
     assert_eq!(receipt["tokensRevoked"], 1, "{receipt}");
     assert_eq!(receipt["shortfall"], 1, "{receipt}");
     assert_eq!(
-        token_states(&app, "pi_short1").await,
+        app.token_states("pi_short1").await,
         expect(&["active", "active", "revoked", "redeemed"])
     );
     let record = event_record(&app, "stripe", "evt_a_r").await;
@@ -353,7 +326,7 @@ async fn redeemed_tokens_of_the_refunded_share_stay_redeemed_and_are_the_shortfa
     assert_eq!(revoked_in(&receipt), 0, "{receipt}");
     assert_eq!(receipt["shortfall"], 2, "{receipt}");
     assert_eq!(
-        token_states(&app, "pi_short2").await,
+        app.token_states("pi_short2").await,
         expect(&["active", "active", "redeemed", "redeemed"])
     );
     let record = event_record(&app, "stripe", "evt_b_r").await;
@@ -365,7 +338,7 @@ async fn redeemed_tokens_of_the_refunded_share_stay_redeemed_and_are_the_shortfa
     assert_eq!(full["tokensRevoked"], 2, "{full}");
     assert_eq!(full["shortfall"], 1, "{full}");
     assert_eq!(
-        token_states(&app, "pi_short1").await,
+        app.token_states("pi_short1").await,
         expect(&["revoked", "revoked", "revoked", "redeemed"])
     );
     assert_eq!(
@@ -377,7 +350,7 @@ async fn redeemed_tokens_of_the_refunded_share_stay_redeemed_and_are_the_shortfa
     );
     // The other payment was not touched.
     assert_eq!(
-        token_states(&app, "pi_short2").await,
+        app.token_states("pi_short2").await,
         expect(&["active", "active", "redeemed", "redeemed"])
     );
 }
@@ -409,7 +382,7 @@ async fn a_partial_refund_recorded_before_issuance_is_taken_back_as_the_tokens_a
     assert_eq!(paid["outcome"], "issued", "{paid}");
     assert_eq!(paid["tokensCreated"], 4, "{paid}");
     assert_eq!(
-        token_states(&app, "pi_pre").await,
+        app.token_states("pi_pre").await,
         expect(&["active", "active", "revoked", "revoked"])
     );
     assert_eq!(
@@ -453,7 +426,7 @@ async fn a_partial_refund_recorded_before_issuance_is_taken_back_as_the_tokens_a
         .collect();
     assert_eq!(answered, expect(&["active", "active", "active", "revoked"]));
     assert_eq!(
-        token_states(&app, "pi_pre_w").await,
+        app.token_states("pi_pre_w").await,
         expect(&["active", "active", "active", "revoked"])
     );
 
@@ -467,7 +440,7 @@ async fn a_partial_refund_recorded_before_issuance_is_taken_back_as_the_tokens_a
     atomic["mode"] = json!("atomic");
     assert_eq!(app.issue(WRITER_KEY, &atomic).await.status(), 201);
     assert_eq!(
-        token_states(&app, "pi_pre_a").await,
+        app.token_states("pi_pre_a").await,
         expect(&["active", "active", "revoked", "revoked"])
     );
 
@@ -496,7 +469,7 @@ async fn a_partial_refund_recorded_before_issuance_is_taken_back_as_the_tokens_a
     .await;
     assert_eq!(paid["tokensCreated"], 4, "{paid}");
     assert_eq!(
-        token_states(&app, "pi_pre_c").await,
+        app.token_states("pi_pre_c").await,
         expect(&["active", "active", "active", "revoked"])
     );
 
@@ -512,7 +485,7 @@ async fn a_partial_refund_recorded_before_issuance_is_taken_back_as_the_tokens_a
     let paid = acme(&app, "msg_pre_ok", &acme_paid("pay_pre", 1, 1000, 4)).await;
     assert_eq!(paid["tokensCreated"], 4, "{paid}");
     assert_eq!(
-        token_states(&app, "pay_pre").await,
+        app.token_states("pay_pre").await,
         expect(&["active", "active", "active", "revoked"])
     );
 }
@@ -535,7 +508,7 @@ async fn a_partial_refund_of_tokens_a_trusted_backend_issued_takes_back_its_shar
     assert_eq!(receipt["outcome"], "revoked", "{receipt}");
     assert_eq!(receipt["tokensRevoked"], 2, "{receipt}");
     assert_eq!(
-        token_states(&app, "pi_backend").await,
+        app.token_states("pi_backend").await,
         expect(&["active", "active", "revoked", "revoked"])
     );
     let payment = payment_doc(&app, "pi_backend").await;
@@ -551,7 +524,7 @@ async fn a_partial_refund_of_tokens_a_trusted_backend_issued_takes_back_its_shar
     assert_eq!(body["created"], 0);
     assert_eq!(body["tokens"][3]["status"], "revoked");
     assert_eq!(
-        token_states(&app, "pi_backend").await,
+        app.token_states("pi_backend").await,
         expect(&["active", "active", "revoked", "revoked"])
     );
 }
@@ -573,7 +546,7 @@ async fn a_full_refund_in_the_same_second_as_a_partial_one_still_takes_back_the_
     let full = stripe(&app, &refund_event("evt_ss_full", pi, t + 10)).await;
     assert_eq!(full["tokensRevoked"], 2, "{full}");
     assert_eq!(
-        token_states(&app, pi).await,
+        app.token_states(pi).await,
         expect(&["revoked", "revoked", "revoked", "revoked"])
     );
     assert_eq!(

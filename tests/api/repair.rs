@@ -5,7 +5,6 @@
 
 use std::time::{Duration, Instant};
 
-use futures::TryStreamExt;
 use mongodb::Database;
 use mongodb::bson::{Bson, DateTime, Document, doc, oid::ObjectId};
 use tokenmint::store::{Store, StoreConfig};
@@ -109,18 +108,6 @@ async fn record_of(db: &Database, payment: &str) -> Document {
         .expect("the seeded record")
 }
 
-/// Every stored token of `payment`, in tokenIndex order.
-async fn tokens_of(db: &Database, payment: &str) -> Vec<Document> {
-    db.collection::<Document>("tokens")
-        .find(doc! { "origin.paymentIntentId": payment })
-        .sort(doc! { "tokenIndex": 1 })
-        .await
-        .unwrap()
-        .try_collect()
-        .await
-        .unwrap()
-}
-
 /// Polls until no record of the database is `issuing` any more, for at most `within`.
 async fn wait_until_none_issuing(db: &Database, within: Duration) -> Duration {
     let started = Instant::now();
@@ -150,7 +137,7 @@ async fn assert_completed(db: &Database, seeded: &Seeded) -> Vec<Document> {
     let record = record_of(db, payment).await;
     assert_eq!(record.get_str("status"), Ok("issued"), "{record}");
     assert!(!record.contains_key("repairLeaseUntil"), "{record}");
-    let stored = tokens_of(db, payment).await;
+    let stored = payment_tokens(db, payment).await;
     let indexes: Vec<i64> = stored
         .iter()
         .map(|t| t.get_i64("tokenIndex").unwrap())
@@ -282,7 +269,7 @@ async fn a_record_younger_than_min_age_or_leased_elsewhere_is_left_alone() {
             "{record}"
         );
         assert_eq!(
-            tokens_of(&app.db, &seeded.payment).await,
+            payment_tokens(&app.db, &seeded.payment).await,
             seeded.tokens,
             "{}: tokens touched",
             seeded.payment
@@ -392,7 +379,7 @@ async fn a_short_set_of_a_refunded_payment_is_completed_and_revoked() {
 
     let record = record_of(&app.db, "pi_refunded").await;
     assert_eq!(record.get_str("status"), Ok("issued"), "{record}");
-    let stored = tokens_of(&app.db, "pi_refunded").await;
+    let stored = payment_tokens(&app.db, "pi_refunded").await;
     let indexes: Vec<i64> = stored
         .iter()
         .map(|t| t.get_i64("tokenIndex").unwrap())
@@ -414,4 +401,58 @@ async fn a_short_set_of_a_refunded_payment_is_completed_and_revoked() {
         revoked >= revoked_before + 1.0,
         "tokenmint_repairs_total{{outcome=\"revoked\"}} went from {revoked_before} to {revoked}"
     );
+}
+
+/// An atomic issuance commits its record `issued` with every token, then re-reads the
+/// payment. A process that died between the two, while a refund's own settle had already
+/// run (before the commit made the tokens visible), leaves a complete, issued set of
+/// active tokens that nobody else would revoke: the sweep of recent withdrawals does.
+#[tokio::test]
+async fn a_crashed_atomic_issuance_after_a_refund_is_revoked_by_the_sweep() {
+    let app = spawn_app_with(FAST_REPAIR).await;
+    let refunded_at = ago(Duration::from_secs(5));
+    app.db
+        .collection::<Document>("payments")
+        .insert_one(doc! {
+            "provider": "stripe",
+            "accountId": "acct_1",
+            "paymentIntentId": "pi_atomic_refunded",
+            "status": "refunded",
+            "version": 2_i64,
+            "lastEventId": "evt_refund",
+            "lastEventType": "charge.refunded",
+            "createdAt": refunded_at,
+            "updatedAt": refunded_at,
+        })
+        .await
+        .unwrap();
+    let mut record = issuing_record("pi_atomic_refunded", ObjectId::new(), 3, refunded_at);
+    record.insert("status", "issued");
+    record.insert("mode", "atomic");
+    seed(&app.db, record, 0..3).await;
+
+    let started = std::time::Instant::now();
+    while app
+        .count(
+            "tokens",
+            doc! { "origin.paymentIntentId": "pi_atomic_refunded", "status": "active" },
+        )
+        .await
+        > 0
+    {
+        assert!(
+            started.elapsed() < REPAIR_WITHIN,
+            "the sweep left the refunded payment's tokens active"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let states = app.token_states("pi_atomic_refunded").await;
+    assert_eq!(
+        states,
+        (0..3)
+            .map(|i| (i, "revoked".to_owned()))
+            .collect::<Vec<_>>()
+    );
+    let report = store_for(&app).await.verify().await.unwrap();
+    assert!(report.is_clean(), "{report}");
 }

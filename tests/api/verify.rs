@@ -112,41 +112,6 @@ async fn run_cli(uri: &str, database: &str, args: &[&str]) -> std::process::Outp
         .unwrap()
 }
 
-/// A stored integer, whichever BSON width it was written with.
-fn int(doc: &Document, field: &str) -> i64 {
-    let value = doc
-        .get(field)
-        .unwrap_or_else(|| panic!("no {field} in {doc}"));
-    value
-        .as_i64()
-        .or(value.as_i32().map(i64::from))
-        .unwrap_or_else(|| panic!("{field} is not an integer in {doc}"))
-}
-
-/// (tokenIndex, status) of every token of `payment`, in tokenIndex order.
-async fn token_states(app: &TestApp, payment: &str) -> Vec<(i64, String)> {
-    use futures::TryStreamExt;
-    let tokens: Vec<Document> = app
-        .db
-        .collection::<Document>("tokens")
-        .find(doc! { "origin.paymentIntentId": payment })
-        .sort(doc! { "tokenIndex": 1 })
-        .await
-        .unwrap()
-        .try_collect()
-        .await
-        .unwrap();
-    tokens
-        .iter()
-        .map(|t| {
-            (
-                int(t, "tokenIndex"),
-                t.get_str("status").unwrap().to_owned(),
-            )
-        })
-        .collect()
-}
-
 fn states(statuses: &[&str]) -> Vec<(i64, String)> {
     statuses
         .iter()
@@ -326,19 +291,19 @@ async fn verify_reports_active_tokens_a_refund_or_cancellation_no_longer_backs()
     ))
     .await;
     assert_eq!(
-        token_states(&app, "pi_full").await,
+        app.token_states("pi_full").await,
         states(&["revoked", "revoked"])
     );
     assert_eq!(
-        token_states(&app, "pi_cancel").await,
+        app.token_states("pi_cancel").await,
         states(&["revoked", "revoked"])
     );
     assert_eq!(
-        token_states(&app, "pi_part").await,
+        app.token_states("pi_part").await,
         states(&["active", "active", "revoked", "revoked"])
     );
     assert_eq!(
-        token_states(&app, "pi_spent").await,
+        app.token_states("pi_spent").await,
         states(&["active", "redeemed"])
     );
     let store = store_for(&app).await;
@@ -506,11 +471,11 @@ async fn verify_repair_completes_short_sets_and_revokes_unbacked_tokens() {
     assert!(stdout.contains("no violations"), "{stdout}");
 
     assert_eq!(
-        token_states(&app, "pi_short").await,
+        app.token_states("pi_short").await,
         states(&["active", "active", "active"])
     );
     assert_eq!(
-        token_states(&app, "pi_unfinished").await,
+        app.token_states("pi_unfinished").await,
         states(&["active", "active"])
     );
     assert_eq!(
@@ -530,7 +495,7 @@ async fn verify_repair_completes_short_sets_and_revokes_unbacked_tokens() {
         2
     );
     assert_eq!(
-        token_states(&app, "pi_half").await,
+        app.token_states("pi_half").await,
         states(&["active", "active", "revoked", "revoked"])
     );
     for payment in ["pi_short", "pi_unfinished", "pi_refunded", "pi_half"] {
