@@ -15,10 +15,8 @@
 //!    a complete, matching set is answered from those, anything else takes the
 //!    one-request path (verify, complete with the upsert bulk, take over a pending record).
 //!
-//! Atomic mode keeps one transaction per issuance (record and tokens, all or nothing,
-//! the record committed `issued`) in place of steps 2–3, the batch's transactions running
-//! at once; steps 1 and 4 are shared with the rest of the batch, and step 5 has nothing to
-//! mark for it.
+//! Atomic mode does not come here: it keeps one transaction per issuance, and a batch
+//! would make each wait for its batch-mates' transactions (see `reads`).
 //!
 //! Each request's answer depends only on its own items' results: a failed item fails its
 //! request alone, a token race sends its payment to the convergent upsert bulk, and a
@@ -32,10 +30,8 @@ use tokio::sync::{Mutex, mpsc, oneshot};
 
 use super::issue::refuse_unless_standing;
 use super::{IssueError, IssueOutcome, IssuedTokens, Issuer};
-use crate::domain::{IssuanceMode, IssuanceStatus, NewIssuance, PaymentKey};
-use crate::store::{
-    AtomicInsert, IssuanceDoc, RecordInsert, StoreError, TokenInsert, TokenSummary,
-};
+use crate::domain::{IssuanceStatus, NewIssuance, PaymentKey};
+use crate::store::{IssuanceDoc, RecordInsert, StoreError, TokenInsert, TokenSummary};
 
 /// Writer tasks: up to this many batches are in flight while the next ones gather. Two
 /// keep the database busy while the next batch gathers; more split the queue into smaller
@@ -136,14 +132,9 @@ impl Issuer {
                 }
             }
         }
-        let (atomic, upsert): (Vec<_>, Vec<_>) = admitted
-            .into_iter()
-            .partition(|q| q.request.mode == IssuanceMode::Atomic);
-        let (claimed, replays) = self.claim_records(upsert).await;
+        let (claimed, replays) = self.claim_records(admitted).await;
         let writes = async {
-            let ((mut written, raced), (committed, atomic_replays)) =
-                tokio::join!(self.insert_tokens(claimed), self.transact(atomic));
-            written.extend(committed);
+            let (written, raced) = self.insert_tokens(claimed).await;
             self.settle_and_mark(written).await;
             // A concurrent replay or repair wrote some of these tokens: converge, one by one.
             join_all(raced.into_iter().map(|claim| async move {
@@ -151,10 +142,8 @@ impl Issuer {
                 let _ = claim.answer.send(outcome);
             }))
             .await;
-            atomic_replays
         };
-        let (atomic_replays, ()) = tokio::join!(writes, self.replay_batch(replays));
-        self.replay_batch(atomic_replays).await;
+        tokio::join!(writes, self.replay_batch(replays));
     }
 
     /// Step 2 (upsert mode): insert the records; a record that exists makes its request a
@@ -218,40 +207,6 @@ impl Issuer {
             }
         }
         (written, raced)
-    }
-
-    /// Steps 2–3 (atomic mode): one transaction per issuance (record and tokens, all or
-    /// nothing), the batch's transactions running at once. Returns the committed sets,
-    /// and the requests whose payment had a record already (replays).
-    async fn transact(&self, atomic: Vec<Queued>) -> (Vec<Written>, Vec<Queued>) {
-        let outcomes = join_all(atomic.into_iter().map(|queued| async move {
-            // Committed with its tokens, the record is complete at once: `issued`. The
-            // settle after the commit still runs; `repair_recent_withdrawals` covers a
-            // crash between the two.
-            let record = IssuanceDoc::new(&queued.request, IssuanceStatus::Issued);
-            let outcome = self.store.insert_atomically(&record, &queued.request).await;
-            (queued, record, outcome)
-        }))
-        .await;
-        let mut written = Vec::new();
-        let mut replays = Vec::new();
-        for (queued, record, outcome) in outcomes {
-            match outcome {
-                Ok(AtomicInsert::Committed(tokens)) => written.push((
-                    Claimed {
-                        request: queued.request,
-                        answer: queued.answer,
-                        record,
-                    },
-                    tokens,
-                )),
-                Ok(AtomicInsert::RecordExists(_)) => replays.push(queued),
-                Err(err) => {
-                    let _ = queued.answer.send(Err(err.into()));
-                }
-            }
-        }
-        (written, replays)
     }
 
     /// Steps 4 and 5: settle the written sets against their payments as they are now,

@@ -94,13 +94,47 @@ impl Issuer {
     }
 
     /// Issues `request`, which an authority vouched for: a trusted key, the provider's
-    /// metadata, or a checkout request matching that metadata, through group commit
-    /// (atomic mode keeps one transaction per issuance inside it).
+    /// metadata, or a checkout request matching that metadata. Upsert mode goes through
+    /// group commit; atomic mode keeps one transaction per issuance.
     pub(super) async fn issue_authorised(
         &self,
         request: &NewIssuance,
     ) -> Result<IssueOutcome, IssueError> {
-        self.committer().submit(request.clone()).await
+        match request.mode {
+            IssuanceMode::Upsert => self.committer().submit(request.clone()).await,
+            IssuanceMode::Atomic => self.issue_atomically(request).await,
+        }
+    }
+
+    /// Atomic mode: the payment read (coalesced with other requests' reads), one
+    /// transaction for record and tokens, committed `issued`, then the payment read again
+    /// and the tokens settled. A payment that had a record already takes the one-request
+    /// path (verify, answer from the record).
+    async fn issue_atomically(&self, request: &NewIssuance) -> Result<IssueOutcome, IssueError> {
+        let payment = self.payment_reads().get(&request.key).await?;
+        refuse_unless_standing(payment.as_ref())?;
+        let record = IssuanceDoc::new(request, IssuanceStatus::Issued);
+        match self.store.insert_atomically(&record, request).await? {
+            AtomicInsert::Committed(mut tokens) => {
+                let after = self.payment_reads().get(&request.key).await?;
+                let settlement = self
+                    .settle_with(&request.key, record.quantity, after.as_ref())
+                    .await?;
+                if let Some(status) = settlement.withdrawn {
+                    return Err(IssueError::PaymentNotSucceeded(status));
+                }
+                if settlement.revoked > 0 {
+                    tokens = self.store.payment_tokens(&request.key).await?;
+                }
+                let created = tokens.len() as u32;
+                Ok(IssueOutcome::Created(IssuedTokens {
+                    issuance: record,
+                    tokens,
+                    created,
+                }))
+            }
+            AtomicInsert::RecordExists(_) => self.issue_alone(request).await,
+        }
     }
 
     /// Issues `request` on its own: refused if the payment is known not to stand, else

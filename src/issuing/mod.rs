@@ -16,6 +16,7 @@
 mod batch;
 mod events;
 mod issue;
+mod reads;
 mod repair;
 mod standing;
 mod tokens;
@@ -102,6 +103,8 @@ pub struct Issuer {
     config: Arc<IssuingConfig>,
     /// Group commit's writer tasks, started on the first upsert-mode issuance.
     committer: Arc<OnceLock<batch::Committer>>,
+    /// Coalesced payment reads of atomic-mode issuances, started on the first one.
+    payment_reads: Arc<OnceLock<reads::PaymentReads>>,
 }
 
 impl Issuer {
@@ -110,7 +113,13 @@ impl Issuer {
             store,
             config: Arc::new(config),
             committer: Arc::new(OnceLock::new()),
+            payment_reads: Arc::new(OnceLock::new()),
         }
+    }
+
+    fn payment_reads(&self) -> &reads::PaymentReads {
+        self.payment_reads
+            .get_or_init(|| reads::PaymentReads::start(self.store.clone()))
     }
 
     fn committer(&self) -> &batch::Committer {
