@@ -247,27 +247,20 @@ impl Store {
     async fn foreign_tokens(&self) -> Result<Finding, StoreError> {
         let pipeline = vec![
             doc! { "$match": { "status": { "$ne": "pending" } } },
-            doc! { "$lookup": {
-                "from": TOKENS,
-                "let": { "p": "$provider", "a": "$accountId", "i": "$paymentIntentId",
-                         "owner": "$owner", "type": "$tokenType" },
-                "pipeline": [
-                    { "$match": { "$expr": { "$and": [
-                        { "$eq": ["$origin.provider", "$$p"] },
-                        { "$eq": ["$origin.accountId", "$$a"] },
-                        { "$eq": ["$origin.paymentIntentId", "$$i"] },
-                        { "$or": [
-                            { "$ne": ["$type", "$$type"] },
-                            { "$and": [
-                                { "$ne": ["$owner", "$$owner"] },
-                                { "$eq": [ { "$type": "$transferredAt" }, "missing" ] },
-                            ] },
-                        ] },
-                    ] } } },
-                    { "$project": { "_id": 1 } },
-                ],
-                "as": "foreign",
-            } },
+            same_payment(
+                TOKENS,
+                "",
+                doc! { "owner": "$owner", "type": "$tokenType" },
+                vec![doc! { "$or": [
+                    { "$ne": ["$type", "$$type"] },
+                    { "$and": [
+                        { "$ne": ["$owner", "$$owner"] },
+                        { "$eq": [ { "$type": "$transferredAt" }, "missing" ] },
+                    ] },
+                ] }],
+                doc! { "_id": 1 },
+                "foreign",
+            ),
             doc! { "$match": { "foreign": { "$ne": [] } } },
         ];
         self.collect_finding(ISSUANCES, pipeline, |row| {
@@ -295,35 +288,26 @@ impl Store {
         ] };
         let pipeline = vec![
             doc! { "$match": taking_back_filter() },
-            doc! { "$lookup": {
-                "from": ISSUANCES,
-                "let": { "p": "$provider", "a": "$accountId", "i": "$paymentIntentId" },
-                "pipeline": [
-                    { "$match": { "$expr": { "$and": [
-                        { "$eq": ["$provider", "$$p"] },
-                        { "$eq": ["$accountId", "$$a"] },
-                        { "$eq": ["$paymentIntentId", "$$i"] },
-                    ] } } },
-                    { "$project": { "quantity": 1 } },
-                ],
-                "as": "issuance",
-            } },
+            same_payment(
+                ISSUANCES,
+                "",
+                doc! {},
+                vec![],
+                doc! { "quantity": 1 },
+                "issuance",
+            ),
             doc! { "$set": { "keep": keep } },
-            doc! { "$lookup": {
-                "from": TOKENS,
-                "let": { "p": "$provider", "a": "$accountId", "i": "$paymentIntentId", "keep": "$keep" },
-                "pipeline": [
-                    { "$match": { "$expr": { "$and": [
-                        { "$eq": ["$origin.provider", "$$p"] },
-                        { "$eq": ["$origin.accountId", "$$a"] },
-                        { "$eq": ["$origin.paymentIntentId", "$$i"] },
-                        { "$eq": ["$status", "active"] },
-                        { "$gte": ["$tokenIndex", "$$keep"] },
-                    ] } } },
-                    { "$project": { "_id": 1 } },
+            same_payment(
+                TOKENS,
+                "",
+                doc! { "keep": "$keep" },
+                vec![
+                    doc! { "$eq": ["$status", "active"] },
+                    doc! { "$gte": ["$tokenIndex", "$$keep"] },
                 ],
-                "as": "active",
-            } },
+                doc! { "_id": 1 },
+                "active",
+            ),
             doc! { "$match": { "active": { "$ne": [] } } },
         ];
         self.collect_finding(PAYMENTS, pipeline, |row| {
@@ -338,6 +322,39 @@ impl Store {
     }
 }
 
+/// A `$lookup` into `into` of the documents of `from` that belong to the input row's
+/// payment (its key fields under `prefix`: `""` for records and payments, `"_id."` for
+/// grouped rows) and meet `conditions`, which may use the extra `vars`; each projected to
+/// `project`. Tokens keep their payment key under `origin.`.
+fn same_payment(
+    from: &str,
+    prefix: &str,
+    vars: Document,
+    conditions: Vec<Document>,
+    project: Document,
+    into: &str,
+) -> Document {
+    let foreign = if from == TOKENS { "origin." } else { "" };
+    let mut variables = doc! {
+        "p": format!("${prefix}provider"),
+        "a": format!("${prefix}accountId"),
+        "i": format!("${prefix}paymentIntentId"),
+    };
+    variables.extend(vars);
+    let mut all = vec![
+        doc! { "$eq": [format!("${foreign}provider"), "$$p"] },
+        doc! { "$eq": [format!("${foreign}accountId"), "$$a"] },
+        doc! { "$eq": [format!("${foreign}paymentIntentId"), "$$i"] },
+    ];
+    all.extend(conditions);
+    doc! { "$lookup": {
+        "from": from,
+        "let": variables,
+        "pipeline": [ { "$match": { "$expr": { "$and": all } } }, { "$project": project } ],
+        "as": into,
+    } }
+}
+
 /// Payments whose state takes tokens back.
 fn taking_back_filter() -> Document {
     doc! { "$or": [
@@ -350,19 +367,14 @@ fn taking_back_filter() -> Document {
 /// pending one), with the indexes found in `indexes`.
 fn wrong_token_sets_pipeline() -> Vec<Document> {
     vec![
-        doc! { "$lookup": {
-            "from": TOKENS,
-            "let": { "p": "$provider", "a": "$accountId", "i": "$paymentIntentId" },
-            "pipeline": [
-                { "$match": { "$expr": { "$and": [
-                    { "$eq": ["$origin.provider", "$$p"] },
-                    { "$eq": ["$origin.accountId", "$$a"] },
-                    { "$eq": ["$origin.paymentIntentId", "$$i"] },
-                ] } } },
-                { "$project": { "_id": 0, "tokenIndex": 1 } },
-            ],
-            "as": "tokens",
-        } },
+        same_payment(
+            TOKENS,
+            "",
+            doc! {},
+            vec![],
+            doc! { "_id": 0, "tokenIndex": 1 },
+            "tokens",
+        ),
         doc! { "$project": {
             "provider": 1, "accountId": 1, "paymentIntentId": 1, "status": 1, "quantity": 1,
             "indexes": { "$sortArray": { "input": "$tokens.tokenIndex", "sortBy": 1 } },
@@ -407,19 +419,14 @@ impl Store {
                 "_id": { "provider": "$origin.provider", "accountId": "$origin.accountId", "paymentIntentId": "$origin.paymentIntentId" },
                 "n": { "$sum": 1 },
             } },
-            doc! { "$lookup": {
-                "from": ISSUANCES,
-                "let": { "p": "$_id.provider", "a": "$_id.accountId", "i": "$_id.paymentIntentId" },
-                "pipeline": [
-                    { "$match": { "$expr": { "$and": [
-                        { "$eq": ["$provider", "$$p"] },
-                        { "$eq": ["$accountId", "$$a"] },
-                        { "$eq": ["$paymentIntentId", "$$i"] },
-                    ] } } },
-                    { "$project": { "_id": 1 } },
-                ],
-                "as": "issuance",
-            } },
+            same_payment(
+                ISSUANCES,
+                "_id.",
+                doc! {},
+                vec![],
+                doc! { "_id": 1 },
+                "issuance",
+            ),
             doc! { "$match": { "issuance": { "$size": 0 } } },
         ];
         self.collect_finding(TOKENS, pipeline, |row| {
@@ -446,20 +453,14 @@ impl Store {
     async fn stranded_pending(&self) -> Result<Finding, StoreError> {
         let pipeline = vec![
             doc! { "$match": { "status": "pending" } },
-            doc! { "$lookup": {
-                "from": PAYMENTS,
-                "let": { "p": "$provider", "a": "$accountId", "i": "$paymentIntentId" },
-                "pipeline": [
-                    { "$match": { "$expr": { "$and": [
-                        { "$eq": ["$provider", "$$p"] },
-                        { "$eq": ["$accountId", "$$a"] },
-                        { "$eq": ["$paymentIntentId", "$$i"] },
-                        { "$eq": ["$status", "succeeded"] },
-                    ] } } },
-                    { "$project": { "_id": 1 } },
-                ],
-                "as": "payment",
-            } },
+            same_payment(
+                PAYMENTS,
+                "",
+                doc! {},
+                vec![doc! { "$eq": ["$status", "succeeded"] }],
+                doc! { "_id": 1 },
+                "payment",
+            ),
             doc! { "$match": { "payment": { "$ne": [] } } },
         ];
         self.collect_finding(ISSUANCES, pipeline, key_text).await
