@@ -243,6 +243,19 @@ impl TestApp {
             .unwrap()
     }
 
+    /// A store handle on this app's database, for `verify` and other checks.
+    pub async fn store(&self) -> tokenmint::store::Store {
+        tokenmint::store::Store::connect(
+            &mongo_uri(),
+            &self.db_name,
+            Duration::from_secs(5),
+            4,
+            tokenmint::store::StoreConfig::default(),
+        )
+        .await
+        .unwrap()
+    }
+
     /// Every token stored for `payment`, in tokenIndex order.
     pub async fn tokens_of(&self, payment: &str) -> Vec<Document> {
         payment_tokens(&self.db, payment).await

@@ -20,7 +20,6 @@ use mongodb::bson::{Bson, Document, doc, oid::ObjectId};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use serde_json::{Value, json};
-use tokenmint::store::{Store, StoreConfig};
 
 use crate::helpers::*;
 use crate::provider_events::*;
@@ -31,18 +30,6 @@ const DEFAULT_ROUNDS: u32 = 10;
 const PAYMENTS_PER_ROUND: usize = 20;
 const MAX_QUANTITY: i64 = 40;
 const MAX_START_DELAY_MS: u64 = 30;
-
-async fn store_for(app: &TestApp) -> Store {
-    Store::connect(
-        &mongo_uri(),
-        &app.db_name,
-        Duration::from_secs(5),
-        4,
-        StoreConfig::default(),
-    )
-    .await
-    .unwrap()
-}
 
 fn as_i64(value: Option<&Bson>) -> Option<i64> {
     match value {
@@ -195,7 +182,7 @@ async fn a_refunded_canceled_or_failed_payment_is_never_issued_by_any_key() {
     }
     assert_eq!(app.count("issuances", doc! {}).await, 0);
     assert_eq!(app.count("tokens", doc! {}).await, 0);
-    let report = store_for(&app).await.verify().await.unwrap();
+    let report = app.store().await.verify().await.unwrap();
     assert!(report.is_clean(), "{report}");
 }
 
@@ -524,7 +511,7 @@ async fn success_refund_and_retries_race_and_refunded_payments_keep_no_active_to
     );
     let mut rng = StdRng::seed_from_u64(seed);
     let app = app().await;
-    let store = store_for(&app).await;
+    let store = app.store().await;
     let started = Instant::now();
     let base = now();
     let mut violations: Vec<String> = Vec::new();
@@ -669,6 +656,6 @@ async fn issuance_that_races_a_refund_still_ends_revoked() {
         assert_eq!(active_tokens(&app, payment).await, 0, "{payment}");
     }
     assert_eq!(app.count("tokens", doc! { "status": "active" }).await, 0);
-    let report = store_for(&app).await.verify().await.unwrap();
+    let report = app.store().await.verify().await.unwrap();
     assert!(report.is_clean(), "{report}");
 }

@@ -7,7 +7,6 @@ use std::time::{Duration, Instant};
 
 use mongodb::Database;
 use mongodb::bson::{Bson, DateTime, Document, doc, oid::ObjectId};
-use tokenmint::store::{Store, StoreConfig};
 
 use crate::helpers::*;
 
@@ -179,18 +178,6 @@ async fn repairs(app: &TestApp, outcome: &str) -> f64 {
         .map_or(0.0, |value| value.trim().parse().unwrap())
 }
 
-async fn store_for(app: &TestApp) -> Store {
-    Store::connect(
-        &mongo_uri(),
-        &app.db_name,
-        Duration::from_secs(5),
-        4,
-        StoreConfig::default(),
-    )
-    .await
-    .unwrap()
-}
-
 #[tokio::test]
 async fn a_short_set_is_completed_by_the_service_without_any_request() {
     let app = spawn_app_with(FAST_REPAIR).await;
@@ -339,7 +326,7 @@ async fn two_instances_repairing_at_once_write_each_token_once() {
         expected_tokens += seeded.quantity as u64;
     }
     assert_eq!(first.count("tokens", doc! {}).await, expected_tokens);
-    let report = store_for(&first).await.verify().await.unwrap();
+    let report = first.store().await.verify().await.unwrap();
     assert!(report.is_clean(), "{report}");
     assert_eq!(report.issuances_checked, 30);
     assert_eq!(report.tokens_checked, expected_tokens);
@@ -394,7 +381,7 @@ async fn a_short_set_of_a_refunded_payment_is_completed_and_revoked() {
         let index = before.get_i64("tokenIndex").unwrap() as usize;
         assert_eq!(stored[index].get("_id"), before.get("_id"));
     }
-    let report = store_for(&app).await.verify().await.unwrap();
+    let report = app.store().await.verify().await.unwrap();
     assert!(report.is_clean(), "{report}");
     let revoked = repairs(&app, "revoked").await;
     assert!(
@@ -453,6 +440,6 @@ async fn a_crashed_atomic_issuance_after_a_refund_is_revoked_by_the_sweep() {
             .map(|i| (i, "revoked".to_owned()))
             .collect::<Vec<_>>()
     );
-    let report = store_for(&app).await.verify().await.unwrap();
+    let report = app.store().await.verify().await.unwrap();
     assert!(report.is_clean(), "{report}");
 }

@@ -2,21 +2,8 @@
 //! and nothing on a healthy database.
 
 use mongodb::bson::{DateTime, Document, doc, oid::ObjectId};
-use tokenmint::store::{Store, StoreConfig};
 
 use crate::helpers::*;
-
-async fn store_for(app: &TestApp) -> Store {
-    Store::connect(
-        &mongo_uri(),
-        &app.db_name,
-        std::time::Duration::from_secs(5),
-        4,
-        StoreConfig::default(),
-    )
-    .await
-    .unwrap()
-}
 
 fn token(payment: &str, index: i64) -> Document {
     doc! {
@@ -34,7 +21,7 @@ async fn verify_is_clean_after_normal_traffic_and_names_each_violation() {
         body["mode"] = serde_json::json!(mode);
         assert_eq!(app.issue(WRITER_KEY, &body).await.status(), 201);
     }
-    let store = store_for(&app).await;
+    let store = app.store().await;
     let report = store.verify().await.unwrap();
     assert!(report.is_clean(), "{report}");
     assert_eq!(report.issuances_checked, 2);
@@ -163,7 +150,7 @@ async fn verify_reports_foreign_tokens_but_not_transferred_ones() {
             201
         );
     }
-    let store = store_for(&app).await;
+    let store = app.store().await;
     assert!(store.verify().await.unwrap().is_clean());
 
     // A transfer changes the owner on purpose: not foreign.
@@ -306,7 +293,7 @@ async fn verify_reports_active_tokens_a_refund_or_cancellation_no_longer_backs()
         app.token_states("pi_spent").await,
         states(&["active", "redeemed"])
     );
-    let store = store_for(&app).await;
+    let store = app.store().await;
     let report = store.verify().await.unwrap();
     assert!(report.is_clean(), "{report}");
 
