@@ -54,9 +54,27 @@ pub struct PaymentEvent {
     /// metadata is there but invalid (the reason, for operators).
     pub token_params: Option<Result<IssuanceParams, String>>,
     pub payment_date: Option<DateTime<Utc>>,
-    /// How much of `amount` the provider has refunded so far (a refund event), in the
-    /// same minor units; a full refund may leave it out.
-    pub amount_refunded: Option<i64>,
+    /// The refund or chargeback a refund event reports; `None` for other events.
+    pub refund: Option<Refund>,
+}
+
+/// One refund (or chargeback) of a payment, as a refund event reports it.
+///
+/// Providers differ in what a refund event's amount means: Stripe reports a charge's
+/// refunds so far, Paddle and Adyen the amount of that one refund. Either way the amount
+/// only grows per `id`, so the payment keeps one amount per id and the refunded total is
+/// their sum: two refunds add up, and a redelivered one counts once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refund {
+    /// Names this refund among the payment's refunds, with its kind so that ids of two
+    /// kinds never collide: `refund:…`, `adjustment:…`, `dispute:…`, `charge:…`.
+    pub id: String,
+    /// Minor units this refund gives back (a Stripe charge: its refunds so far); `None`
+    /// when the provider names none, which can only be read as everything.
+    pub amount: Option<i64>,
+    /// `Some(true)`: the provider says the whole payment is refunded (or charged back);
+    /// `Some(false)`: it says part of it; `None`: the amounts decide.
+    pub full: Option<bool>,
 }
 
 /// What an event body turned out to be.

@@ -8,6 +8,8 @@ use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{ConnectInfo, Path, State};
 use axum::http::HeaderMap;
+use axum::http::header::CONTENT_TYPE;
+use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use serde::Serialize;
 use utoipa::ToSchema;
@@ -15,7 +17,11 @@ use utoipa::ToSchema;
 use super::AppState;
 use super::error::{ApiError, Problem};
 use crate::domain::EventOutcome;
-use crate::webhooks::{SignatureError, SignatureHeaders};
+use crate::telemetry::metric;
+use crate::webhooks::{Delivery, SignatureError, SignatureHeaders};
+
+/// The answer Adyen requires to a batch it may consider delivered.
+pub const ADYEN_ACCEPTED: &str = "[accepted]";
 
 pub fn router() -> Router<AppState> {
     Router::new().route("/v1/webhooks/{provider}", post(receive_webhook))
@@ -35,13 +41,17 @@ pub struct WebhookReceipt {
 /// Receive a payment provider's event.
 ///
 /// The signature is checked on the raw bytes before anything is parsed, and before the
-/// provider's rate limit (failed checks are limited per remote address instead): Stripe
-/// (`Stripe-Signature: t=…,v1=…`) or Standard Webhooks (`webhook-id`, `webhook-timestamp`,
-/// `webhook-signature`), per the provider's configured scheme. Events are deduplicated on
-/// (provider, event id); payment state only moves forward (an older event never
-/// overwrites a newer one). A succeeded payment issues the tokens its metadata names; a
-/// refund or cancellation revokes the payment's active tokens, a partial refund the
-/// refunded share (highest tokenIndex first; redeemed ones are reported as `shortfall`).
+/// provider's rate limit (failed checks are limited per remote address instead), per the
+/// provider's configured scheme: Stripe (`Stripe-Signature: t=…,v1=…`), Standard Webhooks
+/// (`webhook-id`, `webhook-timestamp`, `webhook-signature`), Paddle
+/// (`Paddle-Signature: ts=…;h1=…`) or Adyen (a batch whose every item carries
+/// `additionalData.hmacSignature`; one bad item refuses the whole batch). Events are
+/// deduplicated on (provider, event id); payment state only moves forward (an older event
+/// never overwrites a newer one). A succeeded payment issues the tokens its metadata
+/// names; a refund, chargeback or cancellation revokes the payment's active tokens, a
+/// partial refund the refunded share (highest tokenIndex first; redeemed ones are
+/// reported as `shortfall`). An Adyen batch is answered `[accepted]` (text/plain), as
+/// Adyen requires; every other delivery with the JSON receipt.
 #[utoipa::path(
     post, path = "/v1/webhooks/{provider}", tag = "webhooks",
     params(
@@ -50,10 +60,15 @@ pub struct WebhookReceipt {
         ("webhook-id" = Option<String>, Header, nullable = false, description = "Standard Webhooks: the event id"),
         ("webhook-timestamp" = Option<String>, Header, nullable = false, description = "Standard Webhooks: unix seconds"),
         ("webhook-signature" = Option<String>, Header, nullable = false, description = "Standard Webhooks: `v1,<base64>` (space-separated)"),
+        ("Paddle-Signature" = Option<String>, Header, nullable = false, description = "Paddle scheme: `ts=<unix>;h1=<hex>`"),
     ),
     request_body(content = Object, description = "The provider's event, as sent", content_type = "application/json"),
     responses(
-        (status = 200, description = "Accepted (also for duplicates and ignored events)", body = WebhookReceipt),
+        (status = 200, description = "Accepted (also for duplicates and ignored events): the receipt, or for an Adyen batch the text `[accepted]`",
+            content(
+                (WebhookReceipt = "application/json"),
+                (String = "text/plain", example = "[accepted]"),
+            )),
         (status = 400, description = "Signed, but not an event", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "`signature_missing`, `signature_invalid` or `signature_timestamp_out_of_tolerance`", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "Unknown provider", body = Problem, content_type = "application/problem+json"),
@@ -69,7 +84,7 @@ pub async fn receive_webhook(
     Path(provider): Path<String>,
     headers: HeaderMap,
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
-) -> Result<axum::Json<WebhookReceipt>, ApiError> {
+) -> Result<Response, ApiError> {
     let body = body.map_err(|rejection| {
         if rejection.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
             ApiError::PayloadTooLarge
@@ -91,6 +106,7 @@ pub async fn receive_webhook(
         webhook_id: header("webhook-id"),
         webhook_timestamp: header("webhook-timestamp"),
         webhook_signature: header("webhook-signature"),
+        paddle_signature: header("paddle-signature"),
     };
     // The signature first: only the provider's own deliveries may spend its allowance,
     // so unsigned noise cannot delay its events. Failures are limited per remote address.
@@ -105,22 +121,40 @@ pub async fn receive_webhook(
         }));
     }
     state.rate_limits.check(format!("webhook:{provider}"))?;
-    let event = config
+    let delivery = config
         .parse(&signature_headers, &body, state.max_quantity)
         .map_err(|malformed| {
             count(provider, "malformed");
             ApiError::MalformedJson(malformed.0)
         })?;
-    let processed = state.issuer.apply_event(provider, &event).await?;
-    Ok(axum::Json(WebhookReceipt {
-        received: true,
-        duplicate: processed.duplicate,
-        outcome: processed.outcome,
-    }))
+    match delivery {
+        Delivery::Single(event) => {
+            let processed = state.issuer.apply_event(provider, &event).await?;
+            Ok(axum::Json(WebhookReceipt {
+                received: true,
+                duplicate: processed.duplicate,
+                outcome: processed.outcome,
+            })
+            .into_response())
+        }
+        // Each item is an event of its own, deduplicated on its own id, in the batch's
+        // order. A failure stops the batch unanswered (503): Adyen sends it again, and
+        // the items already applied are duplicates then.
+        Delivery::Batch(events) => {
+            for event in &events {
+                state.issuer.apply_event(provider, event).await?;
+            }
+            Ok((
+                [(CONTENT_TYPE, "text/plain; charset=utf-8")],
+                ADYEN_ACCEPTED,
+            )
+                .into_response())
+        }
+    }
 }
 
 /// Counts a delivery refused before processing; `provider` is a configured name or `-`.
 fn count(provider: &str, outcome: &'static str) {
-    metrics::counter!("tokenmint_webhook_events_total", "provider" => provider.to_owned(), "outcome" => outcome)
+    metrics::counter!(metric::WEBHOOK_EVENTS_TOTAL, "provider" => provider.to_owned(), "outcome" => outcome)
         .increment(1);
 }

@@ -1,15 +1,22 @@
 //! Payment providers as webhook senders: signature verification and event parsing into
-//! domain events. What an event does is `issuing`'s to decide.
+//! domain events, one module per scheme (`stripe`, `standard`, `paddle`, `adyen`) over the
+//! shared pieces of `signature` and `events`. What an event does is `issuing`'s to decide.
 
+pub mod adyen;
 mod events;
+pub mod paddle;
 pub mod signature;
+mod standard;
+mod stripe;
 
 use std::collections::HashMap;
 
-use secrecy::SecretString;
+use secrecy::{ExposeSecret, SecretString};
 
-pub use events::{EventError, parse_standard, parse_stripe};
-pub use signature::{SignatureError, SignatureHeaders};
+pub use events::EventError;
+pub use signature::{SignatureError, SignatureHeaders, sign_standard, sign_stripe};
+pub use standard::parse_standard;
+pub use stripe::parse_stripe;
 
 use crate::domain::{ParsedEvent, Provider};
 use crate::settings::{ProviderSettings, WebhookScheme};
@@ -57,6 +64,23 @@ impl Providers {
     }
 }
 
+/// What a verified delivery holds.
+#[derive(Debug)]
+pub enum Delivery {
+    /// One event (Stripe, Standard Webhooks, Paddle), answered with a JSON receipt.
+    Single(Box<ParsedEvent>),
+    /// A batch of events (Adyen), each processed on its own, answered `[accepted]`.
+    Batch(Vec<ParsedEvent>),
+}
+
+/// A test delivery signed with a provider's secret: the headers to send, and the body
+/// (the one given, except for Adyen, whose signatures go inside it).
+#[derive(Debug)]
+pub struct SignedDelivery {
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
 impl ProviderConfig {
     /// Verifies the delivery's signature over the raw `body`, per the provider's scheme.
     pub fn verify(
@@ -68,6 +92,8 @@ impl ProviderConfig {
         let verify = match self.scheme {
             WebhookScheme::Stripe => signature::verify_stripe,
             WebhookScheme::StandardWebhooks => signature::verify_standard,
+            WebhookScheme::Paddle => paddle::verify_paddle,
+            WebhookScheme::Adyen => adyen::verify_adyen,
         };
         verify(headers, body, &self.secrets, self.tolerance_secs, now)
     }
@@ -79,13 +105,71 @@ impl ProviderConfig {
         headers: &SignatureHeaders<'_>,
         body: &[u8],
         max_quantity: u32,
-    ) -> Result<ParsedEvent, EventError> {
-        match self.scheme {
-            WebhookScheme::Stripe => parse_stripe(&self.name, body, max_quantity),
+    ) -> Result<Delivery, EventError> {
+        let single = match self.scheme {
+            WebhookScheme::Stripe => parse_stripe(&self.name, body, max_quantity)?,
             WebhookScheme::StandardWebhooks => {
                 let id = headers.webhook_id.unwrap_or_default();
-                parse_standard(&self.name, id, body, max_quantity)
+                parse_standard(&self.name, id, body, max_quantity)?
             }
-        }
+            WebhookScheme::Paddle => paddle::parse_paddle(&self.name, body, max_quantity)?,
+            WebhookScheme::Adyen => {
+                return adyen::parse_adyen(&self.name, body, max_quantity).map(Delivery::Batch);
+            }
+        };
+        Ok(Delivery::Single(Box::new(single)))
+    }
+
+    /// What `tokenmint webhooks sign` prints: the headers, one `Name: value` a line (for
+    /// `curl -H @FILE`), or for Adyen the batch with its signatures filled in.
+    pub fn signed_text(&self, body: &[u8], id: &str, now: i64) -> Result<String, EventError> {
+        let signed = self.sign(body, id, now)?;
+        Ok(match self.scheme {
+            WebhookScheme::Adyen => format!("{}\n", String::from_utf8_lossy(&signed.body)),
+            _ => signed
+                .headers
+                .iter()
+                .map(|(name, value)| format!("{name}: {value}\n"))
+                .collect(),
+        })
+    }
+
+    /// Signs `body` with the provider's first secret as the provider would at `now`;
+    /// `id` is the Standard Webhooks message id. For trying a set-up from the shell.
+    pub fn sign(&self, body: &[u8], id: &str, now: i64) -> Result<SignedDelivery, EventError> {
+        let secret = self
+            .secrets
+            .first()
+            .map(|s| s.expose_secret())
+            .unwrap_or_default();
+        let header = |name: &str, value: String| (name.to_owned(), value);
+        let headers = match self.scheme {
+            WebhookScheme::Stripe => {
+                vec![header("Stripe-Signature", sign_stripe(secret, now, body))]
+            }
+            WebhookScheme::StandardWebhooks => vec![
+                header("webhook-id", id.to_owned()),
+                header("webhook-timestamp", now.to_string()),
+                header("webhook-signature", sign_standard(secret, id, now, body)),
+            ],
+            WebhookScheme::Paddle => {
+                vec![header(
+                    "Paddle-Signature",
+                    paddle::sign_paddle(secret, now, body),
+                )]
+            }
+            WebhookScheme::Adyen => {
+                return Ok(SignedDelivery {
+                    headers: vec![header("Content-Type", "application/json".to_owned())],
+                    body: adyen::sign_adyen(secret, body)?,
+                });
+            }
+        };
+        let mut headers = headers;
+        headers.insert(0, header("Content-Type", "application/json".to_owned()));
+        Ok(SignedDelivery {
+            headers,
+            body: body.to_vec(),
+        })
     }
 }

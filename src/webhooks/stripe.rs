@@ -1,0 +1,392 @@
+//! Stripe: `Stripe-Signature: t=<unix>,v1=<hex>[,v1=<hex>…]`, HMAC-SHA256 of
+//! `"{t}.{raw body}"` keyed with the whole secret string, and its events: PaymentIntents,
+//! refunded charges and disputes whose funds were withdrawn (chargebacks).
+
+use chrono::DateTime;
+use hmac::Mac;
+use secrecy::{ExposeSecret, SecretString};
+use serde::Deserialize;
+use serde_json::{Map, Value};
+
+use super::events::{EventError, RANK_FACTOR, payment_key, ranked_version, tokenmint_params};
+use super::signature::{SignatureError, SignatureHeaders, any_signature_matches, mac, within};
+use crate::domain::{ParsedEvent, PaymentEvent, PaymentStatus, Provider, Refund};
+
+/// The fewest characters a Stripe secret has after `whsec_`.
+pub const STRIPE_SECRET_MIN_CHARS: usize = 16;
+
+/// Stripe: `Stripe-Signature: t=<unix>,v1=<hex>[,v1=<hex>…]`, HMAC of `"{t}.{body}"` keyed
+/// with the whole secret string. Only `v1` counts; `v0` and unknown schemes are ignored.
+pub fn verify_stripe(
+    headers: &SignatureHeaders<'_>,
+    body: &[u8],
+    secrets: &[SecretString],
+    tolerance_secs: u64,
+    now: i64,
+) -> Result<(), SignatureError> {
+    let header = headers.stripe_signature.ok_or(SignatureError::Missing)?;
+    let mut timestamp = None;
+    let mut signatures = Vec::new();
+    for item in header.split(',') {
+        match item.trim().split_once('=') {
+            Some(("t", value)) => timestamp = value.parse::<i64>().ok(),
+            Some(("v1", value)) => signatures.extend(hex::decode(value).ok()),
+            _ => {}
+        }
+    }
+    let timestamp = timestamp.ok_or(SignatureError::Invalid)?;
+    if signatures.is_empty() {
+        return Err(SignatureError::Invalid);
+    }
+    within(timestamp, now, tolerance_secs)?;
+    let signed_timestamp = timestamp.to_string();
+    let keys = secrets
+        .iter()
+        .map(|s| s.expose_secret().as_bytes().to_vec());
+    any_signature_matches(
+        keys,
+        &[signed_timestamp.as_bytes(), b".", body],
+        &signatures,
+    )
+}
+
+/// Signs like Stripe does; for tests and `webhooks sign`.
+pub fn sign_stripe(secret: &str, timestamp: i64, body: &[u8]) -> String {
+    let tag = mac(
+        secret.as_bytes(),
+        &[timestamp.to_string().as_bytes(), b".", body],
+    )
+    .finalize()
+    .into_bytes();
+    format!("t={timestamp},v1={}", hex::encode(tag))
+}
+
+/// A Stripe secret: `whsec_` and at least 16 visible characters.
+pub(super) fn check_secret(secret: &str) -> Result<(), &'static str> {
+    match secret.strip_prefix("whsec_") {
+        Some(rest)
+            if rest.len() >= STRIPE_SECRET_MIN_CHARS
+                && rest.bytes().all(|b| b.is_ascii_graphic()) =>
+        {
+            Ok(())
+        }
+        _ => {
+            Err("must be `whsec_` followed by at least 16 visible ASCII characters, without spaces")
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct StripeEvent {
+    id: String,
+    #[serde(rename = "type")]
+    event_type: String,
+    created: i64,
+    account: Option<String>,
+    data: StripeData,
+}
+
+#[derive(Deserialize)]
+struct StripeData {
+    object: Map<String, Value>,
+}
+
+/// Parses a Stripe event (`{id, type, created, account?, data: {object}}`).
+pub fn parse_stripe(
+    provider: &Provider,
+    body: &[u8],
+    max_quantity: u32,
+) -> Result<ParsedEvent, EventError> {
+    let event: StripeEvent =
+        serde_json::from_slice(body).map_err(|e| EventError(format!("not a Stripe event: {e}")))?;
+    // `created` is checked before anything else: an event whose version cannot be
+    // folded is malformed whatever its type.
+    if ranked_version(0, event.created).is_none() {
+        return Err(EventError(format!(
+            "not a Stripe event: created {} is not a unix time in seconds",
+            event.created
+        )));
+    }
+    let ignored = |reason: &str| {
+        Ok(ParsedEvent::Ignored {
+            event_id: event.id.clone(),
+            event_type: event.event_type.clone(),
+            reason: reason.to_owned(),
+        })
+    };
+    let object = &event.data.object;
+    let (status, payment_id) = match event.event_type.as_str() {
+        "payment_intent.processing" => (PaymentStatus::Processing, object.get("id")),
+        "payment_intent.succeeded" => (PaymentStatus::Succeeded, object.get("id")),
+        "payment_intent.payment_failed" => (PaymentStatus::Failed, object.get("id")),
+        "payment_intent.canceled" => (PaymentStatus::Canceled, object.get("id")),
+        "charge.refunded" | "charge.dispute.funds_withdrawn" => {
+            (PaymentStatus::Refunded, object.get("payment_intent"))
+        }
+        _ => return ignored("unhandled event type"),
+    };
+    let account = event.account.as_deref().unwrap_or("default");
+    let Some(key) = payment_key(provider, account, payment_id.and_then(Value::as_str)) else {
+        return ignored("invalid account or payment id");
+    };
+    let token_params = object
+        .get("metadata")
+        .and_then(Value::as_object)
+        .and_then(|metadata| tokenmint_params(metadata, "", max_quantity));
+    let payment_date = object
+        .get("created")
+        .and_then(Value::as_i64)
+        .or(Some(event.created))
+        .and_then(|secs| DateTime::from_timestamp(secs, 0));
+    let number = |field: &str| object.get(field).and_then(Value::as_i64);
+    let object_id = object.get("id").and_then(Value::as_str).unwrap_or_default();
+    let mut amount = number("amount");
+    let (refund, rank) = match event.event_type.as_str() {
+        // A charge fully refunded says `refunded: true`; otherwise `amount_refunded` of its
+        // `amount` is its refunds so far (a running total, so it is kept per charge). A
+        // full refund ranks above a partial one, which ranks as the success it may leave
+        // standing, so a full refund in the same second as a partial one still wins.
+        "charge.refunded" => {
+            let full = object.get("refunded").and_then(Value::as_bool) == Some(true);
+            let refunded = match (full, number("amount_refunded")) {
+                (true, refunded) => refunded.max(amount),
+                (false, Some(refunded)) => Some(refunded),
+                (false, None) => return ignored("partial refund without amount_refunded"),
+            };
+            let refund = Refund {
+                id: format!("charge:{object_id}"),
+                amount: refunded,
+                full: full.then_some(true),
+            };
+            let rank = if full {
+                status.rank()
+            } else {
+                PaymentStatus::Succeeded.rank()
+            };
+            (Some(refund), rank)
+        }
+        // The Dispute's `amount` is what the cardholder's bank took back: a refund of that
+        // much, kept under the dispute's own id so it adds to the charge's refunds. It is
+        // not the payment's amount.
+        "charge.dispute.funds_withdrawn" => {
+            let Some(disputed) = amount.take() else {
+                return ignored("dispute without amount");
+            };
+            let refund = Refund {
+                id: format!("dispute:{object_id}"),
+                amount: Some(disputed),
+                full: None,
+            };
+            (Some(refund), status.rank())
+        }
+        _ => (None, status.rank()),
+    };
+    Ok(ParsedEvent::Payment(PaymentEvent {
+        event_id: event.id,
+        event_type: event.event_type,
+        key,
+        status,
+        version: rank * RANK_FACTOR + event.created,
+        amount,
+        currency: object
+            .get("currency")
+            .and_then(Value::as_str)
+            .map(str::to_owned),
+        token_params,
+        payment_date,
+        refund,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    const NOW: i64 = 1_780_000_000;
+
+    fn secrets(values: &[&str]) -> Vec<SecretString> {
+        values
+            .iter()
+            .map(|v| SecretString::from(v.to_string()))
+            .collect()
+    }
+
+    fn check(header: &str, body: &[u8], keys: &[&str]) -> Result<(), SignatureError> {
+        let headers = SignatureHeaders {
+            stripe_signature: Some(header),
+            ..Default::default()
+        };
+        verify_stripe(&headers, body, &secrets(keys), 300, NOW)
+    }
+
+    #[test]
+    fn stripe_accepts_any_matching_v1_and_rotated_secrets() {
+        let body = br#"{"id":"evt_1"}"#;
+        let good = sign_stripe("whsec_new", NOW, body);
+        assert_eq!(check(&good, body, &["whsec_new"]), Ok(()));
+        assert_eq!(check(&good, body, &["whsec_old", "whsec_new"]), Ok(()));
+        let v1 = good.split(",v1=").nth(1).unwrap();
+        let several = format!("t={NOW},v1={},v1={v1}", "00".repeat(32));
+        assert_eq!(check(&several, body, &["whsec_new"]), Ok(()));
+    }
+
+    #[test]
+    fn stripe_refusals() {
+        let body = br#"{"id":"evt_1"}"#;
+        let good = sign_stripe("whsec_a", NOW, body);
+        assert_eq!(
+            check(&good, b"{}", &["whsec_a"]),
+            Err(SignatureError::Invalid),
+            "body changed"
+        );
+        assert_eq!(
+            check(&good, body, &["whsec_b"]),
+            Err(SignatureError::Invalid),
+            "other secret"
+        );
+        let v0_only = good.replace("v1=", "v0=");
+        assert_eq!(
+            check(&v0_only, body, &["whsec_a"]),
+            Err(SignatureError::Invalid)
+        );
+        assert_eq!(
+            check("garbage", body, &["whsec_a"]),
+            Err(SignatureError::Invalid)
+        );
+        let old = sign_stripe("whsec_a", NOW - 301, body);
+        assert_eq!(
+            check(&old, body, &["whsec_a"]),
+            Err(SignatureError::OutOfTolerance)
+        );
+        let future = sign_stripe("whsec_a", NOW + 301, body);
+        assert_eq!(
+            check(&future, body, &["whsec_a"]),
+            Err(SignatureError::OutOfTolerance)
+        );
+        let headers = SignatureHeaders::default();
+        assert_eq!(
+            verify_stripe(&headers, body, &secrets(&["whsec_a"]), 300, NOW),
+            Err(SignatureError::Missing)
+        );
+    }
+
+    fn stripe() -> Provider {
+        Provider::parse("stripe").unwrap()
+    }
+
+    #[test]
+    fn stripe_succeeded_with_metadata() {
+        let body = json!({"id": "evt_1", "type": "payment_intent.succeeded", "created": 1_780_000_000,
+            "data": {"object": {"id": "pi_1", "amount": 500, "currency": "eur", "status": "succeeded",
+            "metadata": {"tokenmint_owner": "65f1a0c2b3d4e5f601234567", "tokenmint_token_type": "standard", "tokenmint_quantity": "4"}}}});
+        let ParsedEvent::Payment(event) =
+            parse_stripe(&stripe(), body.to_string().as_bytes(), 1000).unwrap()
+        else {
+            panic!()
+        };
+        assert_eq!(event.key.account_id.as_str(), "default");
+        assert_eq!(event.status, PaymentStatus::Succeeded);
+        assert_eq!(event.token_params.unwrap().unwrap().quantity.get(), 4);
+        assert!(event.version > PaymentStatus::Processing.rank() * RANK_FACTOR + 1_800_000_000);
+    }
+
+    #[test]
+    fn stripe_bad_metadata_is_reported_not_fatal() {
+        let body = json!({"id": "evt_1", "type": "payment_intent.succeeded", "created": 1, "account": "acct_9",
+            "data": {"object": {"id": "pi_1", "metadata": {"tokenmint_owner": "x", "tokenmint_quantity": "4.5"}}}});
+        let ParsedEvent::Payment(event) =
+            parse_stripe(&stripe(), body.to_string().as_bytes(), 1000).unwrap()
+        else {
+            panic!()
+        };
+        let reason = event.token_params.unwrap().unwrap_err();
+        assert!(
+            reason.contains("tokenmint_owner")
+                && reason.contains("tokenmint_token_type")
+                && reason.contains("tokenmint_quantity"),
+            "{reason}"
+        );
+        assert_eq!(event.key.account_id.as_str(), "acct_9");
+    }
+
+    #[test]
+    fn stripe_refunds_full_and_partial_and_unknown_types() {
+        let partial = json!({"id": "evt_2", "type": "charge.refunded", "created": 1,
+            "data": {"object": {"id": "ch_1", "payment_intent": "pi_1", "amount": 40, "refunded": false, "amount_refunded": 10}}});
+        let ParsedEvent::Payment(event) =
+            parse_stripe(&stripe(), partial.to_string().as_bytes(), 10).unwrap()
+        else {
+            panic!("a partial refund is a payment event")
+        };
+        assert_eq!(
+            (event.status, event.amount, event.refund.unwrap().amount),
+            (PaymentStatus::Refunded, Some(40), Some(10))
+        );
+        let partial_version = event.version;
+        let full = json!({"id": "evt_4", "type": "charge.refunded", "created": 1,
+            "data": {"object": {"id": "ch_1", "payment_intent": "pi_1", "amount": 40, "refunded": true, "amount_refunded": 40}}});
+        let ParsedEvent::Payment(event) =
+            parse_stripe(&stripe(), full.to_string().as_bytes(), 10).unwrap()
+        else {
+            panic!("a full refund is a payment event")
+        };
+        assert_eq!(
+            event.refund,
+            Some(Refund {
+                id: "charge:ch_1".to_owned(),
+                amount: Some(40),
+                full: Some(true)
+            }),
+            "a full refund refunds it all"
+        );
+        assert!(
+            event.version > partial_version,
+            "a full refund outranks a partial one of the same second"
+        );
+        let other = json!({"id": "evt_3", "type": "customer.created", "created": 1, "data": {"object": {}}});
+        assert!(matches!(
+            parse_stripe(&stripe(), other.to_string().as_bytes(), 10).unwrap(),
+            ParsedEvent::Ignored { .. }
+        ));
+        assert!(parse_stripe(&stripe(), b"[]", 10).is_err());
+    }
+
+    #[test]
+    fn stripe_created_out_of_range_is_malformed() {
+        // Found by scripts/fuzz-api.sh: `created: i64::MAX` overflowed the version.
+        for created in [i64::MAX, i64::MIN, -1, RANK_FACTOR] {
+            let body = json!({"id": "evt_1", "type": "payment_intent.succeeded", "created": created,
+                "data": {"object": {"id": "pi_1"}}});
+            assert!(
+                parse_stripe(&stripe(), body.to_string().as_bytes(), 10).is_err(),
+                "{created}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_withdrawn_dispute_is_a_refund_of_its_amount_under_its_own_id() {
+        let body = json!({"id": "evt_5", "type": "charge.dispute.funds_withdrawn", "created": 2,
+            "data": {"object": {"id": "du_1", "charge": "ch_1", "payment_intent": "pi_1", "amount": 300}}});
+        let ParsedEvent::Payment(event) =
+            parse_stripe(&stripe(), body.to_string().as_bytes(), 10).unwrap()
+        else {
+            panic!("a dispute is a payment event")
+        };
+        assert_eq!(event.key.payment_intent_id.as_str(), "pi_1");
+        assert_eq!(
+            event.amount, None,
+            "the disputed amount is not the payment's"
+        );
+        assert_eq!(
+            event.refund,
+            Some(Refund {
+                id: "dispute:du_1".to_owned(),
+                amount: Some(300),
+                full: None
+            })
+        );
+    }
+}

@@ -1,0 +1,140 @@
+//! Chargebacks: Adyen `CHARGEBACK` takes the whole payment back; Stripe
+//! `charge.dispute.funds_withdrawn` takes back the disputed amount, which adds to the
+//! payment's refunds (kept under the dispute's own id).
+
+use mongodb::bson::{Document, doc};
+use serde_json::{Value, json};
+
+use crate::adyen::{self, ADYEN, authorisation, modification};
+use crate::helpers::*;
+use crate::provider_events::{
+    PROVIDERS, STRIPE_NEW, intent_event, now, partial_refund_event, send_stripe,
+};
+
+async fn app() -> TestApp {
+    spawn_app_with(&format!("{PROVIDERS}{ADYEN}")).await
+}
+
+/// A Stripe Dispute whose funds were withdrawn: `amount` of payment `payment` disputed.
+fn dispute(event_id: &str, dispute_id: &str, payment: &str, amount: i64) -> Value {
+    json!({
+        "id": event_id, "type": "charge.dispute.funds_withdrawn", "created": 1_780_000_500,
+        "account": "acct_1",
+        "data": { "object": {
+            "id": dispute_id, "object": "dispute", "charge": "ch_1", "payment_intent": payment,
+            "amount": amount, "currency": "eur", "reason": "fraudulent", "status": "needs_response",
+        } },
+    })
+}
+
+async fn stripe(app: &TestApp, event: &Value) -> Value {
+    let answer = send_stripe(app, event, STRIPE_NEW, now()).await;
+    assert_eq!(answer.status(), 200);
+    json(answer).await
+}
+
+async fn paid(app: &TestApp, payment: &str, quantity: &str) {
+    let receipt = stripe(
+        app,
+        &intent_event("evt_paid", "succeeded", payment, 1_780_000_000, quantity),
+    )
+    .await;
+    assert_eq!(receipt["outcome"], "issued", "{receipt}");
+}
+
+async fn stored(app: &TestApp, payment: &str) -> Document {
+    app.db
+        .collection::<Document>("payments")
+        .find_one(doc! { "paymentIntentId": payment })
+        .await
+        .unwrap()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn an_adyen_chargeback_revokes_every_token() {
+    let app = app().await;
+    adyen::send(&app, &[authorisation("PSP_A", 3)]).await;
+    assert_eq!(adyen::active(&app, "PSP_A").await, vec![0, 1, 2]);
+    // Disputed for less than the payment, a chargeback still takes it all back.
+    adyen::send(&app, &[modification("CHARGEBACK", "CB_1", "PSP_A", 400)]).await;
+    assert!(adyen::active(&app, "PSP_A").await.is_empty());
+    let payment = stored(&app, "PSP_A").await;
+    assert_eq!(payment.get_str("status").unwrap(), "refunded");
+    assert_eq!(
+        app.count("webhook_events", doc! { "eventId": "CHARGEBACK:CB_1:true" })
+            .await,
+        1
+    );
+}
+
+#[tokio::test]
+async fn a_stripe_dispute_of_part_of_the_payment_revokes_its_share() {
+    let app = app().await;
+    paid(&app, "pi_1", "4").await;
+    let receipt = stripe(&app, &dispute("evt_d", "du_1", "pi_1", 250)).await;
+    // floor(4 × 250 ÷ 1000) = 1, the highest tokenIndex.
+    assert_eq!(receipt["tokensRevoked"], 1, "{receipt}");
+    assert_eq!(
+        app.token_states("pi_1").await,
+        vec![
+            (0, "active".to_owned()),
+            (1, "active".to_owned()),
+            (2, "active".to_owned()),
+            (3, "revoked".to_owned())
+        ]
+    );
+    assert_eq!(
+        stored(&app, "pi_1").await.get_str("status").unwrap(),
+        "succeeded"
+    );
+}
+
+#[tokio::test]
+async fn a_dispute_adds_to_refunds_and_counts_once() {
+    let app = app().await;
+    paid(&app, "pi_1", "4").await;
+    stripe(
+        &app,
+        &partial_refund_event("evt_r", "pi_1", 1_780_000_100, 1000, 250),
+    )
+    .await;
+    stripe(&app, &dispute("evt_d", "du_1", "pi_1", 250)).await;
+    // 250 refunded + 250 disputed of 1000: floor(4 × 500 ÷ 1000) = 2 revoked.
+    let active = |states: Vec<(i64, String)>| {
+        states
+            .into_iter()
+            .filter(|(_, s)| s == "active")
+            .map(|(i, _)| i)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(active(app.token_states("pi_1").await), vec![0, 1]);
+    // The same dispute reported again by another event counts once.
+    stripe(&app, &dispute("evt_d2", "du_1", "pi_1", 250)).await;
+    assert_eq!(active(app.token_states("pi_1").await), vec![0, 1]);
+    assert_eq!(
+        stored(&app, "pi_1")
+            .await
+            .get_i64("amountRefunded")
+            .unwrap(),
+        500
+    );
+}
+
+#[tokio::test]
+async fn a_dispute_of_the_whole_amount_refunds_the_payment() {
+    let app = app().await;
+    paid(&app, "pi_1", "3").await;
+    let receipt = stripe(&app, &dispute("evt_d", "du_1", "pi_1", 1000)).await;
+    assert_eq!(receipt["outcome"], "revoked", "{receipt}");
+    assert!(
+        app.token_states("pi_1")
+            .await
+            .iter()
+            .all(|(_, status)| status == "revoked")
+    );
+    assert_eq!(
+        stored(&app, "pi_1").await.get_str("status").unwrap(),
+        "refunded"
+    );
+}

@@ -1,0 +1,270 @@
+//! The `paddle` scheme end to end: Paddle Billing's signature (`Paddle-Signature:
+//! ts=…;h1=…` over `"{ts}:{raw body}"`), its transaction and refund-adjustment events,
+//! and what they leave in the database.
+
+use mongodb::bson::{Document, doc};
+use serde_json::{Value, json};
+use tokenmint::webhooks::paddle::sign_paddle;
+
+use crate::helpers::*;
+
+/// Two notification secret keys (a rotation), shaped like the ones Paddle shows.
+pub const PADDLE_OLD: &str = "pdl_ntfset_01gkpjp8bkm3tm53kdgkx6sms7_oldOLDold0123456789";
+pub const PADDLE_NEW: &str = "pdl_ntfset_01hv8x2acma2gz7he8kg2s0hna_newNEWnew0123456789";
+
+pub const PADDLE: &str = r#"
+[providers.paddle]
+scheme = "paddle"
+secrets = ["pdl_ntfset_01gkpjp8bkm3tm53kdgkx6sms7_oldOLDold0123456789", "pdl_ntfset_01hv8x2acma2gz7he8kg2s0hna_newNEWnew0123456789"]
+tolerance_secs = 60
+"#;
+
+async fn app() -> TestApp {
+    spawn_app_with(PADDLE).await
+}
+
+fn now() -> i64 {
+    chrono::Utc::now().timestamp()
+}
+
+/// A `transaction.completed` for `quantity` tokens of a 1000-cent transaction, shaped as
+/// in Paddle's documentation (amounts are strings of minor units).
+fn completed(event_id: &str, txn: &str, quantity: i64) -> Value {
+    json!({
+        "event_id": event_id, "event_type": "transaction.completed",
+        "occurred_at": "2026-11-30T10:00:00.000000Z", "notification_id": "ntf_01",
+        "data": {
+            "id": txn, "status": "completed", "currency_code": "EUR", "origin": "web",
+            "details": { "totals": { "subtotal": "1000", "tax": "0", "grand_total": "1000" } },
+            "custom_data": {
+                "tokenmint_owner": OWNER, "tokenmint_token_type": "standard",
+                "tokenmint_quantity": quantity.to_string(),
+            },
+        },
+    })
+}
+
+/// An approved refund adjustment of `total` cents of `txn`.
+fn refund(event_id: &str, adjustment: &str, txn: &str, kind: &str, total: i64) -> Value {
+    json!({
+        "event_id": event_id, "event_type": "adjustment.updated",
+        "occurred_at": "2026-11-30T11:00:00.000000Z", "notification_id": "ntf_02",
+        "data": {
+            "id": adjustment, "action": "refund", "status": "approved", "type": kind,
+            "transaction_id": txn, "currency_code": "EUR", "reason": "requested",
+            "totals": { "subtotal": total.to_string(), "tax": "0", "total": total.to_string() },
+        },
+    })
+}
+
+async fn post(app: &TestApp, body: &str, signature: Option<String>) -> reqwest::Response {
+    let mut request = app
+        .http
+        .post(app.url("/v1/webhooks/paddle"))
+        .header("content-type", "application/json")
+        .body(body.to_owned());
+    if let Some(signature) = signature {
+        request = request.header("paddle-signature", signature);
+    }
+    request.send().await.unwrap()
+}
+
+async fn send_signed(app: &TestApp, event: &Value, secret: &str, ts: i64) -> reqwest::Response {
+    let body = event.to_string();
+    post(app, &body, Some(sign_paddle(secret, ts, body.as_bytes()))).await
+}
+
+async fn send(app: &TestApp, event: &Value) -> Value {
+    let answer = send_signed(app, event, PADDLE_NEW, now()).await;
+    assert_eq!(answer.status(), 200);
+    json(answer).await
+}
+
+async fn active(app: &TestApp, txn: &str) -> Vec<i64> {
+    app.token_states(txn)
+        .await
+        .into_iter()
+        .filter(|(_, status)| status == "active")
+        .map(|(index, _)| index)
+        .collect()
+}
+
+async fn payment(app: &TestApp, txn: &str) -> Document {
+    app.db
+        .collection::<Document>("payments")
+        .find_one(doc! { "provider": "paddle", "paymentIntentId": txn })
+        .await
+        .unwrap()
+        .unwrap()
+}
+
+async fn nothing_written(app: &TestApp) {
+    for collection in ["payments", "webhook_events", "tokens", "issuances"] {
+        assert_eq!(app.count(collection, doc! {}).await, 0, "{collection}");
+    }
+}
+
+#[tokio::test]
+async fn a_completed_transaction_issues_its_custom_data_tokens() {
+    let app = app().await;
+    let receipt = send(&app, &completed("evt_1", "txn_1", 4)).await;
+    assert_eq!(receipt["outcome"], "issued", "{receipt}");
+    assert_eq!(receipt["tokensCreated"], 4);
+    assert_eq!(active(&app, "txn_1").await, vec![0, 1, 2, 3]);
+    let stored = payment(&app, "txn_1").await;
+    assert_eq!(stored.get_str("accountId").unwrap(), "default");
+    assert_eq!(stored.get_str("status").unwrap(), "succeeded");
+    assert_eq!(stored.get_i64("amount").unwrap(), 1000);
+    assert_eq!(
+        app.count(
+            "webhook_events",
+            doc! { "provider": "paddle", "eventId": "evt_1" }
+        )
+        .await,
+        1
+    );
+}
+
+#[tokio::test]
+async fn forged_tampered_stale_and_unsigned_deliveries_write_nothing() {
+    let app = app().await;
+    let event = completed("evt_1", "txn_1", 4);
+    let body = event.to_string();
+    let signature = sign_paddle(PADDLE_NEW, now(), body.as_bytes());
+    let tampered = body.replace("\"4\"", "\"40\"");
+    assert_problem(
+        post(&app, &tampered, Some(signature)).await,
+        401,
+        "signature_invalid",
+    )
+    .await;
+    let other = "pdl_ntfset_01gkpjp8bkm3tm53kdgkx6sms9_notTheConfiguredOne";
+    assert_problem(
+        send_signed(&app, &event, other, now()).await,
+        401,
+        "signature_invalid",
+    )
+    .await;
+    // An hour away, far outside the configured 60 s either way.
+    for ts in [now() - 3600, now() + 3600] {
+        let answer = send_signed(&app, &event, PADDLE_NEW, ts).await;
+        assert_problem(answer, 401, "signature_timestamp_out_of_tolerance").await;
+    }
+    assert_problem(post(&app, &body, None).await, 401, "signature_missing").await;
+    nothing_written(&app).await;
+}
+
+#[tokio::test]
+async fn both_secrets_of_a_rotation_are_accepted() {
+    let app = app().await;
+    let old = send_signed(&app, &completed("evt_1", "txn_1", 1), PADDLE_OLD, now()).await;
+    assert_eq!(old.status(), 200);
+    let new = send_signed(&app, &completed("evt_2", "txn_2", 1), PADDLE_NEW, now()).await;
+    assert_eq!(new.status(), 200);
+    assert_eq!(active(&app, "txn_1").await, vec![0]);
+    assert_eq!(active(&app, "txn_2").await, vec![0]);
+}
+
+#[tokio::test]
+async fn a_duplicate_delivery_changes_nothing() {
+    let app = app().await;
+    let event = completed("evt_1", "txn_1", 3);
+    send(&app, &event).await;
+    let again = send(&app, &event).await;
+    assert_eq!(
+        (again["duplicate"].as_bool(), again["outcome"].as_str()),
+        (Some(true), Some("duplicate"))
+    );
+    assert_eq!(app.tokens_of("txn_1").await.len(), 3);
+    assert_eq!(app.count("webhook_events", doc! {}).await, 1);
+}
+
+#[tokio::test]
+async fn a_full_refund_before_the_completion_leaves_no_active_token() {
+    let app = app().await;
+    send(&app, &refund("evt_r", "adj_1", "txn_1", "full", 1000)).await;
+    let late = send(&app, &completed("evt_1", "txn_1", 4)).await;
+    assert_ne!(late["outcome"], "issued", "{late}");
+    assert!(active(&app, "txn_1").await.is_empty());
+    assert_eq!(
+        payment(&app, "txn_1").await.get_str("status").unwrap(),
+        "refunded"
+    );
+}
+
+#[tokio::test]
+async fn a_partial_refund_before_the_completion_is_honoured_when_it_arrives() {
+    let app = app().await;
+    send(&app, &refund("evt_r", "adj_1", "txn_1", "partial", 250)).await;
+    send(&app, &completed("evt_1", "txn_1", 4)).await;
+    // floor(4 × 250 ÷ 1000) = 1: the highest tokenIndex goes.
+    assert_eq!(
+        app.token_states("txn_1").await,
+        vec![
+            (0, "active".to_owned()),
+            (1, "active".to_owned()),
+            (2, "active".to_owned()),
+            (3, "revoked".to_owned())
+        ]
+    );
+}
+
+#[tokio::test]
+async fn partial_refunds_add_up_and_a_replayed_one_counts_once() {
+    let app = app().await;
+    send(&app, &completed("evt_1", "txn_1", 10)).await;
+    let first = send(&app, &refund("evt_r1", "adj_1", "txn_1", "partial", 250)).await;
+    assert_eq!(first["tokensRevoked"], 2, "{first}");
+    assert_eq!(active(&app, "txn_1").await, (0..8).collect::<Vec<_>>());
+    let second = send(&app, &refund("evt_r2", "adj_2", "txn_1", "partial", 100)).await;
+    assert_eq!(
+        second["tokensRevoked"], 1,
+        "350 of 1000: 3 in all: {second}"
+    );
+    assert_eq!(active(&app, "txn_1").await, (0..7).collect::<Vec<_>>());
+
+    // The same adjustment again under another event id (adjustment.created after
+    // .updated), and a crash replay (the event not yet recorded as seen).
+    let mut again = refund("evt_r3", "adj_1", "txn_1", "partial", 250);
+    again["event_type"] = json!("adjustment.created");
+    send(&app, &again).await;
+    app.db
+        .collection::<Document>("webhook_events")
+        .delete_one(doc! { "eventId": "evt_r2" })
+        .await
+        .unwrap();
+    let replayed = send(&app, &refund("evt_r2", "adj_2", "txn_1", "partial", 100)).await;
+    assert_eq!(replayed["duplicate"], false);
+    assert_eq!(active(&app, "txn_1").await, (0..7).collect::<Vec<_>>());
+    let stored = payment(&app, "txn_1").await;
+    assert_eq!(stored.get_i64("amountRefunded").unwrap(), 350);
+    assert_eq!(stored.get_array("refunds").unwrap().len(), 2);
+    assert_eq!(stored.get_str("status").unwrap(), "succeeded");
+}
+
+#[tokio::test]
+async fn a_refund_pending_approval_changes_nothing() {
+    let app = app().await;
+    send(&app, &completed("evt_1", "txn_1", 2)).await;
+    let mut pending = refund("evt_r", "adj_1", "txn_1", "full", 1000);
+    pending["data"]["status"] = json!("pending_approval");
+    let receipt = send(&app, &pending).await;
+    assert_eq!(receipt["outcome"], "ignored", "{receipt}");
+    assert_eq!(active(&app, "txn_1").await, vec![0, 1]);
+}
+
+#[test]
+fn a_secret_not_shaped_like_paddles_stops_the_start_naming_the_provider_only() {
+    let leaked = "whsec_Sup3rS3cretValueThatMustNeverBePrinted";
+    let config = format!(
+        "[providers.billing]\nscheme = \"paddle\"\nsecrets = [\"{PADDLE_NEW}\", \"{leaked}\"]"
+    );
+    let err = tokenmint::settings::Settings::with_overrides(&[&config])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("providers.billing.secrets[1]") && err.contains("pdl_ntfset_"),
+        "{err}"
+    );
+    assert!(!err.contains("Sup3r"), "{err}");
+}
