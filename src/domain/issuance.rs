@@ -81,6 +81,8 @@ pub struct NewIssuance {
     /// Set on first insert only; never compared on retry.
     pub payment_date: DateTime<Utc>,
     pub mode: IssuanceMode,
+    /// Stored on the issuance record as `requestedBy` when this request creates it.
+    pub requested_by: super::Actor,
 }
 
 impl PaymentKey {

@@ -2,6 +2,7 @@
 //! everything past the edge (the store, the webhooks) only ever sees valid values, so a
 //! field value can never turn into a MongoDB operator or field path.
 
+mod actor;
 mod identifiers;
 mod issuance;
 mod owner;
@@ -10,12 +11,13 @@ mod quantity;
 mod scope;
 mod token;
 
+pub use actor::Actor;
 pub use identifiers::{AccountId, PaymentIntentId, Provider, TokenType};
 pub use issuance::{
     IssuanceMode, IssuanceParams, IssuanceStatus, Mismatch, NewIssuance, PaymentKey,
 };
 pub use owner::Owner;
-pub use payment::{EventOutcome, ParsedEvent, PaymentEvent, PaymentStatus};
+pub use payment::{EventOutcome, ParsedEvent, PaymentEvent, PaymentStatus, Refund};
 pub use quantity::Quantity;
 pub use scope::Scope;
 pub use token::{TokenId, TokenStatus};

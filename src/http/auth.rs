@@ -171,6 +171,8 @@ impl FromRequestParts<AppState> for Arc<Principal> {
             .keys
             .authenticate(key)
             .ok_or(ApiError::Unauthorized("Unknown API key."))?;
+        // The request's span (`middleware`) declared the field; the id, never the key.
+        tracing::Span::current().record("key_id", principal.key_id.as_str());
         state
             .rate_limits
             .check(format!("key:{}", principal.key_id))?;

@@ -7,6 +7,11 @@
 //! - refunded, canceled, or a partial refund → settle: revoke what no longer stands;
 //! - processing, failed → recorded only.
 //!
+//! A refund or chargeback is first recorded under its own id among the payment's
+//! refunds, whose sum is the refunded amount: whether it is partial (the payment still
+//! stands) or full (projected as `refunded`) is decided here, from the provider's word and
+//! the amounts, so a refund replayed under any event id counts once.
+//!
 //! The event is recorded in `webhook_events` only after its effects, so nothing the
 //! provider was told is done can be lost.
 
@@ -14,8 +19,9 @@ use chrono::Utc;
 
 use super::issue::usable_metadata;
 use super::{IssueError, IssueOutcome, Issuer, Settlement};
-use crate::domain::{EventOutcome, NewIssuance, ParsedEvent, PaymentEvent, PaymentStatus};
+use crate::domain::{Actor, EventOutcome, NewIssuance, ParsedEvent, PaymentEvent, PaymentStatus};
 use crate::store::{PaymentDoc, StoreError};
+use crate::telemetry::metric;
 
 /// The outcome of one delivery; `duplicate` when the event was processed before.
 pub struct Processed {
@@ -64,7 +70,7 @@ impl Issuer {
                 &outcome,
             )
             .await?;
-        metrics::counter!("tokenmint_webhook_events_total", "provider" => provider.to_owned(), "outcome" => outcome.outcome.clone())
+        metrics::counter!(metric::WEBHOOK_EVENTS_TOTAL, "provider" => provider.to_owned(), "outcome" => outcome.outcome.clone())
             .increment(1);
         Ok(Processed {
             duplicate: false,
@@ -73,11 +79,7 @@ impl Issuer {
     }
 
     async fn apply_payment_event(&self, event: &PaymentEvent) -> Result<EventOutcome, StoreError> {
-        if let Some((refunded, amount)) = self.partial_refund(event).await? {
-            let state = self
-                .store
-                .record_partial_refund(&event.key, refunded, amount)
-                .await?;
+        if let Some(state) = self.record_partial_refund(event).await? {
             let mut outcome = self.apply_state(event, &state).await?;
             if outcome.outcome != "conflict" {
                 outcome.outcome = "revoked".to_owned();
@@ -103,29 +105,36 @@ impl Issuer {
         Ok(outcome)
     }
 
-    /// (refunded, amount) when `event` refunds less than the payment's amount: a partial
-    /// refund, after which the payment still stands and only the refunded share is taken
-    /// back. The amount is the event's own, else the one already known; a refund of an
-    /// unknown amount is a full one.
-    async fn partial_refund(
+    /// Records a refund event's amount among the payment's refunds (keyed by the
+    /// refund's id, so a replay counts once) and returns the payment's state when the
+    /// refunds leave it standing: a partial refund, after which only the refunded share
+    /// is taken back. `None` for any other event, and for a refund of everything, which
+    /// the caller projects as the payment's new state.
+    ///
+    /// A refund is partial when the provider says so, or when it says nothing and all the
+    /// refunds so far add up to less than the payment's amount. A refund of an unknown
+    /// share (no amount, or the payment's amount unknown and no word from the provider)
+    /// can only be read as a full one.
+    async fn record_partial_refund(
         &self,
         event: &PaymentEvent,
-    ) -> Result<Option<(i64, Option<i64>)>, StoreError> {
-        let (PaymentStatus::Refunded, Some(refunded)) = (event.status, event.amount_refunded)
-        else {
+    ) -> Result<Option<PaymentDoc>, StoreError> {
+        let (PaymentStatus::Refunded, Some(refund)) = (event.status, &event.refund) else {
             return Ok(None);
         };
-        let amount = match event.amount {
-            Some(amount) => Some(amount),
-            None => self
-                .store
-                .find_payment(&event.key)
-                .await?
-                .and_then(|p| p.amount),
+        let Some(refund_amount) = refund.amount else {
+            return Ok(None);
         };
-        Ok(amount
-            .filter(|amount| refunded < *amount)
-            .map(|_| (refunded, event.amount)))
+        let state = self
+            .store
+            .record_refund(&event.key, &refund.id, refund_amount, event.amount)
+            .await?;
+        let partial = match (refund.full, state.amount, state.amount_refunded) {
+            (Some(full), _, _) => !full,
+            (None, Some(amount), Some(refunded)) => refunded < amount,
+            (None, _, _) => false,
+        };
+        Ok(partial.then_some(state))
     }
 
     /// The effects the payment's state calls for.
@@ -188,6 +197,7 @@ impl Issuer {
                 .or(event.payment_date)
                 .unwrap_or_else(Utc::now),
             mode: self.config.default_mode,
+            requested_by: Actor::provider(&event.key.provider),
         };
         Ok(match self.issue_authorised(&request).await {
             Ok(IssueOutcome::Created(issued)) => EventOutcome {

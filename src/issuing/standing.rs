@@ -12,8 +12,9 @@
 //! reads the refunded state, which was recorded before the refund's settle began. A
 //! writer that crashes in between leaves its record `issuing`, and self-repair settles it.
 
-use crate::domain::{PaymentKey, PaymentStatus};
+use crate::domain::{Actor, PaymentKey, PaymentStatus};
 use crate::store::{PaymentDoc, StoreError};
+use crate::telemetry::metric;
 
 use super::Issuer;
 
@@ -108,9 +109,15 @@ impl Issuer {
                 ..Settlement::default()
             }),
             Entitlement::Keep { keep, reason } => {
-                let (revoked, shortfall) = self.store.revoke_tokens_from(key, keep, reason).await?;
+                // Whoever runs the settlement, the provider's report is what takes the
+                // tokens back: it is the author on record.
+                let by = Actor::provider(&key.provider);
+                let (revoked, shortfall) = self
+                    .store
+                    .revoke_tokens_from(key, keep, reason, &by)
+                    .await?;
                 if revoked > 0 {
-                    metrics::counter!("tokenmint_tokens_revoked_total", "reason" => reason)
+                    metrics::counter!(metric::TOKENS_REVOKED_TOTAL, "reason" => reason)
                         .increment(revoked);
                 }
                 Ok(Settlement {

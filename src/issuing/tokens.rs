@@ -8,8 +8,9 @@ use std::time::Instant;
 use mongodb::bson::{DateTime, Document, doc};
 
 use super::Issuer;
-use crate::domain::{Owner, TokenId, TokenStatus};
+use crate::domain::{Actor, Owner, TokenId, TokenStatus};
 use crate::store::{Backoff, StoreError, TOKENS, TokenDoc};
+use crate::telemetry::metric;
 
 /// A state change a client asks for.
 #[derive(Debug, Clone)]
@@ -62,8 +63,9 @@ enum Decision {
 }
 
 /// The state machine: only an active token changes; revoking a revoked one is a no-op.
-fn decide(status: TokenStatus, transition: &Transition, now: DateTime) -> Decision {
-    let mut set = doc! { "updatedAt": now };
+/// Every write names its author (`lastChangedBy`).
+fn decide(status: TokenStatus, transition: &Transition, by: &Actor, now: DateTime) -> Decision {
+    let mut set = doc! { "updatedAt": now, "lastChangedBy": by.as_str() };
     match (status, transition) {
         (TokenStatus::Active, Transition::Redeem { reference }) => {
             set.insert("status", TokenStatus::Redeemed.as_str());
@@ -92,13 +94,14 @@ fn decide(status: TokenStatus, transition: &Transition, now: DateTime) -> Decisi
 }
 
 impl Issuer {
-    /// Applies `transition` to the token through the version gate. `visible` hides tokens
-    /// of accounts the caller may not see (they answer as not found).
+    /// Applies `transition` to the token through the version gate, on behalf of `by`.
+    /// `visible` hides tokens of accounts the caller may not see (they answer as not found).
     pub async fn transition_token(
         &self,
         id: TokenId,
         transition: &Transition,
         gate: Gate,
+        by: &Actor,
         visible: impl Fn(&TokenDoc) -> bool,
     ) -> Result<TransitionOutcome, StoreError> {
         let started = Instant::now();
@@ -113,7 +116,7 @@ impl Issuer {
                 record_rejection(transition);
                 return Ok(TransitionOutcome::VersionConflict(current));
             }
-            let set = match decide(current.status, transition, DateTime::now()) {
+            let set = match decide(current.status, transition, by, DateTime::now()) {
                 Decision::Write(set) => set,
                 Decision::AlreadyDone => return Ok(TransitionOutcome::AlreadyDone(current)),
                 Decision::Forbidden => return Ok(TransitionOutcome::StateConflict(current)),
@@ -143,7 +146,7 @@ impl Issuer {
 
 fn record_rejection(transition: &Transition) {
     metrics::counter!(
-        "tokenmint_version_gate_rejections_total",
+        metric::VERSION_GATE_REJECTIONS_TOTAL,
         "collection" => TOKENS,
         "operation" => transition.operation(),
     )

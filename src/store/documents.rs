@@ -4,7 +4,7 @@ use mongodb::bson::{self, Bson, DateTime, Document, RawDocumentBuf, doc, oid::Ob
 use serde::{Deserialize, Serialize};
 
 use crate::domain::{
-    IssuanceMode, IssuanceParams, IssuanceStatus, NewIssuance, Owner, PaymentKey, Quantity,
+    Actor, IssuanceMode, IssuanceParams, IssuanceStatus, NewIssuance, Owner, PaymentKey, Quantity,
     TokenStatus, TokenType,
 };
 
@@ -39,6 +39,8 @@ pub struct TokenDoc {
     pub redemption_ref: Option<String>,
     pub revoked_at: Option<DateTime>,
     pub revocation_reason: Option<String>,
+    /// The [`Actor`] of the last change; absent until the token first changes.
+    pub last_changed_by: Option<String>,
 }
 
 /// The part of a token an issuance answer lists.
@@ -74,6 +76,9 @@ pub struct IssuanceDoc {
     pub mode: IssuanceMode,
     pub status: IssuanceStatus,
     pub created_at: DateTime,
+    /// Who asked for this record ([`Actor`]); absent on records older than the field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requested_by: Option<String>,
     /// When a `pending` record expires (a TTL index removes it); absent otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires_at: Option<DateTime>,
@@ -95,6 +100,7 @@ impl IssuanceDoc {
             mode: request.mode,
             status,
             created_at: DateTime::now(),
+            requested_by: Some(request.requested_by.to_string()),
             expires_at: None,
         }
     }
@@ -120,13 +126,19 @@ impl IssuanceDoc {
         stored_key(&self.provider, &self.account_id, &self.payment_intent_id)
     }
 
-    /// The token set this record describes: its key, parameters, date and mode.
+    /// The token set this record describes: its key, parameters, date, mode and author
+    /// (records older than `requestedBy` name the self-repair, the only writer that
+    /// rebuilds a set from its record without a request of its own).
     pub fn token_set(&self) -> Result<NewIssuance, super::StoreError> {
         Ok(NewIssuance {
             key: self.key()?,
             params: self.params()?,
             payment_date: chrono_time(self.payment_date),
             mode: self.mode,
+            requested_by: self
+                .requested_by
+                .clone()
+                .map_or_else(Actor::repair, Actor::from_stored),
         })
     }
 }
@@ -276,7 +288,7 @@ mod tests {
 
     use super::*;
     use crate::domain::{
-        AccountId, IssuanceParams, NewIssuance, Owner, PaymentIntentId, Provider, Quantity,
+        AccountId, Actor, IssuanceParams, NewIssuance, Owner, PaymentIntentId, Provider, Quantity,
         TokenType,
     };
 
@@ -294,6 +306,7 @@ mod tests {
             },
             payment_date: chrono::DateTime::from_timestamp_millis(1_700_000_000_000).unwrap(),
             mode: crate::domain::IssuanceMode::Upsert,
+            requested_by: Actor::api_key("backend"),
         }
     }
 

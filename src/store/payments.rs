@@ -2,8 +2,9 @@
 //! written by a version-gated pipeline upsert. The filter is the unique key only; whether
 //! the incoming event is newer is decided inside the update, atomically, by `$cond` over
 //! `$$ROOT`, so an older event never overwrites a newer one whatever order or concurrency
-//! they arrive in. Two things an older event still contributes, because they only grow:
-//! facts the state lacks (token metadata, amount, date) and the amount refunded so far.
+//! they arrive in. An older event still contributes the facts the state lacks (token
+//! metadata, amount, date). Refunds are recorded apart from the state, one amount per
+//! refund id, because they only grow and add up whatever order they arrive in.
 
 use mongodb::bson::{Bson, DateTime, Document, doc, oid::ObjectId};
 use mongodb::options::ReturnDocument;
@@ -11,14 +12,14 @@ use serde::Deserialize;
 
 use super::documents::{bson_time, from_document, issuance_filter, payment_tokens_filter};
 use super::error::{StoreError, duplicate_key_index};
+use super::indexes::PAYMENTS_INDEX;
 use super::{Store, TOKENS};
 use crate::domain::{
-    IssuanceParams, Owner, PaymentEvent, PaymentKey, PaymentStatus, Quantity, TokenType,
+    Actor, IssuanceParams, Owner, PaymentEvent, PaymentKey, PaymentStatus, Quantity, TokenType,
 };
+use crate::telemetry::metric;
 
 pub const PAYMENTS: &str = "payments";
-/// The unique index on `payments` (provider, accountId, paymentIntentId).
-pub const PAYMENTS_INDEX: &str = "uniq_payment";
 /// Bounded retries of the first-insert duplicate-key race between two upserts.
 const FIRST_INSERT_RETRIES: u32 = 3;
 
@@ -61,7 +62,8 @@ pub struct PaymentDoc {
     /// Why the metadata could not be used, when it could not.
     pub metadata_error: Option<String>,
     pub payment_date: Option<DateTime>,
-    /// The largest refunded amount any event reported (refunds only grow).
+    /// The sum of the payment's refunds (`refunds`: one `{id, amount}` per refund,
+    /// dispute or charge); it only grows.
     pub amount_refunded: Option<i64>,
     #[serde(default)]
     pub last_event_id: String,
@@ -148,12 +150,6 @@ impl Store {
                 doc! { "$cond": [gap, literal(value.clone()), &current] },
             );
         }
-        if let Some(refunded) = event.amount_refunded {
-            filled.insert(
-                "amountRefunded",
-                doc! { "$max": [ { "$ifNull": ["$amountRefunded", 0_i64] }, literal(refunded) ] },
-            );
-        }
         let newer = doc! { "$or": [
             { "$eq": [ { "$type": "$version" }, "missing" ] },
             { "$lt": [ "$version", literal(event.version) ] },
@@ -164,31 +160,54 @@ impl Store {
                 { "$mergeObjects": [ "$$ROOT", newer_sets ] },
                 "$$ROOT",
             ] } },
-            // Runs after the gate: fills what is still missing, grows the refunded amount.
+            // Runs after the gate: fills what is still missing.
             doc! { "$set": filled },
         ];
         self.upsert_payment(&event.key, pipeline).await
     }
 
-    /// Records a partial refund of `amount_refunded` (of `amount`, when the event names
-    /// it): the refunded amount only grows, and nothing else about the payment changes —
-    /// a partial refund is not a state change, so it neither moves the status nor
-    /// consumes a version an older state event would then lose to.
-    pub async fn record_partial_refund(
+    /// Records `refund` (of `amount`, when the event names the payment's amount) and
+    /// nothing else about the payment: it neither moves the status nor consumes a version
+    /// an older state event would then lose to. The payment keeps one amount per refund
+    /// id in `refunds`, each only growing, and `amountRefunded` is their sum: two refunds
+    /// add up, a redelivered or replayed one counts once. `amountRefunded` never shrinks,
+    /// so a total recorded before `refunds` existed is kept.
+    pub async fn record_refund(
         &self,
         key: &PaymentKey,
-        amount_refunded: i64,
+        refund_id: &str,
+        refund_amount: i64,
         amount: Option<i64>,
     ) -> Result<PaymentDoc, StoreError> {
+        let id = literal(refund_id);
+        let others = doc! { "$filter": {
+            "input": { "$ifNull": ["$refunds", []] },
+            "cond": { "$ne": ["$$this.id", id.clone()] },
+        } };
+        let known = doc! { "$max": { "$map": {
+            "input": { "$filter": {
+                "input": { "$ifNull": ["$refunds", []] },
+                "cond": { "$eq": ["$$this.id", id.clone()] },
+            } },
+            "in": "$$this.amount",
+        } } };
         let mut set = doc! {
-            "amountRefunded": { "$max": [ { "$ifNull": ["$amountRefunded", 0_i64] }, literal(amount_refunded) ] },
+            "refunds": { "$concatArrays": [
+                others,
+                [ { "id": id, "amount": { "$max": [known, literal(refund_amount)] } } ],
+            ] },
             "createdAt": { "$ifNull": ["$createdAt", "$$NOW"] },
             "updatedAt": "$$NOW",
         };
         if let Some(amount) = amount {
             set.insert("amount", doc! { "$ifNull": ["$amount", literal(amount)] });
         }
-        self.upsert_payment(key, vec![doc! { "$set": set }]).await
+        let total = doc! { "$set": { "amountRefunded": { "$max": [
+            { "$ifNull": ["$amountRefunded", 0_i64] },
+            { "$sum": "$refunds.amount" },
+        ] } } };
+        self.upsert_payment(key, vec![doc! { "$set": set }, total])
+            .await
     }
 
     /// Runs `pipeline` as an upsert on the payment's document; returns it as it now is.
@@ -218,7 +237,7 @@ impl Store {
                         && duplicate_key_index(&err).as_deref() == Some(PAYMENTS_INDEX) =>
                 {
                     attempt += 1;
-                    metrics::counter!("tokenmint_duplicate_key_retries_total").increment(1);
+                    metrics::counter!(metric::DUPLICATE_KEY_RETRIES_TOTAL).increment(1);
                 }
                 Err(err) => return Err(err.into()),
             }
@@ -236,12 +255,14 @@ impl Store {
     /// Revokes the active tokens of a payment whose tokenIndex is `from_index` or more;
     /// redeemed ones stay redeemed. Each token is written only while `active` and gets
     /// `$inc: {_version: 1}`, so a concurrent version-gated redeem either happened first
-    /// (and is kept) or sees the new version. Returns (revoked now, redeemed in the range).
+    /// (and is kept) or sees the new version. `by` is recorded as `lastChangedBy`.
+    /// Returns (revoked now, redeemed in the range).
     pub async fn revoke_tokens_from(
         &self,
         key: &PaymentKey,
         from_index: i64,
         reason: &str,
+        by: &Actor,
     ) -> Result<(u64, u64), StoreError> {
         let now = DateTime::now();
         let in_range = |status: &str| {
@@ -255,7 +276,13 @@ impl Store {
             .update_many(
                 in_range("active"),
                 doc! {
-                    "$set": { "status": "revoked", "revokedAt": now, "revocationReason": reason, "updatedAt": now },
+                    "$set": {
+                        "status": "revoked",
+                        "revokedAt": now,
+                        "revocationReason": reason,
+                        "lastChangedBy": by.as_str(),
+                        "updatedAt": now,
+                    },
                     "$inc": { "_version": 1 },
                 },
             )
