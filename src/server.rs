@@ -5,6 +5,12 @@
 //! instead of taking descriptors), and graceful shutdown. Handlers can extract
 //! `ConnectInfo<SocketAddr>`.
 //!
+//! A client that closes its connection while its request is in flight ends it: hyper's
+//! dispatcher keeps reading while the handler runs (half-closed connections are not
+//! allowed), so it sees the end of the stream, the connection ends with an error, and
+//! dropping the connection drops the handler's future — a checkout waiting for its
+//! payment's event gives up its place at once.
+//!
 //! HTTP/2 is not offered: hyper has no header-read or idle timeout for HTTP/2 connections,
 //! so an idle HTTP/2 client could hold a connection slot for ever. TLS and HTTP/2 belong
 //! to the proxy in front.
@@ -276,6 +282,54 @@ mod tests {
             .expect("served once a slot is free")
             .unwrap();
         assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    }
+
+    /// A request whose client is gone must not run on: hyper's HTTP/1 dispatcher reads
+    /// the connection while the handler is busy (half-close is not allowed), sees the end
+    /// of the stream, and the connection task drops the handler's future — which is what
+    /// frees a waiting checkout's place.
+    #[tokio::test]
+    async fn a_request_whose_client_disconnects_is_dropped() {
+        struct Dropped(Option<tokio::sync::oneshot::Sender<()>>);
+        impl Drop for Dropped {
+            fn drop(&mut self) {
+                if let Some(tx) = self.0.take() {
+                    let _ = tx.send(());
+                }
+            }
+        }
+        let (started_tx, started_rx) = tokio::sync::oneshot::channel::<()>();
+        let (dropped_tx, dropped_rx) = tokio::sync::oneshot::channel::<()>();
+        let hooks = Arc::new(std::sync::Mutex::new(Some((started_tx, dropped_tx))));
+        let router = Router::new().route(
+            "/forever",
+            get(move || {
+                let hooks = hooks.clone();
+                async move {
+                    let (started, dropped) = hooks.lock().unwrap().take().expect("one request");
+                    let _guard = Dropped(Some(dropped));
+                    let _ = started.send(());
+                    std::future::pending::<()>().await;
+                }
+            }),
+        );
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        tokio::spawn(serve(listener, router, LIMITS, std::future::pending()));
+        let mut client = TcpStream::connect(address).await.unwrap();
+        client
+            .write_all(b"GET /forever HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        tokio::time::timeout(Duration::from_secs(10), started_rx)
+            .await
+            .expect("the handler runs")
+            .unwrap();
+        drop(client);
+        tokio::time::timeout(Duration::from_secs(5), dropped_rx)
+            .await
+            .expect("the handler's future is dropped once its client is gone")
+            .unwrap();
     }
 
     #[tokio::test]

@@ -1,4 +1,6 @@
 //! `/v1/issuances`: issue a payment's tokens exactly once, and read an issuance back.
+//! A checkout may ask to wait for its payment's event with `Prefer: wait=N` (RFC 7240):
+//! the header is read by `prefer`, whether and how long it waits is decided in `issuing`.
 
 use std::sync::Arc;
 
@@ -17,12 +19,14 @@ use super::auth::Principal;
 use super::error::{ApiError, Problem};
 use super::extract::JsonBody;
 use super::payment_path::PaymentPath;
+use super::prefer::{PREFERENCE_APPLIED, preferred_wait};
 use crate::domain::{
-    AccountId, FieldErrors, IssuanceMode, IssuanceParams, IssuanceStatus, NewIssuance, Owner,
-    PaymentIntentId, PaymentKey, Provider, Quantity, Scope, TokenStatus, TokenType,
+    AccountId, Actor, FieldErrors, IssuanceMode, IssuanceParams, IssuanceStatus, NewIssuance,
+    Owner, PaymentIntentId, PaymentKey, Provider, Quantity, Scope, TokenStatus, TokenType,
 };
 use crate::issuing::{Caller, IssueOutcome, IssuedTokens};
 use crate::store::{TokenSummary, chrono_time};
+use crate::telemetry::metric;
 
 pub fn router() -> Router<AppState> {
     Router::new()
@@ -70,6 +74,7 @@ impl IssuanceRequest {
         self,
         max_quantity: u32,
         default_mode: IssuanceMode,
+        requested_by: Actor,
     ) -> Result<NewIssuance, ApiError> {
         let mut errors = FieldErrors::default();
         let provider = errors.required_text("provider", self.provider.as_ref(), Provider::parse);
@@ -123,6 +128,7 @@ impl IssuanceRequest {
                 },
                 payment_date,
                 mode,
+                requested_by,
             }),
             // Unreachable: every None above recorded an error.
             _ => Err(ApiError::Internal),
@@ -226,26 +232,44 @@ impl From<TokenSummary> for TokenRef {
 /// A checkout key (`issuances:request`) issues only once the provider reported the payment
 /// succeeded with the same parameters; before that it gets 202 and a pending issuance that
 /// the success webhook fulfils (with the provider's parameters, which outrank the request).
+///
+/// A checkout key may send `Prefer: wait=N` (seconds, at most 30): a request that would be
+/// answered 202 is then held until the payment's provider event has been applied (by any
+/// instance) or N seconds passed, and answered what it gets then — 201/200 with the
+/// tokens, 409, or still 202 — with `Preference-Applied: wait=N` when it waited. A trusted
+/// key issues at once: the preference is ignored for it.
 #[utoipa::path(
     post,
     path = "/v1/issuances",
     tag = "issuances",
     request_body = IssuanceRequest,
+    params(
+        ("Prefer" = Option<String>, Header, nullable = false, example = "wait=10",
+            description = "RFC 7240. `wait=N`: a checkout key's pending request waits up to N seconds (at most 30; the request's timeout is extended by the wait) for the payment's provider event. Ignored for trusted keys; other or malformed preferences are ignored."),
+    ),
     security(("bearer" = ["issuances:write"])),
     responses(
         (status = 201, description = "Issued now", body = IssuanceResponse,
-            headers(("Location" = String, description = "The issuance's GET URL"))),
+            headers(
+                ("Location" = String, description = "The issuance's GET URL"),
+                ("Preference-Applied" = String, description = "`wait=N` when the request waited for the payment's event"),
+            )),
         (status = 200, description = "Replay of an earlier identical request", body = IssuanceResponse,
             headers(
                 ("Idempotent-Replayed" = String, description = "`true`"),
                 ("Location" = String, description = "The issuance's GET URL"),
+                ("Preference-Applied" = String, description = "`wait=N` when the request waited for the payment's event"),
             )),
-        (status = 202, description = "Pending: a checkout key's request, fulfilled by the payment's success webhook", body = IssuanceResponse,
-            headers(("Location" = String, description = "The issuance's GET URL"))),
+        (status = 202, description = "Pending: a checkout key's request, fulfilled by the payment's success webhook (with `Prefer: wait=N`: still pending after N seconds, or more checkouts were waiting than `issuance.max_waiters`)", body = IssuanceResponse,
+            headers(
+                ("Location" = String, description = "The issuance's GET URL"),
+                ("Preference-Applied" = String, description = "`wait=N` when the request waited for the payment's event"),
+            )),
         (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or unknown API key", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "Scope or account not allowed", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "`idempotency_conflict`: the payment was issued with other parameters (a checkout key is not shown the existing values); `payment_not_succeeded`: the provider reported the payment failed, canceled or refunded; `state_conflict`: a checkout key asked for a payment only a trusted backend can issue", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`idempotency_conflict`: the payment was issued with other parameters (a checkout key is not shown the existing values); `payment_not_succeeded`: the provider reported the payment failed, canceled or refunded; `state_conflict`: a checkout key asked for a payment only a trusted backend can issue", body = Problem, content_type = "application/problem+json",
+            headers(("Preference-Applied" = String, description = "`wait=N` when the request waited for the payment's event"))),
         (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "Not application/json", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "`validation_failed`, every bad field listed (a checkout key may only name a configured provider)", body = Problem, content_type = "application/problem+json"),
@@ -257,6 +281,7 @@ impl From<TokenSummary> for TokenRef {
 pub async fn create_issuance(
     State(state): State<AppState>,
     principal: Arc<Principal>,
+    headers: HeaderMap,
     body: Result<JsonBody<IssuanceRequest>, ApiError>,
 ) -> Result<Response, ApiError> {
     let caller = if principal.has(Scope::IssuancesWrite) {
@@ -268,24 +293,42 @@ pub async fn create_issuance(
     // The body is judged only once the caller may send one: a key without the scope
     // hears 403, whatever it sent.
     let JsonBody(body) = body?;
-    let request = body.into_domain(state.max_quantity, state.issuer.default_mode())?;
+    let request = body.into_domain(
+        state.max_quantity,
+        state.issuer.default_mode(),
+        Actor::api_key(&principal.key_id),
+    )?;
     principal.require_account(&request.key.account_id)?;
-    let outcome = state
+    let answer = state
         .issuer
-        .issue(caller, &request)
-        .await
-        .inspect_err(|err| {
+        .issue_waiting(caller, &request, preferred_wait(&headers))
+        .await;
+    let mut response = match answer.result {
+        Ok(outcome) => issued_response(outcome),
+        Err(err) => {
             if let crate::issuing::IssueError::Conflict(_) = err {
-                metrics::counter!("tokenmint_issuances_total", "outcome" => "conflict")
-                    .increment(1);
+                metrics::counter!(metric::ISSUANCES_TOTAL, "outcome" => "conflict").increment(1);
             }
-        })?;
+            ApiError::from(err).into_response()
+        }
+    };
+    if let Some(secs) = answer.waited_secs {
+        response.headers_mut().insert(
+            PREFERENCE_APPLIED,
+            HeaderValue::from_str(&format!("wait={secs}")).expect("digits are a header value"),
+        );
+    }
+    Ok(response)
+}
+
+/// The answer to an issuance that went through: 201, 200 (a replay) or 202 (pending).
+fn issued_response(outcome: IssueOutcome) -> Response {
     let (status, issued, label) = match outcome {
         IssueOutcome::Created(issued) => (StatusCode::CREATED, issued, "created"),
         IssueOutcome::Replayed(issued) => (StatusCode::OK, issued, "replayed"),
         IssueOutcome::Pending(issued) => (StatusCode::ACCEPTED, issued, "pending"),
     };
-    metrics::counter!("tokenmint_issuances_total", "outcome" => label).increment(1);
+    metrics::counter!(metric::ISSUANCES_TOTAL, "outcome" => label).increment(1);
     let body = IssuanceResponse::new(issued, true);
     let mut headers = HeaderMap::new();
     if let Ok(location) = HeaderValue::from_str(&body.location()) {
@@ -294,7 +337,7 @@ pub async fn create_issuance(
     if status == StatusCode::OK {
         headers.insert("idempotent-replayed", HeaderValue::from_static("true"));
     }
-    Ok((status, headers, axum::Json(body)).into_response())
+    (status, headers, axum::Json(body)).into_response()
 }
 
 /// Read an issuance and its tokens.

@@ -1,4 +1,4 @@
-//! What wraps every request: a request id (on the response and every log line), an
+//! What wraps every request: a request id and the API key id (on every log line), an
 //! access log, HTTP metrics by route template, a per-request timeout answered as
 //! problem+json, a panic guard, and CORS for the configured checkout origins only.
 
@@ -14,7 +14,10 @@ use tower_http::cors::{AllowOrigin, CorsLayer};
 use tracing::Instrument;
 
 use super::error::ApiError;
+use super::prefer::{PREFER, PREFERENCE_APPLIED, preferred_wait};
+use crate::issuing::MAX_WAIT;
 use crate::settings::Settings;
+use crate::telemetry::metric;
 
 pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
@@ -46,7 +49,15 @@ async fn request_id(req: Request, next: Next) -> Response {
         .filter(|v| is_sane_request_id(v))
         .map(str::to_owned)
         .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
-    let span = tracing::info_span!("request", request_id = %id, method = %req.method(), path = %req.uri().path());
+    // `key_id` is filled in once the API key is known (`auth`), so every line the
+    // request logs from then on, and its access log line, says who asked.
+    let span = tracing::info_span!(
+        "request",
+        request_id = %id,
+        method = %req.method(),
+        path = %req.uri().path(),
+        key_id = tracing::field::Empty,
+    );
     let started = Instant::now();
     let mut response = next.run(req).instrument(span.clone()).await;
     span.in_scope(|| {
@@ -69,8 +80,14 @@ fn is_sane_request_id(id: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b))
 }
 
-/// Answers 503 `request_timeout` when the handler runs past `server.request_timeout_ms`.
+/// Answers 503 `request_timeout` when the handler runs past `server.request_timeout_ms`,
+/// plus the wait the request asked for (`Prefer: wait=N`, at most `MAX_WAIT`): waiting
+/// for a payment's event is not work, and must not turn into a 503.
 async fn with_timeout(timeout: Duration, req: Request, next: Next) -> Response {
+    let waiting = preferred_wait(req.headers()).map_or(Duration::ZERO, |secs| {
+        Duration::from_secs(secs).min(MAX_WAIT)
+    });
+    let timeout = timeout + waiting;
     match tokio::time::timeout(timeout, next.run(req)).await {
         Ok(response) => response,
         Err(_) => {
@@ -93,8 +110,8 @@ async fn record_metrics(req: Request, next: Next) -> Response {
     let response = next.run(req).await;
     let status = response.status().as_u16().to_string();
     let labels = [("method", method), ("route", route), ("status", status)];
-    metrics::counter!("tokenmint_http_requests_total", &labels).increment(1);
-    metrics::histogram!("tokenmint_http_request_duration_seconds", &labels)
+    metrics::counter!(metric::HTTP_REQUESTS_TOTAL, &labels).increment(1);
+    metrics::histogram!(metric::HTTP_REQUEST_DURATION_SECONDS, &labels)
         .record(started.elapsed().as_secs_f64());
     response
 }
@@ -112,6 +129,7 @@ fn cors(origins: &[String]) -> CorsLayer {
             header::AUTHORIZATION,
             header::CONTENT_TYPE,
             header::IF_MATCH,
+            PREFER,
             REQUEST_ID,
         ])
         .expose_headers([
@@ -120,6 +138,7 @@ fn cors(origins: &[String]) -> CorsLayer {
             header::RETRY_AFTER,
             REQUEST_ID,
             HeaderName::from_static("idempotent-replayed"),
+            HeaderName::from_static(PREFERENCE_APPLIED),
         ])
         .max_age(Duration::from_secs(600))
 }

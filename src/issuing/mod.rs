@@ -8,7 +8,9 @@
 //! - provider metadata outranks a checkout's pending request;
 //! - refunds, partial refunds and cancellations revoke (`standing`, `events`);
 //! - the token state machine behind redeem, revoke and transfer (`tokens`);
-//! - self-repair of token sets a crash left short (`repair`).
+//! - self-repair of token sets a crash left short (`repair`);
+//! - who may wait for a payment's event before being answered, and for how long
+//!   (`waiting`).
 //!
 //! HTTP handlers and the webhook receiver translate requests into calls here and the
 //! results back into answers; `store` persists what is decided here and decides nothing.
@@ -20,6 +22,7 @@ mod reads;
 mod repair;
 mod standing;
 mod tokens;
+mod waiting;
 
 use std::collections::HashSet;
 use std::sync::{Arc, OnceLock};
@@ -29,6 +32,7 @@ pub use events::Processed;
 pub use repair::{RepairReport, spawn_repair};
 pub use standing::{Entitlement, Settlement, entitlement};
 pub use tokens::{Gate, Transition, TransitionOutcome};
+pub use waiting::{FulfilmentWatch, MAX_WAIT, Waited, WaitingConfig};
 
 use crate::domain::{IssuanceMode, Mismatch, PaymentStatus};
 use crate::store::{IssuanceDoc, Store, StoreError, TokenSummary};
@@ -105,6 +109,8 @@ pub struct Issuer {
     committer: Arc<OnceLock<batch::Committer>>,
     /// Coalesced payment reads of atomic-mode issuances, started on the first one.
     payment_reads: Arc<OnceLock<reads::PaymentReads>>,
+    /// Checkouts waiting for their payment's event (`Prefer: wait`), by payment.
+    waiters: Arc<waiting::Waiters>,
 }
 
 impl Issuer {
@@ -114,6 +120,7 @@ impl Issuer {
             config: Arc::new(config),
             committer: Arc::new(OnceLock::new()),
             payment_reads: Arc::new(OnceLock::new()),
+            waiters: Arc::new(waiting::Waiters::new(WaitingConfig::default())),
         }
     }
 

@@ -18,7 +18,7 @@ async fn cors_allows_only_configured_origins() {
         .header("access-control-request-method", "POST")
         .header(
             "access-control-request-headers",
-            "authorization, content-type",
+            "authorization, content-type, if-match, prefer, x-request-id",
         )
         .send()
         .await
@@ -39,6 +39,20 @@ async fn cors_allows_only_configured_origins() {
         .unwrap()
         .to_owned();
     assert!(methods.contains("POST"), "{methods}");
+    // A browser may ask to wait (`Prefer`) and read what was applied.
+    let allowed = preflight.headers()["access-control-allow-headers"]
+        .to_str()
+        .unwrap()
+        .to_ascii_lowercase();
+    for header in [
+        "authorization",
+        "content-type",
+        "if-match",
+        "prefer",
+        "x-request-id",
+    ] {
+        assert!(allowed.contains(header), "{header} not allowed: {allowed}");
+    }
 
     let refused = app
         .http

@@ -1,0 +1,372 @@
+//! Waiting for fulfilment (`Prefer: wait=N`): a checkout whose request would be answered
+//! 202 may be held until the payment's provider event has been applied, on any instance,
+//! and then answered what the request gets at that moment.
+//!
+//! Who may wait, and for how long, is decided here: checkout keys only (a trusted key
+//! issues at once anyway), and at most `MAX_WAIT`. The wait is not work: the HTTP layer
+//! adds it to the request's timeout, so a wait of N seconds never ends in a 503.
+//!
+//! Nobody polls the database. Each instance runs one change stream
+//! (`Store::applied_payment_events`) and wakes, through an in-memory registry, the waiters
+//! of the payment it names; a woken waiter checks again. A waiter registers before its
+//! first check, so an event applied while that check runs still wakes it. Whenever the
+//! stream is (re)opened, after an error or a failover, every waiter checks once more: an
+//! event applied while no stream was open would otherwise hold its waiter until the
+//! deadline. The number of waiters is bounded (`issuance.max_waiters`); beyond it a
+//! request is answered at once. A waiter is a guard: a client that disconnects drops the
+//! request's future and with it its place. When the instance shuts down, every waiter
+//! checks a last time and is answered at once, instead of being cut off when the grace
+//! period ends.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use futures::StreamExt;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use super::{Caller, IssueError, IssueOutcome, Issuer};
+use crate::domain::{NewIssuance, PaymentKey};
+use crate::telemetry::metric;
+
+/// The longest wait a client may ask for; a larger `wait` is clamped to it.
+pub const MAX_WAIT: Duration = Duration::from_secs(30);
+/// How long the change stream's watcher waits before opening it again after a failure.
+const REOPEN_DELAY: Duration = Duration::from_secs(1);
+
+/// The bounds on waiting, taken from `Settings`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct WaitingConfig {
+    /// Requests that may wait at once on this instance; 0: none may.
+    pub max_waiters: usize,
+}
+
+/// An answer to an issuance request that may have waited.
+#[derive(Debug)]
+pub struct Waited {
+    pub result: Result<IssueOutcome, IssueError>,
+    /// The whole seconds it was allowed to wait, when it waited (`Preference-Applied`).
+    pub waited_secs: Option<u64>,
+}
+
+impl Issuer {
+    /// Bounds waiting with `config`; until called, nobody waits.
+    pub fn with_waiting(mut self, config: WaitingConfig) -> Self {
+        self.waiters = Arc::new(Waiters::new(config));
+        self
+    }
+
+    /// Issues `request` as `caller` may; a checkout that asked to wait `wait_secs` and
+    /// would be answered pending is held until its payment's next applied event (then
+    /// checked again, and held again while still pending) or until the wait is over (then
+    /// checked a last time).
+    pub async fn issue_waiting(
+        &self,
+        caller: Caller,
+        request: &NewIssuance,
+        wait_secs: Option<u64>,
+    ) -> Waited {
+        let deadline_from = Instant::now();
+        // Registered before the first check, so nothing applied during it goes unheard.
+        let slot = Self::allowed_wait(caller, wait_secs)
+            .and_then(|secs| Some((secs, self.waiters.register(&request.key)?)));
+        let first = self.issue(caller, request).await;
+        let Some((secs, mut slot)) = slot.filter(|_| is_pending(&first)) else {
+            return Waited {
+                result: first,
+                waited_secs: None,
+            };
+        };
+        let deadline = deadline_from + Duration::from_secs(secs);
+        loop {
+            let woken = slot.woken_before(deadline).await;
+            let result = self.issue(caller, request).await;
+            if !woken || !is_pending(&result) {
+                return Waited {
+                    result,
+                    waited_secs: Some(secs),
+                };
+            }
+        }
+    }
+
+    /// The whole seconds `caller` may wait of the `requested`, if any.
+    fn allowed_wait(caller: Caller, requested: Option<u64>) -> Option<u64> {
+        if caller != Caller::Checkout {
+            return None;
+        }
+        Some(requested?.min(MAX_WAIT.as_secs())).filter(|secs| *secs > 0)
+    }
+
+    /// Starts this instance's watcher of applied payment events, which wakes the waiters
+    /// of each payment it sees; it runs until the returned handle is dropped. The stream
+    /// is opened before this returns (when the database answers), so a request served
+    /// afterwards never waits on a stream that is not watching yet.
+    pub async fn watch_fulfilments(&self) -> FulfilmentWatch {
+        let store = self.store.clone();
+        let waiters = self.waiters.clone();
+        let mut opened = Some(store.applied_payment_events().await);
+        let task = tokio::spawn(async move {
+            loop {
+                let attempt = match opened.take() {
+                    Some(first) => first,
+                    None => store.applied_payment_events().await,
+                };
+                match attempt {
+                    Ok(mut events) => {
+                        // Whatever was applied while no stream was open went unseen.
+                        waiters.wake_all();
+                        while let Some(event) = events.next().await {
+                            match event {
+                                Ok(key) => waiters.wake(&key),
+                                Err(err) => {
+                                    tracing::warn!(error = %err, "the change stream of applied payment events failed; reopening it");
+                                    break;
+                                }
+                            }
+                        }
+                    }
+                    Err(err) => {
+                        tracing::warn!(error = %err, "cannot open the change stream of applied payment events; retrying");
+                    }
+                }
+                tokio::time::sleep(REOPEN_DELAY).await;
+            }
+        });
+        FulfilmentWatch {
+            task,
+            waiters: self.waiters.clone(),
+        }
+    }
+}
+
+fn is_pending(result: &Result<IssueOutcome, IssueError>) -> bool {
+    matches!(result, Ok(IssueOutcome::Pending(_)))
+}
+
+/// The running watcher of `Issuer::watch_fulfilments`. Dropping it (at shutdown) stops
+/// the watcher and closes the registry: every waiter is answered after a last check, and
+/// nobody waits from then on.
+pub struct FulfilmentWatch {
+    task: JoinHandle<()>,
+    waiters: Arc<Waiters>,
+}
+
+impl Drop for FulfilmentWatch {
+    fn drop(&mut self) {
+        self.task.abort();
+        self.waiters.close();
+    }
+}
+
+/// The waiters of this instance, by payment.
+pub(super) struct Waiters {
+    config: WaitingConfig,
+    registry: Mutex<Registry>,
+}
+
+#[derive(Default)]
+struct Registry {
+    count: usize,
+    payments: HashMap<PaymentKey, Waitlist>,
+    /// Set at shutdown: no new waiter, and woken ones stop waiting.
+    closed: bool,
+}
+
+/// The waiters of one payment: a send on `wake` wakes them all.
+struct Waitlist {
+    wake: watch::Sender<()>,
+    waiters: usize,
+}
+
+impl Waiters {
+    pub(super) fn new(config: WaitingConfig) -> Self {
+        Self {
+            config,
+            registry: Mutex::new(Registry::default()),
+        }
+    }
+
+    /// The registry; a panic elsewhere while it was held left it consistent (every
+    /// change under the lock is a single step).
+    fn registry(&self) -> std::sync::MutexGuard<'_, Registry> {
+        self.registry.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A place among `key`'s waiters, or `None` when `max_waiters` are waiting already
+    /// (or the instance is shutting down).
+    fn register(self: &Arc<Self>, key: &PaymentKey) -> Option<Slot> {
+        let mut registry = self.registry();
+        if registry.closed || registry.count >= self.config.max_waiters {
+            return None;
+        }
+        registry.count += 1;
+        let waitlist = registry
+            .payments
+            .entry(key.clone())
+            .or_insert_with(|| Waitlist {
+                wake: watch::channel(()).0,
+                waiters: 0,
+            });
+        waitlist.waiters += 1;
+        let wake = waitlist.wake.subscribe();
+        metrics::gauge!(metric::ISSUANCE_WAITERS).increment(1.0);
+        Some(Slot {
+            waiters: self.clone(),
+            key: key.clone(),
+            wake,
+        })
+    }
+
+    /// Wakes the waiters of `key`, if any.
+    fn wake(&self, key: &PaymentKey) {
+        if let Some(waitlist) = self.registry().payments.get(key) {
+            waitlist.wake.send_replace(());
+        }
+    }
+
+    /// Wakes every waiter.
+    fn wake_all(&self) {
+        for waitlist in self.registry().payments.values() {
+            waitlist.wake.send_replace(());
+        }
+    }
+
+    /// Ends all waiting: the waiters are woken to stop, and no new one is admitted. Under
+    /// the same lock as `register`, so no waiter slips in unwoken.
+    fn close(&self) {
+        let mut registry = self.registry();
+        registry.closed = true;
+        for waitlist in registry.payments.values() {
+            waitlist.wake.send_replace(());
+        }
+    }
+
+    fn is_closed(&self) -> bool {
+        self.registry().closed
+    }
+
+    #[cfg(test)]
+    fn count(&self) -> usize {
+        self.registry().count
+    }
+}
+
+/// One waiting request's place; dropping it (an answer, or a client gone) frees it.
+struct Slot {
+    waiters: Arc<Waiters>,
+    key: PaymentKey,
+    wake: watch::Receiver<()>,
+}
+
+impl Slot {
+    /// Waits for a wake since the last one this slot saw (or since it registered), or
+    /// for `deadline`; true when woken to check again, false when the wait is over (the
+    /// deadline, or shutdown).
+    async fn woken_before(&mut self, deadline: Instant) -> bool {
+        tokio::select! {
+            changed = self.wake.changed() => changed.is_ok() && !self.waiters.is_closed(),
+            () = tokio::time::sleep_until(deadline) => false,
+        }
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut registry = self.waiters.registry();
+        registry.count -= 1;
+        if let Some(waitlist) = registry.payments.get_mut(&self.key) {
+            waitlist.waiters -= 1;
+            if waitlist.waiters == 0 {
+                registry.payments.remove(&self.key);
+            }
+        }
+        metrics::gauge!(metric::ISSUANCE_WAITERS).decrement(1.0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::{AccountId, PaymentIntentId, Provider};
+
+    fn key(payment: &str) -> PaymentKey {
+        PaymentKey {
+            provider: Provider::parse("stripe").unwrap(),
+            account_id: AccountId::default(),
+            payment_intent_id: PaymentIntentId::parse(payment).unwrap(),
+        }
+    }
+
+    fn waiters(max_waiters: usize) -> Arc<Waiters> {
+        Arc::new(Waiters::new(WaitingConfig { max_waiters }))
+    }
+
+    fn soon() -> Instant {
+        Instant::now() + Duration::from_millis(200)
+    }
+
+    #[tokio::test]
+    async fn a_wake_before_the_wait_is_not_lost() {
+        let waiters = waiters(10);
+        let mut slot = waiters.register(&key("pi_1")).unwrap();
+        // Sent while the waiter was still checking: heard when it starts waiting.
+        waiters.wake(&key("pi_1"));
+        assert!(slot.woken_before(soon()).await);
+        // Heard once: the next wait times out.
+        assert!(!slot.woken_before(soon()).await);
+    }
+
+    #[tokio::test]
+    async fn wakes_reach_only_their_payment_but_wake_all_reaches_everyone() {
+        let waiters = waiters(10);
+        let mut first = waiters.register(&key("pi_1")).unwrap();
+        let mut second = waiters.register(&key("pi_2")).unwrap();
+        waiters.wake(&key("pi_2"));
+        assert!(!first.woken_before(soon()).await);
+        assert!(second.woken_before(soon()).await);
+        waiters.wake_all();
+        assert!(first.woken_before(soon()).await);
+        assert!(second.woken_before(soon()).await);
+    }
+
+    #[tokio::test]
+    async fn closing_ends_every_wait_and_admits_nobody() {
+        let waiters = waiters(10);
+        let mut slot = waiters.register(&key("pi_1")).unwrap();
+        waiters.close();
+        // Far off: only the close can end this wait.
+        let later = Instant::now() + Duration::from_secs(60);
+        assert!(!slot.woken_before(later).await, "a closed wait is over");
+        assert!(waiters.register(&key("pi_2")).is_none());
+    }
+
+    #[test]
+    fn places_are_bounded_and_freed_on_drop() {
+        let waiters = waiters(2);
+        let first = waiters.register(&key("pi_1")).unwrap();
+        let second = waiters.register(&key("pi_1")).unwrap();
+        assert!(waiters.register(&key("pi_2")).is_none(), "beyond the cap");
+        drop(first);
+        assert_eq!(waiters.count(), 1);
+        assert_eq!(waiters.registry().payments.len(), 1);
+        drop(second);
+        assert_eq!(waiters.count(), 0);
+        assert!(
+            waiters.registry().payments.is_empty(),
+            "no empty waitlist kept"
+        );
+        assert!(waiters.register(&key("pi_2")).is_some());
+    }
+
+    #[test]
+    fn only_checkouts_wait_and_never_longer_than_the_cap() {
+        assert_eq!(Issuer::allowed_wait(Caller::Checkout, Some(10)), Some(10));
+        assert_eq!(Issuer::allowed_wait(Caller::Checkout, Some(3600)), Some(30));
+        assert_eq!(Issuer::allowed_wait(Caller::Checkout, Some(0)), None);
+        assert_eq!(Issuer::allowed_wait(Caller::Checkout, None), None);
+        assert_eq!(Issuer::allowed_wait(Caller::Trusted, Some(10)), None);
+    }
+}
