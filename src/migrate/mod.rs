@@ -7,14 +7,16 @@
 //! is never updated by one long-running command).
 
 mod duplicates;
+mod lease;
 mod runner;
+mod steps;
 
 use mongodb::bson::Document;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
 pub use duplicates::{DuplicateGroup, DuplicateReport, find_duplicates};
-pub use runner::{MigrateError, MigrationReport, pending, run, verify_applied};
+pub use runner::{MigrateError, MigrationReport, apply, pending, run, verify_applied};
 
 /// The migration files, in order. A test checks this list against `migrations/`.
 const FILES: &[(&str, &str)] = &[

@@ -1,25 +1,25 @@
 //! Applies migrations. Several instances may start at once: a lease in
-//! `_migrations_lock` lets one of them apply while the others wait, then find
-//! everything applied. Steps are idempotent too, so a holder that dies mid-migration
-//! (its lease expires) leaves nothing a successor cannot redo.
+//! `_migrations_lock` (`lease.rs`) lets one of them apply while the others wait, then
+//! find everything applied. The lease is renewed while a step runs and confirmed before
+//! a migration is recorded, so an instance that lost it records nothing. Steps are
+//! idempotent too, so a holder that dies mid-migration (its lease expires) leaves nothing
+//! a successor cannot redo.
 
 use std::collections::HashMap;
 use std::time::Duration;
 
 use futures::TryStreamExt;
-use mongodb::IndexModel;
-use mongodb::bson::{Bson, DateTime, Document, doc};
-use mongodb::options::IndexOptions;
+use mongodb::bson::{DateTime, Document, doc};
 
-use super::{
-    BackfillStep, DuplicateReport, IndexStep, Migration, Step, find_duplicates, migrations,
-};
+use super::lease::Lease;
+use super::steps::{backfill, create_index};
+use super::{DuplicateReport, Migration, Step, migrations};
 use crate::store::{Store, StoreError, duplicate_key_index};
 
 const APPLIED: &str = "_migrations";
-const LOCK: &str = "_migrations_lock";
-/// A lease long enough for any step; renewed before each migration.
-const LEASE: Duration = Duration::from_secs(120);
+/// The lease of a running migrator: renewed every third of it while a step runs, so it
+/// only runs out when its holder stops (dies, hangs, or is cut off from the database).
+const LEASE: Duration = Duration::from_secs(60);
 /// How long a waiting instance waits for the lease before giving up.
 const LOCK_WAIT: Duration = Duration::from_secs(300);
 
@@ -41,6 +41,11 @@ pub enum MigrateError {
     Duplicates { id: String, report: DuplicateReport },
     #[error("another instance has held the migration lock for over {0:?}")]
     LockTimeout(Duration),
+    #[error(
+        "lost the migration lease while applying {id} (it ran out, or another instance took it \
+         over): {id} was not recorded, and the next start applies it again"
+    )]
+    LeaseLost { id: String },
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -58,22 +63,28 @@ pub struct MigrationReport {
     pub already_applied: Vec<String>,
 }
 
-/// Applies every pending migration, or with `dry_run` only lists them. Always verifies
-/// the checksums of applied ones.
+/// Applies every pending embedded migration, or with `dry_run` only lists them. Always
+/// verifies the checksums of applied ones.
 pub async fn run(store: &Store, dry_run: bool) -> Result<MigrationReport, MigrateError> {
     let all = migrations()?;
     if dry_run {
         let applied = verify(store, &all).await?;
         return Ok(split(all, &applied));
     }
-    let holder = uuid::Uuid::new_v4().to_string();
-    acquire_lock(store, &holder).await?;
-    let result = apply_pending(store, &holder, all).await;
-    // Release even on failure; if this fails the lease simply expires.
-    let _ = store
-        .collection(LOCK)
-        .delete_one(doc! { "_id": "lock", "holder": &holder })
-        .await;
+    apply(store, all, LEASE).await
+}
+
+/// Applies the pending ones of `all`, in order, under a lease of length `lease`: what
+/// `run` does with the embedded files and the standard lease. Tests pass their own
+/// migrations and short leases.
+pub async fn apply(
+    store: &Store,
+    all: Vec<Migration>,
+    lease: Duration,
+) -> Result<MigrationReport, MigrateError> {
+    let lease = Lease::acquire(store, lease, LOCK_WAIT).await?;
+    let result = apply_pending(store, &lease, all).await;
+    lease.release().await;
     result
 }
 
@@ -95,7 +106,7 @@ pub async fn verify_applied(store: &Store) -> Result<(), MigrateError> {
 
 async fn apply_pending(
     store: &Store,
-    holder: &str,
+    lease: &Lease,
     all: Vec<Migration>,
 ) -> Result<MigrationReport, MigrateError> {
     let applied = verify(store, &all).await?;
@@ -105,26 +116,57 @@ async fn apply_pending(
             report.already_applied.push(migration.id);
             continue;
         }
-        renew_lock(store, holder).await?;
         tracing::info!(migration = %migration.id, "applying migration");
         for step in &migration.steps {
-            match step {
-                Step::CreateIndex(index) => create_index(store, &migration.id, index).await?,
-                Step::Backfill(backfill) => run_backfill(store, backfill).await?,
-            }
+            let work = async {
+                match step {
+                    Step::CreateIndex(index) => create_index(store, &migration.id, index).await,
+                    Step::Backfill(step) => backfill(store, &migration.id, step).await,
+                }
+            };
+            lease.while_held(&migration.id, work).await??;
         }
-        store
-            .collection(APPLIED)
-            .insert_one(doc! {
-                "_id": &migration.id,
-                "checksum": &migration.checksum,
-                "description": &migration.description,
-                "appliedAt": DateTime::now(),
-            })
-            .await?;
-        report.applied.push(migration.id);
+        // Only a holder that still has the lease may say the work is done.
+        lease.confirm(&migration.id).await?;
+        if record(store, &migration).await? {
+            report.applied.push(migration.id);
+        } else {
+            report.already_applied.push(migration.id);
+        }
     }
     Ok(report)
+}
+
+/// Records `migration` as applied; `false` when another instance had already recorded it
+/// with the same checksum (its work and ours were the same idempotent steps).
+async fn record(store: &Store, migration: &Migration) -> Result<bool, MigrateError> {
+    let inserted = store
+        .collection(APPLIED)
+        .insert_one(doc! {
+            "_id": &migration.id,
+            "checksum": &migration.checksum,
+            "description": &migration.description,
+            "appliedAt": DateTime::now(),
+        })
+        .await;
+    match inserted {
+        Ok(_) => Ok(true),
+        Err(err) if duplicate_key_index(&err).is_some() => {
+            let stored = applied_checksums(store).await?;
+            match stored.get(&migration.id) {
+                Some(checksum) if *checksum == migration.checksum => {
+                    tracing::info!(migration = %migration.id, "migration already recorded by another instance");
+                    Ok(false)
+                }
+                other => Err(MigrateError::ChecksumMismatch {
+                    id: migration.id.clone(),
+                    applied: other.cloned().unwrap_or_default(),
+                    embedded: migration.checksum.clone(),
+                }),
+            }
+        }
+        Err(err) => Err(err.into()),
+    }
 }
 
 fn split(all: Vec<Migration>, applied: &HashMap<String, String>) -> MigrationReport {
@@ -167,134 +209,4 @@ async fn verify(store: &Store, all: &[Migration]) -> Result<HashMap<String, Stri
         }
     }
     Ok(applied)
-}
-
-async fn acquire_lock(store: &Store, holder: &str) -> Result<(), MigrateError> {
-    let started = tokio::time::Instant::now();
-    loop {
-        if try_lock(store, holder).await? {
-            return Ok(());
-        }
-        if started.elapsed() > LOCK_WAIT {
-            return Err(MigrateError::LockTimeout(LOCK_WAIT));
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
-async fn renew_lock(store: &Store, holder: &str) -> Result<(), MigrateError> {
-    if try_lock(store, holder).await? {
-        Ok(())
-    } else {
-        Err(MigrateError::LockTimeout(LEASE))
-    }
-}
-
-/// Takes (or renews) the lease when it is free, expired or already ours. A duplicate key
-/// on `_id` means another live holder has it.
-async fn try_lock(store: &Store, holder: &str) -> Result<bool, MigrateError> {
-    let now = DateTime::now();
-    let expires = DateTime::from_millis(now.timestamp_millis() + LEASE.as_millis() as i64);
-    let result = store
-        .collection(LOCK)
-        .update_one(
-            doc! { "_id": "lock", "$or": [ { "holder": holder }, { "expiresAt": { "$lt": now } } ] },
-            doc! { "$set": { "holder": holder, "expiresAt": expires } },
-        )
-        .upsert(true)
-        .await;
-    match result {
-        Ok(_) => Ok(true),
-        Err(err) if duplicate_key_index(&err).is_some() => Ok(false),
-        Err(err) => Err(err.into()),
-    }
-}
-
-async fn create_index(
-    store: &Store,
-    migration: &str,
-    index: &IndexStep,
-) -> Result<(), MigrateError> {
-    let duplicates = || async {
-        let report = find_duplicates(store, index).await?;
-        Ok::<_, MigrateError>(MigrateError::Duplicates {
-            id: migration.to_owned(),
-            report,
-        })
-    };
-    if index.unique {
-        let report = find_duplicates(store, index).await?;
-        if !report.groups.is_empty() {
-            return Err(MigrateError::Duplicates {
-                id: migration.to_owned(),
-                report,
-            });
-        }
-    }
-    let options = IndexOptions::builder()
-        .name(index.name.clone())
-        .unique(index.unique.then_some(true))
-        .partial_filter_expression(index.partial_filter_expression.clone())
-        .expire_after(
-            index
-                .expire_after_seconds
-                .map(std::time::Duration::from_secs),
-        )
-        .build();
-    let model = IndexModel::builder()
-        .keys(index.keys.clone())
-        .options(options)
-        .build();
-    match store
-        .collection(&index.collection)
-        .create_index(model)
-        .await
-    {
-        Ok(_) => Ok(()),
-        // A duplicate written between the check and the build: report it the same way.
-        Err(err) if duplicate_key_index(&err).is_some() || is_duplicate_build_error(&err) => {
-            Err(duplicates().await?)
-        }
-        Err(err) => Err(err.into()),
-    }
-}
-
-/// Index builds report duplicates as a command error with code 11000.
-fn is_duplicate_build_error(err: &mongodb::error::Error) -> bool {
-    matches!(err.kind.as_ref(), mongodb::error::ErrorKind::Command(c) if c.code == 11000)
-}
-
-async fn run_backfill(store: &Store, step: &BackfillStep) -> Result<(), MigrateError> {
-    let collection = store.collection(&step.collection);
-    let mut total = 0u64;
-    loop {
-        let batch: Vec<Document> = collection
-            .find(step.filter.clone())
-            .projection(doc! { "_id": 1 })
-            .limit(i64::from(step.batch_size))
-            .await?
-            .try_collect()
-            .await?;
-        if batch.is_empty() {
-            break;
-        }
-        let ids: Vec<Bson> = batch
-            .into_iter()
-            .filter_map(|d| d.get("_id").cloned())
-            .collect();
-        // Re-apply the filter so a document changed since the read is left alone.
-        let mut filter = step.filter.clone();
-        filter.insert("_id", doc! { "$in": ids });
-        let result = collection
-            .update_many(filter, doc! { "$set": step.set.clone() })
-            .await?;
-        total += result.modified_count;
-        if result.modified_count == 0 {
-            break;
-        }
-    }
-    if total > 0 {
-        tracing::info!(collection = %step.collection, documents = total, "backfill done");
-    }
-    Ok(())
 }

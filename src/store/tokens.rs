@@ -82,12 +82,24 @@ impl Store {
         version: i64,
         set: Document,
     ) -> Result<Option<TokenDoc>, StoreError> {
+        // A token written before the `_version` backfill has no `_version` and is read as
+        // version 0: the gate must match it as such (its backfill may still be running
+        // while the service serves), and `$inc` on the missing field writes 1.
+        let mut filter = doc! { "_id": id, "status": "active" };
+        if version == 0 {
+            filter.insert(
+                "$or",
+                vec![
+                    doc! { "_version": 0 },
+                    doc! { "_version": { "$exists": false } },
+                ],
+            );
+        } else {
+            filter.insert("_version", version);
+        }
         let written = self
             .collection(TOKENS)
-            .find_one_and_update(
-                doc! { "_id": id, "_version": version, "status": "active" },
-                doc! { "$set": set, "$inc": { "_version": 1 } },
-            )
+            .find_one_and_update(filter, doc! { "$set": set, "$inc": { "_version": 1 } })
             .return_document(ReturnDocument::After)
             .await?;
         written.map(from_document).transpose()

@@ -30,13 +30,13 @@ fn all() -> Vec<String> {
 
 /// A freshly named database on the test mongod, dropped when the test ends (even when it
 /// panics).
-struct FreshDb {
-    name: String,
+pub(crate) struct FreshDb {
+    pub(crate) name: String,
     db: Database,
 }
 
 impl FreshDb {
-    async fn new() -> Self {
+    pub(crate) async fn new() -> Self {
         let name = format!("tokenmint_mig_{}", uuid::Uuid::new_v4().simple());
         let client = Client::with_uri_str(mongo_uri()).await.unwrap();
         Self {
@@ -45,7 +45,7 @@ impl FreshDb {
         }
     }
 
-    async fn store(&self) -> Store {
+    pub(crate) async fn store(&self) -> Store {
         Store::connect(
             &mongo_uri(),
             &self.name,
@@ -60,18 +60,18 @@ impl FreshDb {
         .expect("store")
     }
 
-    fn collection(&self, name: &str) -> Collection<Document> {
+    pub(crate) fn collection(&self, name: &str) -> Collection<Document> {
         self.db.collection(name)
     }
 
-    async fn count(&self, collection: &str, filter: Document) -> u64 {
+    pub(crate) async fn count(&self, collection: &str, filter: Document) -> u64 {
         self.collection(collection)
             .count_documents(filter)
             .await
             .unwrap()
     }
 
-    async fn applied(&self) -> Vec<Document> {
+    pub(crate) async fn applied(&self) -> Vec<Document> {
         self.collection("_migrations")
             .find(doc! {})
             .sort(doc! { "_id": 1 })
@@ -117,7 +117,7 @@ impl Drop for FreshDb {
 }
 
 /// A valid token document of payment `payment`, without `_version`.
-fn token(payment: &str, index: i64) -> Document {
+pub(crate) fn token(payment: &str, index: i64) -> Document {
     let now = DateTime::now();
     doc! {
         "owner": ObjectId::parse_str(crate::helpers::OWNER).unwrap(),

@@ -1,0 +1,148 @@
+//! The migration lease: one document in `_migrations_lock` naming its holder and when the
+//! lease ends. One instance applies while the others wait; a holder that dies simply
+//! lets its lease run out.
+//!
+//! A step may outlast any fixed lease (an index build or a backfill on a large
+//! collection), so while a step runs a background task renews the lease every third of
+//! its length. Renewing only ever extends a lease that is still ours and not yet over: a
+//! holder that was paused past its lease (and perhaps taken over) learns it has lost it,
+//! and stops instead of recording work another instance may be redoing.
+
+use std::future::Future;
+use std::time::Duration;
+
+use mongodb::bson::{DateTime, doc};
+use tokio::sync::oneshot;
+
+use super::MigrateError;
+use crate::store::{Store, duplicate_key_index};
+
+const LOCK: &str = "_migrations_lock";
+/// How often a waiting instance tries to take the lease.
+const POLL: Duration = Duration::from_millis(200);
+
+/// A lease this instance holds; `release` it when done (or let it run out).
+pub(super) struct Lease {
+    store: Store,
+    holder: String,
+    length: Duration,
+}
+
+impl Lease {
+    /// Waits (at most `wait`) until the lease is free or expired, and takes it.
+    pub(super) async fn acquire(
+        store: &Store,
+        length: Duration,
+        wait: Duration,
+    ) -> Result<Self, MigrateError> {
+        let lease = Self {
+            store: store.clone(),
+            holder: uuid::Uuid::new_v4().to_string(),
+            length,
+        };
+        let started = tokio::time::Instant::now();
+        while !lease.try_take().await? {
+            if started.elapsed() > wait {
+                return Err(MigrateError::LockTimeout(wait));
+            }
+            tokio::time::sleep(POLL).await;
+        }
+        Ok(lease)
+    }
+
+    /// Takes the lease when it is free, expired or already ours. A duplicate key on `_id`
+    /// means another live holder has it.
+    async fn try_take(&self) -> Result<bool, MigrateError> {
+        let now = DateTime::now();
+        let result = self
+            .store
+            .collection(LOCK)
+            .update_one(
+                doc! { "_id": "lock", "$or": [ { "holder": &self.holder }, { "expiresAt": { "$lt": now } } ] },
+                doc! { "$set": { "holder": &self.holder, "expiresAt": self.end_from(now) } },
+            )
+            .upsert(true)
+            .await;
+        match result {
+            Ok(_) => Ok(true),
+            Err(err) if duplicate_key_index(&err).is_some() => Ok(false),
+            Err(err) => Err(err.into()),
+        }
+    }
+
+    /// Extends the lease if it is still ours and not over; otherwise `LeaseLost` for
+    /// `migration`. Called before anything is recorded, and by the renewal task.
+    pub(super) async fn confirm(&self, migration: &str) -> Result<(), MigrateError> {
+        let now = DateTime::now();
+        let renewed = self
+            .store
+            .collection(LOCK)
+            .update_one(
+                doc! { "_id": "lock", "holder": &self.holder, "expiresAt": { "$gt": now } },
+                doc! { "$set": { "expiresAt": self.end_from(now) } },
+            )
+            .await?;
+        if renewed.matched_count == 1 {
+            Ok(())
+        } else {
+            Err(MigrateError::LeaseLost {
+                id: migration.to_owned(),
+            })
+        }
+    }
+
+    /// Runs `work` (a step of `migration`) while a background task renews the lease. When
+    /// a renewal finds the lease lost, `work` is abandoned (steps are idempotent: the next
+    /// holder redoes it) and the error is returned.
+    pub(super) async fn while_held<F: Future>(
+        &self,
+        migration: &str,
+        work: F,
+    ) -> Result<F::Output, MigrateError> {
+        let (lost_tx, lost_rx) = oneshot::channel();
+        let renewer = Lease {
+            store: self.store.clone(),
+            holder: self.holder.clone(),
+            length: self.length,
+        };
+        let migration_id = migration.to_owned();
+        let renewal = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(renewer.length / 3).await;
+                if let Err(err) = renewer.confirm(&migration_id).await {
+                    let _ = lost_tx.send(err);
+                    return;
+                }
+            }
+        });
+        // Stops the renewal however this function ends (even when its caller drops it).
+        let _stop = AbortOnDrop(renewal);
+        tokio::select! {
+            output = work => Ok(output),
+            Ok(err) = lost_rx => Err(err),
+        }
+    }
+
+    /// Gives the lease up at once; if this fails the lease simply runs out.
+    pub(super) async fn release(self) {
+        let _ = self
+            .store
+            .collection(LOCK)
+            .delete_one(doc! { "_id": "lock", "holder": &self.holder })
+            .await;
+    }
+
+    fn end_from(&self, now: DateTime) -> DateTime {
+        let length = i64::try_from(self.length.as_millis()).unwrap_or(i64::MAX);
+        DateTime::from_millis(now.timestamp_millis().saturating_add(length))
+    }
+}
+
+/// Aborts a spawned task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
