@@ -1,10 +1,15 @@
-//! Logs and metrics.
+//! Logs and metrics. Every metric's name and help text is in `metric`; the process's
+//! own metrics (`process_*`: CPU, memory, file descriptors, threads) come from the
+//! `metrics-process` collector, sampled by the upkeep task.
 //!
 //! Logging rules (enforced in review): ids go in fields, not in messages; never log an
 //! API key, a webhook secret, a full webhook body or a driver error in a response; a
 //! failure is logged once, where it is handled (`ApiError::from(StoreError)` for store
 //! failures), at `warn` when the caller can retry and `error` when it is a bug.
 
+pub mod metric;
+
+use std::future::Future;
 use std::io::IsTerminal;
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -38,7 +43,8 @@ pub fn init_logging(settings: &LogSettings) {
     drop(result);
 }
 
-/// The process-wide Prometheus recorder; installed on first use.
+/// The process-wide Prometheus recorder; installed on first use, with every metric
+/// described and the process metrics sampled once.
 pub fn metrics_handle() -> PrometheusHandle {
     static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
     HANDLE
@@ -54,74 +60,60 @@ pub fn metrics_handle() -> PrometheusHandle {
                 .expect("static buckets are valid")
                 .install_recorder()
                 .expect("the metrics recorder is installed once");
-            describe_metrics();
+            metric::describe();
+            process_collector().describe();
+            process_collector().collect();
             handle
         })
         .clone()
 }
 
-/// Drains histogram samples into buckets periodically, so memory stays flat even when
-/// nobody scrapes `/metrics`.
+/// Registers at 0 the counters whose labels are known from the start (webhook outcomes
+/// for each of `providers`), and sets `tokenmint_build_info`.
+pub fn register_known_metrics<'a>(providers: impl IntoIterator<Item = &'a str>) {
+    metrics_handle();
+    metric::register_known(providers);
+}
+
+fn process_collector() -> &'static metrics_process::Collector {
+    static COLLECTOR: OnceLock<metrics_process::Collector> = OnceLock::new();
+    COLLECTOR.get_or_init(metrics_process::Collector::default)
+}
+
+/// Every 5 s: samples the process metrics, and drains histogram samples into buckets so
+/// memory stays flat even when nobody scrapes `/metrics`.
 pub fn spawn_metrics_upkeep(handle: PrometheusHandle) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_secs(5));
         loop {
             tick.tick().await;
+            process_collector().collect();
             handle.run_upkeep();
         }
     })
 }
 
-/// 1 when the last readiness check reached MongoDB, 0 otherwise.
-pub fn record_database_up(up: bool) {
-    metrics::gauge!("tokenmint_mongodb_up").set(if up { 1.0 } else { 0.0 });
+/// Keeps `tokenmint_mongodb_up` current without waiting for a `/readyz` call: runs
+/// `ping` every `every` and records whether it answered within that time (a paused
+/// server answers nothing, and must read as down, not as a probe stuck forever).
+/// Abort the returned task at shutdown.
+pub fn spawn_database_probe<F, P>(every: Duration, ping: F) -> tokio::task::JoinHandle<()>
+where
+    F: Fn() -> P + Send + 'static,
+    P: Future<Output = bool> + Send,
+{
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let up = tokio::time::timeout(every, ping()).await.unwrap_or(false);
+            record_database_up(up);
+        }
+    })
 }
 
-fn describe_metrics() {
-    use metrics::{describe_counter, describe_gauge, describe_histogram};
-    describe_counter!(
-        "tokenmint_http_requests_total",
-        "HTTP requests by method, route template and status"
-    );
-    describe_histogram!(
-        "tokenmint_http_request_duration_seconds",
-        "HTTP request latency"
-    );
-    describe_counter!(
-        "tokenmint_issuances_total",
-        "Issuance requests by outcome (created, replayed, conflict, pending)"
-    );
-    describe_counter!("tokenmint_tokens_created_total", "Tokens inserted");
-    describe_counter!(
-        "tokenmint_tokens_revoked_total",
-        "Active tokens revoked because their payment no longer stands for them, by reason (refunded, canceled, partial_refund)"
-    );
-    describe_counter!(
-        "tokenmint_repairs_total",
-        "Unfinished issuances finished by self-repair, by outcome (completed, revoked, failed)"
-    );
-    describe_histogram!(
-        "tokenmint_issuance_batch_size",
-        "Upsert-mode issuances committed together by one group commit"
-    );
-    describe_counter!(
-        "tokenmint_duplicate_key_retries_total",
-        "Duplicate-key races retried"
-    );
-    describe_counter!(
-        "tokenmint_transaction_retries_total",
-        "Transactions retried after a transient error"
-    );
-    describe_counter!(
-        "tokenmint_version_gate_rejections_total",
-        "Stale writes rejected by the _version gate"
-    );
-    describe_counter!(
-        "tokenmint_webhook_events_total",
-        "Webhook events by provider and outcome"
-    );
-    describe_gauge!(
-        "tokenmint_mongodb_up",
-        "1 when MongoDB answered the last readiness check"
-    );
+/// 1 when MongoDB answered the last check (the probe's or readiness'), 0 otherwise.
+pub fn record_database_up(up: bool) {
+    metrics::gauge!(metric::MONGODB_UP).set(if up { 1.0 } else { 0.0 });
 }

@@ -1,8 +1,12 @@
-//! `/metrics` after a created, a replayed and a conflicting issuance. Its own test binary:
-//! the metrics recorder is process-wide, so no other test may issue concurrently.
+//! `/metrics`: issuance outcomes counted (in-process, its own test binary: the metrics
+//! recorder is process-wide, so no other test may issue concurrently), and a fresh
+//! `tokenmint serve` process: every family described, the known counters at 0 from the
+//! start, process metrics, the build, the database probe, forged webhooks per provider.
 
-#[path = "api/helpers.rs"]
-mod helpers;
+use std::time::{Duration, Instant};
+
+use tokenmint::telemetry::metric;
+use tokenmint_test_support as helpers;
 
 use helpers::*;
 use serde_json::json;
@@ -97,4 +101,161 @@ fn parse_prometheus(text: &str) -> Vec<(String, String, f64)> {
         samples.push((name.to_owned(), labels.to_owned(), value));
     }
     samples
+}
+
+/// Two providers, so the webhook counters of each are checked apart.
+const PROVIDERS: &str = r#"
+[providers.stripe]
+scheme = "stripe"
+secrets = ["whsec_test_old_secret_0123456789"]
+
+[providers.acme]
+scheme = "standard-webhooks"
+secrets = ["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"]
+"#;
+
+async fn scrape(http: &reqwest::Client, base: &str) -> (String, Vec<(String, String, f64)>) {
+    let text = http
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let samples = parse_prometheus(&text);
+    (text, samples)
+}
+
+fn sample(samples: &[(String, String, f64)], name: &str, labels: &str) -> Option<f64> {
+    samples
+        .iter()
+        .find(|(n, l, _)| n == name && l == labels)
+        .map(|(_, _, v)| *v)
+}
+
+#[tokio::test]
+async fn a_fresh_process_describes_every_family_and_counts_from_zero() {
+    let scratch = ScratchDatabase::create("metrics_fresh").await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("providers.toml");
+    std::fs::write(&config, PROVIDERS).unwrap();
+    let service = Service::start_with(
+        scratch.name(),
+        &[("TOKENMINT_CONFIG", config.to_str().unwrap())],
+    );
+    let http = reqwest::Client::new();
+    let (text, samples) = scrape(&http, &service.base).await;
+
+    // Every family has HELP and TYPE, and every sample belongs to a described family.
+    let families: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .map(|rest| rest.split(' ').next().unwrap())
+        .collect();
+    for family in &families {
+        assert!(
+            text.contains(&format!("# HELP {family} ")),
+            "no HELP for {family}:\n{text}"
+        );
+    }
+    for (name, _, _) in &samples {
+        let family = ["_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|suffix| name.strip_suffix(suffix).filter(|f| families.contains(f)))
+            .unwrap_or(name);
+        assert!(families.contains(&family), "{name} has no TYPE:\n{text}");
+    }
+
+    // The counters whose labels are known are there at 0 before anything happened.
+    let mut expected: Vec<(&str, String)> = vec![
+        (metric::TOKENS_CREATED_TOTAL, String::new()),
+        (metric::DUPLICATE_KEY_RETRIES_TOTAL, String::new()),
+        (metric::TRANSACTION_RETRIES_TOTAL, String::new()),
+        (metric::RATE_LIMITED_TOTAL, String::new()),
+    ];
+    for outcome in metric::ISSUANCE_OUTCOMES {
+        expected.push((metric::ISSUANCES_TOTAL, format!("outcome=\"{outcome}\"")));
+    }
+    for reason in metric::REVOCATION_REASONS {
+        expected.push((metric::TOKENS_REVOKED_TOTAL, format!("reason=\"{reason}\"")));
+    }
+    for outcome in metric::REPAIR_OUTCOMES {
+        expected.push((metric::REPAIRS_TOTAL, format!("outcome=\"{outcome}\"")));
+    }
+    for operation in metric::TOKEN_OPERATIONS {
+        expected.push((
+            metric::VERSION_GATE_REJECTIONS_TOTAL,
+            format!("collection=\"tokens\",operation=\"{operation}\""),
+        ));
+    }
+    for provider in ["stripe", "acme"] {
+        for outcome in metric::WEBHOOK_OUTCOMES {
+            expected.push((
+                metric::WEBHOOK_EVENTS_TOTAL,
+                format!("provider=\"{provider}\",outcome=\"{outcome}\""),
+            ));
+        }
+    }
+    for (name, labels) in &expected {
+        assert_eq!(
+            sample(&samples, name, labels),
+            Some(0.0),
+            "{name}{{{labels}}} at 0 in:\n{text}"
+        );
+    }
+
+    // The process, and the build.
+    for name in [
+        "process_cpu_seconds_total",
+        "process_resident_memory_bytes",
+        "process_virtual_memory_bytes",
+        "process_open_fds",
+        "process_max_fds",
+        "process_start_time_seconds",
+        "process_threads",
+    ] {
+        let value = sample(&samples, name, "").unwrap_or_else(|| panic!("no {name}:\n{text}"));
+        assert!(value >= 0.0, "{name} = {value}");
+    }
+    assert!(sample(&samples, "process_resident_memory_bytes", "").unwrap() > 0.0);
+    let version = format!("version=\"{}\"", env!("CARGO_PKG_VERSION"));
+    assert_eq!(
+        sample(&samples, metric::BUILD_INFO, &version),
+        Some(1.0),
+        "{text}"
+    );
+
+    // The database probe reports without any /readyz call.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, samples) = scrape(&http, &service.base).await;
+        if sample(&samples, metric::MONGODB_UP, "") == Some(1.0) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "tokenmint_mongodb_up never 1");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // A forged delivery is counted for the provider it claimed to come from.
+    let forged = http
+        .post(format!("{}/v1/webhooks/stripe", service.base))
+        .header("stripe-signature", "t=1,v1=00")
+        .header("content-type", "application/json")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(forged.status(), 401);
+    let (text, samples) = scrape(&http, &service.base).await;
+    let rejected = |provider: &str| {
+        sample(
+            &samples,
+            metric::WEBHOOK_EVENTS_TOTAL,
+            &format!("provider=\"{provider}\",outcome=\"signature_rejected\""),
+        )
+    };
+    assert_eq!(rejected("stripe"), Some(1.0), "{text}");
+    assert_eq!(rejected("acme"), Some(0.0), "{text}");
+    drop(service);
 }

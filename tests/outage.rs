@@ -1,6 +1,8 @@
 //! MongoDB outages: with the database paused or gone, requests answer 503
 //! `database_unavailable` quickly (never hang) and readiness turns 503; when it comes back
-//! the same service recovers by itself. Its own binary: it pauses its own mongod.
+//! the same service recovers by itself. `tokenmint_mongodb_up` follows the database with
+//! nobody calling /readyz. And what a mongod prints before its log is open lands in that
+//! log. Its own binary: it pauses its own mongod.
 
 use std::time::{Duration, Instant};
 
@@ -125,4 +127,98 @@ async fn outage_answers_503_fast_and_recovers_without_restart() {
     let (status, ..) = issue(&http, &base, "pi_before").await;
     assert_eq!(status, 200);
     mongo.stop().await;
+}
+
+/// `tokenmint_mongodb_up` of a service, from its /metrics.
+async fn database_up(http: &reqwest::Client, base: &str) -> Option<f64> {
+    let text = http
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    text.lines()
+        .find_map(|line| line.strip_prefix("tokenmint_mongodb_up "))
+        .and_then(|value| value.trim().parse().ok())
+}
+
+async fn wait_for_database_up(http: &reqwest::Client, base: &str, want: f64) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while database_up(http, base).await != Some(want) {
+        assert!(
+            Instant::now() < deadline,
+            "tokenmint_mongodb_up never became {want}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The real binary in its own process (its own metrics recorder), on a mongod of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_database_gauge_follows_an_outage_without_readiness_calls() {
+    let dir = tempfile::tempdir().unwrap();
+    let mongo = EmbeddedMongo::start(&EmbeddedMongoSettings {
+        binary: String::new(),
+        data_dir: dir.path().join("mongo"),
+    })
+    .await
+    .expect("mongod starts");
+    let pid = mongo.pid().unwrap();
+    let selection = SELECTION_MS.to_string();
+    let service = tokenmint_test_support::Service::start_with(
+        "gauge",
+        &[
+            ("TOKENMINT__MONGO__URI", mongo.uri()),
+            ("TOKENMINT__MONGO__SERVER_SELECTION_TIMEOUT_MS", &selection),
+        ],
+    );
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(20))
+        .build()
+        .unwrap();
+    wait_for_database_up(&http, &service.base, 1.0).await;
+
+    signal(pid, libc::SIGSTOP);
+    wait_for_database_up(&http, &service.base, 0.0).await;
+    signal(pid, libc::SIGCONT);
+    wait_for_database_up(&http, &service.base, 1.0).await;
+    drop(service);
+    mongo.stop().await;
+}
+
+/// A "mongod" that fails before opening its log, as a bad option or a locked data
+/// directory makes the real one do: what it printed is in `mongod.log`, and the error
+/// names that file.
+#[tokio::test]
+async fn what_mongod_prints_before_its_log_opens_is_kept_in_the_log() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let fake = dir.path().join("mongod");
+    std::fs::write(
+        &fake,
+        "#!/bin/sh\necho 'stdout: early words' \necho 'stderr: cannot open the data directory' >&2\nexit 48\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let data_dir = dir.path().join("mongo");
+    let err = EmbeddedMongo::start(&EmbeddedMongoSettings {
+        binary: fake.to_str().unwrap().to_owned(),
+        data_dir: data_dir.clone(),
+    })
+    .await
+    .err()
+    .expect("a mongod that exits is an error");
+    let log_path = data_dir.join("mongod.log");
+    assert!(
+        err.to_string().contains(log_path.to_str().unwrap()),
+        "the error names the log: {err}"
+    );
+    let log = std::fs::read_to_string(&log_path).unwrap();
+    assert!(
+        log.contains("stderr: cannot open the data directory"),
+        "{log}"
+    );
+    assert!(log.contains("stdout: early words"), "{log}");
 }

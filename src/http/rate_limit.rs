@@ -15,6 +15,7 @@ use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 
 use super::error::ApiError;
 use crate::settings::RateLimitSettings;
+use crate::telemetry::metric;
 
 /// Failed signature checks one remote address may make in a row...
 const FAILED_SIGNATURE_BURST: u32 = 20;
@@ -90,7 +91,7 @@ impl RateLimits {
 
     fn limited(&self, not_until: governor::NotUntil<<DefaultClock as Clock>::Instant>) -> ApiError {
         let wait = not_until.wait_time_from(self.clock.now());
-        metrics::counter!("tokenmint_rate_limited_total").increment(1);
+        metrics::counter!(metric::RATE_LIMITED_TOTAL).increment(1);
         ApiError::RateLimited {
             retry_after_secs: retry_after_secs(wait),
         }

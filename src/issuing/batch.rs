@@ -32,6 +32,7 @@ use super::issue::refuse_unless_standing;
 use super::{IssueError, IssueOutcome, IssuedTokens, Issuer};
 use crate::domain::{IssuanceStatus, NewIssuance, PaymentKey};
 use crate::store::{IssuanceDoc, RecordInsert, StoreError, TokenInsert, TokenSummary};
+use crate::telemetry::metric;
 
 /// Writer tasks: up to this many batches are in flight while the next ones gather. Two
 /// keep the database busy while the next batch gathers; more split the queue into smaller
@@ -101,7 +102,7 @@ async fn next_batch(receiver: &Mutex<mpsc::Receiver<Queued>>) -> Option<Vec<Queu
         tokens += u64::from(next.request.params.quantity.get());
         batch.push(next);
     }
-    metrics::histogram!("tokenmint_issuance_batch_size").record(batch.len() as f64);
+    metrics::histogram!(metric::ISSUANCE_BATCH_SIZE).record(batch.len() as f64);
     Some(batch)
 }
 

@@ -11,6 +11,7 @@ use mongodb::bson::DateTime;
 
 use super::{IssueError, Issuer};
 use crate::store::StoreError;
+use crate::telemetry::metric;
 
 /// How long a repairer holds a record before another may take it.
 const LEASE: Duration = Duration::from_secs(60);
@@ -54,23 +55,20 @@ impl Issuer {
                 Ok(issued) => {
                     report.records_finished += 1;
                     report.tokens_created += u64::from(issued.created);
-                    metrics::counter!("tokenmint_repairs_total", "outcome" => "completed")
-                        .increment(1);
+                    metrics::counter!(metric::REPAIRS_TOTAL, "outcome" => "completed").increment(1);
                     tracing::info!(%payment, tokens_created = issued.created, "repaired an unfinished issuance");
                 }
                 // Finished, and the payment was refunded or canceled meanwhile: the
                 // settle revoked its tokens, which is the repair.
                 Err(IssueError::PaymentNotSucceeded(status)) => {
                     report.records_finished += 1;
-                    metrics::counter!("tokenmint_repairs_total", "outcome" => "revoked")
-                        .increment(1);
+                    metrics::counter!(metric::REPAIRS_TOTAL, "outcome" => "revoked").increment(1);
                     tracing::info!(%payment, status = status.as_str(), "repaired an unfinished issuance of a withdrawn payment");
                 }
                 Err(IssueError::Store(err @ StoreError::Unavailable(_))) => return Err(err),
                 Err(err) => {
                     report.failed += 1;
-                    metrics::counter!("tokenmint_repairs_total", "outcome" => "failed")
-                        .increment(1);
+                    metrics::counter!(metric::REPAIRS_TOTAL, "outcome" => "failed").increment(1);
                     tracing::error!(%payment, error = %err, "cannot repair an unfinished issuance");
                 }
             }
@@ -121,7 +119,7 @@ impl Issuer {
                 .map_or(0, |record| record.quantity);
             let settlement = self.settle_with(&key, quantity, Some(&payment)).await?;
             if settlement.revoked > 0 {
-                metrics::counter!("tokenmint_repairs_total", "outcome" => "revoked").increment(1);
+                metrics::counter!(metric::REPAIRS_TOTAL, "outcome" => "revoked").increment(1);
                 tracing::info!(payment = %key.payment_intent_id, revoked = settlement.revoked, "revoked tokens a crashed issuance left active after a refund");
             }
             revoked += settlement.revoked;

@@ -21,6 +21,7 @@ use super::error::{
 use super::payments::{PAYMENTS, PaymentDoc};
 use super::{ISSUANCES, Store, TOKENS};
 use crate::domain::{IssuanceStatus, NewIssuance, PaymentKey};
+use crate::telemetry::metric;
 
 /// What inserting one record of a batch did.
 #[derive(Debug)]
@@ -155,7 +156,7 @@ impl Store {
                 }
             }
         }
-        metrics::counter!("tokenmint_tokens_created_total")
+        metrics::counter!(metric::TOKENS_CREATED_TOTAL)
             .increment((documents.len() - failed_documents) as u64);
         Ok(summaries
             .into_iter()

@@ -1,0 +1,158 @@
+//! The catalogue of every metric tokenmint emits: its name, its help text, and the label
+//! values known in advance. Code records through these constants, never a bare string,
+//! so a name cannot drift from its description.
+//!
+//! Counters whose label values are known up front are registered at 0 when the recorder
+//! is installed: a dashboard's `rate()` and an alert on "any signature rejected" need a
+//! series before the first event, not after it.
+
+use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
+
+/// HTTP requests by `method`, `route` (the template) and `status`.
+pub const HTTP_REQUESTS_TOTAL: &str = "tokenmint_http_requests_total";
+/// HTTP request latency, by the same labels.
+pub const HTTP_REQUEST_DURATION_SECONDS: &str = "tokenmint_http_request_duration_seconds";
+/// Issuance requests by `outcome` (`ISSUANCE_OUTCOMES`).
+pub const ISSUANCES_TOTAL: &str = "tokenmint_issuances_total";
+/// Tokens inserted.
+pub const TOKENS_CREATED_TOTAL: &str = "tokenmint_tokens_created_total";
+/// Active tokens revoked because their payment no longer stands for them, by `reason`.
+pub const TOKENS_REVOKED_TOTAL: &str = "tokenmint_tokens_revoked_total";
+/// Unfinished issuances finished by self-repair, by `outcome`.
+pub const REPAIRS_TOTAL: &str = "tokenmint_repairs_total";
+/// Issuance requests waiting for their payment's event (`Prefer: wait`).
+pub const ISSUANCE_WAITERS: &str = "tokenmint_issuance_waiters";
+/// Upsert-mode issuances committed together by one group commit.
+pub const ISSUANCE_BATCH_SIZE: &str = "tokenmint_issuance_batch_size";
+/// Duplicate-key races retried.
+pub const DUPLICATE_KEY_RETRIES_TOTAL: &str = "tokenmint_duplicate_key_retries_total";
+/// Transactions retried after a transient error.
+pub const TRANSACTION_RETRIES_TOTAL: &str = "tokenmint_transaction_retries_total";
+/// Stale writes rejected by the `_version` gate, by `collection` and `operation`.
+pub const VERSION_GATE_REJECTIONS_TOTAL: &str = "tokenmint_version_gate_rejections_total";
+/// Webhook deliveries by `provider` (a configured name, `-` for an unknown one) and
+/// `outcome`.
+pub const WEBHOOK_EVENTS_TOTAL: &str = "tokenmint_webhook_events_total";
+/// Requests refused by a rate limit.
+pub const RATE_LIMITED_TOTAL: &str = "tokenmint_rate_limited_total";
+/// 1 while MongoDB answers the background probe, 0 while it does not.
+pub const MONGODB_UP: &str = "tokenmint_mongodb_up";
+/// Always 1, labelled with the running `version`.
+pub const BUILD_INFO: &str = "tokenmint_build_info";
+
+/// `outcome` values of `ISSUANCES_TOTAL`.
+pub const ISSUANCE_OUTCOMES: &[&str] = &["created", "replayed", "pending", "conflict"];
+/// `reason` values of `TOKENS_REVOKED_TOTAL`.
+pub const REVOCATION_REASONS: &[&str] = &["refunded", "canceled", "partial_refund"];
+/// `outcome` values of `REPAIRS_TOTAL`.
+pub const REPAIR_OUTCOMES: &[&str] = &["completed", "revoked", "failed"];
+/// `operation` values of `VERSION_GATE_REJECTIONS_TOTAL` on `tokens`.
+pub const TOKEN_OPERATIONS: &[&str] = &["redeem", "revoke", "transfer"];
+/// `outcome` values of `WEBHOOK_EVENTS_TOTAL` for a configured provider: refused before
+/// processing, then what the event did.
+pub const WEBHOOK_OUTCOMES: &[&str] = &[
+    "signature_rejected",
+    "malformed",
+    "duplicate",
+    "issued",
+    "already_issued",
+    "revoked",
+    "recorded",
+    "stale",
+    "ignored",
+    "metadata_invalid",
+    "no_metadata",
+    "conflict",
+];
+
+/// Gives every metric its help text (and unit).
+pub(super) fn describe() {
+    describe_counter!(
+        HTTP_REQUESTS_TOTAL,
+        "HTTP requests by method, route template and status"
+    );
+    describe_histogram!(
+        HTTP_REQUEST_DURATION_SECONDS,
+        Unit::Seconds,
+        "HTTP request latency"
+    );
+    describe_counter!(
+        ISSUANCES_TOTAL,
+        "Issuance requests by outcome (created, replayed, pending, conflict)"
+    );
+    describe_gauge!(
+        ISSUANCE_WAITERS,
+        "Issuance requests waiting for their payment's event (Prefer: wait)"
+    );
+    describe_counter!(TOKENS_CREATED_TOTAL, "Tokens inserted");
+    describe_counter!(
+        TOKENS_REVOKED_TOTAL,
+        "Active tokens revoked because their payment no longer stands for them, by reason (refunded, canceled, partial_refund)"
+    );
+    describe_counter!(
+        REPAIRS_TOTAL,
+        "Unfinished issuances finished by self-repair, by outcome (completed, revoked, failed)"
+    );
+    describe_histogram!(
+        ISSUANCE_BATCH_SIZE,
+        "Upsert-mode issuances committed together by one group commit"
+    );
+    describe_counter!(DUPLICATE_KEY_RETRIES_TOTAL, "Duplicate-key races retried");
+    describe_counter!(
+        TRANSACTION_RETRIES_TOTAL,
+        "Transactions retried after a transient error"
+    );
+    describe_counter!(
+        VERSION_GATE_REJECTIONS_TOTAL,
+        "Stale writes rejected by the _version gate, by collection and operation"
+    );
+    describe_counter!(
+        WEBHOOK_EVENTS_TOTAL,
+        "Webhook deliveries by provider and outcome (signature_rejected counts forgeries per provider)"
+    );
+    describe_counter!(RATE_LIMITED_TOTAL, "Requests refused by a rate limit");
+    describe_gauge!(
+        MONGODB_UP,
+        "1 while MongoDB answers the background ping, 0 while it does not"
+    );
+    describe_gauge!(
+        BUILD_INFO,
+        "Always 1; the version label names the running build"
+    );
+}
+
+/// Registers at 0 every counter series whose labels are known before anything happens,
+/// webhook ones for each configured provider; sets `BUILD_INFO`.
+pub(super) fn register_known<'a>(providers: impl IntoIterator<Item = &'a str>) {
+    for name in [
+        TOKENS_CREATED_TOTAL,
+        DUPLICATE_KEY_RETRIES_TOTAL,
+        TRANSACTION_RETRIES_TOTAL,
+        RATE_LIMITED_TOTAL,
+    ] {
+        metrics::counter!(name).increment(0);
+    }
+    for &outcome in ISSUANCE_OUTCOMES {
+        metrics::counter!(ISSUANCES_TOTAL, "outcome" => outcome).increment(0);
+    }
+    for &reason in REVOCATION_REASONS {
+        metrics::counter!(TOKENS_REVOKED_TOTAL, "reason" => reason).increment(0);
+    }
+    for &outcome in REPAIR_OUTCOMES {
+        metrics::counter!(REPAIRS_TOTAL, "outcome" => outcome).increment(0);
+    }
+    for &operation in TOKEN_OPERATIONS {
+        metrics::counter!(VERSION_GATE_REJECTIONS_TOTAL, "collection" => "tokens", "operation" => operation)
+            .increment(0);
+    }
+    for provider in providers {
+        for &outcome in WEBHOOK_OUTCOMES {
+            metrics::counter!(WEBHOOK_EVENTS_TOTAL, "provider" => provider.to_owned(), "outcome" => outcome)
+                .increment(0);
+        }
+    }
+    // Registered, not set: requests may already be waiting when another app is built in
+    // the same process (tests do).
+    metrics::gauge!(ISSUANCE_WAITERS).increment(0.0);
+    metrics::gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
+}

@@ -1,0 +1,170 @@
+//! The container: `tokenmint healthcheck` against a real running service (ready → 0,
+//! unreachable or answering 503 → 1), and a guard on the properties of `Dockerfile` and
+//! `docker-compose.yml` that no image build here can check (no container engine runs in
+//! the test environment).
+
+use std::process::{Command, Output, Stdio};
+
+use tokenmint_test_support::{ScratchDatabase, Service};
+
+/// Runs `tokenmint healthcheck` with `args` and only `env` as configuration.
+fn healthcheck(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_tokenmint"));
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with("TOKENMINT") {
+            command.env_remove(name);
+        }
+    }
+    command
+        .arg("healthcheck")
+        .args(args)
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .output()
+        .expect("tokenmint runs")
+}
+
+fn described(output: &Output) -> String {
+    format!(
+        "status {:?}\nstdout: {}\nstderr: {}",
+        output.status.code(),
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn healthcheck_exits_0_when_ready_and_1_when_unreachable() {
+    let scratch = ScratchDatabase::create("healthcheck").await;
+    let service = Service::start(scratch.name());
+    let address = service.base.strip_prefix("http://").unwrap().to_owned();
+
+    // Run off the async runtime: the child waits on a service this runtime drives.
+    let ready = tokio::task::spawn_blocking(move || {
+        let by_url = healthcheck(&["--url", &format!("http://{address}/readyz")], &[]);
+        // Without --url: /readyz on server.bind, as in the image.
+        let by_bind = healthcheck(&[], &[("TOKENMINT__SERVER__BIND", &address)]);
+        (by_url, by_bind)
+    })
+    .await
+    .unwrap();
+    for output in [&ready.0, &ready.1] {
+        assert_eq!(output.status.code(), Some(0), "{}", described(output));
+        assert_eq!(String::from_utf8_lossy(&output.stdout).trim(), "ready");
+    }
+
+    // Nothing listens on a port just released.
+    let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = free.local_addr().unwrap().port();
+    drop(free);
+    let unreachable = tokio::task::spawn_blocking(move || {
+        healthcheck(&["--url", &format!("http://127.0.0.1:{port}/readyz")], &[])
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        unreachable.status.code(),
+        Some(1),
+        "{}",
+        described(&unreachable)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&unreachable.stdout).trim(),
+        "not ready"
+    );
+
+    // Reachable but answering 503, as /readyz does while shutting down or without its
+    // database: not ready either.
+    let unready = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let unready_url = format!("http://{}/readyz", unready.local_addr().unwrap());
+    let answering = std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        let (mut connection, _) = unready.accept().unwrap();
+        let mut request = [0u8; 1024];
+        let _ = connection.read(&mut request).unwrap();
+        connection
+            .write_all(b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\n\r\n")
+            .unwrap();
+        String::from_utf8_lossy(&request).into_owned()
+    });
+    let output = healthcheck(&["--url", &unready_url], &[]);
+    assert_eq!(output.status.code(), Some(1), "{}", described(&output));
+    assert!(
+        answering
+            .join()
+            .unwrap()
+            .starts_with("GET /readyz HTTP/1.1\r\n")
+    );
+
+    // A URL it cannot use is a usage error (2), not "not ready".
+    let bad = healthcheck(&["--url", "https://127.0.0.1/readyz"], &[]);
+    assert_eq!(bad.status.code(), Some(2), "{}", described(&bad));
+    drop(service);
+}
+
+fn repository_file(name: &str) -> String {
+    let path = format!("{}/{name}", env!("CARGO_MANIFEST_DIR"));
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+#[test]
+fn the_dockerfile_runs_unprivileged_checks_itself_and_caches_dependencies() {
+    let dockerfile = repository_file("Dockerfile");
+    let instructions: Vec<&str> = dockerfile
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .collect();
+    let last_user = instructions
+        .iter()
+        .rev()
+        .find(|l| l.starts_with("USER "))
+        .expect("a USER instruction");
+    assert_eq!(*last_user, "USER 10001:10001", "numeric, non-root");
+    let healthcheck = dockerfile
+        .split("HEALTHCHECK")
+        .nth(1)
+        .expect("a HEALTHCHECK");
+    let command = healthcheck.split("CMD").nth(1).expect("HEALTHCHECK CMD");
+    let command = command.lines().next().unwrap();
+    assert!(
+        command.contains("\"tokenmint\", \"healthcheck\""),
+        "the binary checks itself: {command}"
+    );
+    for tool in ["curl", "wget"] {
+        assert!(
+            !instructions.iter().any(|l| l.contains(tool)),
+            "no {tool} needed in the image"
+        );
+    }
+    // The dependency layer: manifests and a build before the real sources are copied.
+    let position = |needle: &str| {
+        dockerfile
+            .find(needle)
+            .unwrap_or_else(|| panic!("{needle} in the Dockerfile"))
+    };
+    let first_build = position("cargo build --release --locked");
+    assert!(position("COPY Cargo.toml Cargo.lock") < first_build);
+    assert!(
+        first_build < position("COPY src src"),
+        "dependencies build before the sources arrive"
+    );
+}
+
+#[test]
+fn compose_waits_for_a_writable_primary_and_restarts_on_failure() {
+    let compose = repository_file("docker-compose.yml");
+    assert!(
+        compose.contains("db.hello().isWritablePrimary"),
+        "mongo is healthy only with a writable primary"
+    );
+    let tokenmint = compose
+        .split("\n  tokenmint:")
+        .nth(1)
+        .expect("a tokenmint service");
+    assert!(tokenmint.contains("restart: on-failure"), "{tokenmint}");
+    assert!(
+        tokenmint.contains("condition: service_healthy"),
+        "{tokenmint}"
+    );
+}
