@@ -7,73 +7,31 @@
 //! Ignored by default (it runs for minutes): `scripts/reliability.sh` runs it, with
 //! `TOKENMINT_SOAK_SECS` (default 600) as its duration.
 
-#[path = "api/helpers.rs"]
-mod helpers;
-
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use helpers::{OWNER, mongo_uri};
 use serde_json::{Value, json};
-use tokenmint::http::auth::key_hash;
 use tokenmint::webhooks::signature::sign_stripe;
+use tokenmint_test_support::{OWNER, SERVICE_KEY as KEY, ScratchDatabase, Service};
 use tokio::sync::Mutex;
 
-const KEY: &str = "soak-test-key";
 const SECRET: &str = "whsec_soak_test_secret_0123456789";
 const CLIENTS: usize = 8;
 
-/// The service process, killed if the test fails.
-struct Service(Child);
-
-impl Drop for Service {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn start(database: &str) -> (Service, String) {
-    let keys = format!(
-        "[{{id=\"soak\", sha256=\"{}\", scopes=[\"admin\"]}}]",
-        key_hash(KEY)
-    );
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tokenmint"))
-        .arg("serve")
-        .env("TOKENMINT__MONGO__URI", mongo_uri())
-        .env("TOKENMINT__MONGO__DATABASE", database)
-        .env("TOKENMINT__SERVER__BIND", "127.0.0.1:0")
-        .env("TOKENMINT__AUTH__KEYS", keys)
-        .env("TOKENMINT__RATE_LIMIT__PER_KEY_PER_SECOND", "100000")
-        .env("TOKENMINT__RATE_LIMIT__BURST", "100000")
-        .env("TOKENMINT__PROVIDERS__STRIPE__SCHEME", "stripe")
-        .env(
-            "TOKENMINT__PROVIDERS__STRIPE__SECRETS",
-            format!("[\"{SECRET}\"]"),
-        )
-        .env("TOKENMINT__LOG__LEVEL", "warn,tokenmint::startup=info")
-        .env("NO_COLOR", "1")
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("tokenmint starts");
-    let stderr = child.stderr.take().unwrap();
-    let mut lines = BufReader::new(stderr).lines();
-    let address = loop {
-        let line = lines
-            .next()
-            .expect("tokenmint exited before listening")
-            .unwrap();
-        if let Some(at) = line.find("listening on http://") {
-            break line[at + "listening on http://".len()..].trim().to_owned();
-        }
-    };
-    // Keep draining stderr so the service never blocks on a full pipe.
-    std::thread::spawn(move || for _ in lines {});
-    (Service(child), address)
+/// Starts the real binary on `database`, with a Stripe provider and only warnings and the
+/// startup lines logged (the soak measures the service, not its logging).
+fn start(database: &str) -> Service {
+    let secrets = format!("[\"{SECRET}\"]");
+    Service::start_with(
+        database,
+        &[
+            ("TOKENMINT__PROVIDERS__STRIPE__SCHEME", "stripe"),
+            ("TOKENMINT__PROVIDERS__STRIPE__SECRETS", &secrets),
+            ("RUST_LOG", "warn,tokenmint::startup=info"),
+        ],
+    )
 }
 
 /// (resident KiB, open file descriptors) of `pid`.
@@ -197,10 +155,10 @@ async fn mixed_traffic_for_minutes_without_errors_or_growth() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(600);
-    let database = format!("tokenmint_soak_{}", uuid::Uuid::new_v4().simple());
-    let (service, base) = start(&database);
-    let pid = service.0.id();
-    let base = format!("http://{base}");
+    let database = ScratchDatabase::create("tokenmint_soak").await;
+    let service = start(database.name());
+    let pid = service.pid();
+    let base = service.base.clone();
     let stop = Arc::new(AtomicBool::new(false));
     let statuses = Arc::new(Mutex::new(BTreeMap::new()));
     let clients: Vec<_> = (0..CLIENTS)
@@ -262,18 +220,8 @@ async fn mixed_traffic_for_minutes_without_errors_or_growth() {
         );
     }
 
-    let store = tokenmint::store::Store::connect(
-        &mongo_uri(),
-        &database,
-        Duration::from_secs(5),
-        4,
-        tokenmint::store::StoreConfig::default(),
-    )
-    .await
-    .unwrap();
-    let report = store.verify().await.unwrap();
+    drop(service);
+    let report = database.store().verify().await.unwrap();
     println!("{report}");
     assert!(report.is_clean(), "{report}");
-    store.database().drop().await.unwrap();
-    drop(service);
 }

@@ -1,135 +1,60 @@
 //! The database floors: MongoDB operations issued directly with the mongodb crate, without
-//! HTTP and without tokenmint's code, on a database migrated with tokenmint's own indexes.
+//! HTTP and without tokenmint's issuing logic, on a database migrated with tokenmint's own
+//! indexes. The documents, filters and commands, and the retry bounds, are the store's own
+//! (`tokenmint::store::builders`), so the floors cannot drift from what the service writes.
 //! Two designs are measured:
 //!
 //! - the per-request floor ([`Design::PerRequest`]): tokenmint's design before group
 //!   commit, one request at a time — in upsert mode the issuance record claimed with a
 //!   `findOneAndUpdate` upsert, then one unordered bulk of `$setOnInsert` token upserts; in
-//!   atomic mode one transaction (record + tokens). Same filters, documents, write concern
-//!   and retries as that design had. tokenmint no longer performs exactly these operations
-//!   (upsert mode is group-committed, and both modes now read the payment and mark the
-//!   record issued), so this is a reference point, not a mirror;
-//! - the seed floor ([`Design::Seed`]): the seed design's upsert floor, one unordered bulk
-//!   of `$setOnInsert` upserts per issuance keyed by the token unique index, no issuance
-//!   record, and a read-back only on a replay; in atomic mode the same transaction as the
-//!   per-request floor.
+//!   atomic mode one transaction (record + tokens), with that design's write concern.
+//!   tokenmint no longer performs exactly these operations (upsert mode is
+//!   group-committed, and both modes now read the payment and mark the record issued), so
+//!   this is a reference point, not a mirror;
+//! - the reference floor ([`Design::Reference`]): the reference design's upsert floor,
+//!   one unordered bulk of `$setOnInsert` upserts per issuance keyed by the token unique
+//!   index, no issuance record, and a read-back only on a replay; in atomic mode the same
+//!   transaction as the per-request floor.
 
 use std::time::{Duration, Instant};
 
 use futures::TryStreamExt;
-use hdrhistogram::Histogram;
-use mongodb::bson::{
-    self, Bson, DateTime, Document, RawArrayBuf, RawDocumentBuf, doc, oid::ObjectId, rawdoc,
-};
+use mongodb::bson::{DateTime, RawDocumentBuf, doc, oid::ObjectId};
 use mongodb::error::{Error, TRANSIENT_TRANSACTION_ERROR, UNKNOWN_TRANSACTION_COMMIT_RESULT};
 use mongodb::options::{Acknowledgment, ClientOptions, ReadConcern, ReturnDocument, WriteConcern};
 use mongodb::{Client, ClientSession, Collection, Database};
-use tokenmint::domain::{IssuanceMode, IssuanceStatus};
+use tokenmint::domain::{IssuanceMode, IssuanceStatus, NewIssuance};
+use tokenmint::store::builders::{
+    BulkFailure, MAX_TRANSACTION_ATTEMPTS, RECORD_RACE_RETRIES, bulk_command, first_failure,
+    issuance_filter, new_token, payment_tokens_filter, upserted_ids,
+};
 use tokenmint::store::{
-    ISSUANCES_PAYMENT_INDEX, IssuanceDoc, TOKENS_PAYMENT_INDEX, TokenSummary, duplicate_key_index,
+    ISSUANCES, ISSUANCES_PAYMENT_INDEX, IssuanceDoc, TOKENS, TokenSummary, chrono_time,
+    duplicate_key_index, fresh_tokens,
 };
 
-use crate::workload::{Outcome, Payment};
-
-const ISSUANCES: &str = "issuances";
-const TOKENS: &str = "tokens";
-/// src/store/issuance.rs RECORD_RACE_RETRIES.
-const RECORD_RACE_RETRIES: u32 = 3;
-/// config/default.toml issuance.duplicate_key_retries.
-const DUPLICATE_KEY_RETRIES: u32 = 3;
-/// src/store/atomic.rs MAX_TRANSACTION_ATTEMPTS.
-const MAX_TRANSACTION_ATTEMPTS: u32 = 10;
+use crate::op_times::{Op, OpTimes};
+use crate::service_settings;
+use crate::workload::{Outcome, Payment, new_issuance};
 
 /// Which floor a [`Floor`] issues.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Design {
     /// tokenmint's per-request design before group commit.
     PerRequest,
-    /// The seed design's upsert floor: one unordered bulk of `$setOnInsert` upserts per
+    /// The reference design's upsert floor: one unordered bulk of `$setOnInsert` upserts per
     /// issuance, no issuance record.
-    Seed,
+    Reference,
 }
 
 impl Design {
-    pub const ALL: [Design; 2] = [Design::PerRequest, Design::Seed];
+    pub const ALL: [Design; 2] = [Design::PerRequest, Design::Reference];
 
     /// The target's name in the report.
     pub fn name(self) -> &'static str {
         match self {
             Design::PerRequest => "floor",
-            Design::Seed => "seed floor",
-        }
-    }
-}
-
-/// The database operations a floor issuance is made of, timed separately so that the
-/// report can say where the database spends its time.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Op {
-    ClaimRecord,
-    TokenBulk,
-    ReadTokens,
-    VerifyTokens,
-    StartSession,
-    TxnInsertRecord,
-    TxnInsertTokens,
-    TxnCommit,
-    ReadRecord,
-}
-
-impl Op {
-    pub const ALL: [Op; 9] = [
-        Op::ClaimRecord,
-        Op::TokenBulk,
-        Op::ReadTokens,
-        Op::VerifyTokens,
-        Op::StartSession,
-        Op::TxnInsertRecord,
-        Op::TxnInsertTokens,
-        Op::TxnCommit,
-        Op::ReadRecord,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Op::ClaimRecord => "findOneAndUpdate issuances (upsert, $setOnInsert)",
-            Op::TokenBulk => "update tokens (N upserts, unordered, w:majority)",
-            Op::ReadTokens => "find tokens (sorted, projected)",
-            Op::VerifyTokens => "find tokens (sorted, with owner and type to verify a replay)",
-            Op::StartSession => "startSession",
-            Op::TxnInsertRecord => "txn insert issuances",
-            Op::TxnInsertTokens => "txn insertMany tokens",
-            Op::TxnCommit => "commitTransaction (w:majority)",
-            Op::ReadRecord => "findOne issuances",
-        }
-    }
-}
-
-/// Latency of each database operation, in microseconds.
-pub struct OpTimes {
-    pub hists: Vec<Histogram<u64>>,
-}
-
-impl Default for OpTimes {
-    fn default() -> Self {
-        Self {
-            hists: Op::ALL
-                .iter()
-                .map(|_| crate::workload::new_histogram())
-                .collect(),
-        }
-    }
-}
-
-impl OpTimes {
-    fn record(&mut self, op: Op, started: Instant) {
-        let index = Op::ALL.iter().position(|o| *o == op).unwrap_or(0);
-        let _ = self.hists[index].record(crate::workload::micros(started.elapsed()));
-    }
-
-    pub fn add(&mut self, other: &OpTimes) {
-        for (mine, theirs) in self.hists.iter_mut().zip(&other.hists) {
-            let _ = mine.add(theirs);
+            Design::Reference => "reference floor",
         }
     }
 }
@@ -140,10 +65,12 @@ pub struct Floor {
     client: Client,
     db: Database,
     design: Design,
+    /// The service's `issuance.duplicate_key_retries`.
+    duplicate_key_retries: u32,
 }
 
 impl Floor {
-    /// Connects like `Store::connect` (same pool size and timeouts) and applies
+    /// Connects with the service's default settings (pool size, timeouts) and applies
     /// tokenmint's migrations to `database`, so the indexes are the service's own.
     pub async fn connect(
         uri: &str,
@@ -151,22 +78,16 @@ impl Floor {
         max_pool_size: u32,
         design: Design,
     ) -> anyhow::Result<Self> {
-        let timeout = Duration::from_millis(2000);
-        let store = tokenmint::store::Store::connect(
-            uri,
-            database,
-            timeout,
-            max_pool_size,
-            tokenmint::store::StoreConfig::default(),
-        )
-        .await?;
+        let settings = service_settings(uri, database, max_pool_size)?;
+        let (store, _) = tokenmint::startup::connect(&settings).await?;
         tokenmint::migrate::run(&store, false).await?;
         store.shutdown().await;
 
+        let timeout = settings.server_selection_timeout();
         let mut options = ClientOptions::parse(uri).await?;
         let app_name = match design {
             Design::PerRequest => "tokenmint-bench-floor",
-            Design::Seed => "tokenmint-bench-seed-floor",
+            Design::Reference => "tokenmint-bench-reference-floor",
         };
         options.app_name = Some(app_name.to_owned());
         options.server_selection_timeout = Some(timeout);
@@ -174,7 +95,12 @@ impl Floor {
         options.max_pool_size = Some(max_pool_size);
         let client = Client::with_options(options)?;
         let db = client.database(database);
-        Ok(Self { client, db, design })
+        Ok(Self {
+            client,
+            db,
+            design,
+            duplicate_key_retries: settings.issuance.duplicate_key_retries,
+        })
     }
 
     pub fn design(&self) -> Design {
@@ -197,10 +123,16 @@ impl Floor {
         mode: IssuanceMode,
         times: &mut OpTimes,
     ) -> Outcome {
+        let request = match new_issuance(payment, mode) {
+            Ok(request) => request,
+            Err(err) => return Outcome::error(422, err),
+        };
         let result = match (mode, self.design) {
-            (IssuanceMode::Upsert, Design::PerRequest) => self.issue_upsert(payment, times).await,
-            (IssuanceMode::Upsert, Design::Seed) => self.issue_seed_upsert(payment, times).await,
-            (IssuanceMode::Atomic, _) => self.issue_atomic(payment, times).await,
+            (IssuanceMode::Upsert, Design::PerRequest) => self.issue_upsert(&request, times).await,
+            (IssuanceMode::Upsert, Design::Reference) => {
+                self.issue_reference_upsert(&request, times).await
+            }
+            (IssuanceMode::Atomic, _) => self.issue_atomic(&request, times).await,
         };
         match result {
             Ok(outcome) => outcome,
@@ -212,18 +144,18 @@ impl Floor {
     /// upsert), then the token bulk; a record that existed already makes it a replay.
     async fn issue_upsert(
         &self,
-        payment: &Payment,
+        request: &NewIssuance,
         times: &mut OpTimes,
     ) -> anyhow::Result<Outcome> {
-        let record_view = new_record_view(payment, IssuanceMode::Upsert);
+        let record = IssuanceDoc::new(request, IssuanceStatus::Issuing);
         let mut attempt = 0;
         let existing = loop {
             let started = Instant::now();
             let result = self
                 .records()
                 .find_one_and_update(
-                    issuance_filter(payment, RECORD_KEY_FIELDS),
-                    doc! { "$setOnInsert": bson::to_document(&record_view)? },
+                    issuance_filter(&request.key),
+                    doc! { "$setOnInsert": mongodb::bson::to_document(&record)? },
                 )
                 .upsert(true)
                 .return_document(ReturnDocument::Before)
@@ -243,33 +175,34 @@ impl Floor {
         };
         match existing {
             None => {
-                let inserted = self.upsert_tokens(payment, payment.date, times).await?;
+                let inserted = self.upsert_tokens(request, times).await?;
                 let created = inserted.len() as u32;
                 // Built as the service builds its answer, though only the count is used.
-                let _tokens = if inserted.len() == payment.quantity as usize {
+                let _tokens = if created == request.params.quantity.get() {
                     fresh_tokens(inserted)
                 } else {
-                    self.payment_tokens(payment, times).await?
+                    self.payment_tokens(request, times).await?
                 };
                 Ok(Outcome::ok(201, created))
             }
-            Some(existing) => self.replay(payment, existing, times).await,
+            Some(existing) => self.replay(request, existing, times).await,
         }
     }
 
-    /// The seed design's upsert mode: the tokens alone, one unordered bulk of
+    /// The reference design's upsert mode: the tokens alone, one unordered bulk of
     /// `$setOnInsert` upserts whose filter is the token unique key (re-run on a duplicate
     /// key of that index). When it upserted every token the answer names them without a
     /// read; otherwise the payment was issued before (a replay, or a race) and its tokens
     /// are read back and verified: all of them there, with this owner and type, or 409.
-    async fn issue_seed_upsert(
+    async fn issue_reference_upsert(
         &self,
-        payment: &Payment,
+        request: &NewIssuance,
         times: &mut OpTimes,
     ) -> anyhow::Result<Outcome> {
-        let inserted = self.upsert_tokens(payment, payment.date, times).await?;
+        let inserted = self.upsert_tokens(request, times).await?;
         let created = inserted.len() as u32;
-        if created == payment.quantity {
+        let quantity = request.params.quantity.get();
+        if created == quantity {
             let _tokens = fresh_tokens(inserted);
             return Ok(Outcome::ok(201, created));
         }
@@ -277,7 +210,7 @@ impl Floor {
         let tokens: Vec<RawDocumentBuf> = self
             .db
             .collection::<RawDocumentBuf>(TOKENS)
-            .find(issuance_filter(payment, TOKEN_KEY_FIELDS))
+            .find(payment_tokens_filter(&request.key))
             .projection(doc! {
                 "_id": 1, "tokenIndex": 1, "status": 1, "_version": 1, "owner": 1, "type": 1,
             })
@@ -286,49 +219,50 @@ impl Floor {
             .try_collect()
             .await?;
         times.record(Op::VerifyTokens, started);
-        let matches = tokens.len() == payment.quantity as usize
+        let owner = request.params.owner.object_id();
+        let matches = tokens.len() == quantity as usize
             && tokens.iter().all(|token| {
-                token.get_object_id("owner").ok() == Some(payment.owner)
-                    && token.get_str("type").ok() == Some(payment.token_type)
+                token.get_object_id("owner").ok() == Some(owner)
+                    && token.get_str("type").ok() == Some(request.params.token_type.as_str())
             });
         Ok(Outcome::ok(if matches { 200 } else { 409 }, created))
     }
 
     /// A replay in the per-request design (and in either floor's atomic mode): verify
-    /// against the record, read the tokens, complete a partial set.
+    /// against the record, read the tokens, complete a partial set with the recorded date.
     async fn replay(
         &self,
-        payment: &Payment,
+        request: &NewIssuance,
         existing: IssuanceDoc,
         times: &mut OpTimes,
     ) -> anyhow::Result<Outcome> {
-        if existing.owner != payment.owner
-            || existing.token_type != payment.token_type
-            || existing.quantity != i64::from(payment.quantity)
+        if existing.owner != request.params.owner.object_id()
+            || existing.token_type != request.params.token_type.as_str()
+            || existing.quantity != i64::from(request.params.quantity.get())
         {
             return Ok(Outcome::ok(409, 0));
         }
-        let tokens = self.payment_tokens(payment, times).await?;
+        let tokens = self.payment_tokens(request, times).await?;
         let mut created = 0;
         if tokens.len() < existing.quantity as usize {
-            created = self
-                .upsert_tokens(payment, existing.payment_date, times)
-                .await?
-                .len() as u32;
-            self.payment_tokens(payment, times).await?;
+            let recorded = NewIssuance {
+                payment_date: chrono_time(existing.payment_date),
+                ..request.clone()
+            };
+            created = self.upsert_tokens(&recorded, times).await?.len() as u32;
+            self.payment_tokens(request, times).await?;
         }
         Ok(Outcome::ok(200, created))
     }
 
-    /// `Store::upsert_tokens`: one unordered `update` with an upsert per token, re-run on a
-    /// duplicate key of the token index (bounded).
+    /// `Store::upsert_tokens`: the store's `update` command, re-run on a duplicate key of
+    /// the token index (bounded as the service bounds it).
     async fn upsert_tokens(
         &self,
-        payment: &Payment,
-        date: DateTime,
+        request: &NewIssuance,
         times: &mut OpTimes,
     ) -> anyhow::Result<Vec<(i64, ObjectId)>> {
-        let command = bulk_command(payment, date, DateTime::now());
+        let command = bulk_command(request, DateTime::now());
         let mut inserted = Vec::new();
         let mut attempt = 0;
         loop {
@@ -339,9 +273,15 @@ impl Floor {
             inserted.extend(upserted_ids(&reply)?);
             match first_failure(&reply) {
                 None => return Ok(inserted),
-                Some(Ok(())) if attempt < DUPLICATE_KEY_RETRIES => attempt += 1,
-                Some(Ok(())) => anyhow::bail!("token upsert kept racing past its retry budget"),
-                Some(Err(message)) => anyhow::bail!(message),
+                Some(BulkFailure::TokenRace) if attempt < self.duplicate_key_retries => {
+                    attempt += 1
+                }
+                Some(BulkFailure::TokenRace) => {
+                    anyhow::bail!("token upsert kept racing past its retry budget")
+                }
+                Some(BulkFailure::Unavailable(message) | BulkFailure::Other(message)) => {
+                    anyhow::bail!(message)
+                }
             }
         }
     }
@@ -349,14 +289,14 @@ impl Floor {
     /// `Store::payment_tokens`: the payment's token summaries, in tokenIndex order.
     async fn payment_tokens(
         &self,
-        payment: &Payment,
+        request: &NewIssuance,
         times: &mut OpTimes,
     ) -> anyhow::Result<Vec<TokenSummary>> {
         let started = Instant::now();
         let cursor = self
             .db
             .collection::<TokenSummary>(TOKENS)
-            .find(issuance_filter(payment, TOKEN_KEY_FIELDS))
+            .find(payment_tokens_filter(&request.key))
             .projection(doc! { "_id": 1, "tokenIndex": 1, "status": 1, "_version": 1 })
             .sort(doc! { "tokenIndex": 1 })
             .await?;
@@ -369,7 +309,7 @@ impl Floor {
     /// tokens), on a session per request; a duplicate key on the record index is a replay.
     async fn issue_atomic(
         &self,
-        payment: &Payment,
+        request: &NewIssuance,
         times: &mut OpTimes,
     ) -> anyhow::Result<Outcome> {
         let started = Instant::now();
@@ -377,18 +317,18 @@ impl Floor {
         times.record(Op::StartSession, started);
         let mut attempt = 1;
         loop {
-            match self.try_transaction(&mut session, payment, times).await {
+            match self.try_transaction(&mut session, request, times).await {
                 Ok(Some(created)) => return Ok(Outcome::ok(201, created)),
                 Ok(None) => {
                     let started = Instant::now();
                     let record = self
                         .records()
-                        .find_one(issuance_filter(payment, RECORD_KEY_FIELDS))
+                        .find_one(issuance_filter(&request.key))
                         .await?;
                     times.record(Op::ReadRecord, started);
                     let record =
                         record.ok_or_else(|| anyhow::anyhow!("issuance record vanished"))?;
-                    return self.replay(payment, record, times).await;
+                    return self.replay(request, record, times).await;
                 }
                 Err(err)
                     if err.contains_label(TRANSIENT_TRANSACTION_ERROR)
@@ -406,7 +346,7 @@ impl Floor {
     async fn try_transaction(
         &self,
         session: &mut ClientSession,
-        payment: &Payment,
+        request: &NewIssuance,
         times: &mut OpTimes,
     ) -> Result<Option<u32>, Error> {
         session
@@ -414,11 +354,11 @@ impl Floor {
             .read_concern(ReadConcern::snapshot())
             .write_concern(WriteConcern::builder().w(Acknowledgment::Majority).build())
             .await?;
-        let record_view = new_record_view(payment, IssuanceMode::Atomic);
+        let record = IssuanceDoc::new(request, IssuanceStatus::Issuing);
         let started = Instant::now();
         let result = self
             .records()
-            .insert_one(&record_view)
+            .insert_one(&record)
             .session(&mut *session)
             .await;
         times.record(Op::TxnInsertRecord, started);
@@ -431,10 +371,10 @@ impl Floor {
         }
         let now = DateTime::now();
         let (tokens, inserted): (Vec<RawDocumentBuf>, Vec<(i64, ObjectId)>) =
-            (0..i64::from(payment.quantity))
+            (0..i64::from(request.params.quantity.get()))
                 .map(|token_index| {
                     let id = ObjectId::new();
-                    let mut document = new_token(payment, token_index, payment.date, now);
+                    let mut document = new_token(request, token_index, now);
                     document.append_ref("_id", id);
                     (document, (token_index, id))
                 })
@@ -471,160 +411,4 @@ impl Floor {
         // The answer names the tokens it inserted, as `fresh_tokens` does.
         Ok(Some(fresh_tokens(inserted).len() as u32))
     }
-}
-
-/// A new `issuing` record, as `IssuanceDoc::new` builds it.
-fn new_record_view(payment: &Payment, mode: IssuanceMode) -> IssuanceDoc {
-    IssuanceDoc {
-        id: ObjectId::new(),
-        provider: payment.provider.to_owned(),
-        account_id: payment.account_id.to_owned(),
-        payment_intent_id: payment.payment_intent_id.clone(),
-        owner: payment.owner,
-        token_type: payment.token_type.to_owned(),
-        quantity: i64::from(payment.quantity),
-        payment_date: payment.date,
-        mode,
-        status: IssuanceStatus::Issuing,
-        created_at: DateTime::now(),
-        expires_at: None,
-    }
-}
-
-/// `RECORD_KEY_FIELDS` in src/store/documents.rs.
-const RECORD_KEY_FIELDS: [&str; 3] = ["provider", "accountId", "paymentIntentId"];
-/// `TOKEN_KEY_FIELDS` in src/store/documents.rs.
-const TOKEN_KEY_FIELDS: [&str; 3] = [
-    "origin.provider",
-    "origin.accountId",
-    "origin.paymentIntentId",
-];
-
-/// `key_filter` in src/store/documents.rs.
-fn issuance_filter(payment: &Payment, names: [&str; 3]) -> Document {
-    names
-        .into_iter()
-        .zip(key_values(payment))
-        .map(|(name, value)| (name.to_owned(), Bson::String(value.to_owned())))
-        .collect()
-}
-
-fn key_values(payment: &Payment) -> [&str; 3] {
-    [
-        payment.provider,
-        payment.account_id,
-        payment.payment_intent_id.as_str(),
-    ]
-}
-
-/// `token_filter` in src/store/documents.rs.
-fn token_filter(payment: &Payment, token_index: i64) -> RawDocumentBuf {
-    let mut filter = RawDocumentBuf::new();
-    for (name, value) in TOKEN_KEY_FIELDS.into_iter().zip(key_values(payment)) {
-        filter.append_ref(name, value);
-    }
-    filter.append_ref("tokenIndex", token_index);
-    filter
-}
-
-/// `new_token` in src/store/documents.rs.
-fn new_token(payment: &Payment, token_index: i64, date: DateTime, now: DateTime) -> RawDocumentBuf {
-    let mut origin = RawDocumentBuf::new();
-    for (name, value) in RECORD_KEY_FIELDS.into_iter().zip(key_values(payment)) {
-        origin.append_ref(name, value);
-    }
-    origin.append_ref("date", date);
-    let mut token = RawDocumentBuf::new();
-    token.append_ref("owner", payment.owner);
-    token.append_ref("type", payment.token_type);
-    token.append_ref("tokenIndex", token_index);
-    token.append_ref("origin", &origin);
-    token.append_ref("status", "active");
-    token.append_ref("_version", 0_i32);
-    token.append_ref("createdAt", now);
-    token.append_ref("updatedAt", now);
-    token
-}
-
-/// `bulk_command` in src/store/token_bulk.rs.
-fn bulk_command(payment: &Payment, date: DateTime, now: DateTime) -> RawDocumentBuf {
-    let mut updates = RawArrayBuf::new();
-    for token_index in 0..i64::from(payment.quantity) {
-        updates.push(rawdoc! {
-            "q": token_filter(payment, token_index),
-            "u": { "$setOnInsert": new_token(payment, token_index, date, now) },
-            "upsert": true,
-        });
-    }
-    rawdoc! {
-        "update": TOKENS,
-        "updates": updates,
-        "ordered": false,
-        "writeConcern": { "w": "majority" },
-    }
-}
-
-/// `upserted_ids` in src/store/token_bulk.rs.
-fn upserted_ids(reply: &Document) -> anyhow::Result<Vec<(i64, ObjectId)>> {
-    let Ok(upserted) = reply.get_array("upserted") else {
-        return Ok(Vec::new());
-    };
-    upserted
-        .iter()
-        .map(|entry| {
-            let entry = entry.as_document();
-            let index = entry.and_then(|e| e.get("index")).and_then(bson_integer);
-            let id = entry.and_then(|e| e.get_object_id("_id").ok());
-            index
-                .zip(id)
-                .ok_or_else(|| anyhow::anyhow!("malformed upserted entry"))
-        })
-        .collect()
-}
-
-fn bson_integer(value: &Bson) -> Option<i64> {
-    match value {
-        Bson::Int32(v) => Some(i64::from(*v)),
-        Bson::Int64(v) => Some(*v),
-        _ => None,
-    }
-}
-
-/// `first_failure` in src/store/token_bulk.rs: `Ok(())` for a token-index race (retry),
-/// `Err(message)` for anything else.
-fn first_failure(reply: &Document) -> Option<Result<(), String>> {
-    if let Ok(wce) = reply.get_document("writeConcernError") {
-        return Some(Err(wce
-            .get_str("errmsg")
-            .unwrap_or("write concern error")
-            .to_owned()));
-    }
-    let errors = reply.get_array("writeErrors").ok()?;
-    let mut failure = None;
-    for error in errors.iter().filter_map(Bson::as_document) {
-        let code = error.get("code").and_then(bson_integer).unwrap_or_default();
-        let message = error.get_str("errmsg").unwrap_or_default();
-        let index = message
-            .split_once("index: ")
-            .and_then(|(_, rest)| rest.split_whitespace().next());
-        if !(code == 11000 && index == Some(TOKENS_PAYMENT_INDEX)) {
-            return Some(Err(format!("token upsert failed (code {code})")));
-        }
-        failure = Some(Ok(()));
-    }
-    failure
-}
-
-/// `fresh_tokens` in src/store/documents.rs.
-fn fresh_tokens(mut inserted: Vec<(i64, ObjectId)>) -> Vec<TokenSummary> {
-    inserted.sort_unstable_by_key(|(index, _)| *index);
-    inserted
-        .into_iter()
-        .map(|(token_index, id)| TokenSummary {
-            id,
-            token_index,
-            status: tokenmint::domain::TokenStatus::Active,
-            version: 0,
-        })
-        .collect()
 }

@@ -1,162 +1,33 @@
 //! tokenmint-bench: drives `POST /v1/issuances` closed-loop with N concurrent clients and,
 //! in the same run, two database floors issued directly with the mongodb crate (the
-//! per-request floor: tokenmint's design before group commit; the seed floor: one
+//! per-request floor: tokenmint's design before group commit; the reference floor: one
 //! unordered bulk of `$setOnInsert` upserts per issuance), then reports throughput,
 //! latency, statuses, CPU per issuance of the service and of mongod, and tokenmint ÷ each
-//! floor. See BENCHMARKS.md; `scripts/bench.sh` is the one command.
+//! floor. See docs/BENCHMARKS.md; `scripts/bench.sh` is the one command.
 
+mod cli;
 mod floor;
 mod http;
+mod op_times;
 mod procfs;
 mod report;
 mod service;
 mod workload;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use clap::{Args, Parser, Subcommand, ValueEnum};
-use tokenmint::domain::IssuanceMode;
+use clap::Parser;
+use tokenmint::settings::Settings;
+
+use crate::cli::{Cli, EnvArgs, Scenario, scenarios};
 
 use crate::floor::{Design, Floor};
 use crate::procfs::Pid;
 use crate::report::{Measured, ScenarioResult};
 use crate::service::{Mongo, Service};
 use crate::workload::{Client, Stats, Target, Workload};
-
-#[derive(Debug, Parser)]
-#[command(
-    name = "tokenmint-bench",
-    about = "Closed-loop benchmark of POST /v1/issuances against two MongoDB floors.",
-    // A repeated option keeps its last value, so wrapper scripts can put their defaults
-    // first and let the caller's options win.
-    args_override_self = true
-)]
-struct Cli {
-    #[command(subcommand)]
-    command: Command,
-    #[command(flatten)]
-    env: EnvArgs,
-}
-
-#[derive(Debug, Subcommand)]
-enum Command {
-    /// The documented matrix, both modes each: concurrency 32 quantity 4 with 0% and 50%
-    /// replays; concurrency 1 (latency) and 256, quantity 4; concurrency 32 with quantity 1
-    /// and 100. Every scenario measures tokenmint and both floors.
-    Matrix {
-        /// A smoke test: 3 s per target and scenario, 1 s warm-up.
-        #[arg(long)]
-        quick: bool,
-        /// Measured seconds per target and scenario (default 15, quick 3).
-        #[arg(long)]
-        duration: Option<f64>,
-        /// Warm-up seconds per target and scenario (default 5, quick 1).
-        #[arg(long)]
-        warmup: Option<f64>,
-    },
-    /// One scenario.
-    #[command(args_override_self = true)]
-    Run(RunArgs),
-}
-
-#[derive(Debug, Args)]
-struct RunArgs {
-    /// Concurrent clients (closed loop: each waits for its answer before the next request).
-    #[arg(long, short = 'c', default_value_t = 32)]
-    concurrency: usize,
-    /// Tokens per payment.
-    #[arg(long, short = 'q', default_value_t = 4)]
-    quantity: u32,
-    #[arg(long, value_enum, default_value_t = ModeArg::Upsert)]
-    mode: ModeArg,
-    /// Fraction (0..1) of requests that replay a completed payment.
-    #[arg(long, default_value_t = 0.0)]
-    replays: f64,
-    /// Fraction (0..1) of new payments sent twice at once (a concurrent duplicate race).
-    #[arg(long, default_value_t = 0.0)]
-    races: f64,
-    /// Measured seconds per target.
-    #[arg(long, default_value_t = 20.0)]
-    duration: f64,
-    /// Warm-up seconds per target (not measured).
-    #[arg(long, default_value_t = 5.0)]
-    warmup: f64,
-    /// What to measure: tokenmint and both floors, or one of them, or both floors alone.
-    #[arg(long, value_enum, default_value_t = Which::All)]
-    target: Which,
-}
-
-#[derive(Debug, Args)]
-struct EnvArgs {
-    /// An existing replica set to use instead of starting the pinned mongod.
-    #[arg(long, global = true)]
-    mongo_uri: Option<String>,
-    /// With --mongo-uri: the PID of its mongod, for CPU figures (default: the only
-    /// process named mongod, if there is exactly one).
-    #[arg(long, global = true)]
-    mongod_pid: Option<u32>,
-    /// The mongod to start (default: .tools/mongodb/bin/mongod, then PATH).
-    #[arg(long, global = true, default_value = "")]
-    mongod_bin: String,
-    /// The release tokenmint binary.
-    #[arg(long, global = true, default_value = "target/release/tokenmint")]
-    service_bin: PathBuf,
-    /// Where the mongod data and the service logs go (emptied first).
-    #[arg(long, global = true, default_value = "target/bench")]
-    work_dir: PathBuf,
-    /// Keep the databases and the mongod data directory afterwards.
-    #[arg(long, global = true)]
-    keep_data: bool,
-    /// Worker threads of the bench's own runtime (HTTP clients, and the floors' driver).
-    #[arg(long, global = true, default_value_t = 2)]
-    client_threads: usize,
-    /// Connection pool size of the service and of each floor (config mongo.max_pool_size).
-    #[arg(long, global = true, default_value_t = 64)]
-    max_pool_size: u32,
-    /// Also write the markdown report to this file.
-    #[arg(long, global = true)]
-    markdown: Option<PathBuf>,
-    /// Seed of the request mix (the same for every target).
-    #[arg(long, global = true, default_value_t = 1)]
-    seed: u64,
-    /// Also measure tokenmint's own `Issuer::issue` in the bench process (the service
-    /// without HTTP), to split the service's cost between its HTTP layer and the rest.
-    #[arg(long, global = true)]
-    with_store: bool,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum ModeArg {
-    Upsert,
-    Atomic,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum Which {
-    /// tokenmint, the per-request floor and the seed floor.
-    All,
-    /// tokenmint alone.
-    Service,
-    /// The per-request floor alone.
-    Floor,
-    /// The seed floor alone.
-    SeedFloor,
-    /// Both floors, no tokenmint.
-    Floors,
-}
-
-/// One scenario of a run.
-#[derive(Debug, Clone, Copy)]
-pub struct Scenario {
-    pub workload: Workload,
-    pub duration: Duration,
-    pub warmup: Duration,
-    service: bool,
-    floor: bool,
-    seed_floor: bool,
-}
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
@@ -211,66 +82,6 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn scenarios(command: &Command) -> Vec<Scenario> {
-    match command {
-        Command::Matrix {
-            quick,
-            duration,
-            warmup,
-        } => {
-            // 12 scenarios × 3 targets × (5 + 15) s, plus a few seconds per scenario to
-            // start the service and migrate its and the floors' databases: ~14 minutes.
-            let duration =
-                Duration::from_secs_f64(duration.unwrap_or(if *quick { 3.0 } else { 15.0 }));
-            let warmup = Duration::from_secs_f64(warmup.unwrap_or(if *quick { 1.0 } else { 5.0 }));
-            let scenario = |concurrency, quantity, mode, replays| Scenario {
-                workload: Workload {
-                    concurrency,
-                    quantity,
-                    mode,
-                    replays,
-                    races: 0.0,
-                },
-                duration,
-                warmup,
-                service: true,
-                floor: true,
-                seed_floor: true,
-            };
-            let mut matrix = vec![
-                scenario(32, 4, IssuanceMode::Upsert, 0.0),
-                scenario(32, 4, IssuanceMode::Upsert, 0.5),
-                scenario(32, 4, IssuanceMode::Atomic, 0.0),
-                scenario(32, 4, IssuanceMode::Atomic, 0.5),
-            ];
-            // Latency (1 client), many clients (256), one token and 100 tokens per payment.
-            for (concurrency, quantity) in [(1, 4), (256, 4), (32, 1), (32, 100)] {
-                for mode in [IssuanceMode::Upsert, IssuanceMode::Atomic] {
-                    matrix.push(scenario(concurrency, quantity, mode, 0.0));
-                }
-            }
-            matrix
-        }
-        Command::Run(args) => vec![Scenario {
-            workload: Workload {
-                concurrency: args.concurrency.max(1),
-                quantity: args.quantity.max(1),
-                mode: match args.mode {
-                    ModeArg::Upsert => IssuanceMode::Upsert,
-                    ModeArg::Atomic => IssuanceMode::Atomic,
-                },
-                replays: args.replays.clamp(0.0, 1.0),
-                races: args.races.clamp(0.0, 1.0),
-            },
-            duration: Duration::from_secs_f64(args.duration),
-            warmup: Duration::from_secs_f64(args.warmup),
-            service: matches!(args.target, Which::All | Which::Service),
-            floor: matches!(args.target, Which::All | Which::Floor | Which::Floors),
-            seed_floor: matches!(args.target, Which::All | Which::SeedFloor | Which::Floors),
-        }],
-    }
-}
-
 async fn run_scenarios(
     scenarios: &[Scenario],
     env: &EnvArgs,
@@ -314,7 +125,7 @@ async fn run_scenario(
     let service_db = format!("bench_{tag}_service");
     let store_db = format!("bench_{tag}_store");
     let floor_db = format!("bench_{tag}_floor");
-    let seed_floor_db = format!("bench_{tag}_seed_floor");
+    let reference_floor_db = format!("bench_{tag}_reference_floor");
     let races = workload.races > 0.0;
 
     let service = if scenario.service {
@@ -354,7 +165,12 @@ async fn run_scenario(
         }
     };
     let floor = connect_floor(scenario.floor, &floor_db, Design::PerRequest).await?;
-    let seed_floor = connect_floor(scenario.seed_floor, &seed_floor_db, Design::Seed).await?;
+    let reference_floor = connect_floor(
+        scenario.reference_floor,
+        &reference_floor_db,
+        Design::Reference,
+    )
+    .await?;
     let make_arm = |target: Target, service_pid: Option<Pid>| -> anyhow::Result<Arm> {
         let clients = (0..workload.concurrency)
             .map(|id| Client::new(id, env.seed, &tag, &target, races))
@@ -380,8 +196,8 @@ async fn run_scenario(
     if let Some(f) = &floor {
         arms[FLOOR] = Some(make_arm(Target::Floor(f.clone()), None)?);
     }
-    if let Some(f) = &seed_floor {
-        arms[SEED_FLOOR] = Some(make_arm(Target::Floor(f.clone()), None)?);
+    if let Some(f) = &reference_floor {
+        arms[REFERENCE_FLOOR] = Some(make_arm(Target::Floor(f.clone()), None)?);
     }
 
     // A warm-up of each target, then the measured segments, interleaved (see `plan`).
@@ -416,21 +232,21 @@ async fn run_scenario(
     if let Some(store) = store {
         store.store().clone().shutdown().await;
     }
-    for floor in [floor, seed_floor].into_iter().flatten() {
+    for floor in [floor, reference_floor].into_iter().flatten() {
         floor.shutdown().await;
     }
     if !env.keep_data {
         mongo
-            .drop_databases(&[&service_db, &store_db, &floor_db, &seed_floor_db])
+            .drop_databases(&[&service_db, &store_db, &floor_db, &reference_floor_db])
             .await;
     }
-    let [service_arm, store_arm, floor_arm, seed_floor_arm] = arms;
+    let [service_arm, store_arm, floor_arm, reference_floor_arm] = arms;
     Ok(ScenarioResult {
         scenario: *scenario,
         service: service_arm.map(|arm| arm.measured),
         store: store_arm.map(|arm| arm.measured),
         floor: floor_arm.map(|arm| arm.measured),
-        seed_floor: seed_floor_arm.map(|arm| arm.measured),
+        reference_floor: reference_floor_arm.map(|arm| arm.measured),
         service_rss,
         mongod_rss,
     })
@@ -440,10 +256,10 @@ async fn run_scenario(
 const SERVICE: usize = 0;
 const STORE: usize = 1;
 const FLOOR: usize = 2;
-const SEED_FLOOR: usize = 3;
+const REFERENCE_FLOOR: usize = 3;
 
 /// The measured segments of a scenario, after the warm-up: the palindrome service ½ ·
-/// (store ½) · floor ½ · seed floor 1 · floor ½ · (store ½) · service ½. Each target gets
+/// (store ½) · floor ½ · reference floor 1 · floor ½ · (store ½) · service ½. Each target gets
 /// the full duration, centred on the middle of the scenario, so a steady drift of the
 /// shared machine falls on all alike. A target the scenario does not measure is skipped.
 fn plan(duration: Duration) -> [(usize, Duration); 7] {
@@ -453,34 +269,33 @@ fn plan(duration: Duration) -> [(usize, Duration); 7] {
         (SERVICE, first),
         (STORE, first),
         (FLOOR, first),
-        (SEED_FLOOR, duration),
+        (REFERENCE_FLOOR, duration),
         (FLOOR, second),
         (STORE, second),
         (SERVICE, second),
     ]
 }
 
-/// tokenmint's own issuing service on `database`, migrated as the service migrates its own.
+/// tokenmint's own issuing service on `database`, connected, migrated and configured as
+/// the service does it with its default settings.
 async fn connect_store(
     uri: &str,
     database: &str,
     max_pool_size: u32,
 ) -> anyhow::Result<tokenmint::issuing::Issuer> {
-    let store = tokenmint::store::Store::connect(
-        uri,
-        database,
-        Duration::from_millis(2000),
-        max_pool_size,
-        tokenmint::store::StoreConfig::default(),
-    )
-    .await?;
+    let settings = service_settings(uri, database, max_pool_size)?;
+    let (store, _) = tokenmint::startup::connect(&settings).await?;
     tokenmint::migrate::run(&store, false).await?;
-    let config = tokenmint::issuing::IssuingConfig {
-        default_mode: IssuanceMode::Upsert,
-        providers: Default::default(),
-        pending_ttl: Duration::from_secs(7 * 86_400),
-    };
-    Ok(tokenmint::issuing::Issuer::new(store, config))
+    Ok(tokenmint::startup::issuer(&settings, store))
+}
+
+/// The service's settings as it starts with no configuration (the compiled-in defaults),
+/// on `database` at `uri` with `max_pool_size` connections. The in-process store and the
+/// floors connect with them, so timeouts and retry bounds are defined once.
+pub fn service_settings(uri: &str, database: &str, max_pool_size: u32) -> anyhow::Result<Settings> {
+    Ok(Settings::with_overrides(&[&format!(
+        "[mongo]\nuri = \"{uri}\"\ndatabase = \"{database}\"\nmax_pool_size = {max_pool_size}\n"
+    )])?)
 }
 
 fn target_name(target: &Target) -> &'static str {
@@ -572,7 +387,10 @@ fn add_opt(total: Option<Duration>, more: Option<Duration>) -> Option<Duration> 
 
 #[cfg(test)]
 mod tests {
+    use tokenmint::domain::IssuanceMode;
+
     use super::*;
+    use crate::cli::Command;
 
     fn matrix(quick: bool) -> Vec<Scenario> {
         scenarios(&Command::Matrix {
@@ -587,7 +405,7 @@ mod tests {
         let duration = Duration::from_millis(15_001);
         let plan = plan(duration);
         let total: Duration = plan.iter().map(|(_, d)| *d).sum();
-        for target in [SERVICE, STORE, FLOOR, SEED_FLOOR] {
+        for target in [SERVICE, STORE, FLOOR, REFERENCE_FLOOR] {
             let (mut start, mut measured, mut moment) = (0.0, 0.0, 0.0);
             for (which, segment) in plan {
                 let length = segment.as_secs_f64();
@@ -608,7 +426,7 @@ mod tests {
         let shape: Vec<(usize, u32, IssuanceMode, f64)> = matrix(false)
             .iter()
             .map(|s| {
-                assert!(s.service && s.floor && s.seed_floor);
+                assert!(s.service && s.floor && s.reference_floor);
                 assert_eq!(s.workload.races, 0.0);
                 let w = s.workload;
                 (w.concurrency, w.quantity, w.mode, w.replays)

@@ -91,7 +91,7 @@ fn processes() -> impl Iterator<Item = (u32, Vec<u8>)> {
         })
 }
 
-/// The machine, as BENCHMARKS.md describes it: cores, CPU model, memory, kernel.
+/// The machine, as docs/BENCHMARKS.md describes it: cores, CPU model, memory, kernel.
 pub fn machine_description() -> String {
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();

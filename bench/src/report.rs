@@ -1,5 +1,5 @@
 //! The report: one row per target and scenario, tokenmint ÷ each floor (the per-request
-//! floor and the seed floor), the performance targets (reported, never asserted; the
+//! floor and the reference floor), the performance targets (reported, never asserted; the
 //! floor-relative ones against the per-request floor), mongod operations per issuance of
 //! every target, and where each floor's database time goes.
 
@@ -8,8 +8,9 @@ use std::time::{Duration, Instant};
 
 use tokenmint::domain::IssuanceMode;
 
-use crate::Scenario;
-use crate::floor::{Design, Op};
+use crate::cli::Scenario;
+use crate::floor::Design;
+use crate::op_times::Op;
 use crate::workload::Stats;
 
 /// What one target did over a scenario's measured segments.
@@ -83,8 +84,8 @@ pub struct ScenarioResult {
     pub store: Option<Measured>,
     /// The per-request floor: tokenmint's design before group commit.
     pub floor: Option<Measured>,
-    /// The seed design's upsert floor: one unordered bulk of upserts per issuance.
-    pub seed_floor: Option<Measured>,
+    /// The reference design's upsert floor: one unordered bulk of upserts per issuance.
+    pub reference_floor: Option<Measured>,
     /// VmRSS of the service at the end of the scenario.
     pub service_rss: Option<u64>,
     pub mongod_rss: Option<u64>,
@@ -97,7 +98,7 @@ impl ScenarioResult {
             ("tokenmint", &self.service),
             ("store", &self.store),
             (Design::PerRequest.name(), &self.floor),
-            (Design::Seed.name(), &self.seed_floor),
+            (Design::Reference.name(), &self.reference_floor),
         ]
         .into_iter()
         .filter_map(|(name, m)| Some((name, m.as_ref()?)))
@@ -107,7 +108,7 @@ impl ScenarioResult {
     fn floor(&self, floor: Design) -> Option<&Measured> {
         match floor {
             Design::PerRequest => self.floor.as_ref(),
-            Design::Seed => self.seed_floor.as_ref(),
+            Design::Reference => self.reference_floor.as_ref(),
         }
     }
 
@@ -224,10 +225,10 @@ fn row(name: &str, target: &str, m: &Measured) -> String {
 }
 
 /// What the two floors are, above the ratio table.
-const FLOORS_LEGEND: &str = "floor: the per-request floor, tokenmint's design before group commit (upsert: the record claimed with a findOneAndUpdate upsert, then one unordered bulk of $setOnInsert token upserts; atomic: one transaction), issued directly with the mongodb crate. seed floor: the seed design's upsert floor, one unordered bulk of $setOnInsert upserts per issuance keyed by the token unique index, no issuance record, a read-back only on a replay; in atomic mode it runs the same transaction as the floor, so there the two floors differ only by the run's noise. Ratios above 1 for throughput, below 1 for CPU and latency, favour tokenmint.";
+const FLOORS_LEGEND: &str = "floor: the per-request floor, tokenmint's design before group commit (upsert: the record claimed with a findOneAndUpdate upsert, then one unordered bulk of $setOnInsert token upserts; atomic: one transaction), issued directly with the mongodb crate. reference floor: the reference design's upsert floor, one unordered bulk of $setOnInsert upserts per issuance keyed by the token unique index, no issuance record, a read-back only on a replay; in atomic mode it runs the same transaction as the floor, so there the two floors differ only by the run's noise. Ratios above 1 for throughput, below 1 for CPU and latency, favour tokenmint.";
 
 /// Why tokenmint's opcounters differ from the floors', above the opcounters table.
-const OPCOUNTERS_NOTE: &str = "The targets perform different operations by design, so these rows differ: tokenmint group-commits upsert mode (per batch of new payments one read of payments, one insert of records, one w:majority insert of their tokens, one read of payments again, one update marking the records issued; per batch of replays one read of records and one of tokens) and in atomic mode reads the payment before and after its transaction and marks the record issued. In upsert mode the floor claims a record and upserts the tokens per request, and the seed floor upserts the tokens alone; in atomic mode both floors run one transaction per request.";
+const OPCOUNTERS_NOTE: &str = "The targets perform different operations by design, so these rows differ: tokenmint group-commits upsert mode (per batch of new payments one read of payments, one insert of records, one w:majority insert of their tokens, one read of payments again, one update marking the records issued; per batch of replays one read of records and one of tokens) and in atomic mode reads the payment before and after its transaction and marks the record issued. In upsert mode the floor claims a record and upserts the tokens per request, and the reference floor upserts the tokens alone; in atomic mode both floors run one transaction per request.";
 
 const RESULT_HEADER: &str = "| scenario | target | issuances/s | tokens/s | p50 ms | p90 ms | p99 ms | max ms | service CPU µs/iss | mongod CPU µs/iss | bench CPU µs/iss | statuses |\n|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|";
 
@@ -291,7 +292,7 @@ fn truncate(text: &str, max: usize) -> &str {
     }
 }
 
-/// The whole report, in markdown, ready for BENCHMARKS.md.
+/// The whole report, in markdown, ready for docs/BENCHMARKS.md.
 pub fn markdown(results: &[ScenarioResult], command: &str, machine: &str, load: &str) -> String {
     let mut out = String::new();
     let now = chrono::Utc::now().format("%Y-%m-%d %H:%M UTC");
@@ -303,7 +304,7 @@ pub fn markdown(results: &[ScenarioResult], command: &str, machine: &str, load: 
         let s = &first.scenario;
         let _ = writeln!(
             out,
-            "- per scenario: a fresh tokenmint process and databases; {:.0} s warm-up per target, then {:.0} s measured per target, interleaved tokenmint ½ · (store ½) · floor ½ · seed floor 1 · floor ½ · (store ½) · tokenmint ½",
+            "- per scenario: a fresh tokenmint process and databases; {:.0} s warm-up per target, then {:.0} s measured per target, interleaved tokenmint ½ · (store ½) · floor ½ · reference floor 1 · floor ½ · (store ½) · tokenmint ½",
             s.warmup.as_secs_f64(),
             s.duration.as_secs_f64()
         );
@@ -325,7 +326,7 @@ pub fn markdown(results: &[ScenarioResult], command: &str, machine: &str, load: 
         .collect();
     let _ = writeln!(
         out,
-        "\n#### tokenmint ÷ floor and tokenmint ÷ seed floor (same run)\n\n{FLOORS_LEGEND}\n\n| scenario | {} | service RSS at end (MiB) | mongod RSS (MiB) |\n|---|{}--:|--:|",
+        "\n#### tokenmint ÷ floor and tokenmint ÷ reference floor (same run)\n\n{FLOORS_LEGEND}\n\n| scenario | {} | service RSS at end (MiB) | mongod RSS (MiB) |\n|---|{}--:|--:|",
         ratio_columns.join(" | "),
         "--:|".repeat(ratio_columns.len()),
     );
@@ -396,11 +397,11 @@ fn verdict(met: bool) -> &'static str {
 
 /// Each performance target against the scenarios that measure it. The floor-relative
 /// targets are judged against the per-request floor, as they were before group commit;
-/// the seed floor's ratio is given beside them, for information.
+/// the reference floor's ratio is given beside them, for information.
 fn targets(results: &[ScenarioResult]) -> Vec<String> {
-    let against_seed = |ratio: Option<f64>| {
+    let against_reference = |ratio: Option<f64>| {
         ratio.map_or_else(String::new, |ratio| {
-            format!(" (against the seed floor: {ratio:.2}×)")
+            format!(" (against the reference floor: {ratio:.2}×)")
         })
     };
     let mut lines = Vec::new();
@@ -418,7 +419,7 @@ fn targets(results: &[ScenarioResult]) -> Vec<String> {
                     mode.as_str(),
                     scenario_name(&r.scenario),
                     verdict(ratio >= floor_share),
-                    against_seed(r.throughput_ratio(Design::Seed)),
+                    against_reference(r.throughput_ratio(Design::Reference)),
                 ));
             }
         }
@@ -460,7 +461,7 @@ fn targets(results: &[ScenarioResult]) -> Vec<String> {
                 s.ms(0.5),
                 f.ms(0.5),
                 verdict(ratio <= 1.3),
-                against_seed(r.p50_ratio(Design::Seed)),
+                against_reference(r.p50_ratio(Design::Reference)),
             ));
         }
     }
@@ -546,12 +547,12 @@ mod tests {
                 warmup: Duration::from_secs(1),
                 service: true,
                 floor: true,
-                seed_floor: true,
+                reference_floor: true,
             },
             service: Some(measured(900, 900)),
             store: None,
             floor: Some(measured(1000, 1200)),
-            seed_floor: Some(measured(1200, 600)),
+            reference_floor: Some(measured(1200, 600)),
             service_rss: None,
             mongod_rss: None,
         }
@@ -564,7 +565,7 @@ mod tests {
             result.ratio_cells(Design::PerRequest)[..2],
             ["0.90", "0.83"]
         );
-        assert_eq!(result.ratio_cells(Design::Seed)[..2], ["0.75", "2.00"]);
+        assert_eq!(result.ratio_cells(Design::Reference)[..2], ["0.75", "2.00"]);
         let report = markdown(&[result], "bench", "machine", "load");
         let table: Vec<&str> = report
             .lines()
@@ -575,10 +576,10 @@ mod tests {
         let columns = |line: &str| line.matches('|').count();
         assert_eq!(table.len(), 3, "{report}");
         assert!(table.iter().all(|line| columns(line) == columns(table[0])));
-        assert!(table[0].contains("÷ seed floor: mongod CPU/iss"));
+        assert!(table[0].contains("÷ reference floor: mongod CPU/iss"));
         assert!(table[2].starts_with("| c32 q4 upsert replays 0% | 0.90 | 0.83 |"));
-        assert!(report.contains("| c32 q4 upsert replays 0% | seed floor | insert 4.00 |"));
-        assert!(report.contains("(against the seed floor: 0.75×)"));
+        assert!(report.contains("| c32 q4 upsert replays 0% | reference floor | insert 4.00 |"));
+        assert!(report.contains("(against the reference floor: 0.75×)"));
     }
 
     #[test]

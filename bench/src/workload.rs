@@ -12,13 +12,14 @@ use bytes::Bytes;
 use hdrhistogram::Histogram;
 use mongodb::bson::{DateTime, oid::ObjectId};
 use tokenmint::domain::{
-    AccountId, IssuanceMode, IssuanceParams, NewIssuance, Owner, PaymentIntentId, PaymentKey,
-    Provider, Quantity, TokenType,
+    AccountId, Actor, IssuanceMode, IssuanceParams, NewIssuance, Owner, PaymentIntentId,
+    PaymentKey, Provider, Quantity, TokenType,
 };
 use tokenmint::issuing::{Caller, IssueError, IssueOutcome, Issuer};
 
-use crate::floor::{Floor, OpTimes};
+use crate::floor::Floor;
 use crate::http::Conn;
+use crate::op_times::OpTimes;
 
 /// What one scenario sends.
 #[derive(Debug, Clone, Copy)]
@@ -41,7 +42,8 @@ pub struct Payment {
     pub owner: ObjectId,
     pub token_type: &'static str,
     pub quantity: u32,
-    /// The floors' paymentDate (the service sets its own: the request carries none).
+    /// The paymentDate of the floors and the in-process store (the service over HTTP sets
+    /// its own: the request carries none).
     pub date: DateTime,
 }
 
@@ -94,7 +96,7 @@ pub enum Target {
     Service { addr: SocketAddr, api_key: String },
     /// tokenmint's own issuing service, in the bench process: the service without HTTP.
     Store(Issuer),
-    /// One of the floors (per-request or seed design): database operations issued directly.
+    /// One of the floors (per-request or reference design): database operations issued directly.
     Floor(Floor),
 }
 
@@ -367,7 +369,9 @@ async fn store_issue(store: &Issuer, payment: &Payment, mode: IssuanceMode) -> O
     }
 }
 
-fn new_issuance(payment: &Payment, mode: IssuanceMode) -> Result<NewIssuance, String> {
+/// The validated request for `payment`: what the in-process store is asked to issue, and
+/// what the floors build their documents from with the store's own builders.
+pub fn new_issuance(payment: &Payment, mode: IssuanceMode) -> Result<NewIssuance, String> {
     Ok(NewIssuance {
         key: PaymentKey {
             provider: Provider::parse(payment.provider)?,
@@ -379,8 +383,9 @@ fn new_issuance(payment: &Payment, mode: IssuanceMode) -> Result<NewIssuance, St
             token_type: TokenType::parse(payment.token_type)?,
             quantity: Quantity::from_i64(i64::from(payment.quantity), u32::MAX)?,
         },
-        payment_date: chrono::Utc::now(),
+        payment_date: tokenmint::store::chrono_time(payment.date),
         mode,
+        requested_by: Actor::api_key("bench"),
     })
 }
 

@@ -20,9 +20,10 @@ use super::error::{
 };
 use super::{Store, TOKENS};
 use crate::domain::NewIssuance;
+use crate::telemetry::metric;
 
 /// Transient transaction errors are retried this many times before giving up.
-const MAX_TRANSACTION_ATTEMPTS: u32 = 10;
+pub const MAX_TRANSACTION_ATTEMPTS: u32 = 10;
 
 /// What an atomic insert did.
 #[derive(Debug)]
@@ -71,7 +72,7 @@ impl Store {
                         && attempt < MAX_TRANSACTION_ATTEMPTS =>
                 {
                     attempt += 1;
-                    metrics::counter!("tokenmint_transaction_retries_total").increment(1);
+                    metrics::counter!(metric::TRANSACTION_RETRIES_TOTAL).increment(1);
                     // A short, growing pause lets the conflicting transaction commit.
                     tokio::time::sleep(Duration::from_millis(u64::from(attempt) * 5)).await;
                 }
@@ -122,7 +123,7 @@ impl Store {
             return Err(err);
         }
         commit_with_retry(session).await?;
-        metrics::counter!("tokenmint_tokens_created_total").increment(inserted.len() as u64);
+        metrics::counter!(metric::TOKENS_CREATED_TOTAL).increment(inserted.len() as u64);
         Ok(Attempt::Committed(fresh_tokens(inserted)))
     }
 }

@@ -14,9 +14,10 @@ use super::documents::{
 use super::error::{ISSUANCES_PAYMENT_INDEX, StoreError, duplicate_key_index};
 use super::{ISSUANCES, Store, TOKENS};
 use crate::domain::{IssuanceMode, IssuanceParams, IssuanceStatus, PaymentKey};
+use crate::telemetry::metric;
 
 /// Bounded retries when a concurrent first insert of the issuance record races ours.
-const RECORD_RACE_RETRIES: u32 = 3;
+pub const RECORD_RACE_RETRIES: u32 = 3;
 
 impl Store {
     /// Inserts `record` unless its payment has a record; returns the existing one if so
@@ -50,7 +51,7 @@ impl Store {
                             == Some(ISSUANCES_PAYMENT_INDEX) =>
                 {
                     attempt += 1;
-                    metrics::counter!("tokenmint_duplicate_key_retries_total").increment(1);
+                    metrics::counter!(metric::DUPLICATE_KEY_RETRIES_TOTAL).increment(1);
                 }
                 Err(err) => return Err(err.into()),
             }

@@ -13,6 +13,7 @@ use super::documents::{new_token, token_filter};
 use super::error::{NOT_PRIMARY_CODES, StoreError, TOKENS_PAYMENT_INDEX, index_in_message};
 use super::{Store, TOKENS};
 use crate::domain::NewIssuance;
+use crate::telemetry::metric;
 
 /// What one bulk did: the tokens it inserted (tokenIndex, new _id).
 #[derive(Debug, Default)]
@@ -21,7 +22,7 @@ pub struct BulkResult {
 }
 
 /// Why a bulk statement failed.
-enum BulkFailure {
+pub enum BulkFailure {
     /// Two writers raced to insert the same token; retrying converges.
     TokenRace,
     /// The primary stepped down or shut down mid-bulk (failover): a 503, not a bug.
@@ -42,14 +43,14 @@ impl Store {
             result.inserted.extend(upserted_ids(&reply)?);
             match first_failure(&reply) {
                 None => {
-                    metrics::counter!("tokenmint_tokens_created_total")
+                    metrics::counter!(metric::TOKENS_CREATED_TOTAL)
                         .increment(result.inserted.len() as u64);
                     return Ok(result);
                 }
                 Some(BulkFailure::TokenRace) if attempt < self.config.duplicate_key_retries => {
                     // The racer's token now exists; the retry matches it and inserts the rest.
                     attempt += 1;
-                    metrics::counter!("tokenmint_duplicate_key_retries_total").increment(1);
+                    metrics::counter!(metric::DUPLICATE_KEY_RETRIES_TOTAL).increment(1);
                 }
                 Some(BulkFailure::TokenRace) => {
                     return Err(StoreError::Internal(
@@ -69,7 +70,7 @@ impl Store {
 
 /// The `update` command: one `$setOnInsert` upsert per token, unordered. Built as raw
 /// BSON, so the driver sends these bytes as they are (no `Document` to encode).
-fn bulk_command(issuance: &NewIssuance, now: DateTime) -> RawDocumentBuf {
+pub fn bulk_command(issuance: &NewIssuance, now: DateTime) -> RawDocumentBuf {
     let mut updates = RawArrayBuf::new();
     for token_index in 0..i64::from(issuance.params.quantity.get()) {
         updates.push(rawdoc! {
@@ -87,7 +88,7 @@ fn bulk_command(issuance: &NewIssuance, now: DateTime) -> RawDocumentBuf {
 }
 
 /// (tokenIndex, _id) of every token the reply says was inserted.
-fn upserted_ids(reply: &Document) -> Result<Vec<(i64, ObjectId)>, StoreError> {
+pub fn upserted_ids(reply: &Document) -> Result<Vec<(i64, ObjectId)>, StoreError> {
     let Ok(upserted) = reply.get_array("upserted") else {
         return Ok(Vec::new());
     };
@@ -114,7 +115,7 @@ fn bson_integer(value: &Bson) -> Option<i64> {
 }
 
 /// The first write or write-concern error of the reply, classified.
-fn first_failure(reply: &Document) -> Option<BulkFailure> {
+pub fn first_failure(reply: &Document) -> Option<BulkFailure> {
     if let Ok(wce) = reply.get_document("writeConcernError") {
         let code = wce.get("code").and_then(bson_integer).unwrap_or_default();
         let message = wce.get_str("errmsg").unwrap_or("write concern error");

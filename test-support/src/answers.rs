@@ -1,0 +1,120 @@
+//! Reading and asserting what the service answers, and the tokens stored behind it.
+
+use futures::TryStreamExt;
+use mongodb::Database;
+use mongodb::bson::{Bson, Document, doc};
+use serde_json::Value;
+
+/// The token ids of one answer or of a payment's stored set, as (tokenIndex, id) in
+/// tokenIndex order: what the fault-injection suites compare across a crash or failover.
+pub type TokenIds = Vec<(i64, String)>;
+
+/// Every token stored for `payment` in `db`, in tokenIndex order.
+pub async fn payment_tokens(db: &Database, payment: &str) -> Vec<Document> {
+    db.collection::<Document>("tokens")
+        .find(doc! { "origin.paymentIntentId": payment })
+        .sort(doc! { "tokenIndex": 1 })
+        .await
+        .unwrap()
+        .try_collect()
+        .await
+        .unwrap()
+}
+
+/// A stored token's tokenIndex, whichever integer type holds it.
+pub fn token_index(token: &Document) -> i64 {
+    match token.get("tokenIndex") {
+        Some(Bson::Int32(v)) => i64::from(*v),
+        Some(Bson::Int64(v)) => *v,
+        other => panic!("bad tokenIndex {other:?}"),
+    }
+}
+
+/// A stored token as (tokenIndex, id), the shape of [`TokenIds`].
+pub fn indexed_id(token: &Document) -> (i64, String) {
+    (
+        token_index(token),
+        token.get_object_id("_id").expect("a token's _id").to_hex(),
+    )
+}
+
+/// Reads a JSON body, asserting the content type family.
+pub async fn json(response: reqwest::Response) -> Value {
+    response.json().await.expect("JSON body")
+}
+
+/// Asserts a problem+json answer with `status` and `code`; returns the body.
+pub async fn assert_problem(response: reqwest::Response, status: u16, code: &str) -> Value {
+    assert_eq!(response.status().as_u16(), status, "status");
+    let content_type = response
+        .headers()
+        .get("content-type")
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(content_type, "application/problem+json");
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["code"], code, "{body}");
+    assert_eq!(body["status"], status);
+    body
+}
+
+/// Asserts a checkout key's 409 `idempotency_conflict`: exactly `fields` differ, each with
+/// the requested value and never the recorded one. Returns the body.
+pub async fn assert_hidden_conflict(response: reqwest::Response, fields: &[&str]) -> Value {
+    let problem = assert_problem(response, 409, "idempotency_conflict").await;
+    let mismatches = problem["mismatches"].as_array().unwrap();
+    let named: Vec<&str> = mismatches
+        .iter()
+        .map(|m| m["field"].as_str().unwrap())
+        .collect();
+    assert_eq!(named, fields, "{problem}");
+    assert!(
+        mismatches
+            .iter()
+            .all(|m| m.get("existing").is_none() && m.get("requested").is_some()),
+        "a checkout key is told what differs, never the recorded value: {problem}"
+    );
+    problem
+}
+
+/// The ids of an issuance answer's tokens, in order; panics when it names none.
+pub fn token_ids(body: &Value) -> Vec<String> {
+    body["tokens"]
+        .as_array()
+        .unwrap_or_else(|| panic!("tokens in {body}"))
+        .iter()
+        .map(|t| t["id"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// The (tokenIndex, id) of an issuance answer's tokens, in order. Lenient where
+/// [`token_ids`] panics: an answer without tokens is an empty set and a token without an
+/// index or id shows as `-1` or `""`, so a fault-injection suite reports it as a
+/// violation among the others instead of stopping at the first.
+pub fn indexed_token_ids(body: &Value) -> TokenIds {
+    body["tokens"]
+        .as_array()
+        .map(|tokens| {
+            tokens
+                .iter()
+                .map(|t| {
+                    (
+                        t["tokenIndex"].as_i64().unwrap_or(-1),
+                        t["id"].as_str().unwrap_or_default().to_owned(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Whether `ids` is exactly tokenIndex 0..quantity-1, in order, each with an id.
+pub fn is_full_set(ids: &TokenIds, quantity: i64) -> bool {
+    ids.len() as i64 == quantity
+        && ids
+            .iter()
+            .enumerate()
+            .all(|(i, (index, id))| *index == i as i64 && !id.is_empty())
+}

@@ -1,0 +1,215 @@
+//! The service in-process: an app per test on port 0 with its own randomly named
+//! database, dropped when the test ends (even when it panics), and the bearer keys it
+//! accepts.
+
+use std::time::Duration;
+
+use mongodb::bson::Document;
+use mongodb::{Client, Database};
+use serde_json::Value;
+use tokenmint::http::auth::key_hash;
+use tokenmint::settings::Settings;
+use tokenmint::startup::Application;
+use tokio::task::JoinHandle;
+
+use crate::answers::{payment_tokens, token_index};
+use crate::mongod::{connect_store, drop_database_blocking, mongo_uri};
+
+/// Bearer keys the test apps accept, with their scopes and accounts.
+pub const ADMIN_KEY: &str = "test-admin-key";
+pub const WRITER_KEY: &str = "test-writer-key";
+pub const READER_KEY: &str = "test-reader-key";
+pub const ACCOUNT1_KEY: &str = "test-acct1-key";
+pub const REQUEST_KEY: &str = "test-request-key";
+
+pub const OWNER: &str = "65f1a0c2b3d4e5f601234567";
+pub const OTHER_OWNER: &str = "65f1a0c2b3d4e5f601234568";
+
+/// Settings for a test app on the test mongod: see [`test_settings_at`].
+pub fn test_settings(database: &str, extra: &str) -> Settings {
+    test_settings_at(&mongo_uri(), database, extra)
+}
+
+/// Settings for a test app: port 0, the deployment at `uri`, `database`, the test keys,
+/// and rate limits and a request timeout generous enough for the concurrency tests on a
+/// busy 2-core machine (the rate-limit test sets its own limits); `extra` TOML last.
+pub fn test_settings_at(uri: &str, database: &str, extra: &str) -> Settings {
+    let keys = [
+        ("admin", ADMIN_KEY, "[\"admin\"]", None),
+        ("writer", WRITER_KEY, "[\"issuances:write\"]", None),
+        ("reader", READER_KEY, "[\"read\"]", None),
+        (
+            "acct1",
+            ACCOUNT1_KEY,
+            "[\"issuances:write\", \"read\", \"tokens:redeem\", \"tokens:revoke\", \"tokens:transfer\"]",
+            Some("[\"acct_1\"]"),
+        ),
+        ("checkout", REQUEST_KEY, "[\"issuances:request\"]", None),
+    ];
+    let mut toml = format!(
+        "[server]\nbind = \"127.0.0.1:0\"\nrequest_timeout_ms = 30000\n[rate_limit]\nper_key_per_second = 100000\nburst = 100000\n[mongo]\nuri = \"{uri}\"\ndatabase = \"{database}\"\n",
+    );
+    for (id, key, scopes, accounts) in keys {
+        toml.push_str(&format!(
+            "[[auth.keys]]\nid = \"{id}\"\nsha256 = \"{}\"\nscopes = {scopes}\n",
+            key_hash(key)
+        ));
+        if let Some(accounts) = accounts {
+            toml.push_str(&format!("accounts = {accounts}\n"));
+        }
+    }
+    Settings::with_overrides(&[&toml, extra]).expect("test settings")
+}
+
+/// A running app and a direct handle on its database.
+pub struct TestApp {
+    pub address: String,
+    pub http: reqwest::Client,
+    pub db: Database,
+    pub db_name: String,
+    /// Whether dropping this app drops its database: false for `spawn_app_on`.
+    drops_db: bool,
+    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+    server: Option<JoinHandle<()>>,
+}
+
+pub async fn spawn_app() -> TestApp {
+    spawn_app_with("").await
+}
+
+/// Spawns an app with `extra` TOML appended to the test settings.
+pub async fn spawn_app_with(extra: &str) -> TestApp {
+    let db_name = format!("tokenmint_test_{}", uuid::Uuid::new_v4().simple());
+    let mut app = spawn_app_on(&db_name, extra).await;
+    app.drops_db = true;
+    app
+}
+
+/// Spawns another instance on the database of an app spawned before (`db_name`), as a
+/// second instance of one deployment. Dropping it leaves the database alone: the app that
+/// created the database drops it.
+pub async fn spawn_app_on(db_name: &str, extra: &str) -> TestApp {
+    spawn_app_from(&test_settings(db_name, extra)).await
+}
+
+/// Spawns an app from `settings` as they are (another deployment than the test mongod,
+/// say). Dropping it leaves the database alone.
+pub async fn spawn_app_from(settings: &Settings) -> TestApp {
+    let app = Application::build(settings).await.expect("app builds");
+    let address = format!("http://{}", app.local_addr());
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(async move {
+        let _ = app
+            .run_until_stopped(async move {
+                let _ = rx.await;
+            })
+            .await;
+    });
+    let client = Client::with_uri_str(&settings.mongo.uri).await.unwrap();
+    let db_name = settings.mongo.database.clone();
+    TestApp {
+        address,
+        http: reqwest::Client::builder()
+            .timeout(Duration::from_secs(60))
+            .build()
+            .unwrap(),
+        db: client.database(&db_name),
+        db_name,
+        drops_db: false,
+        shutdown: Some(tx),
+        server: Some(server),
+    }
+}
+
+impl Drop for TestApp {
+    fn drop(&mut self) {
+        if self.drops_db {
+            drop_database_blocking(&self.db_name);
+        }
+    }
+}
+
+/// A valid issuance body for `payment`, to be tweaked per test.
+pub fn issuance_body(payment: &str, quantity: i64) -> Value {
+    serde_json::json!({
+        "provider": "stripe",
+        "accountId": "acct_1",
+        "paymentIntentId": payment,
+        "owner": OWNER,
+        "tokenType": "standard",
+        "quantity": quantity,
+    })
+}
+
+impl TestApp {
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{}", self.address, path)
+    }
+
+    /// Shuts the app down gracefully and waits until it has stopped serving (dropping
+    /// it only asks it to stop).
+    pub async fn stop(mut self) {
+        if let Some(shutdown) = self.shutdown.take() {
+            let _ = shutdown.send(());
+        }
+        if let Some(server) = self.server.take() {
+            let _ = server.await;
+        }
+    }
+
+    /// POST /v1/issuances as `key`.
+    pub async fn issue(&self, key: &str, body: &Value) -> reqwest::Response {
+        self.http
+            .post(self.url("/v1/issuances"))
+            .bearer_auth(key)
+            .json(body)
+            .send()
+            .await
+            .expect("request sent")
+    }
+
+    pub async fn get(&self, key: &str, path: &str) -> reqwest::Response {
+        self.http
+            .get(self.url(path))
+            .bearer_auth(key)
+            .send()
+            .await
+            .expect("request sent")
+    }
+
+    pub async fn count(&self, collection: &str, filter: Document) -> u64 {
+        self.db
+            .collection::<Document>(collection)
+            .count_documents(filter)
+            .await
+            .unwrap()
+    }
+
+    /// A store handle on this app's database, for `verify` and other checks.
+    pub async fn store(&self) -> tokenmint::store::Store {
+        connect_store(&mongo_uri(), &self.db_name).await
+    }
+
+    /// Every token stored for `payment`, in tokenIndex order.
+    pub async fn tokens_of(&self, payment: &str) -> Vec<Document> {
+        payment_tokens(&self.db, payment).await
+    }
+
+    /// The tokenIndexes stored for `payment`, sorted.
+    pub async fn token_indexes(&self, payment: &str) -> Vec<i64> {
+        self.tokens_of(payment)
+            .await
+            .iter()
+            .map(token_index)
+            .collect()
+    }
+
+    /// (tokenIndex, status) of every token of `payment`, in tokenIndex order.
+    pub async fn token_states(&self, payment: &str) -> Vec<(i64, String)> {
+        self.tokens_of(payment)
+            .await
+            .iter()
+            .map(|t| (token_index(t), t.get_str("status").unwrap().to_owned()))
+            .collect()
+    }
+}

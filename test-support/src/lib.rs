@@ -1,0 +1,21 @@
+//! The harness shared by every tokenmint test binary (`tests/api`, `crash`, `failover`,
+//! `soak`, `metrics`, …), so that a fix to how tests start mongod, spawn the service or
+//! read tokens back lands once.
+//!
+//! - [`mongod`]: the test mongod (a single-node replica set, so transactions work), one
+//!   per test binary, and database handles on it;
+//! - [`app`]: the service in-process on port 0, one randomly named database per test;
+//! - [`service`]: the real `tokenmint` binary as a child process, for tests that kill it;
+//! - [`answers`]: reading and asserting HTTP answers and the tokens stored behind them.
+//!
+//! Everything is re-exported at the root: `use tokenmint_test_support::*;`.
+
+pub mod answers;
+pub mod app;
+pub mod mongod;
+pub mod service;
+
+pub use answers::*;
+pub use app::*;
+pub use mongod::*;
+pub use service::*;

@@ -1,0 +1,143 @@
+//! A replay during replication lag (`failover_replay_during_replication_lag_…`): the
+//! window between "applied on the primary" and "majority-committed".
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use tokenmint_test_support::{ADMIN_KEY, TokenIds, indexed_token_ids};
+
+use super::load::{issuance, issue_until_ok};
+use super::replica_set::ReplicaSet;
+use super::{ONE_AT_A_TIME, start_app, verify};
+
+/// The window between "applied on the primary" and "majority-committed": both secondaries
+/// are paused (SIGSTOP), a first request for a payment is sent (its write is applied on the
+/// primary only and waits for the majority), then an identical second request. If the
+/// second is answered 2xx from the primary's not-yet-durable data, killing the primary
+/// (the secondaries resume and elect a new one) loses what it acknowledged. Per mode.
+pub(super) async fn scenario() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    eprintln!("failover[replication-lag]: starting a 3-member replica set");
+    let mut set = ReplicaSet::start().await;
+    let primary = set.wait_until_healthy(Duration::from_secs(60)).await;
+    let secondaries: Vec<usize> = (0..3).filter(|i| *i != primary).collect();
+    let database = "tokenmint_failover_lag";
+    let app = start_app(&set, database).await;
+    let base = app.address.clone();
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(15))
+        .build()
+        .unwrap();
+    let modes = ["upsert", "atomic"];
+    // Durable first: after the failover a replay of these must name the same ids.
+    let mut warm_ids = BTreeMap::new();
+    for mode in modes {
+        let payment = format!("pi_lag_warm_{mode}");
+        let body = issuance(&payment, mode);
+        let warm = issue_until_ok(&http, &base, Instant::now(), &payment, &body).await;
+        assert!(warm.violations.is_empty(), "{:?}", warm.violations);
+        warm_ids.insert(mode, warm.acknowledged[0].1.clone());
+    }
+
+    for s in &secondaries {
+        set.signal(*s, libc::SIGSTOP);
+    }
+    let mut firsts = Vec::new();
+    for mode in modes {
+        let (http, base) = (http.clone(), base.clone());
+        let body = issuance(&format!("pi_lag_{mode}"), mode);
+        firsts.push(tokio::spawn(async move {
+            let response = http
+                .post(format!("{base}/v1/issuances"))
+                .bearer_auth(ADMIN_KEY)
+                .json(&body)
+                .send()
+                .await;
+            response.map(|r| r.status().as_u16()).unwrap_or(0)
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // The second, identical requests, while the first ones wait for the majority.
+    let mut seconds: BTreeMap<&str, (u16, TokenIds)> = BTreeMap::new();
+    for mode in modes {
+        let body = issuance(&format!("pi_lag_{mode}"), mode);
+        let answer = http
+            .post(format!("{base}/v1/issuances"))
+            .bearer_auth(ADMIN_KEY)
+            .json(&body)
+            .send()
+            .await;
+        let (status, ids) = match answer {
+            Ok(response) => {
+                let status = response.status().as_u16();
+                (
+                    status,
+                    response
+                        .json::<Value>()
+                        .await
+                        .map(|b| indexed_token_ids(&b))
+                        .unwrap_or_default(),
+                )
+            }
+            Err(_) => (0, Vec::new()),
+        };
+        eprintln!(
+            "failover[replication-lag] {mode}: second request answered {status} while the first was not durable"
+        );
+        seconds.insert(mode, (status, ids));
+    }
+
+    // The primary dies; the secondaries resume and elect a new one.
+    set.kill(primary);
+    for s in &secondaries {
+        set.signal(*s, libc::SIGCONT);
+    }
+    for first in firsts {
+        let _ = first.await;
+    }
+    set.wait_until_healthy(Duration::from_secs(90)).await;
+    let start = Instant::now();
+    let mut violations = Vec::new();
+    for mode in modes {
+        let payment = format!("pi_lag_{mode}");
+        let body = issuance(&payment, mode);
+        let retried = issue_until_ok(&http, &base, start, &payment, &body).await;
+        violations.extend(retried.violations);
+        let Some((_, now)) = retried.acknowledged.first() else {
+            continue;
+        };
+        let (status, acknowledged) = &seconds[mode];
+        if (200..300).contains(status) && acknowledged != now {
+            violations.push(format!(
+                "{mode}: the second request was answered {status} with tokens {:?}..., lost in the failover; after it the payment has {:?}...",
+                acknowledged.first(),
+                now.first()
+            ));
+        }
+        let warm = format!("pi_lag_warm_{mode}");
+        let replay = issue_until_ok(&http, &base, start, &warm, &issuance(&warm, mode)).await;
+        violations.extend(replay.violations);
+        if replay.acknowledged.first().map(|(_, ids)| ids) != warm_ids.get(mode) {
+            violations.push(format!(
+                "{warm}: acknowledged before the failover, other ids after it"
+            ));
+        }
+    }
+    app.stop().await;
+    verify(&set.uri(), database, &mut violations).await;
+    eprintln!(
+        "failover[replication-lag] summary: second requests {:?} violations={}",
+        seconds
+            .iter()
+            .map(|(m, (s, _))| format!("{m}={s}"))
+            .collect::<Vec<_>>(),
+        violations.len()
+    );
+    assert!(
+        violations.is_empty(),
+        "failover[replication-lag]: {} violation(s):\n{}",
+        violations.len(),
+        violations.join("\n")
+    );
+}
