@@ -4,10 +4,7 @@
 
 use mongodb::error::{Error, ErrorKind, TRANSIENT_TRANSACTION_ERROR, WriteFailure};
 
-/// The unique index on `tokens` (provider, accountId, paymentIntentId, tokenIndex).
-pub const TOKENS_PAYMENT_INDEX: &str = "uniq_token_payment_index";
-/// The unique index on `issuances` (provider, accountId, paymentIntentId).
-pub const ISSUANCES_PAYMENT_INDEX: &str = "uniq_issuance_payment";
+pub use super::indexes::{ISSUANCES_PAYMENT_INDEX, TOKENS_PAYMENT_INDEX};
 
 /// What can go wrong below the HTTP layer. Driver text stays inside: the HTTP layer turns
 /// these into generic problems and logs the source once.

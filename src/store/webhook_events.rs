@@ -7,10 +7,10 @@ use mongodb::options::IndexOptions;
 
 use super::Store;
 use super::error::{StoreError, duplicate_key_index};
+use super::indexes::WEBHOOK_EVENTS_TTL_INDEX;
 use crate::domain::EventOutcome;
 
 pub const WEBHOOK_EVENTS: &str = "webhook_events";
-const TTL_INDEX: &str = "webhook_events_ttl";
 
 impl Store {
     /// Whether (provider, event id) was already processed to an outcome.
@@ -76,7 +76,7 @@ impl Store {
             .keys(doc! { "receivedAt": 1 })
             .options(
                 IndexOptions::builder()
-                    .name(TTL_INDEX.to_owned())
+                    .name(WEBHOOK_EVENTS_TTL_INDEX.to_owned())
                     .expire_after(std::time::Duration::from_secs(seconds))
                     .build(),
             )
@@ -89,7 +89,7 @@ impl Store {
                 self.database()
                     .run_command(doc! {
                         "collMod": WEBHOOK_EVENTS,
-                        "index": { "name": TTL_INDEX, "expireAfterSeconds": seconds as i64 },
+                        "index": { "name": WEBHOOK_EVENTS_TTL_INDEX, "expireAfterSeconds": seconds as i64 },
                     })
                     .await?;
                 Ok(())

@@ -1,0 +1,289 @@
+//! Redeem, revoke and transfer: a token's state changes, through the version gate of
+//! the issuing service, with the client's `If-Match` as the gate when it sends one.
+
+use std::sync::Arc;
+
+use axum::extract::{Path, State};
+use axum::http::HeaderMap;
+use axum::response::Response;
+use serde::Deserialize;
+use utoipa::ToSchema;
+
+use super::if_match::{IfMatch, if_match};
+use super::{TokenView, not_found, parse_token_id, token_response};
+use crate::domain::{Actor, Owner, Scope};
+use crate::http::AppState;
+use crate::http::auth::Principal;
+use crate::http::error::{ApiError, Problem};
+use crate::http::extract::{JsonBody, OptionalJsonBody};
+use crate::issuing::{Gate, Transition, TransitionOutcome};
+use crate::store::{TOKENS, TokenDoc};
+use crate::telemetry::metric;
+
+/// Longest accepted redemption reference or revocation reason.
+const MAX_NOTE_LEN: usize = 256;
+
+/// Optional body of a redeem.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RedeemRequest {
+    /// The caller's reference for the redemption (order id, gate scan…), up to 256 chars.
+    #[schema(max_length = 256)]
+    pub reference: Option<String>,
+}
+
+/// Optional body of a revoke.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RevokeRequest {
+    /// Why the token is revoked, up to 256 chars.
+    #[schema(max_length = 256)]
+    pub reason: Option<String>,
+}
+
+/// Body of a transfer.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TransferRequest {
+    /// The new owner: 24-hex ObjectId.
+    #[schema(value_type = String, required = true, pattern = r"^[0-9a-fA-F]{24}$", example = "65f1a0c2b3d4e5f601234568")]
+    pub new_owner: Option<String>,
+}
+
+fn note(field: &str, value: Option<String>) -> Result<Option<String>, ApiError> {
+    match value {
+        Some(text) if text.chars().count() > MAX_NOTE_LEN => Err(ApiError::validation(
+            field,
+            format!("must be at most {MAX_NOTE_LEN} characters"),
+        )),
+        other => Ok(other),
+    }
+}
+
+/// Runs a transition of the token `token_id` for `principal` and maps its outcome to the
+/// HTTP contract. Without `If-Match` the gate retries lost races; with a lone strong tag
+/// it is the gate; otherwise (`*`, a list, weak tags) the precondition is evaluated on the
+/// token as read, and the write then gates on the version just read.
+async fn apply(
+    state: &AppState,
+    principal: &Principal,
+    token_id: &str,
+    transition: Transition,
+    condition: Option<IfMatch>,
+) -> Result<Response, ApiError> {
+    let id = parse_token_id(token_id)?;
+    let gate = match condition {
+        None => Gate::Retry,
+        Some(condition) => match condition.sole_version() {
+            Some(version) => Gate::IfMatch(version),
+            None => {
+                let current = state
+                    .issuer
+                    .store()
+                    .find_token(id)
+                    .await?
+                    .filter(|t| principal.can_see(&t.origin.account_id))
+                    .ok_or_else(not_found)?;
+                if !condition.matches(current.version) {
+                    record_version_rejection(&transition);
+                    return Err(version_conflict(&current));
+                }
+                Gate::IfMatch(current.version)
+            }
+        },
+    };
+    let outcome = state
+        .issuer
+        .transition_token(
+            id,
+            &transition,
+            gate,
+            &Actor::api_key(&principal.key_id),
+            |t| principal.can_see(&t.origin.account_id),
+        )
+        .await?;
+    match outcome {
+        TransitionOutcome::Applied(token) | TransitionOutcome::AlreadyDone(token) => {
+            Ok(token_response(token))
+        }
+        TransitionOutcome::NotFound => Err(not_found()),
+        TransitionOutcome::VersionConflict(token) => Err(version_conflict(&token)),
+        TransitionOutcome::StateConflict(token) => Err(ApiError::StateConflict {
+            detail: format!(
+                "Cannot {} a token that is {}.",
+                transition.operation(),
+                token.status.as_str()
+            ),
+            status: Some(token.status),
+        }),
+        TransitionOutcome::Contended(token) => Err(ApiError::StateConflict {
+            detail: "The token kept changing while this request ran; re-read it and retry."
+                .to_owned(),
+            status: Some(token.status),
+        }),
+    }
+}
+
+fn version_conflict(token: &TokenDoc) -> ApiError {
+    ApiError::VersionConflict {
+        current_version: token.version,
+        status: token.status,
+    }
+}
+
+/// Counts a precondition that failed before reaching the gate, as the gate counts its own.
+fn record_version_rejection(transition: &Transition) {
+    metrics::counter!(
+        metric::VERSION_GATE_REJECTIONS_TOTAL,
+        "collection" => TOKENS,
+        "operation" => transition.operation(),
+    )
+    .increment(1);
+}
+
+/// Redeem an active token.
+///
+/// With `If-Match` the given version is the gate (412 if stale). `If-Match` uses RFC 9110's
+/// strong comparison: `W/"3"` never matches; `*` matches any version of an existing token
+/// (the write then gates on the version just read); a list matches if any entry does.
+/// Without it the server re-reads and retries a lost race with backoff, then answers 409.
+/// Redeeming a redeemed or revoked token is 409 `state_conflict`.
+#[utoipa::path(
+    post, path = "/v1/tokens/{tokenId}/redeem", tag = "tokens",
+    params(
+        ("tokenId" = String, Path, description = "24-hex token id", pattern = r"^[0-9a-fA-F]{24}$"),
+        ("If-Match" = Option<String>, Header, description = "The version the change is based on, e.g. \"3\"; or `*` (any version: the write gates on the version read), or a list (`\"1\", \"3\"`) of which any may match. Compared strongly: a weak tag (`W/\"3\"`) never matches (412)", nullable = false, pattern = r#"^[ \t]*(\*|(W/)?("[0-9]{1,18}"|[0-9]{1,18})([ \t]*,[ \t]*(W/)?("[0-9]{1,18}"|[0-9]{1,18}))*)[ \t]*$"#),
+    ),
+    request_body(content = Option<RedeemRequest>, description = "Optional; an empty body is fine"),
+    security(("bearer" = ["tokens:redeem"])),
+    responses(
+        (status = 200, description = "Redeemed", body = TokenView, headers(("ETag" = String, description = "The new version"))),
+        (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing or unknown API key", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "Scope not allowed", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such token", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`state_conflict`: not active, or kept changing", body = Problem, content_type = "application/problem+json"),
+        (status = 412, description = "`version_conflict`: If-Match is stale; the body has currentVersion and currentStatus", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "A body that is not application/json", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Bad token id, body or If-Match", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "`rate_limited`: see Retry-After", body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = String, description = "Seconds to wait"))),
+        (status = 503, description = "`database_unavailable` or `request_timeout`", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn redeem_token(
+    State(state): State<AppState>,
+    principal: Arc<Principal>,
+    Path(token_id): Path<String>,
+    headers: HeaderMap,
+    body: Result<OptionalJsonBody<RedeemRequest>, ApiError>,
+) -> Result<Response, ApiError> {
+    principal.require(Scope::TokensRedeem)?;
+    let OptionalJsonBody(body) = body?;
+    let condition = if_match(&headers)?;
+    let reference = note("reference", body.reference)?;
+    apply(
+        &state,
+        &principal,
+        &token_id,
+        Transition::Redeem { reference },
+        condition,
+    )
+    .await
+}
+
+/// Revoke a token.
+///
+/// Revoking a revoked token is 200 with the version unchanged; revoking a redeemed token
+/// is 409 `state_conflict`. `If-Match` works as for redeem.
+#[utoipa::path(
+    post, path = "/v1/tokens/{tokenId}/revoke", tag = "tokens",
+    params(
+        ("tokenId" = String, Path, description = "24-hex token id", pattern = r"^[0-9a-fA-F]{24}$"),
+        ("If-Match" = Option<String>, Header, description = "The version the change is based on, e.g. \"3\"; or `*` (any version: the write gates on the version read), or a list (`\"1\", \"3\"`) of which any may match. Compared strongly: a weak tag (`W/\"3\"`) never matches (412)", nullable = false, pattern = r#"^[ \t]*(\*|(W/)?("[0-9]{1,18}"|[0-9]{1,18})([ \t]*,[ \t]*(W/)?("[0-9]{1,18}"|[0-9]{1,18}))*)[ \t]*$"#),
+    ),
+    request_body(content = Option<RevokeRequest>, description = "Optional; an empty body is fine"),
+    security(("bearer" = ["tokens:revoke"])),
+    responses(
+        (status = 200, description = "Revoked (or already revoked)", body = TokenView, headers(("ETag" = String, description = "The version"))),
+        (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing or unknown API key", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "Scope not allowed", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such token", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`state_conflict`: redeemed, or kept changing", body = Problem, content_type = "application/problem+json"),
+        (status = 412, description = "`version_conflict`", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "A body that is not application/json", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Bad token id, body or If-Match", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "`rate_limited`: see Retry-After", body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = String, description = "Seconds to wait"))),
+        (status = 503, description = "`database_unavailable` or `request_timeout`", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn revoke_token(
+    State(state): State<AppState>,
+    principal: Arc<Principal>,
+    Path(token_id): Path<String>,
+    headers: HeaderMap,
+    body: Result<OptionalJsonBody<RevokeRequest>, ApiError>,
+) -> Result<Response, ApiError> {
+    principal.require(Scope::TokensRevoke)?;
+    let OptionalJsonBody(body) = body?;
+    let condition = if_match(&headers)?;
+    let reason = note("reason", body.reason)?;
+    apply(
+        &state,
+        &principal,
+        &token_id,
+        Transition::Revoke { reason },
+        condition,
+    )
+    .await
+}
+
+/// Transfer an active token to a new owner. `If-Match` is required (428 without).
+#[utoipa::path(
+    post, path = "/v1/tokens/{tokenId}/transfer", tag = "tokens",
+    params(
+        ("tokenId" = String, Path, description = "24-hex token id", pattern = r"^[0-9a-fA-F]{24}$"),
+        ("If-Match" = String, Header, description = "The version the transfer is based on, e.g. \"3\"; or `*`, or a list, as for redeem. Compared strongly: a weak tag (`W/\"3\"`) never matches (412)", pattern = r#"^[ \t]*(\*|(W/)?("[0-9]{1,18}"|[0-9]{1,18})([ \t]*,[ \t]*(W/)?("[0-9]{1,18}"|[0-9]{1,18}))*)[ \t]*$"#),
+    ),
+    request_body = TransferRequest,
+    security(("bearer" = ["tokens:transfer"])),
+    responses(
+        (status = 200, description = "Transferred", body = TokenView, headers(("ETag" = String, description = "The new version"))),
+        (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing or unknown API key", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "Scope not allowed", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such token", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`state_conflict`: not active", body = Problem, content_type = "application/problem+json"),
+        (status = 412, description = "`version_conflict`", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "A body that is not application/json", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Bad token id, newOwner or If-Match", body = Problem, content_type = "application/problem+json"),
+        (status = 428, description = "`precondition_required`: If-Match missing", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "`rate_limited`: see Retry-After", body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = String, description = "Seconds to wait"))),
+        (status = 503, description = "`database_unavailable` or `request_timeout`", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn transfer_token(
+    State(state): State<AppState>,
+    principal: Arc<Principal>,
+    Path(token_id): Path<String>,
+    headers: HeaderMap,
+    body: Result<JsonBody<TransferRequest>, ApiError>,
+) -> Result<Response, ApiError> {
+    principal.require(Scope::TokensTransfer)?;
+    let JsonBody(body) = body?;
+    let new_owner = match body.new_owner.as_deref() {
+        Some(owner) => Owner::parse(owner).map_err(|m| ApiError::validation("newOwner", m))?,
+        None => return Err(ApiError::validation("newOwner", "is required")),
+    };
+    let condition = if_match(&headers)?.ok_or(ApiError::PreconditionRequired(
+        "A transfer needs If-Match with the token's current ETag.",
+    ))?;
+    let transition = Transition::Transfer { new_owner };
+    apply(&state, &principal, &token_id, transition, Some(condition)).await
+}

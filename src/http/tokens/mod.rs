@@ -1,0 +1,251 @@
+//! `/v1/tokens`: read, list, and change a token's state through the version gate.
+//! `ETag` and `If-Match` carry the token's `_version`, quoted (`"3"`). Reads are here,
+//! the state changes in `changes`, the `If-Match` precondition in `if_match`.
+
+mod changes;
+mod if_match;
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use utoipa::ToSchema;
+
+pub use changes::{
+    __path_redeem_token, __path_revoke_token, __path_transfer_token, redeem_token, revoke_token,
+    transfer_token,
+};
+
+use super::AppState;
+use super::auth::Principal;
+use super::error::{ApiError, Problem};
+use crate::domain::{FieldErrors, Owner, Scope, TokenId, TokenStatus, TokenType};
+use crate::store::{TokenDoc, TokenQuery, chrono_time};
+
+/// Listing page size: default and maximum.
+const DEFAULT_LIMIT: u32 = 50;
+const MAX_LIMIT: u32 = 500;
+
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/v1/tokens", get(list_tokens))
+        .route("/v1/tokens/{tokenId}", get(get_token))
+        .route("/v1/tokens/{tokenId}/redeem", post(redeem_token))
+        .route("/v1/tokens/{tokenId}/revoke", post(revoke_token))
+        .route("/v1/tokens/{tokenId}/transfer", post(transfer_token))
+}
+
+/// The payment a token was issued for.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct OriginView {
+    pub provider: String,
+    pub account_id: String,
+    pub payment_intent_id: String,
+    pub date: DateTime<Utc>,
+}
+
+/// A token as clients see it.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TokenView {
+    pub id: String,
+    pub owner: String,
+    pub token_type: String,
+    pub token_index: i64,
+    pub status: TokenStatus,
+    /// The `_version`; also the `ETag`.
+    pub version: i64,
+    pub origin: OriginView,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub redeemed_at: Option<DateTime<Utc>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub redemption_ref: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub revoked_at: Option<DateTime<Utc>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub revocation_reason: Option<String>,
+    /// Who made the last change: `key:<API key id>`, `provider:<name>` (a refund,
+    /// cancellation or chargeback the provider reported) or `tokenmint:repair`. Absent
+    /// until the token first changes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_changed_by: Option<String>,
+}
+
+impl From<TokenDoc> for TokenView {
+    fn from(t: TokenDoc) -> Self {
+        Self {
+            id: t.id.to_hex(),
+            owner: t.owner.to_hex(),
+            token_type: t.token_type,
+            token_index: t.token_index,
+            status: t.status,
+            version: t.version,
+            origin: OriginView {
+                provider: t.origin.provider,
+                account_id: t.origin.account_id,
+                payment_intent_id: t.origin.payment_intent_id,
+                date: chrono_time(t.origin.date),
+            },
+            created_at: chrono_time(t.created_at),
+            updated_at: chrono_time(t.updated_at),
+            redeemed_at: t.redeemed_at.map(chrono_time),
+            redemption_ref: t.redemption_ref,
+            revoked_at: t.revoked_at.map(chrono_time),
+            revocation_reason: t.revocation_reason,
+            last_changed_by: t.last_changed_by,
+        }
+    }
+}
+
+/// A page of tokens.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TokenPage {
+    pub items: Vec<TokenView>,
+    /// Pass as `after` for the next page; `null` on the last page.
+    pub next_after: Option<String>,
+}
+
+/// The token with its `ETag`.
+pub(super) fn token_response(token: TokenDoc) -> Response {
+    let etag = format!("\"{}\"", token.version);
+    let mut headers = HeaderMap::new();
+    if let Ok(value) = HeaderValue::from_str(&etag) {
+        headers.insert(header::ETAG, value);
+    }
+    (headers, axum::Json(TokenView::from(token))).into_response()
+}
+
+pub(super) fn parse_token_id(raw: &str) -> Result<TokenId, ApiError> {
+    TokenId::parse(raw).map_err(|message| ApiError::validation("tokenId", message))
+}
+
+pub(super) fn not_found() -> ApiError {
+    ApiError::NotFound("No such token.".to_owned())
+}
+
+/// Read a token.
+#[utoipa::path(
+    get, path = "/v1/tokens/{tokenId}", tag = "tokens",
+    params(("tokenId" = String, Path, description = "24-hex token id", pattern = r"^[0-9a-fA-F]{24}$")),
+    security(("bearer" = ["read"])),
+    responses(
+        (status = 200, description = "The token", body = TokenView,
+            headers(("ETag" = String, description = "The quoted version, e.g. \"3\""))),
+        (status = 401, description = "Missing or unknown API key", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "Scope not allowed", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such token (or not visible to this key)", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Malformed token id", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "`rate_limited`: see Retry-After", body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = String, description = "Seconds to wait"))),
+        (status = 503, description = "`database_unavailable` or `request_timeout`", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn get_token(
+    State(state): State<AppState>,
+    principal: Arc<Principal>,
+    Path(token_id): Path<String>,
+) -> Result<Response, ApiError> {
+    principal.require(Scope::Read)?;
+    let id = parse_token_id(&token_id)?;
+    let token = state
+        .issuer
+        .store()
+        .find_token(id)
+        .await?
+        .filter(|t| principal.can_see(&t.origin.account_id))
+        .ok_or_else(not_found)?;
+    Ok(token_response(token))
+}
+
+/// List tokens, oldest first, with a cursor.
+///
+/// Paging follows `_id`: a walk with `after = nextAfter` visits every token that existed
+/// when it began exactly once, even while new tokens are being issued.
+#[utoipa::path(
+    get, path = "/v1/tokens", tag = "tokens",
+    params(
+        ("owner" = Option<String>, Query, description = "Only this owner's tokens (24-hex)", pattern = r"^[0-9a-fA-F]{24}$"),
+        ("tokenType" = Option<String>, Query, description = "Only this token type", pattern = r"^[a-z0-9][a-z0-9_.-]{0,63}$"),
+        ("status" = Option<TokenStatus>, Query, description = "Only tokens in this state"),
+        ("limit" = Option<u32>, Query, description = "Page size, 1–500, default 50", minimum = 1, maximum = 500),
+        ("after" = Option<String>, Query, description = "The previous page's nextAfter", pattern = r"^[0-9a-fA-F]{24}$"),
+    ),
+    security(("bearer" = ["read"])),
+    responses(
+        (status = 200, description = "A page of tokens", body = TokenPage),
+        (status = 401, description = "Missing or unknown API key", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "Scope not allowed", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Bad query parameter", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "`rate_limited`: see Retry-After", body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = String, description = "Seconds to wait"))),
+        (status = 503, description = "`database_unavailable` or `request_timeout`", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn list_tokens(
+    State(state): State<AppState>,
+    principal: Arc<Principal>,
+    query: Result<Query<Vec<(String, String)>>, QueryRejection>,
+) -> Result<axum::Json<TokenPage>, ApiError> {
+    principal.require(Scope::Read)?;
+    let Query(pairs) =
+        query.map_err(|_| ApiError::validation("query", "is not a valid query string"))?;
+    let (filter, limit) = parse_list_query(&pairs)?;
+    let filter = TokenQuery {
+        accounts: principal.accounts().map(<[String]>::to_vec),
+        ..filter
+    };
+    let (tokens, next) = state.issuer.store().list_tokens(&filter, limit).await?;
+    Ok(axum::Json(TokenPage {
+        items: tokens.into_iter().map(TokenView::from).collect(),
+        next_after: next.map(|id| id.to_hex()),
+    }))
+}
+
+/// Parses the listing's query parameters, rejecting unknown and repeated ones.
+fn parse_list_query(pairs: &[(String, String)]) -> Result<(TokenQuery, u32), ApiError> {
+    let mut errors = FieldErrors::default();
+    let mut query = TokenQuery::default();
+    let mut limit = DEFAULT_LIMIT;
+    let mut seen = Vec::new();
+    for (name, value) in pairs {
+        if seen.contains(name) {
+            errors.push(name, "must be given at most once");
+            continue;
+        }
+        seen.push(name.clone());
+        match name.as_str() {
+            "owner" => query.owner = errors.check("owner", Owner::parse(value)),
+            "tokenType" => query.token_type = errors.check("tokenType", TokenType::parse(value)),
+            "status" => query.status = errors.check("status", TokenStatus::parse(value)),
+            "after" => {
+                query.after = errors
+                    .check(
+                        "after",
+                        TokenId::parse(value).map_err(|_| "must be a nextAfter value".to_owned()),
+                    )
+                    .map(TokenId::object_id)
+            }
+            "limit" => {
+                let parsed = value
+                    .parse::<u32>()
+                    .ok()
+                    .filter(|l| (1..=MAX_LIMIT).contains(l))
+                    .ok_or_else(|| format!("must be an integer from 1 to {MAX_LIMIT}"));
+                limit = errors.check("limit", parsed).unwrap_or(DEFAULT_LIMIT);
+            }
+            _ => errors.push(name, "is not a known query parameter"),
+        }
+    }
+    errors.finish().map_err(ApiError::Validation)?;
+    Ok((query, limit))
+}

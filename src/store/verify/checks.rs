@@ -1,0 +1,248 @@
+//! The checks `verify` runs, each an aggregation that finds one kind of violation, and
+//! the pipeline pieces they share with the repair scans.
+
+use mongodb::bson::{Document, doc};
+
+use super::{Finding, key_text};
+use crate::store::payments::PAYMENTS;
+use crate::store::{ISSUANCES, Store, StoreError, TOKENS};
+
+impl Store {
+    pub(super) async fn wrong_token_sets(&self) -> Result<Finding, StoreError> {
+        let pipeline = wrong_token_sets_pipeline();
+        self.collect_finding(ISSUANCES, pipeline, |row| {
+            let found = row.get_array("indexes").map(|a| a.len()).unwrap_or(0);
+            format!(
+                "{} ({}, quantity {}): {found} token(s)",
+                key_text(row),
+                row.get_str("status").unwrap_or("?"),
+                row.get("quantity")
+                    .map(|q| q.to_string())
+                    .unwrap_or_default()
+            )
+        })
+        .await
+    }
+
+    pub(super) async fn foreign_tokens(&self) -> Result<Finding, StoreError> {
+        let pipeline = vec![
+            doc! { "$match": { "status": { "$ne": "pending" } } },
+            same_payment(
+                TOKENS,
+                "",
+                doc! { "owner": "$owner", "type": "$tokenType" },
+                vec![doc! { "$or": [
+                    { "$ne": ["$type", "$$type"] },
+                    { "$and": [
+                        { "$ne": ["$owner", "$$owner"] },
+                        { "$eq": [ { "$type": "$transferredAt" }, "missing" ] },
+                    ] },
+                ] }],
+                doc! { "_id": 1 },
+                "foreign",
+            ),
+            doc! { "$match": { "foreign": { "$ne": [] } } },
+        ];
+        self.collect_finding(ISSUANCES, pipeline, |row| {
+            let n = row.get_array("foreign").map(|a| a.len()).unwrap_or(0);
+            format!("{}: {n} token(s)", key_text(row))
+        })
+        .await
+    }
+
+    pub(super) async fn unbacked_active_tokens(&self) -> Result<Finding, StoreError> {
+        // The entitlement rule of `issuing::entitlement`, in the aggregation language:
+        // keep = 0 when refunded or canceled (or refunded with no amount known), else
+        // quantity - floor(quantity × min(refunded, amount) ÷ amount).
+        let quantity = doc! { "$toLong": { "$ifNull": [ { "$first": "$issuance.quantity" }, 0 ] } };
+        let keep = doc! { "$cond": [
+            { "$or": [
+                { "$in": ["$status", ["refunded", "canceled"]] },
+                { "$lte": [ { "$ifNull": ["$amount", 0] }, 0 ] },
+            ] },
+            0,
+            { "$subtract": [ quantity.clone(), { "$floor": { "$divide": [
+                { "$multiply": [ quantity, { "$min": ["$amountRefunded", "$amount"] } ] },
+                "$amount",
+            ] } } ] },
+        ] };
+        let pipeline = vec![
+            doc! { "$match": taking_back_filter() },
+            same_payment(
+                ISSUANCES,
+                "",
+                doc! {},
+                vec![],
+                doc! { "quantity": 1 },
+                "issuance",
+            ),
+            doc! { "$set": { "keep": keep } },
+            same_payment(
+                TOKENS,
+                "",
+                doc! { "keep": "$keep" },
+                vec![
+                    doc! { "$eq": ["$status", "active"] },
+                    doc! { "$gte": ["$tokenIndex", "$$keep"] },
+                ],
+                doc! { "_id": 1 },
+                "active",
+            ),
+            doc! { "$match": { "active": { "$ne": [] } } },
+        ];
+        self.collect_finding(PAYMENTS, pipeline, |row| {
+            let n = row.get_array("active").map(|a| a.len()).unwrap_or(0);
+            format!(
+                "{} ({}): {n} active token(s)",
+                key_text(row),
+                row.get_str("status").unwrap_or("?")
+            )
+        })
+        .await
+    }
+}
+
+/// A `$lookup` into `into` of the documents of `from` that belong to the input row's
+/// payment (its key fields under `prefix`: `""` for records and payments, `"_id."` for
+/// grouped rows) and meet `conditions`, which may use the extra `vars`; each projected to
+/// `project`. Tokens keep their payment key under `origin.`.
+pub(super) fn same_payment(
+    from: &str,
+    prefix: &str,
+    vars: Document,
+    conditions: Vec<Document>,
+    project: Document,
+    into: &str,
+) -> Document {
+    let foreign = if from == TOKENS { "origin." } else { "" };
+    let mut variables = doc! {
+        "p": format!("${prefix}provider"),
+        "a": format!("${prefix}accountId"),
+        "i": format!("${prefix}paymentIntentId"),
+    };
+    variables.extend(vars);
+    let mut all = vec![
+        doc! { "$eq": [format!("${foreign}provider"), "$$p"] },
+        doc! { "$eq": [format!("${foreign}accountId"), "$$a"] },
+        doc! { "$eq": [format!("${foreign}paymentIntentId"), "$$i"] },
+    ];
+    all.extend(conditions);
+    doc! { "$lookup": {
+        "from": from,
+        "let": variables,
+        "pipeline": [ { "$match": { "$expr": { "$and": all } } }, { "$project": project } ],
+        "as": into,
+    } }
+}
+
+/// Payments whose state takes tokens back.
+pub(super) fn taking_back_filter() -> Document {
+    doc! { "$or": [
+        { "status": { "$in": ["refunded", "canceled"] } },
+        { "amountRefunded": { "$gt": 0 } },
+    ] }
+}
+
+/// Issuance records whose tokens are not exactly tokenIndex 0..quantity-1 (none for a
+/// pending one), with the indexes found in `indexes`.
+pub(super) fn wrong_token_sets_pipeline() -> Vec<Document> {
+    vec![
+        same_payment(
+            TOKENS,
+            "",
+            doc! {},
+            vec![],
+            doc! { "_id": 0, "tokenIndex": 1 },
+            "tokens",
+        ),
+        doc! { "$project": {
+            "provider": 1, "accountId": 1, "paymentIntentId": 1, "status": 1, "quantity": 1,
+            "indexes": { "$sortArray": { "input": "$tokens.tokenIndex", "sortBy": 1 } },
+        } },
+        doc! { "$match": { "$expr": { "$ne": [
+            "$indexes",
+            { "$cond": [
+                { "$eq": ["$status", "pending"] },
+                [],
+                { "$range": [0, { "$toInt": "$quantity" }] },
+            ] },
+        ] } } },
+    ]
+}
+
+impl Store {
+    pub(super) async fn duplicate_tokens(&self) -> Result<Finding, StoreError> {
+        let pipeline = vec![
+            doc! { "$group": {
+                "_id": { "provider": "$origin.provider", "accountId": "$origin.accountId",
+                         "paymentIntentId": "$origin.paymentIntentId", "tokenIndex": "$tokenIndex" },
+                "n": { "$sum": 1 },
+            } },
+            doc! { "$match": { "n": { "$gt": 1 } } },
+        ];
+        self.collect_finding(TOKENS, pipeline, |row| {
+            let key = row.get_document("_id").cloned().unwrap_or_default();
+            format!(
+                "{} tokenIndex {}",
+                key_text(&key),
+                key.get("tokenIndex")
+                    .map(|i| i.to_string())
+                    .unwrap_or_default()
+            )
+        })
+        .await
+    }
+
+    pub(super) async fn orphan_tokens(&self) -> Result<Finding, StoreError> {
+        let pipeline = vec![
+            doc! { "$group": {
+                "_id": { "provider": "$origin.provider", "accountId": "$origin.accountId", "paymentIntentId": "$origin.paymentIntentId" },
+                "n": { "$sum": 1 },
+            } },
+            same_payment(
+                ISSUANCES,
+                "_id.",
+                doc! {},
+                vec![],
+                doc! { "_id": 1 },
+                "issuance",
+            ),
+            doc! { "$match": { "issuance": { "$size": 0 } } },
+        ];
+        self.collect_finding(TOKENS, pipeline, |row| {
+            let key = row.get_document("_id").cloned().unwrap_or_default();
+            format!(
+                "{}: {} token(s)",
+                key_text(&key),
+                row.get("n").map(|n| n.to_string()).unwrap_or_default()
+            )
+        })
+        .await
+    }
+
+    pub(super) async fn tokens_without_version(&self) -> Result<Finding, StoreError> {
+        let pipeline = vec![doc! { "$match": { "_version": { "$exists": false } } }];
+        self.collect_finding(TOKENS, pipeline, |row| {
+            row.get_object_id("_id")
+                .map(|id| id.to_hex())
+                .unwrap_or_default()
+        })
+        .await
+    }
+
+    pub(super) async fn stranded_pending(&self) -> Result<Finding, StoreError> {
+        let pipeline = vec![
+            doc! { "$match": { "status": "pending" } },
+            same_payment(
+                PAYMENTS,
+                "",
+                doc! {},
+                vec![doc! { "$eq": ["$status", "succeeded"] }],
+                doc! { "_id": 1 },
+                "payment",
+            ),
+            doc! { "$match": { "payment": { "$ne": [] } } },
+        ];
+        self.collect_finding(ISSUANCES, pipeline, key_text).await
+    }
+}
