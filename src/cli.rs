@@ -1,5 +1,5 @@
 //! The command line: `tokenmint serve | migrate [--dry-run] | duplicates | verify
-//! [--repair] | keys new|dev | openapi`. Exit status, for every command: 0 done and
+//! [--repair] | keys new|dev | openapi | healthcheck [--url URL] | webhooks sign`. Exit status, for every command: 0 done and
 //! clean, 1 the command ran and found something (violations, duplicates), 2 it could not
 //! run (bad configuration or usage, database unreachable, a failed start).
 //!
@@ -60,6 +60,36 @@ pub enum Command {
     },
     /// Print the OpenAPI document (YAML).
     Openapi,
+    /// Payment provider webhooks.
+    Webhooks {
+        #[command(subcommand)]
+        command: WebhooksCommand,
+    },
+    /// Ask a running service whether it is ready (GET /readyz): exit 0 when it answers
+    /// 200, 1 otherwise or when unreachable. For container health checks.
+    Healthcheck {
+        /// The URL to ask; default /readyz on server.bind (a wildcard bind on loopback).
+        #[arg(long)]
+        url: Option<String>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum WebhooksCommand {
+    /// Sign an event as the configured provider would, with its first secret, to try a
+    /// set-up: prints the headers, one per line, for `curl -H @FILE`; for Adyen, the batch
+    /// with every item's `hmacSignature` filled in, to send as the body.
+    Sign {
+        /// The configured provider's name (`[providers.NAME]`).
+        #[arg(long)]
+        provider: String,
+        /// The event (for Adyen, the batch) as the provider would send it.
+        #[arg(long)]
+        file: PathBuf,
+        /// Standard Webhooks: the message id (the event id); default a random one.
+        #[arg(long)]
+        id: Option<String>,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -122,7 +152,19 @@ impl Cli {
                 Ok(Finished::Clean)
             }
             Command::Migrate { dry_run } => migrate(&settings, dry_run).await,
+            Command::Healthcheck { url } => healthcheck(&settings, url.as_deref()).await,
             Command::Duplicates => duplicates(&settings).await,
+            Command::Webhooks {
+                command: WebhooksCommand::Sign { provider, file, id },
+            } => {
+                let body = std::fs::read(&file)
+                    .with_context(|| format!("cannot read {}", file.display()))?;
+                print!(
+                    "{}",
+                    sign_webhook(&settings, &provider, &body, id.as_deref())?
+                );
+                Ok(Finished::Clean)
+            }
             Command::Verify { repair } => verify(&settings, repair).await,
             Command::Keys {
                 command: KeysCommand::Dev,
@@ -234,6 +276,37 @@ fn dev_key(settings: &Settings) -> anyhow::Result<Finished> {
             path.display()
         ),
     }
+}
+
+/// `healthcheck`: prints what it found, so `docker inspect` shows why a check failed.
+async fn healthcheck(settings: &Settings, url: Option<&str>) -> anyhow::Result<Finished> {
+    let target = match url {
+        Some(url) => crate::healthcheck::Target::parse(url)?,
+        None => crate::healthcheck::Target::readyz_at(settings.server.bind),
+    };
+    if crate::healthcheck::check(&target).await {
+        println!("ready");
+        Ok(Finished::Clean)
+    } else {
+        println!("not ready");
+        Ok(Finished::Findings)
+    }
+}
+
+/// `webhooks sign`: what it prints for `body` signed now by the provider configured as
+/// `provider`.
+pub fn sign_webhook(
+    settings: &Settings,
+    provider: &str,
+    body: &[u8],
+    id: Option<&str>,
+) -> anyhow::Result<String> {
+    let providers = crate::webhooks::Providers::from_settings(&settings.providers);
+    let config = providers
+        .get(provider)
+        .with_context(|| format!("no provider `{provider}` is configured"))?;
+    let id = id.map_or_else(|| random_key("msg_")[..24].to_owned(), str::to_owned);
+    Ok(config.signed_text(body, &id, chrono::Utc::now().timestamp())?)
 }
 
 async fn migrate(settings: &Settings, dry_run: bool) -> anyhow::Result<Finished> {

@@ -5,11 +5,13 @@
 //! `issuing` (every business rule) → `store` (every MongoDB call, no decisions) and
 //! `migrate` (schema) → `domain` (validated types). `settings`, `telemetry`, `embedded`
 //! and `server` (the hardened HTTP/1.1 connection loop) are leaves the outer layers
-//! configure the inner ones from.
+//! configure the inner ones from; `healthcheck` is the client side of `/readyz` that
+//! `tokenmint healthcheck` runs.
 
 pub mod cli;
 pub mod domain;
 pub mod embedded;
+pub mod healthcheck;
 pub mod http;
 pub mod issuing;
 pub mod migrate;

@@ -95,6 +95,9 @@ pub struct IssuanceSettings {
     /// How long a checkout's pending request waits for the payment's success event
     /// before it expires.
     pub pending_ttl_days: u32,
+    /// Checkout requests that may wait for their payment's event at once (`Prefer:
+    /// wait`) on one instance; beyond it a request is answered at once.
+    pub max_waiters: u32,
 }
 
 /// Self-repair of token sets a crash left short.
@@ -159,6 +162,8 @@ fn default_tolerance() -> u64 {
 pub enum WebhookScheme {
     Stripe,
     StandardWebhooks,
+    Paddle,
+    Adyen,
 }
 
 impl std::fmt::Display for WebhookScheme {
@@ -166,6 +171,8 @@ impl std::fmt::Display for WebhookScheme {
         f.write_str(match self {
             Self::Stripe => "stripe",
             Self::StandardWebhooks => "standard-webhooks",
+            Self::Paddle => "paddle",
+            Self::Adyen => "adyen",
         })
     }
 }
@@ -497,6 +504,7 @@ impl Settings {
                 "issuance.pending_ttl_days",
                 u64::from(self.issuance.pending_ttl_days),
             ),
+            ("issuance.max_waiters", u64::from(self.issuance.max_waiters)),
             ("repair.interval_ms", self.repair.interval_ms),
             (
                 "rate_limit.per_key_per_second",
@@ -612,6 +620,7 @@ mod tests {
     fn defaults_are_valid() {
         let settings = Settings::with_overrides(&[""]).expect("defaults load");
         assert_eq!(settings.issuance.max_quantity, 1000);
+        assert_eq!(settings.issuance.max_waiters, 1000);
         assert_eq!(settings.issuance.default_mode, IssuanceMode::Upsert);
     }
 
@@ -625,6 +634,8 @@ mod tests {
     fn zero_values_name_their_key() {
         let err = Settings::with_overrides(&["[issuance]\nmax_quantity = 0"]).unwrap_err();
         assert!(err.to_string().contains("issuance.max_quantity"), "{err}");
+        let err = Settings::with_overrides(&["[issuance]\nmax_waiters = 0"]).unwrap_err();
+        assert!(err.to_string().contains("issuance.max_waiters"), "{err}");
     }
 
     #[test]

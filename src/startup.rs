@@ -18,13 +18,15 @@ use tokio::net::TcpListener;
 use crate::embedded::EmbeddedMongo;
 use crate::http::auth::{ApiKeys, DEV_KEY_PREFIX, dev_key_settings, is_dev_key, random_key};
 use crate::http::{AppState, router};
-use crate::issuing::{Issuer, IssuingConfig, spawn_repair};
+use crate::issuing::{FulfilmentWatch, Issuer, IssuingConfig, WaitingConfig, spawn_repair};
 use crate::server::{Limits, ShuttingDown};
 use crate::settings::Settings;
 use crate::store::{RetryPolicy, Store, StoreConfig};
 
 /// The file in the embedded data directory that keeps the development admin key.
 pub const DEV_KEY_FILE: &str = "tokenmint-dev-key";
+/// How often the background probe pings MongoDB for `tokenmint_mongodb_up`.
+const DATABASE_PROBE_EVERY: Duration = Duration::from_secs(2);
 
 /// A connected, migrated, bound application, ready to serve.
 pub struct Application {
@@ -35,6 +37,9 @@ pub struct Application {
     grace: Duration,
     limits: Limits,
     shutting_down: ShuttingDown,
+    /// Wakes this instance's waiting checkouts; stopped (every waiter answered) as soon
+    /// as shutdown begins.
+    fulfilments: FulfilmentWatch,
 }
 
 /// For operator commands (migrate, duplicates, verify): the store, on the embedded mongod
@@ -132,8 +137,11 @@ impl Application {
                 Duration::from_millis(settings.repair.withdrawal_lookback_ms),
             );
         }
+        // Watching before the listener serves: no request can wait unwatched.
+        let fulfilments = issuer.watch_fulfilments().await;
         let state = AppState::new(issuer, keys, settings);
         crate::telemetry::spawn_metrics_upkeep(state.metrics.clone());
+        crate::telemetry::register_known_metrics(settings.providers.keys().map(String::as_str));
         let shutting_down = ShuttingDown::default();
         Ok(Self {
             listener,
@@ -146,6 +154,7 @@ impl Application {
                 max_connections: settings.server.max_connections,
             },
             shutting_down,
+            fulfilments,
         })
     }
 
@@ -179,16 +188,27 @@ impl Application {
             grace,
             limits,
             shutting_down,
+            fulfilments,
         } = self;
         let (stopping_tx, stopping_rx) = tokio::sync::oneshot::channel::<()>();
         let signal = async move {
             shutdown.await;
             shutting_down.begin();
+            // Waiting checkouts are answered now rather than cut off after the grace.
+            drop(fulfilments);
             tracing::info!("shutting down: no new connections, finishing in-flight requests");
             let _ = stopping_tx.send(());
         };
         // Handlers can extract ConnectInfo<SocketAddr>: `serve` provides it.
         let server = crate::server::serve(listener, router, limits, signal);
+        // `tokenmint_mongodb_up` follows the database while serving, /readyz or not.
+        let probe = crate::telemetry::spawn_database_probe(DATABASE_PROBE_EVERY, {
+            let store = store.clone();
+            move || {
+                let store = store.clone();
+                async move { store.ping().await.is_ok() }
+            }
+        });
         let bounded = async move {
             // Only once shutdown has begun does the grace period start counting.
             if stopping_rx.await.is_ok() {
@@ -202,6 +222,7 @@ impl Application {
             () = server => {}
             () = bounded => {}
         }
+        probe.abort();
         store.shutdown().await;
         if let Some(embedded) = embedded {
             embedded.stop().await;
@@ -222,6 +243,9 @@ pub fn issuer(settings: &Settings, store: Store) -> Issuer {
             ),
         },
     )
+    .with_waiting(WaitingConfig {
+        max_waiters: settings.issuance.max_waiters as usize,
+    })
 }
 
 /// The `_version` gate's backoff, from `[version_gate]`.

@@ -8,6 +8,7 @@ mod middleware;
 mod ops;
 mod payment_path;
 mod payments;
+mod prefer;
 mod problems;
 mod rate_limit;
 mod tokens;

@@ -5,8 +5,11 @@
 
 mod atomic;
 mod batch;
+pub mod builders;
+mod changes;
 mod documents;
 mod error;
+mod indexes;
 mod issuance;
 mod payments;
 mod retry;

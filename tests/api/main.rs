@@ -1,6 +1,9 @@
 //! HTTP API tests against a real mongod. One binary, so one mongod for all of them.
 
+mod adyen;
+mod audit;
 mod auth;
+mod chargebacks;
 mod checkout;
 mod hardening;
 mod helpers;
@@ -8,11 +11,15 @@ mod http_conventions;
 mod issuance_races;
 mod issuances;
 mod migrations;
+mod migrations_load;
 mod money;
 mod ops;
+mod paddle;
+mod prefer_wait;
 mod provider_events;
 mod refunds;
 mod repair;
+mod sign_command;
 mod tokens;
 mod validation;
 mod verify;
