@@ -4,7 +4,7 @@
 # quantity 4 with 0% and 50% replays; concurrency 1 (latency) and 256, quantity 4;
 # concurrency 32 with quantity 1 and 100 — each scenario against a fresh tokenmint and
 # database, with two database floors measured in the same run (the per-request floor:
-# tokenmint's design before group commit; the seed floor: one unordered bulk of
+# tokenmint's design before group commit; the reference floor: one unordered bulk of
 # $setOnInsert upserts per issuance). Prints the markdown report (also written to
 # target/bench/report.md).
 #

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# The fault-injection suites, in one command; RELIABILITY.md explains what each
+# The fault-injection suites, in one command; docs/RELIABILITY.md explains what each
 # proves. Installs the pinned mongod if missing, then runs the ignored tests of
-#   tests/crash.rs     the real tokenmint binary SIGKILLed mid-issuance, restarted on the
+#   tests/crash/       the real tokenmint binary SIGKILLed mid-issuance, restarted on the
 #                      same database, every request retried: exactly N tokens per payment,
 #                      nothing acknowledged lost, atomic mode never partial;
-#   tests/failover.rs  a 3-member replica set: forced stepdown and SIGKILL of the primary
+#   tests/failover/    a 3-member replica set: forced stepdown and SIGKILL of the primary
 #                      under concurrent load, plus a replay during replication lag:
 #                      nothing acknowledged lost, error rate, time without writes;
 #   tests/soak.rs      mixed traffic for TOKENMINT_SOAK_SECS (default 600) with memory and
