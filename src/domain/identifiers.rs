@@ -8,14 +8,17 @@ use regex::Regex;
 
 /// Declares a string newtype whose only constructor checks it against `$pattern`.
 macro_rules! identifier {
-    ($(#[$doc:meta])* $name:ident, $pattern:literal, $rule:literal) => {
+    ($(#[$doc:meta])* $name:ident, $pattern:literal) => {
         $(#[$doc])*
         #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
         pub struct $name(String);
 
         impl $name {
+            /// The alphabet, as a regular expression; also what the OpenAPI document
+            /// gives as the field's `pattern`.
+            pub const PATTERN: &'static str = $pattern;
             /// The rule, as told to clients in a 422 answer.
-            pub const RULE: &'static str = $rule;
+            pub const RULE: &'static str = concat!("must match ", $pattern);
 
             pub fn parse(value: &str) -> Result<Self, String> {
                 static PATTERN: LazyLock<Regex> =
@@ -49,27 +52,27 @@ macro_rules! identifier {
 identifier!(
     /// A payment provider's configured name, e.g. `stripe`.
     Provider,
-    r"^[a-z][a-z0-9_-]{0,31}$",
-    "must match ^[a-z][a-z0-9_-]{0,31}$"
+    r"^[a-z][a-z0-9_-]{0,31}$"
 );
 identifier!(
     /// The merchant account at the provider; `default` when the provider has one account.
     AccountId,
-    r"^[A-Za-z0-9_.:-]{1,64}$",
-    "must match ^[A-Za-z0-9_.:-]{1,64}$"
+    r"^[A-Za-z0-9_.:-]{1,64}$"
 );
 identifier!(
     /// The provider's id of the payment, e.g. `pi_123`.
     PaymentIntentId,
-    r"^[A-Za-z0-9_.:-]{1,128}$",
-    "must match ^[A-Za-z0-9_.:-]{1,128}$"
+    r"^[A-Za-z0-9_.:-]{1,128}$"
 );
 identifier!(
     /// The kind of token issued, e.g. `standard`.
     TokenType,
-    r"^[a-z0-9][a-z0-9_.-]{0,63}$",
-    "must match ^[a-z0-9][a-z0-9_.-]{0,63}$"
+    r"^[a-z0-9][a-z0-9_.-]{0,63}$"
 );
+
+/// An ObjectId as clients write it (owners, token ids, cursors): 24 hex characters,
+/// exactly what `ObjectId::parse_str` accepts.
+pub const OBJECT_ID_PATTERN: &str = r"^[0-9a-fA-F]{24}$";
 
 impl Default for AccountId {
     fn default() -> Self {

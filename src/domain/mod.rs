@@ -12,7 +12,7 @@ mod scope;
 mod token;
 
 pub use actor::Actor;
-pub use identifiers::{AccountId, PaymentIntentId, Provider, TokenType};
+pub use identifiers::{AccountId, OBJECT_ID_PATTERN, PaymentIntentId, Provider, TokenType};
 pub use issuance::{
     IssuanceMode, IssuanceParams, IssuanceStatus, Mismatch, NewIssuance, PaymentKey,
 };

@@ -18,6 +18,7 @@ use super::AppState;
 use super::auth::Principal;
 use super::error::{ApiError, Problem};
 use super::extract::JsonBody;
+use super::openapi::KeyedErrors;
 use super::payment_path::PaymentPath;
 use super::prefer::{PREFERENCE_APPLIED, preferred_wait};
 use crate::domain::{
@@ -43,22 +44,22 @@ pub fn router() -> Router<AppState> {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct IssuanceRequest {
     /// Payment provider, `^[a-z][a-z0-9_-]{0,31}$`.
-    #[schema(value_type = String, required = true, pattern = r"^[a-z][a-z0-9_-]{0,31}$", example = "stripe")]
+    #[schema(value_type = String, required = true, example = "stripe")]
     provider: Option<Value>,
     /// Merchant account at the provider, `^[A-Za-z0-9_.:-]{1,64}$`; default `default`.
-    #[schema(value_type = Option<String>, required = false, pattern = r"^[A-Za-z0-9_.:-]{1,64}$", example = "acct_1")]
+    #[schema(value_type = Option<String>, required = false, example = "acct_1")]
     account_id: Option<Value>,
     /// The provider's payment id, `^[A-Za-z0-9_.:-]{1,128}$`.
-    #[schema(value_type = String, required = true, pattern = r"^[A-Za-z0-9_.:-]{1,128}$", example = "pi_123")]
+    #[schema(value_type = String, required = true, example = "pi_123")]
     payment_intent_id: Option<Value>,
     /// Owner of the tokens: 24-hex ObjectId.
-    #[schema(value_type = String, required = true, pattern = r"^[0-9a-fA-F]{24}$", example = "65f1a0c2b3d4e5f601234567")]
+    #[schema(value_type = String, required = true, example = "65f1a0c2b3d4e5f601234567")]
     owner: Option<Value>,
     /// `^[a-z0-9][a-z0-9_.-]{0,63}$`.
-    #[schema(value_type = String, required = true, pattern = r"^[a-z0-9][a-z0-9_.-]{0,63}$", example = "standard")]
+    #[schema(value_type = String, required = true, example = "standard")]
     token_type: Option<Value>,
-    /// Integer from 1 to `issuance.max_quantity` (default 1000).
-    #[schema(value_type = i64, required = true, minimum = 1, maximum = 1000, example = 4)]
+    /// Integer from 1 to `issuance.max_quantity` (configurable, default 1000, at most 10 000).
+    #[schema(value_type = i64, required = true, minimum = 1, example = 4)]
     quantity: Option<Value>,
     /// RFC 3339; default now. Set on the first write only, never compared on retry.
     #[schema(value_type = Option<String>, required = false, format = DateTime)]
@@ -238,6 +239,9 @@ impl From<TokenSummary> for TokenRef {
 /// instance) or N seconds passed, and answered what it gets then — 201/200 with the
 /// tokens, 409, or still 202 — with `Preference-Applied: wait=N` when it waited. A trusted
 /// key issues at once: the preference is ignored for it.
+///
+/// Mode `atomic` needs MongoDB transactions: on a deployment without them it answers 503
+/// `transactions_unavailable` (issue in mode `upsert` instead).
 #[utoipa::path(
     post,
     path = "/v1/issuances",
@@ -266,16 +270,12 @@ impl From<TokenSummary> for TokenRef {
                 ("Preference-Applied" = String, description = "`wait=N` when the request waited for the payment's event"),
             )),
         (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "Missing or unknown API key", body = Problem, content_type = "application/problem+json"),
-        (status = 403, description = "Scope or account not allowed", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "`idempotency_conflict`: the payment was issued with other parameters (a checkout key is not shown the existing values); `payment_not_succeeded`: the provider reported the payment failed, canceled or refunded; `state_conflict`: a checkout key asked for a payment only a trusted backend can issue", body = Problem, content_type = "application/problem+json",
             headers(("Preference-Applied" = String, description = "`wait=N` when the request waited for the payment's event"))),
         (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "Not application/json", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "`validation_failed`, every bad field listed (a checkout key may only name a configured provider)", body = Problem, content_type = "application/problem+json"),
-        (status = 429, description = "`rate_limited`: see Retry-After", body = Problem, content_type = "application/problem+json",
-            headers(("Retry-After" = String, description = "Seconds to wait"))),
-        (status = 503, description = "`database_unavailable`, `transactions_unavailable` or `request_timeout`", body = Problem, content_type = "application/problem+json"),
+        KeyedErrors,
     )
 )]
 pub async fn create_issuance(
@@ -349,13 +349,9 @@ fn issued_response(outcome: IssueOutcome) -> Response {
     security(("bearer" = ["read"])),
     responses(
         (status = 200, description = "The issuance and its tokens", body = IssuanceResponse),
-        (status = 401, description = "Missing or unknown API key", body = Problem, content_type = "application/problem+json"),
-        (status = 403, description = "Scope not allowed", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No issuance for this payment (or not visible to this key)", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Malformed path parameter", body = Problem, content_type = "application/problem+json"),
-        (status = 429, description = "`rate_limited`: see Retry-After", body = Problem, content_type = "application/problem+json",
-            headers(("Retry-After" = String, description = "Seconds to wait"))),
-        (status = 503, description = "`database_unavailable` or `request_timeout`", body = Problem, content_type = "application/problem+json"),
+        KeyedErrors,
     )
 )]
 pub async fn get_issuance(

@@ -14,13 +14,13 @@ use crate::domain::{FieldErrors, PaymentKey};
 #[into_params(parameter_in = Path, rename_all = "camelCase")]
 pub struct PaymentPath {
     /// Payment provider.
-    #[param(pattern = r"^[a-z][a-z0-9_-]{0,31}$", example = "stripe")]
+    #[param(example = "stripe")]
     provider: String,
     /// Merchant account (`default` if none).
-    #[param(pattern = r"^[A-Za-z0-9_.:-]{1,64}$", example = "default")]
+    #[param(example = "default")]
     account_id: String,
     /// The provider's payment id.
-    #[param(pattern = r"^[A-Za-z0-9_.:-]{1,128}$", example = "pi_123")]
+    #[param(example = "pi_123")]
     payment_intent_id: String,
 }
 

@@ -13,6 +13,7 @@ use utoipa::ToSchema;
 use super::AppState;
 use super::auth::Principal;
 use super::error::{ApiError, Problem};
+use super::openapi::KeyedErrors;
 use super::payment_path::PaymentPath;
 use crate::domain::PaymentStatus;
 use crate::domain::Scope;
@@ -84,13 +85,9 @@ impl From<PaymentDoc> for PaymentView {
     security(("bearer" = ["read"])),
     responses(
         (status = 200, description = "The payment", body = PaymentView),
-        (status = 401, description = "Missing or unknown API key", body = Problem, content_type = "application/problem+json"),
-        (status = 403, description = "Scope not allowed", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No event for this payment yet (or not visible to this key)", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Malformed path parameter", body = Problem, content_type = "application/problem+json"),
-        (status = 429, description = "`rate_limited`: see Retry-After", body = Problem, content_type = "application/problem+json",
-            headers(("Retry-After" = String, description = "Seconds to wait"))),
-        (status = 503, description = "`database_unavailable` or `request_timeout`", body = Problem, content_type = "application/problem+json"),
+        KeyedErrors,
     )
 )]
 pub async fn get_payment(

@@ -55,7 +55,7 @@ pub struct WebhookReceipt {
 #[utoipa::path(
     post, path = "/v1/webhooks/{provider}", tag = "webhooks",
     params(
-        ("provider" = String, Path, description = "The configured provider name, e.g. `stripe`", pattern = r"^[a-z][a-z0-9_-]{0,31}$", example = "stripe"),
+        ("provider" = String, Path, description = "The configured provider name, e.g. `stripe`", example = "stripe"),
         ("Stripe-Signature" = Option<String>, Header, nullable = false, description = "Stripe scheme: `t=<unix>,v1=<hex>`"),
         ("webhook-id" = Option<String>, Header, nullable = false, description = "Standard Webhooks: the event id"),
         ("webhook-timestamp" = Option<String>, Header, nullable = false, description = "Standard Webhooks: unix seconds"),

@@ -16,6 +16,7 @@ use crate::http::AppState;
 use crate::http::auth::Principal;
 use crate::http::error::{ApiError, Problem};
 use crate::http::extract::{JsonBody, OptionalJsonBody};
+use crate::http::openapi::KeyedErrors;
 use crate::issuing::{Gate, Transition, TransitionOutcome};
 use crate::store::{TOKENS, TokenDoc};
 use crate::telemetry::metric;
@@ -46,7 +47,7 @@ pub struct RevokeRequest {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct TransferRequest {
     /// The new owner: 24-hex ObjectId.
-    #[schema(value_type = String, required = true, pattern = r"^[0-9a-fA-F]{24}$", example = "65f1a0c2b3d4e5f601234568")]
+    #[schema(value_type = String, required = true, example = "65f1a0c2b3d4e5f601234568")]
     pub new_owner: Option<String>,
 }
 
@@ -151,7 +152,7 @@ fn record_version_rejection(transition: &Transition) {
 #[utoipa::path(
     post, path = "/v1/tokens/{tokenId}/redeem", tag = "tokens",
     params(
-        ("tokenId" = String, Path, description = "24-hex token id", pattern = r"^[0-9a-fA-F]{24}$"),
+        ("tokenId" = String, Path, description = "24-hex token id"),
         ("If-Match" = Option<String>, Header, description = "The version the change is based on, e.g. \"3\"; or `*` (any version: the write gates on the version read), or a list (`\"1\", \"3\"`) of which any may match. Compared strongly: a weak tag (`W/\"3\"`) never matches (412)", nullable = false, pattern = r#"^[ \t]*(\*|(W/)?("[0-9]{1,18}"|[0-9]{1,18})([ \t]*,[ \t]*(W/)?("[0-9]{1,18}"|[0-9]{1,18}))*)[ \t]*$"#),
     ),
     request_body(content = Option<RedeemRequest>, description = "Optional; an empty body is fine"),
@@ -159,17 +160,13 @@ fn record_version_rejection(transition: &Transition) {
     responses(
         (status = 200, description = "Redeemed", body = TokenView, headers(("ETag" = String, description = "The new version"))),
         (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "Missing or unknown API key", body = Problem, content_type = "application/problem+json"),
-        (status = 403, description = "Scope not allowed", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such token", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "`state_conflict`: not active, or kept changing", body = Problem, content_type = "application/problem+json"),
         (status = 412, description = "`version_conflict`: If-Match is stale; the body has currentVersion and currentStatus", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "A body that is not application/json", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Bad token id, body or If-Match", body = Problem, content_type = "application/problem+json"),
-        (status = 429, description = "`rate_limited`: see Retry-After", body = Problem, content_type = "application/problem+json",
-            headers(("Retry-After" = String, description = "Seconds to wait"))),
-        (status = 503, description = "`database_unavailable` or `request_timeout`", body = Problem, content_type = "application/problem+json"),
+        KeyedErrors,
     )
 )]
 pub async fn redeem_token(
@@ -200,7 +197,7 @@ pub async fn redeem_token(
 #[utoipa::path(
     post, path = "/v1/tokens/{tokenId}/revoke", tag = "tokens",
     params(
-        ("tokenId" = String, Path, description = "24-hex token id", pattern = r"^[0-9a-fA-F]{24}$"),
+        ("tokenId" = String, Path, description = "24-hex token id"),
         ("If-Match" = Option<String>, Header, description = "The version the change is based on, e.g. \"3\"; or `*` (any version: the write gates on the version read), or a list (`\"1\", \"3\"`) of which any may match. Compared strongly: a weak tag (`W/\"3\"`) never matches (412)", nullable = false, pattern = r#"^[ \t]*(\*|(W/)?("[0-9]{1,18}"|[0-9]{1,18})([ \t]*,[ \t]*(W/)?("[0-9]{1,18}"|[0-9]{1,18}))*)[ \t]*$"#),
     ),
     request_body(content = Option<RevokeRequest>, description = "Optional; an empty body is fine"),
@@ -208,17 +205,13 @@ pub async fn redeem_token(
     responses(
         (status = 200, description = "Revoked (or already revoked)", body = TokenView, headers(("ETag" = String, description = "The version"))),
         (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "Missing or unknown API key", body = Problem, content_type = "application/problem+json"),
-        (status = 403, description = "Scope not allowed", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such token", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "`state_conflict`: redeemed, or kept changing", body = Problem, content_type = "application/problem+json"),
         (status = 412, description = "`version_conflict`", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "A body that is not application/json", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Bad token id, body or If-Match", body = Problem, content_type = "application/problem+json"),
-        (status = 429, description = "`rate_limited`: see Retry-After", body = Problem, content_type = "application/problem+json",
-            headers(("Retry-After" = String, description = "Seconds to wait"))),
-        (status = 503, description = "`database_unavailable` or `request_timeout`", body = Problem, content_type = "application/problem+json"),
+        KeyedErrors,
     )
 )]
 pub async fn revoke_token(
@@ -246,7 +239,7 @@ pub async fn revoke_token(
 #[utoipa::path(
     post, path = "/v1/tokens/{tokenId}/transfer", tag = "tokens",
     params(
-        ("tokenId" = String, Path, description = "24-hex token id", pattern = r"^[0-9a-fA-F]{24}$"),
+        ("tokenId" = String, Path, description = "24-hex token id"),
         ("If-Match" = String, Header, description = "The version the transfer is based on, e.g. \"3\"; or `*`, or a list, as for redeem. Compared strongly: a weak tag (`W/\"3\"`) never matches (412)", pattern = r#"^[ \t]*(\*|(W/)?("[0-9]{1,18}"|[0-9]{1,18})([ \t]*,[ \t]*(W/)?("[0-9]{1,18}"|[0-9]{1,18}))*)[ \t]*$"#),
     ),
     request_body = TransferRequest,
@@ -254,8 +247,6 @@ pub async fn revoke_token(
     responses(
         (status = 200, description = "Transferred", body = TokenView, headers(("ETag" = String, description = "The new version"))),
         (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "Missing or unknown API key", body = Problem, content_type = "application/problem+json"),
-        (status = 403, description = "Scope not allowed", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such token", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "`state_conflict`: not active", body = Problem, content_type = "application/problem+json"),
         (status = 412, description = "`version_conflict`", body = Problem, content_type = "application/problem+json"),
@@ -263,9 +254,7 @@ pub async fn revoke_token(
         (status = 415, description = "A body that is not application/json", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Bad token id, newOwner or If-Match", body = Problem, content_type = "application/problem+json"),
         (status = 428, description = "`precondition_required`: If-Match missing", body = Problem, content_type = "application/problem+json"),
-        (status = 429, description = "`rate_limited`: see Retry-After", body = Problem, content_type = "application/problem+json",
-            headers(("Retry-After" = String, description = "Seconds to wait"))),
-        (status = 503, description = "`database_unavailable` or `request_timeout`", body = Problem, content_type = "application/problem+json"),
+        KeyedErrors,
     )
 )]
 pub async fn transfer_token(

@@ -25,6 +25,7 @@ pub use changes::{
 use super::AppState;
 use super::auth::Principal;
 use super::error::{ApiError, Problem};
+use super::openapi::KeyedErrors;
 use crate::domain::{FieldErrors, Owner, Scope, TokenId, TokenStatus, TokenType};
 use crate::store::{TokenDoc, TokenQuery, chrono_time};
 
@@ -136,18 +137,14 @@ pub(super) fn not_found() -> ApiError {
 /// Read a token.
 #[utoipa::path(
     get, path = "/v1/tokens/{tokenId}", tag = "tokens",
-    params(("tokenId" = String, Path, description = "24-hex token id", pattern = r"^[0-9a-fA-F]{24}$")),
+    params(("tokenId" = String, Path, description = "24-hex token id")),
     security(("bearer" = ["read"])),
     responses(
         (status = 200, description = "The token", body = TokenView,
             headers(("ETag" = String, description = "The quoted version, e.g. \"3\""))),
-        (status = 401, description = "Missing or unknown API key", body = Problem, content_type = "application/problem+json"),
-        (status = 403, description = "Scope not allowed", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such token (or not visible to this key)", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Malformed token id", body = Problem, content_type = "application/problem+json"),
-        (status = 429, description = "`rate_limited`: see Retry-After", body = Problem, content_type = "application/problem+json",
-            headers(("Retry-After" = String, description = "Seconds to wait"))),
-        (status = 503, description = "`database_unavailable` or `request_timeout`", body = Problem, content_type = "application/problem+json"),
+        KeyedErrors,
     )
 )]
 pub async fn get_token(
@@ -174,21 +171,17 @@ pub async fn get_token(
 #[utoipa::path(
     get, path = "/v1/tokens", tag = "tokens",
     params(
-        ("owner" = Option<String>, Query, description = "Only this owner's tokens (24-hex)", pattern = r"^[0-9a-fA-F]{24}$"),
-        ("tokenType" = Option<String>, Query, description = "Only this token type", pattern = r"^[a-z0-9][a-z0-9_.-]{0,63}$"),
+        ("owner" = Option<String>, Query, description = "Only this owner's tokens (24-hex)"),
+        ("tokenType" = Option<String>, Query, description = "Only this token type"),
         ("status" = Option<TokenStatus>, Query, description = "Only tokens in this state"),
         ("limit" = Option<u32>, Query, description = "Page size, 1–500, default 50", minimum = 1, maximum = 500),
-        ("after" = Option<String>, Query, description = "The previous page's nextAfter", pattern = r"^[0-9a-fA-F]{24}$"),
+        ("after" = Option<String>, Query, description = "The previous page's nextAfter"),
     ),
     security(("bearer" = ["read"])),
     responses(
         (status = 200, description = "A page of tokens", body = TokenPage),
-        (status = 401, description = "Missing or unknown API key", body = Problem, content_type = "application/problem+json"),
-        (status = 403, description = "Scope not allowed", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Bad query parameter", body = Problem, content_type = "application/problem+json"),
-        (status = 429, description = "`rate_limited`: see Retry-After", body = Problem, content_type = "application/problem+json",
-            headers(("Retry-After" = String, description = "Seconds to wait"))),
-        (status = 503, description = "`database_unavailable` or `request_timeout`", body = Problem, content_type = "application/problem+json"),
+        KeyedErrors,
     )
 )]
 pub async fn list_tokens(

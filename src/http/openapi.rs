@@ -1,0 +1,304 @@
+//! The OpenAPI document, generated from the handlers' annotations, and what every
+//! operation shares written once: the API-key failures (`KeyedErrors`), the headers of
+//! 401 and `Retry-After` answers, and the identifier patterns, taken from the domain
+//! types that enforce them.
+
+use std::collections::BTreeMap;
+
+use utoipa::openapi::response::{Response, ResponseBuilder};
+use utoipa::openapi::schema::{Object, Schema, Type};
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::openapi::{ContentBuilder, HeaderBuilder, Ref, RefOr};
+use utoipa::{IntoResponses, OpenApi};
+
+use super::{error, issuances, ops, payments, problems, tokens, webhooks};
+use crate::domain::{AccountId, OBJECT_ID_PATTERN, PaymentIntentId, Provider, TokenType};
+
+/// The OpenAPI document, generated from the handlers' annotations.
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "tokenmint",
+        description = "Issues tokens for payments, exactly once per payment.\n\n\
+HTTP conventions, on every operation:\n\n\
+- Every error is `application/problem+json` (RFC 9457) with a stable `code`; its `type`, \
+`/problems/{code}`, resolves: `GET /problems/{code}` describes it.\n\
+- Every 401 carries `WWW-Authenticate`: `Bearer realm=\"tokenmint\"` for API keys \
+(RFC 6750), with `error=\"invalid_token\"` when a key was presented but is unknown; \
+`Signature realm=\"webhooks\", error=\"<code>\"` for webhook deliveries, which are \
+authenticated by the provider's signature over the raw body (`Stripe-Signature`, or \
+Standard Webhooks' `webhook-id`, `webhook-timestamp` and `webhook-signature`) instead.\n\
+- A known path with a method it does not support answers 405 `method_not_allowed` with \
+an `Allow` header listing the methods it does; an unknown path answers 404 `not_found`.\n\
+- `If-Match` uses RFC 9110's strong comparison: `W/\"3\"` never matches, `*` matches any \
+version of an existing token, a list matches if any entry does.\n\
+- `Retry-After` (429, 503) is a whole number of seconds, rounded up.",
+        license(name = "MIT")
+    ),
+    paths(
+        issuances::create_issuance,
+        issuances::get_issuance,
+        tokens::get_token,
+        tokens::list_tokens,
+        tokens::redeem_token,
+        tokens::revoke_token,
+        tokens::transfer_token,
+        payments::get_payment,
+        webhooks::receive_webhook,
+        ops::healthz,
+        ops::readyz,
+        ops::metrics,
+        problems::problem_type,
+    ),
+    modifiers(&BearerAuth, &HttpConventions, &IdentifierPatterns),
+    tags(
+        (name = "issuances", description = "Issue a payment's tokens exactly once"),
+        (name = "tokens", description = "Read tokens and change their state through the version gate"),
+        (name = "payments", description = "Payment state as reported by providers"),
+        (name = "webhooks", description = "Deliveries from payment providers"),
+        (name = "operations", description = "Health, readiness, metrics"),
+        (name = "problems", description = "What each problem `type` (`/problems/{code}`) means"),
+    )
+)]
+pub struct ApiDoc;
+
+/// Declares the `bearer` security scheme the handlers reference.
+struct BearerAuth;
+
+impl utoipa::Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
+    }
+}
+
+/// Documents the headers every operation's answers share, without repeating them in
+/// each annotation: `WWW-Authenticate` on every 401 (the bearer challenge, or the
+/// signature challenge for webhook deliveries), and `Retry-After` as whole seconds.
+struct HttpConventions;
+
+impl utoipa::Modify for HttpConventions {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let header = |schema: Type, description: String| {
+            RefOr::T(
+                HeaderBuilder::new()
+                    .schema(Some(Object::with_type(schema)))
+                    .description(Some(description))
+                    .build(),
+            )
+        };
+        for (path, item) in openapi.paths.paths.iter_mut() {
+            let challenge = if path.starts_with("/v1/webhooks/") {
+                format!(
+                    "`{}, error=\"<code>\"`: sign the raw body with the provider's configured scheme",
+                    error::WEBHOOK_SIGNATURE_CHALLENGE
+                )
+            } else {
+                format!(
+                    "`Bearer realm=\"{realm}\"`, or `Bearer realm=\"{realm}\", error=\"invalid_token\"` when the key presented is unknown",
+                    realm = error::API_KEY_REALM
+                )
+            };
+            let operations = [
+                &mut item.get,
+                &mut item.put,
+                &mut item.post,
+                &mut item.delete,
+                &mut item.patch,
+            ];
+            for operation in operations.into_iter().flatten() {
+                for (status, response) in operation.responses.responses.iter_mut() {
+                    let RefOr::T(response) = response else {
+                        continue;
+                    };
+                    if status == "401" {
+                        response.headers.insert(
+                            "WWW-Authenticate".to_owned(),
+                            header(Type::String, challenge.clone()),
+                        );
+                    }
+                    if let Some(retry_after) = response.headers.get_mut("Retry-After") {
+                        *retry_after = header(
+                            Type::Integer,
+                            "Whole seconds to wait, rounded up (at least 1)".to_owned(),
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The failures every operation behind an API key may answer, whatever it does: no or
+/// an unknown key (401), a key without the scope or the account (403), the key's rate
+/// limit (429), and the database or the request running out of time (503). Listed in an
+/// operation's `responses(...)` after its own.
+pub struct KeyedErrors;
+
+impl IntoResponses for KeyedErrors {
+    fn responses() -> BTreeMap<String, RefOr<Response>> {
+        [
+            ("401", "`unauthorized`: missing or unknown API key"),
+            (
+                "403",
+                "`forbidden`: the key lacks the scope, or may not act on the account the request names",
+            ),
+            (
+                "429",
+                "`rate_limited`: the key exceeded its rate limit; see Retry-After",
+            ),
+            (
+                "503",
+                "`database_unavailable` or `request_timeout`: retry after Retry-After",
+            ),
+        ]
+        .into_iter()
+        .map(|(status, description)| (status.to_owned(), RefOr::T(problem(description))))
+        .collect()
+    }
+}
+
+/// A problem+json answer described by `description`; 429 and 503 also carry
+/// `Retry-After`, which `HttpConventions` documents.
+fn problem(description: &str) -> Response {
+    let mut response = ResponseBuilder::new().description(description).content(
+        "application/problem+json",
+        ContentBuilder::new()
+            .schema(Some(Ref::from_schema_name("Problem")))
+            .build(),
+    );
+    if description.contains("Retry-After") {
+        response = response.header("Retry-After", HeaderBuilder::new().build());
+    }
+    response.build()
+}
+
+/// Sets the pattern of every parameter and schema property that carries an identifier,
+/// by its name, from the domain type that enforces it: the document cannot promise
+/// another alphabet than the parser accepts.
+struct IdentifierPatterns;
+
+/// Which pattern each identifier field or parameter has.
+const PATTERNS: &[(&str, &str)] = &[
+    ("provider", Provider::PATTERN),
+    ("accountId", AccountId::PATTERN),
+    ("paymentIntentId", PaymentIntentId::PATTERN),
+    ("tokenType", TokenType::PATTERN),
+    ("owner", OBJECT_ID_PATTERN),
+    ("newOwner", OBJECT_ID_PATTERN),
+    ("tokenId", OBJECT_ID_PATTERN),
+    ("after", OBJECT_ID_PATTERN),
+];
+
+fn pattern_of(name: &str) -> Option<&'static str> {
+    PATTERNS
+        .iter()
+        .find(|(field, _)| *field == name)
+        .map(|(_, pattern)| *pattern)
+}
+
+/// Sets `pattern` on `schema` when it is a string.
+fn set_pattern(schema: &mut RefOr<Schema>, pattern: &str) {
+    if let RefOr::T(Schema::Object(object)) = schema
+        && is_string(object)
+    {
+        object.pattern = Some(pattern.to_owned());
+    }
+}
+
+fn is_string(object: &Object) -> bool {
+    use utoipa::openapi::schema::SchemaType;
+    match &object.schema_type {
+        SchemaType::Type(Type::String) => true,
+        SchemaType::Array(types) => types.contains(&Type::String),
+        _ => false,
+    }
+}
+
+impl utoipa::Modify for IdentifierPatterns {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        for item in openapi.paths.paths.values_mut() {
+            let operations = [
+                &mut item.get,
+                &mut item.put,
+                &mut item.post,
+                &mut item.delete,
+                &mut item.patch,
+            ];
+            for operation in operations.into_iter().flatten() {
+                for parameter in operation.parameters.iter_mut().flatten() {
+                    let RefOr::T(parameter) = parameter else {
+                        continue;
+                    };
+                    if let (Some(pattern), Some(schema)) =
+                        (pattern_of(&parameter.name), parameter.schema.as_mut())
+                    {
+                        set_pattern(schema, pattern);
+                    }
+                }
+            }
+        }
+        let Some(components) = openapi.components.as_mut() else {
+            return;
+        };
+        for schema in components.schemas.values_mut() {
+            if let RefOr::T(Schema::Object(object)) = schema {
+                for (name, property) in object.properties.iter_mut() {
+                    if let Some(pattern) = pattern_of(name) {
+                        set_pattern(property, pattern);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::Owner;
+
+    #[test]
+    fn the_object_id_pattern_is_what_the_parser_accepts() {
+        let pattern = regex::Regex::new(OBJECT_ID_PATTERN).unwrap();
+        for candidate in [
+            "65f1a0c2b3d4e5f601234567",
+            "65F1A0C2B3D4E5F601234567",
+            "65f1a0c2b3d4e5f60123456",
+            "65f1a0c2b3d4e5f6012345678",
+            "65f1a0c2b3d4e5f60123456g",
+            " 65f1a0c2b3d4e5f601234567",
+            "",
+        ] {
+            assert_eq!(
+                pattern.is_match(candidate),
+                Owner::parse(candidate).is_ok(),
+                "{candidate:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn every_operation_behind_a_key_documents_the_shared_failures() {
+        let doc = ApiDoc::openapi();
+        let mut keyed = 0;
+        for (path, item) in &doc.paths.paths {
+            for operation in [&item.get, &item.post].into_iter().flatten() {
+                if operation.security.is_none() {
+                    continue;
+                }
+                keyed += 1;
+                for status in ["401", "403", "429", "503"] {
+                    assert!(
+                        operation.responses.responses.contains_key(status),
+                        "{path}: no {status}"
+                    );
+                }
+            }
+        }
+        assert_eq!(keyed, 8, "operations behind an API key");
+    }
+}
