@@ -11,6 +11,12 @@
 //! mongod instead, after checking that the server on the remembered port is that very
 //! process, and never stop a mongod they did not start. mongod's stdout and stderr (what
 //! it prints before its log is open) go to its log file too.
+//!
+//! What the data directory records (the port, the live mongod's pid) is `data_dir`'s;
+//! signalling child processes is `process`'s.
+
+mod data_dir;
+mod process;
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -22,14 +28,14 @@ use mongodb::options::ClientOptions;
 use tokio::process::{Child, Command};
 
 use crate::settings::EmbeddedMongoSettings;
+pub use data_dir::running_mongod;
+use data_dir::{PORT_FILE, process_alive, read_port, remembered_port};
+pub use process::die_with_parent;
+use process::terminate;
 
 /// Where `scripts/install-mongod.sh` puts the pinned binary.
 pub const INSTALLED_BINARY: &str = ".tools/mongodb/bin/mongod";
 const REPLICA_SET: &str = "rs0";
-const PORT_FILE: &str = "tokenmint-port";
-/// mongod writes its pid here while it holds the data directory, and empties it on a
-/// clean shutdown.
-const LOCK_FILE: &str = "mongod.lock";
 const STARTUP_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long mongod gets to finish after the `shutdown` command, then after SIGTERM.
 const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(20);
@@ -374,94 +380,6 @@ impl Drop for EmbeddedMongo {
     }
 }
 
-/// Sends SIGTERM (mongod's clean shutdown) to `child` unless it has been reaped.
-fn terminate(child: &Child) {
-    if let Some(pid) = child.id().and_then(|pid| libc::pid_t::try_from(pid).ok()) {
-        // SAFETY: kill(2) on our own child, not reaped yet (tokio clears the id once it
-        // is), so the pid cannot belong to another process.
-        unsafe {
-            libc::kill(pid, libc::SIGTERM);
-        }
-    }
-}
-
 fn uri(port: u16) -> String {
     format!("mongodb://127.0.0.1:{port}/?directConnection=true")
-}
-
-/// The pid of a live mongod holding `data_dir` (written into its `mongod.lock`), if any.
-/// A lock left behind by a crash names a dead process (or, rarely, a pid reused by
-/// something that is not mongod) and counts as none.
-pub fn running_mongod(data_dir: &Path) -> Option<u32> {
-    let pid: u32 = std::fs::read_to_string(data_dir.join(LOCK_FILE))
-        .ok()?
-        .trim()
-        .parse()
-        .ok()?;
-    if !process_alive(pid) {
-        return None;
-    }
-    #[cfg(target_os = "linux")]
-    if let Ok(name) = std::fs::read_to_string(format!("/proc/{pid}/comm"))
-        && !name.trim().starts_with("mongod")
-    {
-        return None;
-    }
-    Some(pid)
-}
-
-/// Whether process `pid` exists (also when it belongs to another user).
-fn process_alive(pid: u32) -> bool {
-    let Ok(pid) = libc::pid_t::try_from(pid) else {
-        return false;
-    };
-    if pid <= 0 {
-        return false;
-    }
-    // SAFETY: signal 0 only checks that the process exists; nothing is sent.
-    let rc = unsafe { libc::kill(pid, 0) };
-    rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
-}
-
-fn read_port(file: &Path) -> Option<u16> {
-    std::fs::read_to_string(file)
-        .ok()
-        .and_then(|p| p.trim().parse().ok())
-}
-
-/// The port recorded in `data_dir`, or a free one, recorded for next time.
-fn remembered_port(data_dir: &Path) -> Result<u16, EmbeddedError> {
-    let file = data_dir.join(PORT_FILE);
-    if let Some(port) = read_port(&file) {
-        return Ok(port);
-    }
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port();
-    std::fs::write(&file, port.to_string())?;
-    Ok(port)
-}
-
-/// On Linux, the child started by `command` gets `signal` when the thread that started it
-/// dies, so a killed parent never leaves an orphan behind (a mongod holding its data
-/// directory, a service still bound to its port). Elsewhere this does nothing.
-///
-/// Shared by every place that starts a child process: the embedded mongod, and the
-/// bench's and the fault-injection tests' service and mongod processes.
-pub fn die_with_parent(command: &mut std::process::Command, signal: i32) {
-    #[cfg(target_os = "linux")]
-    {
-        use std::os::unix::process::CommandExt;
-        // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
-        unsafe {
-            command.pre_exec(move || {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, signal) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-    }
-    #[cfg(not(target_os = "linux"))]
-    let _ = (command, signal);
 }

@@ -1,0 +1,305 @@
+//! The one `Settings` struct and how it is loaded.
+//!
+//! Layers, later ones winning: the defaults compiled into the binary
+//! (`config/default.toml`), `config/<TOKENMINT_ENV>.toml` when present, the file given by
+//! `--config` / `TOKENMINT_CONFIG`, then environment variables `TOKENMINT__SECTION__KEY`.
+//! Unknown keys are rejected so that a typo in an operator's file is an error, not a
+//! silently ignored setting; every validation error names the offending key.
+//!
+//! The sections are here, how a load error is told without echoing a value in
+//! `errors`, and the rules a loaded configuration must meet in `validate`.
+
+mod errors;
+mod validate;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use figment::Figment;
+use figment::providers::{Env, Format, Toml};
+use secrecy::SecretString;
+use serde::Deserialize;
+
+use crate::domain::IssuanceMode;
+pub use errors::SettingsError;
+use errors::load_error;
+
+/// The defaults, compiled in so that the binary runs from any working directory.
+const DEFAULT_TOML: &str = include_str!("../../config/default.toml");
+
+/// Everything tokenmint can be configured with.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Settings {
+    pub server: ServerSettings,
+    pub mongo: MongoSettings,
+    pub migrations: MigrationSettings,
+    pub issuance: IssuanceSettings,
+    pub version_gate: VersionGateSettings,
+    pub auth: AuthSettings,
+    #[serde(default)]
+    pub providers: BTreeMap<String, ProviderSettings>,
+    pub webhooks: WebhookSettings,
+    pub repair: RepairSettings,
+    pub rate_limit: RateLimitSettings,
+    pub log: LogSettings,
+    /// `TOKENMINT_ENV` (default `development`); not read from files.
+    #[serde(skip)]
+    pub environment: String,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerSettings {
+    /// Address to listen on; port 0 picks a free port (the bound address is logged).
+    pub bind: SocketAddr,
+    pub request_timeout_ms: u64,
+    pub body_limit_bytes: usize,
+    pub cors_origins: Vec<String>,
+    /// How long in-flight requests may run after SIGTERM before the server stops anyway.
+    pub shutdown_grace_ms: u64,
+    /// How long a client may take to send a request's headers; also how long an idle
+    /// keep-alive connection stays open.
+    pub header_read_timeout_ms: u64,
+    /// Connections served at once; more wait in the listen backlog.
+    pub max_connections: usize,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MongoSettings {
+    /// Empty: start the embedded mongod.
+    pub uri: String,
+    pub database: String,
+    pub server_selection_timeout_ms: u64,
+    pub max_pool_size: u32,
+    pub embedded: EmbeddedMongoSettings,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EmbeddedMongoSettings {
+    /// Empty: `.tools/mongodb/bin/mongod`, then `mongod` on PATH.
+    pub binary: String,
+    pub data_dir: PathBuf,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MigrationSettings {
+    pub apply_on_startup: bool,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IssuanceSettings {
+    pub default_mode: IssuanceMode,
+    pub max_quantity: u32,
+    /// Bounded retries of a token-index duplicate-key race in upsert mode.
+    pub duplicate_key_retries: u32,
+    /// How long a checkout's pending request waits for the payment's success event
+    /// before it expires.
+    pub pending_ttl_days: u32,
+    /// Checkout requests that may wait for their payment's event at once (`Prefer:
+    /// wait`) on one instance; beyond it a request is answered at once.
+    pub max_waiters: u32,
+}
+
+/// Self-repair of token sets a crash left short.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RepairSettings {
+    pub enabled: bool,
+    /// How often each instance sweeps for unfinished issuances.
+    pub interval_ms: u64,
+    /// How old an `issuing` record must be before it counts as abandoned: longer than
+    /// any request may take, so a sweep does not race requests still in flight.
+    pub min_age_ms: u64,
+    /// How far back each sweep settles refunded or canceled payments again (covers an
+    /// atomic issuance whose process died between its commit and its settle).
+    pub withdrawal_lookback_ms: u64,
+}
+
+/// The retry policy of the `_version` gate when the client sent no `If-Match`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VersionGateSettings {
+    pub base_delay_ms: u64,
+    pub max_jitter_ms: u64,
+    pub max_attempts: u32,
+    pub budget_ms: u64,
+}
+
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct AuthSettings {
+    pub keys: Vec<ApiKeySettings>,
+}
+
+/// One API key: only the SHA-256 of the bearer secret is configured, never the secret.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApiKeySettings {
+    pub id: String,
+    pub sha256: String,
+    pub scopes: Vec<String>,
+    /// When present, the key only sees these accountIds.
+    pub accounts: Option<Vec<String>>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProviderSettings {
+    pub scheme: WebhookScheme,
+    /// Several at once during rotation. From the environment, never a committed file.
+    pub secrets: Vec<SecretString>,
+    #[serde(default = "default_tolerance")]
+    pub tolerance_secs: u64,
+}
+
+fn default_tolerance() -> u64 {
+    300
+}
+
+/// How a provider signs its webhooks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum WebhookScheme {
+    Stripe,
+    StandardWebhooks,
+    Paddle,
+    Adyen,
+}
+
+impl std::fmt::Display for WebhookScheme {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Stripe => "stripe",
+            Self::StandardWebhooks => "standard-webhooks",
+            Self::Paddle => "paddle",
+            Self::Adyen => "adyen",
+        })
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WebhookSettings {
+    pub retention_days: u32,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RateLimitSettings {
+    pub per_key_per_second: u32,
+    pub burst: u32,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogSettings {
+    pub format: LogFormat,
+    pub level: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Pretty,
+    Json,
+}
+
+/// The most tokens one issuance may carry; `issuance.max_quantity` may not exceed it.
+///
+/// Upsert mode writes an issuance's tokens in ONE `update` command, one upsert statement
+/// per token (`store/token_bulk.rs`: one round trip, converging whatever exists), and
+/// MongoDB refuses a command document over 16 MiB (+16 KiB). A statement is ~300–400
+/// bytes with ordinary ids and under 1 KiB with every id at its longest (provider 32,
+/// accountId 64, paymentIntentId 128, tokenType 64 characters; the payment key is
+/// written twice, in the filter and in `origin`): 10 000 statements stay under 10 MiB,
+/// with room to spare for a field added to tokens later.
+/// (`tests/api/hardening.rs` issues 10 000 tokens with the longest ids in one write.)
+pub const MAX_QUANTITY: u32 = 10_000;
+
+/// The prefix of configuration environment variables.
+const ENV_PREFIX: &str = "TOKENMINT__";
+
+impl Settings {
+    /// Loads the layered configuration from the process environment.
+    pub fn load(config_file: Option<&Path>) -> Result<Self, SettingsError> {
+        let environment =
+            std::env::var("TOKENMINT_ENV").unwrap_or_else(|_| "development".to_owned());
+        let figment = Self::figment(&environment, config_file).merge(
+            Env::prefixed(ENV_PREFIX)
+                .split("__")
+                .map(|key| key.as_str().to_ascii_lowercase().into()),
+        );
+        Self::from_figment(figment, environment)
+    }
+
+    /// Defaults + environment file + `--config` file, without environment variables.
+    fn figment(environment: &str, config_file: Option<&Path>) -> Figment {
+        let mut figment = Figment::new().merge(Toml::string(DEFAULT_TOML));
+        let env_file = PathBuf::from(format!("config/{environment}.toml"));
+        if env_file.is_file() {
+            figment = figment.merge(Toml::file(env_file));
+        }
+        if let Some(file) = config_file {
+            figment = figment.merge(Toml::file_exact(file));
+        }
+        figment
+    }
+
+    /// Extracts and validates; used by `load` and by tests that build settings in code.
+    pub fn from_figment(figment: Figment, environment: String) -> Result<Self, SettingsError> {
+        let mut settings: Settings = figment
+            .extract()
+            .map_err(|error| load_error(&figment, error))?;
+        settings.environment = environment;
+        settings.validate()?;
+        Ok(settings)
+    }
+
+    /// The compiled-in defaults with `layers` (TOML texts, later ones winning) on top;
+    /// for tests and tools.
+    pub fn with_overrides(layers: &[&str]) -> Result<Self, SettingsError> {
+        let figment = layers.iter().fold(
+            Figment::new().merge(Toml::string(DEFAULT_TOML)),
+            |figment, layer| figment.merge(Toml::string(layer)),
+        );
+        Self::from_figment(figment, "test".to_owned())
+    }
+
+    pub fn is_production(&self) -> bool {
+        self.environment == "production"
+    }
+
+    pub fn request_timeout(&self) -> Duration {
+        Duration::from_millis(self.server.request_timeout_ms)
+    }
+
+    pub fn server_selection_timeout(&self) -> Duration {
+        Duration::from_millis(self.mongo.server_selection_timeout_ms)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid() {
+        let settings = Settings::with_overrides(&[""]).expect("defaults load");
+        assert_eq!(settings.issuance.max_quantity, 1000);
+        assert_eq!(settings.issuance.max_waiters, 1000);
+        assert_eq!(settings.issuance.default_mode, IssuanceMode::Upsert);
+    }
+
+    #[test]
+    fn unknown_key_is_named() {
+        let err = Settings::with_overrides(&["[issuance]\nmax_quanity = 3"]).unwrap_err();
+        assert!(err.to_string().contains("max_quanity"), "{err}");
+    }
+}

@@ -1,0 +1,300 @@
+//! What a loaded configuration must meet before anything starts: each rule names the key
+//! it refuses, and never the value.
+
+use super::errors::invalid;
+use super::{MAX_QUANTITY, Settings, SettingsError};
+use crate::domain::Provider;
+use crate::webhooks::signature::check_secret;
+
+impl Settings {
+    pub(super) fn validate(&self) -> Result<(), SettingsError> {
+        let positive = [
+            ("server.request_timeout_ms", self.server.request_timeout_ms),
+            (
+                "server.header_read_timeout_ms",
+                self.server.header_read_timeout_ms,
+            ),
+            ("server.max_connections", self.server.max_connections as u64),
+            (
+                "server.body_limit_bytes",
+                self.server.body_limit_bytes as u64,
+            ),
+            (
+                "mongo.server_selection_timeout_ms",
+                self.mongo.server_selection_timeout_ms,
+            ),
+            ("mongo.max_pool_size", u64::from(self.mongo.max_pool_size)),
+            (
+                "issuance.max_quantity",
+                u64::from(self.issuance.max_quantity),
+            ),
+            (
+                "version_gate.max_attempts",
+                u64::from(self.version_gate.max_attempts),
+            ),
+            ("version_gate.budget_ms", self.version_gate.budget_ms),
+            (
+                "webhooks.retention_days",
+                u64::from(self.webhooks.retention_days),
+            ),
+            (
+                "issuance.pending_ttl_days",
+                u64::from(self.issuance.pending_ttl_days),
+            ),
+            ("issuance.max_waiters", u64::from(self.issuance.max_waiters)),
+            ("repair.interval_ms", self.repair.interval_ms),
+            (
+                "rate_limit.per_key_per_second",
+                u64::from(self.rate_limit.per_key_per_second),
+            ),
+            ("rate_limit.burst", u64::from(self.rate_limit.burst)),
+        ];
+        for (key, value) in positive {
+            if value == 0 {
+                return Err(invalid(key, "must be greater than 0"));
+            }
+        }
+        if self.issuance.max_quantity > MAX_QUANTITY {
+            return Err(invalid(
+                "issuance.max_quantity",
+                format!(
+                    "must be at most {MAX_QUANTITY} (the tokens of one issuance are written in one command)"
+                ),
+            ));
+        }
+        for (i, origin) in self.server.cors_origins.iter().enumerate() {
+            if let Err(problem) = check_origin(origin) {
+                return Err(invalid(format!("server.cors_origins[{i}]"), problem));
+            }
+        }
+        if self.mongo.database.is_empty() || self.mongo.database.contains(['.', '/', ' ', '$']) {
+            return Err(invalid("mongo.database", "must be a valid database name"));
+        }
+        if tracing_subscriber::EnvFilter::try_new(&self.log.level).is_err() {
+            return Err(invalid("log.level", "is not a valid log filter"));
+        }
+        self.validate_keys()?;
+        self.validate_providers()
+    }
+
+    fn validate_keys(&self) -> Result<(), SettingsError> {
+        for (i, key) in self.auth.keys.iter().enumerate() {
+            let at = format!("auth.keys[{i}]");
+            if key.id.trim().is_empty() {
+                return Err(invalid(format!("{at}.id"), "must not be empty"));
+            }
+            let hex_ok =
+                key.sha256.len() == 64 && key.sha256.bytes().all(|b| b.is_ascii_hexdigit());
+            if !hex_ok {
+                return Err(invalid(
+                    format!("{at}.sha256"),
+                    "must be the 64 hex digits of the key's SHA-256",
+                ));
+            }
+            if key.scopes.is_empty() {
+                return Err(invalid(
+                    format!("{at}.scopes"),
+                    "must name at least one scope",
+                ));
+            }
+            for (j, scope) in key.scopes.iter().enumerate() {
+                if crate::domain::Scope::parse(scope).is_none() {
+                    return Err(invalid(format!("{at}.scopes[{j}]"), "is not a known scope"));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn validate_providers(&self) -> Result<(), SettingsError> {
+        use secrecy::ExposeSecret;
+        for (name, provider) in &self.providers {
+            let at = format!("providers.{name}");
+            if Provider::parse(name).is_err() {
+                return Err(invalid(at, "is not a valid provider name"));
+            }
+            if provider.secrets.is_empty() {
+                return Err(invalid(
+                    format!("{at}.secrets"),
+                    "must hold at least one secret",
+                ));
+            }
+            for (i, secret) in provider.secrets.iter().enumerate() {
+                if let Err(problem) = check_secret(provider.scheme, secret.expose_secret()) {
+                    return Err(invalid(
+                        format!("{at}.secrets[{i}]"),
+                        format!(
+                            "(provider `{name}`, scheme `{}`) {problem}",
+                            provider.scheme
+                        ),
+                    ));
+                }
+            }
+            if provider.tolerance_secs == 0 {
+                return Err(invalid(
+                    format!("{at}.tolerance_secs"),
+                    "must be greater than 0",
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Browsers send `Origin` as `scheme://host[:port]`, lower-case, without a path or the
+/// scheme's default port, and CORS compares it byte for byte: anything else in
+/// `server.cors_origins` would never match, so it is refused rather than ignored.
+fn check_origin(origin: &str) -> Result<(), &'static str> {
+    const SHAPE: &str = "is not an origin: expected `https://host` or `http://host:port`";
+    if origin == "*" {
+        return Err("must name an origin (`*` is not allowed: list each checkout origin)");
+    }
+    let uri: axum::http::Uri = origin.parse().map_err(|_| SHAPE)?;
+    let (Some(scheme), Some(authority)) = (uri.scheme_str(), uri.authority()) else {
+        return Err(SHAPE);
+    };
+    if !matches!(scheme, "http" | "https") {
+        return Err("must use the `http` or `https` scheme");
+    }
+    if origin != format!("{scheme}://{authority}") || authority.as_str().contains('@') {
+        return Err(
+            "must be only `scheme://host[:port]`, without a path, a trailing `/` or user information",
+        );
+    }
+    if origin.bytes().any(|b| b.is_ascii_uppercase()) {
+        return Err("must be lower-case, as browsers send it");
+    }
+    if matches!(
+        (scheme, authority.port_u16()),
+        ("https", Some(443)) | ("http", Some(80))
+    ) {
+        return Err("must leave out the scheme's default port, as browsers do");
+    }
+    axum::http::HeaderValue::from_str(origin).map_err(|_| SHAPE)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::settings::errors::tests::refused;
+
+    #[test]
+    fn zero_values_name_their_key() {
+        let err = Settings::with_overrides(&["[issuance]\nmax_quantity = 0"]).unwrap_err();
+        assert!(err.to_string().contains("issuance.max_quantity"), "{err}");
+        let err = Settings::with_overrides(&["[issuance]\nmax_waiters = 0"]).unwrap_err();
+        assert!(err.to_string().contains("issuance.max_waiters"), "{err}");
+    }
+
+    #[test]
+    fn bad_key_hash_is_named() {
+        let toml = "[[auth.keys]]\nid = \"a\"\nsha256 = \"zz\"\nscopes = [\"admin\"]";
+        let err = Settings::with_overrides(&[toml]).unwrap_err();
+        assert!(err.to_string().contains("auth.keys[0].sha256"), "{err}");
+    }
+
+    #[test]
+    fn provider_secrets_must_fit_their_scheme_and_are_never_echoed() {
+        let stripe = |secret: &str| {
+            format!(
+                "[providers.billing]\nscheme = \"stripe\"\nsecrets = [\"whsec_0123456789abcdef\", \"{secret}\"]"
+            )
+        };
+        Settings::with_overrides(&[&stripe("whsec_0123456789abcdefXYZ")]).expect("valid stripe");
+        for secret in [
+            "whsec_S3cretShort",
+            "S3cretWithoutThePrefix0123",
+            "whsec_S3cret with space!",
+        ] {
+            let err = refused(
+                &[&stripe(secret)],
+                "providers.billing.secrets[1]",
+                &[secret, "S3cret"],
+            );
+            assert!(err.contains("provider `billing`"), "{err}");
+        }
+        let standard = |secret: &str| {
+            format!("[providers.acme]\nscheme = \"standard-webhooks\"\nsecrets = [\"{secret}\"]")
+        };
+        Settings::with_overrides(&[&standard("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")])
+            .expect("valid standard-webhooks");
+        let undecodable = "whsec_S3cret-not*base64!";
+        let short = "whsec_S3cretAAAAAAAAAAAAAAAA"; // decodes to 21 bytes
+        let long = format!("whsec_S3cret{}", "A".repeat(84)); // 72 bytes
+        for secret in [
+            undecodable,
+            short,
+            &long,
+            "S3cretMfKQ9r8GKYqrTwjUPD8ILPZIo2LaLa",
+        ] {
+            let err = refused(
+                &[&standard(secret)],
+                "providers.acme.secrets[0]",
+                &[secret, "S3cret"],
+            );
+            assert!(err.contains("provider `acme`"), "{err}");
+            assert!(err.contains("standard-webhooks"), "{err}");
+        }
+    }
+
+    #[test]
+    fn max_quantity_is_capped_to_what_one_write_carries() {
+        let at_cap = format!("[issuance]\nmax_quantity = {MAX_QUANTITY}");
+        let settings = Settings::with_overrides(&[&at_cap]).expect("the cap itself is allowed");
+        assert_eq!(settings.issuance.max_quantity, 10_000);
+        let over = format!("[issuance]\nmax_quantity = {}", MAX_QUANTITY + 1);
+        let err = refused(&[&over], "`issuance.max_quantity`", &["10001"]);
+        assert!(err.contains("at most 10000"), "{err}");
+    }
+
+    #[test]
+    fn cors_origins_must_be_origins() {
+        let origins = |list: &str| format!("[server]\ncors_origins = {list}");
+        let settings = Settings::with_overrides(&[&origins(
+            r#"["https://shop.example", "http://localhost:3000", "http://[::1]:8080"]"#,
+        )])
+        .expect("valid origins");
+        assert_eq!(settings.server.cors_origins.len(), 3);
+        for bad in [
+            "*",
+            "https://shop.example/",
+            "https://shop.example/checkout",
+            "shop.example",
+            "ftp://shop.example",
+            "https://Shop.example",
+            "https://shop.example:443",
+            "https://user@shop.example",
+            "https://shop example",
+            "",
+        ] {
+            let list = format!(r#"["https://ok.example", "{bad}"]"#);
+            let err = refused(&[&origins(&list)], "`server.cors_origins[1]`", &[]);
+            if !bad.is_empty() && bad != "*" {
+                assert!(!err.contains(bad), "{bad:?} echoed in {err}");
+            }
+        }
+    }
+
+    #[test]
+    fn unknown_scope_is_named_by_index() {
+        let toml = format!(
+            "[[auth.keys]]\nid = \"a\"\nsha256 = \"{}\"\nscopes = [\"read\", \"s3cr3t-scope\"]",
+            "a".repeat(64)
+        );
+        refused(&[&toml], "auth.keys[0].scopes[1]", &["s3cr3t-scope"]);
+    }
+
+    #[test]
+    fn empty_provider_secret_is_rejected() {
+        let toml = "[providers.stripe]\nscheme = \"stripe\"\nsecrets = [\"\"]";
+        let err = Settings::with_overrides(&[toml]).unwrap_err();
+        assert!(
+            err.to_string().contains("providers.stripe.secrets"),
+            "{err}"
+        );
+        let toml = "[providers.stripe]\nscheme = \"stripe\"\nsecrets = [\"whsec_0123456789abcdef\"]\ntolerance_secs = 0";
+        let err = Settings::with_overrides(&[toml]).unwrap_err();
+        assert!(err.to_string().contains("tolerance_secs"), "{err}");
+    }
+}
