@@ -3,19 +3,26 @@
 //! Paddle shows it (`pdl_ntfset_…`), and its events: transactions and refund adjustments.
 
 use chrono::DateTime;
-use hmac::Mac;
-use secrecy::{ExposeSecret, SecretString};
+use secrecy::SecretString;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use super::events::{EventError, payment_key, ranked_version, tokenmint_params};
-use super::signature::{SignatureError, SignatureHeaders, any_signature_matches, mac, within};
+use super::signature::{SignatureError, SignatureHeaders, TimestampedHeader};
 use crate::domain::{ParsedEvent, PaymentEvent, PaymentStatus, Provider, Refund};
 
 /// What every Paddle notification secret key starts with.
 const SECRET_PREFIX: &str = "pdl_ntfset_";
 /// The fewest characters a secret has after the prefix (Paddle's have an id and a key).
 const SECRET_MIN_CHARS: usize = 16;
+
+/// Paddle's header: `ts=<unix>;h1=<hex>`, signing `"{ts}:{body}"`.
+const HEADER: TimestampedHeader = TimestampedHeader {
+    timestamp: "ts",
+    signature: "h1",
+    items: ';',
+    separator: b":",
+};
 
 /// Verifies a Paddle delivery: the timestamp within `tolerance_secs`, then any `h1` that
 /// is the HMAC under any configured secret (several during a rotation).
@@ -26,44 +33,12 @@ pub fn verify_paddle(
     tolerance_secs: u64,
     now: i64,
 ) -> Result<(), SignatureError> {
-    let header = headers.paddle_signature.ok_or(SignatureError::Missing)?;
-    let mut timestamp = None;
-    let mut signatures = Vec::new();
-    for item in header.split(';') {
-        match item.trim().split_once('=') {
-            Some(("ts", value)) => timestamp = Some(value),
-            Some(("h1", value)) => signatures.extend(hex::decode(value).ok()),
-            _ => {}
-        }
-    }
-    // The signed timestamp is the header's text as sent, not a re-rendering of it.
-    let signed_timestamp = timestamp.ok_or(SignatureError::Invalid)?;
-    let timestamp = signed_timestamp
-        .parse::<i64>()
-        .map_err(|_| SignatureError::Invalid)?;
-    if signatures.is_empty() {
-        return Err(SignatureError::Invalid);
-    }
-    within(timestamp, now, tolerance_secs)?;
-    let keys = secrets
-        .iter()
-        .map(|s| s.expose_secret().as_bytes().to_vec());
-    any_signature_matches(
-        keys,
-        &[signed_timestamp.as_bytes(), b":", body],
-        &signatures,
-    )
+    HEADER.verify(headers.paddle_signature, body, secrets, tolerance_secs, now)
 }
 
 /// Signs like Paddle does: the `Paddle-Signature` value; for tests and `webhooks sign`.
 pub fn sign_paddle(secret: &str, timestamp: i64, body: &[u8]) -> String {
-    let tag = mac(
-        secret.as_bytes(),
-        &[timestamp.to_string().as_bytes(), b":", body],
-    )
-    .finalize()
-    .into_bytes();
-    format!("ts={timestamp};h1={}", hex::encode(tag))
+    HEADER.sign(secret, timestamp, body)
 }
 
 /// A Paddle secret key: `pdl_ntfset_` and at least 16 visible characters.

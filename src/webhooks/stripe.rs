@@ -3,17 +3,24 @@
 //! refunded charges and disputes whose funds were withdrawn (chargebacks).
 
 use chrono::DateTime;
-use hmac::Mac;
-use secrecy::{ExposeSecret, SecretString};
+use secrecy::SecretString;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use super::events::{EventError, RANK_FACTOR, payment_key, ranked_version, tokenmint_params};
-use super::signature::{SignatureError, SignatureHeaders, any_signature_matches, mac, within};
+use super::signature::{SignatureError, SignatureHeaders, TimestampedHeader};
 use crate::domain::{ParsedEvent, PaymentEvent, PaymentStatus, Provider, Refund};
 
 /// The fewest characters a Stripe secret has after `whsec_`.
 pub const STRIPE_SECRET_MIN_CHARS: usize = 16;
+
+/// Stripe's header: `t=<unix>,v1=<hex>`, signing `"{t}.{body}"`. Only `v1` counts.
+const HEADER: TimestampedHeader = TimestampedHeader {
+    timestamp: "t",
+    signature: "v1",
+    items: ',',
+    separator: b".",
+};
 
 /// Stripe: `Stripe-Signature: t=<unix>,v1=<hex>[,v1=<hex>…]`, HMAC of `"{t}.{body}"` keyed
 /// with the whole secret string. Only `v1` counts; `v0` and unknown schemes are ignored.
@@ -24,41 +31,12 @@ pub fn verify_stripe(
     tolerance_secs: u64,
     now: i64,
 ) -> Result<(), SignatureError> {
-    let header = headers.stripe_signature.ok_or(SignatureError::Missing)?;
-    let mut timestamp = None;
-    let mut signatures = Vec::new();
-    for item in header.split(',') {
-        match item.trim().split_once('=') {
-            Some(("t", value)) => timestamp = value.parse::<i64>().ok(),
-            Some(("v1", value)) => signatures.extend(hex::decode(value).ok()),
-            _ => {}
-        }
-    }
-    let timestamp = timestamp.ok_or(SignatureError::Invalid)?;
-    if signatures.is_empty() {
-        return Err(SignatureError::Invalid);
-    }
-    within(timestamp, now, tolerance_secs)?;
-    let signed_timestamp = timestamp.to_string();
-    let keys = secrets
-        .iter()
-        .map(|s| s.expose_secret().as_bytes().to_vec());
-    any_signature_matches(
-        keys,
-        &[signed_timestamp.as_bytes(), b".", body],
-        &signatures,
-    )
+    HEADER.verify(headers.stripe_signature, body, secrets, tolerance_secs, now)
 }
 
 /// Signs like Stripe does; for tests and `webhooks sign`.
 pub fn sign_stripe(secret: &str, timestamp: i64, body: &[u8]) -> String {
-    let tag = mac(
-        secret.as_bytes(),
-        &[timestamp.to_string().as_bytes(), b".", body],
-    )
-    .finalize()
-    .into_bytes();
-    format!("t={timestamp},v1={}", hex::encode(tag))
+    HEADER.sign(secret, timestamp, body)
 }
 
 /// A Stripe secret: `whsec_` and at least 16 visible characters.
