@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 
+use utoipa::openapi::path::{Operation, PathItem};
 use utoipa::openapi::response::{Response, ResponseBuilder};
 use utoipa::openapi::schema::{Object, Schema, Type};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
@@ -102,14 +103,7 @@ impl utoipa::Modify for HttpConventions {
                     realm = error::API_KEY_REALM
                 )
             };
-            let operations = [
-                &mut item.get,
-                &mut item.put,
-                &mut item.post,
-                &mut item.delete,
-                &mut item.patch,
-            ];
-            for operation in operations.into_iter().flatten() {
+            for operation in operations(item) {
                 for (status, response) in operation.responses.responses.iter_mut() {
                     let RefOr::T(response) = response else {
                         continue;
@@ -130,6 +124,19 @@ impl utoipa::Modify for HttpConventions {
             }
         }
     }
+}
+
+/// The operations of a path, whichever methods it has.
+fn operations(item: &mut PathItem) -> impl Iterator<Item = &mut Operation> {
+    [
+        &mut item.get,
+        &mut item.put,
+        &mut item.post,
+        &mut item.delete,
+        &mut item.patch,
+    ]
+    .into_iter()
+    .flatten()
 }
 
 /// The failures every operation behind an API key may answer, whatever it does: no or
@@ -221,14 +228,7 @@ fn is_string(object: &Object) -> bool {
 impl utoipa::Modify for IdentifierPatterns {
     fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
         for item in openapi.paths.paths.values_mut() {
-            let operations = [
-                &mut item.get,
-                &mut item.put,
-                &mut item.post,
-                &mut item.delete,
-                &mut item.patch,
-            ];
-            for operation in operations.into_iter().flatten() {
+            for operation in operations(item) {
                 for parameter in operation.parameters.iter_mut().flatten() {
                     let RefOr::T(parameter) = parameter else {
                         continue;
