@@ -214,3 +214,56 @@ fn default_pool_size() -> u32 {
         .mongo
         .max_pool_size
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn matrix(quick: bool) -> Vec<Scenario> {
+        scenarios(&Command::Matrix {
+            quick,
+            duration: None,
+            warmup: None,
+        })
+    }
+
+    #[test]
+    fn the_matrix_measures_every_target_in_every_scenario() {
+        let shape: Vec<(usize, u32, IssuanceMode, f64)> = matrix(false)
+            .iter()
+            .map(|s| {
+                assert!(s.service && s.floor && s.reference_floor);
+                assert_eq!(s.workload.races, 0.0);
+                let w = s.workload;
+                (w.concurrency, w.quantity, w.mode, w.replays)
+            })
+            .collect();
+        let mut expected = Vec::new();
+        for replays in [0.0, 0.5] {
+            expected.push((32, 4, IssuanceMode::Upsert, replays));
+        }
+        for replays in [0.0, 0.5] {
+            expected.push((32, 4, IssuanceMode::Atomic, replays));
+        }
+        for (concurrency, quantity) in [(1, 4), (256, 4), (32, 1), (32, 100)] {
+            for mode in [IssuanceMode::Upsert, IssuanceMode::Atomic] {
+                expected.push((concurrency, quantity, mode, 0.0));
+            }
+        }
+        assert_eq!(shape, expected);
+    }
+
+    #[test]
+    fn the_default_matrix_measures_under_thirteen_minutes() {
+        // Warm-up and measured time of every target; starting the service, migrating and
+        // dropping the databases add a few seconds per scenario on top.
+        let seconds = |scenarios: Vec<Scenario>| -> f64 {
+            scenarios
+                .iter()
+                .map(|s| 3.0 * (s.warmup + s.duration).as_secs_f64())
+                .sum()
+        };
+        assert!(seconds(matrix(false)) <= 13.0 * 60.0);
+        assert!(seconds(matrix(true)) <= 3.0 * 60.0);
+    }
+}

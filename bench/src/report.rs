@@ -2,189 +2,23 @@
 //! floor and the reference floor), the performance targets (reported, never asserted; the
 //! floor-relative ones against the per-request floor), mongod operations per issuance of
 //! every target, and where each floor's database time goes.
+//!
+//! This file lays out the tables, both the per-scenario block printed as the run goes and
+//! the markdown report; the figures they show are `measured`, the target verdicts
+//! `targets`. scripts and docs parse this output: its headers and columns are a format.
+
+mod measured;
+mod targets;
 
 use std::fmt::Write;
-use std::time::{Duration, Instant};
 
-use tokenmint::domain::IssuanceMode;
+pub use measured::{Measured, ScenarioResult};
 
 use crate::cli::Scenario;
 use crate::floor::Design;
 use crate::op_times::Op;
-use crate::workload::Stats;
 
-/// What one target did over a scenario's measured segments.
-#[derive(Default)]
-pub struct Measured {
-    pub stats: Stats,
-    pub elapsed: Duration,
-    pub cpu_service: Option<Duration>,
-    pub cpu_mongod: Option<Duration>,
-    pub cpu_bench: Option<Duration>,
-    /// mongod opcounters over the measured segments (all clients; the bench's own
-    /// `serverStatus` calls included).
-    pub ops: Option<crate::service::OpCounters>,
-    /// The service's VmRSS, sampled every second of its measured segments.
-    pub rss_samples: Vec<(Instant, u64)>,
-}
-
-impl Measured {
-    pub fn per_second(&self) -> f64 {
-        self.stats.ok as f64 / self.elapsed.as_secs_f64().max(1e-9)
-    }
-
-    fn tokens_per_second(&self) -> f64 {
-        self.stats.created as f64 / self.elapsed.as_secs_f64().max(1e-9)
-    }
-
-    /// CPU microseconds per successful issuance.
-    fn per_issuance(&self, cpu: Option<Duration>) -> Option<f64> {
-        let cpu = cpu?;
-        (self.stats.ok > 0).then(|| cpu.as_secs_f64() * 1e6 / self.stats.ok as f64)
-    }
-
-    /// Latency percentile in milliseconds.
-    fn ms(&self, quantile: f64) -> f64 {
-        self.stats.latency.value_at_quantile(quantile) as f64 / 1000.0
-    }
-
-    fn max_ms(&self) -> f64 {
-        self.stats.latency.max() as f64 / 1000.0
-    }
-
-    /// mongod operations per successful issuance, by counter.
-    fn ops_per_issuance(&self) -> String {
-        let Some(ops) = self.ops.filter(|_| self.stats.ok > 0) else {
-            return "n/a".to_owned();
-        };
-        crate::service::OPCOUNTER_NAMES
-            .iter()
-            .zip(ops)
-            .filter(|(_, count)| *count > 0)
-            .map(|(name, count)| format!("{name} {:.2}", count as f64 / self.stats.ok as f64))
-            .collect::<Vec<_>>()
-            .join(", ")
-    }
-
-    fn statuses(&self) -> String {
-        self.stats
-            .by_status
-            .iter()
-            .map(|(status, count)| format!("{status}×{count}"))
-            .collect::<Vec<_>>()
-            .join(" ")
-    }
-}
-
-/// One scenario's figures.
-pub struct ScenarioResult {
-    pub scenario: Scenario,
-    pub service: Option<Measured>,
-    /// tokenmint's `Store::issue` without HTTP (with `--with-store`).
-    pub store: Option<Measured>,
-    /// The per-request floor: tokenmint's design before group commit.
-    pub floor: Option<Measured>,
-    /// The reference design's upsert floor: one unordered bulk of upserts per issuance.
-    pub reference_floor: Option<Measured>,
-    /// VmRSS of the service at the end of the scenario.
-    pub service_rss: Option<u64>,
-    pub mongod_rss: Option<u64>,
-}
-
-impl ScenarioResult {
-    /// The targets this scenario measured, in report order, with their names.
-    fn measured(&self) -> impl Iterator<Item = (&'static str, &Measured)> {
-        [
-            ("tokenmint", &self.service),
-            ("store", &self.store),
-            (Design::PerRequest.name(), &self.floor),
-            (Design::Reference.name(), &self.reference_floor),
-        ]
-        .into_iter()
-        .filter_map(|(name, m)| Some((name, m.as_ref()?)))
-    }
-
-    /// What `floor` did, if the scenario measured it.
-    fn floor(&self, floor: Design) -> Option<&Measured> {
-        match floor {
-            Design::PerRequest => self.floor.as_ref(),
-            Design::Reference => self.reference_floor.as_ref(),
-        }
-    }
-
-    /// tokenmint's `f` ÷ `floor`'s.
-    fn ratio(&self, floor: Design, f: impl Fn(&Measured) -> Option<f64>) -> Option<f64> {
-        let service = f(self.service.as_ref()?)?;
-        let floor = f(self.floor(floor)?)?;
-        (floor > 0.0).then(|| service / floor)
-    }
-
-    fn throughput_ratio(&self, floor: Design) -> Option<f64> {
-        self.ratio(floor, |m| Some(m.per_second()))
-    }
-
-    fn mongod_cpu_ratio(&self, floor: Design) -> Option<f64> {
-        self.ratio(floor, |m| m.per_issuance(m.cpu_mongod))
-    }
-
-    fn p50_ratio(&self, floor: Design) -> Option<f64> {
-        self.ratio(floor, |m| Some(m.ms(0.5)))
-    }
-
-    /// tokenmint ÷ `floor`: throughput, mongod CPU per issuance, p50, p99 — table cells.
-    fn ratio_cells(&self, floor: Design) -> [String; 4] {
-        [
-            opt(self.throughput_ratio(floor), 2),
-            opt(self.mongod_cpu_ratio(floor), 2),
-            opt(self.p50_ratio(floor), 2),
-            opt(self.ratio(floor, |m| Some(m.ms(0.99))), 2),
-        ]
-    }
-}
-
-/// Below this many minutes of samples a memory trend is reported but not judged.
-const TREND_MINUTES: f64 = 4.0;
-
-/// The service's resident memory over a scenario: how long it was sampled, the last and the
-/// largest sample, and the least-squares slope over the second half of the samples (after
-/// the pools and caches have filled), in MiB per minute.
-struct RssTrend {
-    minutes: f64,
-    last: u64,
-    largest: u64,
-    slope_mib_per_minute: f64,
-}
-
-impl RssTrend {
-    fn of(samples: &[(Instant, u64)]) -> Option<Self> {
-        let (first, _) = *samples.first()?;
-        let &(end, last) = samples.last()?;
-        let points: Vec<(f64, f64)> = samples[samples.len() / 2..]
-            .iter()
-            .map(|(at, bytes)| {
-                let minutes = at.duration_since(first).as_secs_f64() / 60.0;
-                (minutes, *bytes as f64 / (1024.0 * 1024.0))
-            })
-            .collect();
-        let n = points.len() as f64;
-        let mean_x = points.iter().map(|p| p.0).sum::<f64>() / n;
-        let mean_y = points.iter().map(|p| p.1).sum::<f64>() / n;
-        let sxx: f64 = points.iter().map(|p| (p.0 - mean_x).powi(2)).sum();
-        let sxy: f64 = points.iter().map(|p| (p.0 - mean_x) * (p.1 - mean_y)).sum();
-        Some(Self {
-            minutes: end.duration_since(first).as_secs_f64() / 60.0,
-            last,
-            largest: samples.iter().map(|s| s.1).max()?,
-            slope_mib_per_minute: if sxx > 0.0 { sxy / sxx } else { 0.0 },
-        })
-    }
-
-    /// No growth: the slope is under 1 % of the largest sample per minute.
-    fn grows(&self) -> bool {
-        self.slope_mib_per_minute > 0.01 * self.largest as f64 / (1024.0 * 1024.0)
-    }
-}
-
+/// The scenario's name in every table: `c32 q4 upsert replays 0%`, and its races if any.
 pub fn scenario_name(scenario: &Scenario) -> String {
     let w = &scenario.workload;
     let mut name = format!(
@@ -252,20 +86,8 @@ pub fn scenario_detail(result: &ScenarioResult) -> String {
         let _ = writeln!(
             out,
             "tokenmint ÷ store (the HTTP layer): throughput {}; store ÷ floor (tokenmint's issuing and store code against the per-request floor): throughput {}",
-            opt(
-                result
-                    .service
-                    .as_ref()
-                    .map(|s| s.per_second() / store.per_second().max(1e-9)),
-                2
-            ),
-            opt(
-                result
-                    .floor
-                    .as_ref()
-                    .map(|f| store.per_second() / f.per_second().max(1e-9)),
-                2
-            ),
+            opt(result.service.as_ref().map(|s| s.throughput_over(store)), 2),
+            opt(result.floor.as_ref().map(|f| store.throughput_over(f)), 2),
         );
     }
     for floor in Design::ALL {
@@ -343,7 +165,7 @@ pub fn markdown(results: &[ScenarioResult], command: &str, machine: &str, load: 
     }
 
     let _ = writeln!(out, "\n#### Targets (reported, never asserted)\n");
-    for line in targets(results) {
+    for line in targets::targets(results) {
         let _ = writeln!(out, "- {line}");
     }
 
@@ -391,135 +213,13 @@ pub fn markdown(results: &[ScenarioResult], command: &str, machine: &str, load: 
     out
 }
 
-fn verdict(met: bool) -> &'static str {
-    if met { "met" } else { "MISSED" }
-}
-
-/// Each performance target against the scenarios that measure it. The floor-relative
-/// targets are judged against the per-request floor, as they were before group commit;
-/// the reference floor's ratio is given beside them, for information.
-fn targets(results: &[ScenarioResult]) -> Vec<String> {
-    let against_reference = |ratio: Option<f64>| {
-        ratio.map_or_else(String::new, |ratio| {
-            format!(" (against the reference floor: {ratio:.2}×)")
-        })
-    };
-    let mut lines = Vec::new();
-    let c32 = |r: &&ScenarioResult| r.scenario.workload.concurrency == 32;
-    let c1 = |r: &&ScenarioResult| r.scenario.workload.concurrency == 1;
-    for (mode, floor_share) in [(IssuanceMode::Upsert, 0.85), (IssuanceMode::Atomic, 0.8)] {
-        for r in results
-            .iter()
-            .filter(c32)
-            .filter(|r| r.scenario.workload.mode == mode)
-        {
-            if let Some(ratio) = r.throughput_ratio(Design::PerRequest) {
-                lines.push(format!(
-                    "{} throughput ≥ {floor_share}× floor — {}: {ratio:.2}× → {}{}",
-                    mode.as_str(),
-                    scenario_name(&r.scenario),
-                    verdict(ratio >= floor_share),
-                    against_reference(r.throughput_ratio(Design::Reference)),
-                ));
-            }
-        }
-    }
-    for r in results
-        .iter()
-        .filter(c32)
-        .filter(|r| r.scenario.workload.quantity == 4)
-    {
-        if let Some(cpu) = r
-            .service
-            .as_ref()
-            .and_then(|m| m.per_issuance(m.cpu_service))
-        {
-            lines.push(format!(
-                "service CPU ≤ 150 µs/issuance — {}: {cpu:.0} µs → {}",
-                scenario_name(&r.scenario),
-                verdict(cpu <= 150.0)
-            ));
-        }
-    }
-    for r in results.iter().filter(c32) {
-        if let Some(m) = &r.service {
-            let (p50, p99) = (m.ms(0.5), m.ms(0.99));
-            lines.push(format!(
-                "p99 ≤ 3× p50 — {}: p99 {p99:.2} ms = {:.2}× p50 {p50:.2} ms → {}",
-                scenario_name(&r.scenario),
-                p99 / p50.max(1e-9),
-                verdict(p99 <= 3.0 * p50)
-            ));
-        }
-    }
-    for r in results.iter().filter(c1) {
-        let ratio = r.p50_ratio(Design::PerRequest);
-        if let (Some(ratio), Some(s), Some(f)) = (ratio, &r.service, &r.floor) {
-            lines.push(format!(
-                "p50 at concurrency 1 ≤ 1.3× floor — {}: {:.2} ms vs {:.2} ms = {ratio:.2}× → {}{}",
-                scenario_name(&r.scenario),
-                s.ms(0.5),
-                f.ms(0.5),
-                verdict(ratio <= 1.3),
-                against_reference(r.p50_ratio(Design::Reference)),
-            ));
-        }
-    }
-    for r in results {
-        let Some(trend) = r
-            .service
-            .as_ref()
-            .and_then(|m| RssTrend::of(&m.rss_samples))
-        else {
-            continue;
-        };
-        let judged = if trend.minutes < TREND_MINUTES {
-            format!("too short to judge a trend (under {TREND_MINUTES} min)")
-        } else {
-            verdict(trend.largest <= 64 * 1024 * 1024 && !trend.grows()).to_owned()
-        };
-        lines.push(format!(
-            "service RSS ≤ 64 MiB after minutes of load, no growth trend — {}: {} MiB after {:.1} min (largest {} MiB), slope over the second half {:+.3} MiB/min → {judged}",
-            scenario_name(&r.scenario),
-            mib(Some(trend.last)),
-            trend.minutes,
-            mib(Some(trend.largest)),
-            trend.slope_mib_per_minute,
-        ));
-    }
-    let rss: Vec<(String, u64)> = results
-        .iter()
-        .filter_map(|r| Some((scenario_name(&r.scenario), r.service_rss?)))
-        .collect();
-    if let Some((name, max)) = rss.iter().max_by_key(|(_, b)| *b) {
-        lines.push(format!(
-            "service RSS ≤ 64 MiB — largest at the end of a scenario: {} MiB ({name}) → {}",
-            mib(Some(*max)),
-            verdict(*max <= 64 * 1024 * 1024)
-        ));
-    }
-    lines
-}
-
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
+    use tokenmint::domain::IssuanceMode;
+
     use super::*;
-
-    const MIB: u64 = 1024 * 1024;
-
-    /// One sample a second for `minutes`, growing by `per_minute` MiB a minute from 20 MiB.
-    fn samples(minutes: u64, per_minute: f64) -> Vec<(Instant, u64)> {
-        let start = Instant::now();
-        (0..=minutes * 60)
-            .map(|second| {
-                let mib = 20.0 + per_minute * second as f64 / 60.0;
-                (
-                    start + Duration::from_secs(second),
-                    (mib * MIB as f64) as u64,
-                )
-            })
-            .collect()
-    }
 
     /// `ok` issuances in 10 s, with `mongod_ms` of mongod CPU.
     fn measured(ok: u64, mongod_ms: u64) -> Measured {
@@ -580,22 +280,5 @@ mod tests {
         assert!(table[2].starts_with("| c32 q4 upsert replays 0% | 0.90 | 0.83 |"));
         assert!(report.contains("| c32 q4 upsert replays 0% | reference floor | insert 4.00 |"));
         assert!(report.contains("(against the reference floor: 0.75×)"));
-    }
-
-    #[test]
-    fn a_steady_service_has_no_growth_trend() {
-        let trend = RssTrend::of(&samples(5, 0.0)).unwrap();
-        assert!((trend.minutes - 5.0).abs() < 1e-9);
-        assert_eq!(trend.last, 20 * MIB);
-        assert!(trend.slope_mib_per_minute.abs() < 1e-6);
-        assert!(!trend.grows());
-    }
-
-    #[test]
-    fn a_leak_shows_as_a_slope() {
-        let trend = RssTrend::of(&samples(5, 2.0)).unwrap();
-        assert!((trend.slope_mib_per_minute - 2.0).abs() < 0.01);
-        assert_eq!(trend.largest, trend.last);
-        assert!(trend.grows());
     }
 }

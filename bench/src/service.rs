@@ -1,6 +1,7 @@
 //! The processes under test: the pinned mongod (started through tokenmint's own
 //! `EmbeddedMongo`, so with exactly the service's arguments) and the release tokenmint
-//! binary, one fresh process and database per scenario.
+//! binary, one fresh process and database per scenario; and the service's settings, which
+//! its in-process store and the floors connect with.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -10,7 +11,9 @@ use std::time::Duration;
 use anyhow::Context;
 use mongodb::bson::oid::ObjectId;
 use tokenmint::embedded::{EmbeddedMongo, die_with_parent};
-use tokenmint::settings::EmbeddedMongoSettings;
+use tokenmint::issuing::Issuer;
+use tokenmint::settings::{EmbeddedMongoSettings, Settings};
+use tokenmint::store::Store;
 use tokio::process::{Child, Command};
 
 use crate::procfs;
@@ -214,4 +217,33 @@ impl Service {
 
 fn free_port() -> anyhow::Result<SocketAddr> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?)
+}
+
+/// The service's settings as it starts with no configuration (the compiled-in defaults),
+/// on `database` at `uri` with `max_pool_size` connections. The in-process store and the
+/// floors connect with them, so timeouts and retry bounds are defined once.
+pub fn service_settings(uri: &str, database: &str, max_pool_size: u32) -> anyhow::Result<Settings> {
+    Ok(Settings::with_overrides(&[&format!(
+        "[mongo]\nuri = \"{uri}\"\ndatabase = \"{database}\"\nmax_pool_size = {max_pool_size}\n"
+    )])?)
+}
+
+/// tokenmint's store on `settings`' database, connected as the service connects and with
+/// tokenmint's migrations applied, so its indexes are the service's own.
+pub async fn migrated_store(settings: &Settings) -> anyhow::Result<Store> {
+    let (store, _) = tokenmint::startup::connect(settings).await?;
+    tokenmint::migrate::run(&store, false).await?;
+    Ok(store)
+}
+
+/// tokenmint's own issuing service on `database`, connected, migrated and configured as
+/// the service does it with its default settings.
+pub async fn connect_store(
+    uri: &str,
+    database: &str,
+    max_pool_size: u32,
+) -> anyhow::Result<Issuer> {
+    let settings = service_settings(uri, database, max_pool_size)?;
+    let store = migrated_store(&settings).await?;
+    Ok(tokenmint::startup::issuer(&settings, store))
 }

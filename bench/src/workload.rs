@@ -2,24 +2,25 @@
 //! deadline, against the service (HTTP), its store in-process, or one of the floors
 //! (database operations issued directly). What each client sends — new payments, replays
 //! of its completed payments, concurrent duplicate races — is drawn from the same seeded
-//! generator for every target, so all see the same mix.
+//! generator for every target, so all see the same mix. How one request reaches each kind
+//! of target is `request`.
+
+mod request;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use hdrhistogram::Histogram;
 use mongodb::bson::{DateTime, oid::ObjectId};
-use tokenmint::domain::{
-    AccountId, Actor, IssuanceMode, IssuanceParams, NewIssuance, Owner, PaymentIntentId,
-    PaymentKey, Provider, Quantity, TokenType,
-};
-use tokenmint::issuing::{Caller, IssueError, IssueOutcome, Issuer};
+use tokenmint::domain::IssuanceMode;
+use tokenmint::issuing::Issuer;
 
 use crate::floor::Floor;
 use crate::http::Conn;
 use crate::op_times::OpTimes;
+pub use request::new_issuance;
+use request::{issue, race_twice};
 
 /// What one scenario sends.
 #[derive(Debug, Clone, Copy)]
@@ -47,21 +48,6 @@ pub struct Payment {
     pub date: DateTime,
 }
 
-impl Payment {
-    fn json(&self, mode: IssuanceMode) -> Bytes {
-        Bytes::from(format!(
-            r#"{{"provider":"{}","accountId":"{}","paymentIntentId":"{}","owner":"{}","tokenType":"{}","quantity":{},"mode":"{}"}}"#,
-            self.provider,
-            self.account_id,
-            self.payment_intent_id,
-            self.owner.to_hex(),
-            self.token_type,
-            self.quantity,
-            mode.as_str()
-        ))
-    }
-}
-
 /// How one request ended.
 #[derive(Debug)]
 pub struct Outcome {
@@ -86,6 +72,11 @@ impl Outcome {
             created: 0,
             error: Some(message),
         }
+    }
+
+    /// A 2xx answer: the payment is issued (created, replayed or pending).
+    fn succeeded(&self) -> bool {
+        (200..300).contains(&self.status)
     }
 }
 
@@ -195,7 +186,7 @@ impl Stats {
     fn record(&mut self, outcome: Outcome, latency: Duration) {
         let _ = self.latency.record(micros(latency));
         *self.by_status.entry(outcome.status).or_default() += 1;
-        if (200..300).contains(&outcome.status) {
+        if outcome.succeeded() {
             self.ok += 1;
         }
         self.created += u64::from(outcome.created);
@@ -266,7 +257,7 @@ async fn client_loop(
         if draw < workload.replays && !client.completed.is_empty() {
             let pick = (client.rng.next() % client.completed.len() as u64) as usize;
             let payment = client.completed[pick].clone();
-            let (outcome, latency) = issue(&mut client, 0, &target, &payment, workload.mode).await;
+            let (outcome, latency) = issue(&mut client, &target, &payment, workload.mode).await;
             stats.record(outcome, latency);
             continue;
         }
@@ -275,13 +266,13 @@ async fn client_loop(
         let ok = if race {
             stats.races += 1;
             let (a, b) = race_twice(&mut client, &target, &payment, workload.mode).await;
-            let ok = (200..300).contains(&a.0.status) && (200..300).contains(&b.0.status);
+            let ok = a.0.succeeded() && b.0.succeeded();
             stats.record(a.0, a.1);
             stats.record(b.0, b.1);
             ok
         } else {
-            let (outcome, latency) = issue(&mut client, 0, &target, &payment, workload.mode).await;
-            let ok = (200..300).contains(&outcome.status);
+            let (outcome, latency) = issue(&mut client, &target, &payment, workload.mode).await;
+            let ok = outcome.succeeded();
             stats.record(outcome, latency);
             ok
         };
@@ -291,132 +282,6 @@ async fn client_loop(
     }
     std::mem::swap(&mut stats.op_times, &mut client.times);
     (client, stats)
-}
-
-/// One request on connection `conn` (service), or in-process (store, floors).
-async fn issue(
-    client: &mut Client,
-    conn: usize,
-    target: &Target,
-    payment: &Payment,
-    mode: IssuanceMode,
-) -> (Outcome, Duration) {
-    let started = Instant::now();
-    let outcome = match target {
-        Target::Service { .. } => post(&mut client.conns[conn], payment, mode).await,
-        Target::Store(store) => store_issue(store, payment, mode).await,
-        Target::Floor(floor) => floor.issue(payment, mode, &mut client.times).await,
-    };
-    (outcome, started.elapsed())
-}
-
-/// The same new payment twice at once.
-async fn race_twice(
-    client: &mut Client,
-    target: &Target,
-    payment: &Payment,
-    mode: IssuanceMode,
-) -> ((Outcome, Duration), (Outcome, Duration)) {
-    match target {
-        Target::Service { .. } => {
-            let [first, second] = client
-                .conns
-                .get_disjoint_mut([0, 1])
-                .expect("two connections for races");
-            tokio::join!(
-                timed_post(first, payment, mode),
-                timed_post(second, payment, mode)
-            )
-        }
-        Target::Store(store) => tokio::join!(
-            timed_store(store, payment, mode),
-            timed_store(store, payment, mode)
-        ),
-        Target::Floor(floor) => {
-            let mut other_times = OpTimes::default();
-            let result = tokio::join!(
-                timed_floor(floor, payment, mode, &mut client.times),
-                timed_floor(floor, payment, mode, &mut other_times)
-            );
-            client.times.add(&other_times);
-            result
-        }
-    }
-}
-
-async fn timed_post(conn: &mut Conn, payment: &Payment, mode: IssuanceMode) -> (Outcome, Duration) {
-    let started = Instant::now();
-    (post(conn, payment, mode).await, started.elapsed())
-}
-
-async fn timed_store(store: &Issuer, payment: &Payment, mode: IssuanceMode) -> (Outcome, Duration) {
-    let started = Instant::now();
-    (store_issue(store, payment, mode).await, started.elapsed())
-}
-
-/// `Issuer::issue` with the request the HTTP handler would have validated.
-async fn store_issue(store: &Issuer, payment: &Payment, mode: IssuanceMode) -> Outcome {
-    let request = match new_issuance(payment, mode) {
-        Ok(request) => request,
-        Err(message) => return Outcome::error(422, message),
-    };
-    match store.issue(Caller::Trusted, &request).await {
-        Ok(IssueOutcome::Created(issued)) => Outcome::ok(201, issued.created),
-        Ok(IssueOutcome::Replayed(issued)) => Outcome::ok(200, issued.created),
-        Ok(IssueOutcome::Pending(issued)) => Outcome::ok(202, issued.created),
-        Err(IssueError::Conflict(_)) => Outcome::ok(409, 0),
-        Err(err) => Outcome::error(500, err.to_string()),
-    }
-}
-
-/// The validated request for `payment`: what the in-process store is asked to issue, and
-/// what the floors build their documents from with the store's own builders.
-pub fn new_issuance(payment: &Payment, mode: IssuanceMode) -> Result<NewIssuance, String> {
-    Ok(NewIssuance {
-        key: PaymentKey {
-            provider: Provider::parse(payment.provider)?,
-            account_id: AccountId::parse(payment.account_id)?,
-            payment_intent_id: PaymentIntentId::parse(&payment.payment_intent_id)?,
-        },
-        params: IssuanceParams {
-            owner: Owner::from_object_id(payment.owner),
-            token_type: TokenType::parse(payment.token_type)?,
-            quantity: Quantity::from_i64(i64::from(payment.quantity), u32::MAX)?,
-        },
-        payment_date: tokenmint::store::chrono_time(payment.date),
-        mode,
-        requested_by: Actor::api_key("bench"),
-    })
-}
-
-async fn timed_floor(
-    floor: &Floor,
-    payment: &Payment,
-    mode: IssuanceMode,
-    times: &mut OpTimes,
-) -> (Outcome, Duration) {
-    let started = Instant::now();
-    (floor.issue(payment, mode, times).await, started.elapsed())
-}
-
-async fn post(conn: &mut Conn, payment: &Payment, mode: IssuanceMode) -> Outcome {
-    match conn.post_json("/v1/issuances", payment.json(mode)).await {
-        Ok(reply) => Outcome {
-            status: reply.status,
-            created: created_field(&reply.body).unwrap_or(0),
-            error: (reply.status >= 400).then(|| String::from_utf8_lossy(&reply.body).into_owned()),
-        },
-        Err(err) => Outcome::error(599, format!("transport: {err:#}")),
-    }
-}
-
-/// The `created` count of an issuance answer: its last field, found from the end
-/// without parsing the whole JSON.
-fn created_field(body: &[u8]) -> Option<u32> {
-    const KEY: &[u8] = b"\"created\":";
-    let at = body.windows(KEY.len()).rposition(|w| w == KEY)? + KEY.len();
-    let digits = body[at..].iter().take_while(|b| b.is_ascii_digit());
-    Some(digits.fold(0u32, |n, d| n * 10 + u32::from(d - b'0')))
 }
 
 /// A small, fast, seeded generator: the same seed gives every target the same mix.
@@ -440,13 +305,6 @@ impl SplitMix64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn reads_created_from_the_end() {
-        assert_eq!(created_field(br#"{"tokens":[],"created":4}"#), Some(4));
-        assert_eq!(created_field(br#"{"created":12}"#), Some(12));
-        assert_eq!(created_field(br#"{"tokens":[]}"#), None);
-    }
 
     #[test]
     fn unit_draws_are_in_range() {
