@@ -45,8 +45,22 @@ struct Wrapped {
     item: Map<String, Value>,
 }
 
+/// The batch's items. Only the documented shape: serde would also read a struct from a
+/// JSON array (`[[…]]`), which Adyen never sends and which nothing downstream expects.
 fn batch(body: &[u8]) -> Result<Vec<Map<String, Value>>, serde_json::Error> {
-    let batch: Batch = serde_json::from_slice(body)?;
+    let value: Value = serde_json::from_slice(body)?;
+    let objects = |v: &Value| v.is_object();
+    let shaped = objects(&value)
+        && value
+            .get("notificationItems")
+            .and_then(Value::as_array)
+            .is_none_or(|items| items.iter().all(objects));
+    if !shaped {
+        return Err(serde::de::Error::custom(
+            "a batch is an object whose notificationItems are objects",
+        ));
+    }
+    let batch: Batch = serde_json::from_value(value)?;
     Ok(batch
         .notification_items
         .into_iter()
@@ -131,12 +145,16 @@ pub fn sign_adyen(secret: &str, body: &[u8]) -> Result<Vec<u8>, EventError> {
     let not_batch = |e: &dyn std::fmt::Display| EventError(format!("not an Adyen batch: {e}"));
     batch(body).map_err(|e| not_batch(&e))?;
     let mut batch: Value = serde_json::from_slice(body).map_err(|e| not_batch(&e))?;
-    let items = batch["notificationItems"]
-        .as_array_mut()
+    let items = batch
+        .get_mut("notificationItems")
+        .and_then(Value::as_array_mut)
         .into_iter()
         .flatten();
     for wrapped in items {
-        let Some(item) = wrapped["NotificationRequestItem"].as_object_mut() else {
+        let Some(item) = wrapped
+            .get_mut("NotificationRequestItem")
+            .and_then(Value::as_object_mut)
+        else {
             continue;
         };
         let signature = item_signature(&key, item);
@@ -250,6 +268,25 @@ fn parse_item(provider: &Provider, item: &Map<String, Value>, max_quantity: u32)
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn only_the_documented_batch_shape_is_read() {
+        let key = "44782DEF547AAA06C910C43932B1EB0C71FC68D9D0C057550C48EC2ACF6BA056";
+        assert!(super::sign_adyen(key, br#"{"notificationItems": []}"#).is_ok());
+        for body in [
+            &b"[[]]"[..],
+            b"[]",
+            b"{\"notificationItems\": [[]]}",
+            b"{\"notificationItems\": [1]}",
+        ] {
+            assert!(
+                super::sign_adyen(key, body).is_err(),
+                "{}",
+                String::from_utf8_lossy(body)
+            );
+            assert!(super::batch(body).is_err());
+        }
+    }
+
     use serde_json::json;
 
     use super::*;
