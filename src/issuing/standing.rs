@@ -159,56 +159,80 @@ mod tests {
     #[test]
     fn entitlement_follows_the_payment_state() {
         use PaymentStatus::*;
-        let cases = [
-            (None, Entitlement::All),
-            (Some(payment(Succeeded, Some(1000), None)), Entitlement::All),
-            (Some(payment(Processing, None, None)), Entitlement::All),
+        const ALL: Entitlement = Entitlement::All;
+        const fn keep(keep: i64, reason: &'static str) -> Entitlement {
+            Entitlement::Keep { keep, reason }
+        }
+        // (status, amount, amount refunded, quantity) → entitlement; `None` as the state
+        // is a payment tokenmint has heard nothing about.
+        type Row = (
+            Option<(PaymentStatus, Option<i64>, Option<i64>)>,
+            i64,
+            Entitlement,
+        );
+        let table: [Row; 19] = [
+            // Nothing known against the payment: it stands.
+            (None, 10, ALL),
+            (Some((Succeeded, Some(1000), None)), 10, ALL),
+            (Some((Processing, None, None)), 10, ALL),
+            (Some((Failed, Some(1000), None)), 10, ALL),
+            (Some((Succeeded, Some(1000), Some(0))), 10, ALL),
+            // Withdrawn payments keep nothing, whatever the amounts say.
+            (Some((Refunded, Some(1000), None)), 10, keep(0, "refunded")),
             (
-                Some(payment(Refunded, Some(1000), None)),
-                Entitlement::Keep {
-                    keep: 0,
-                    reason: "refunded",
-                },
+                Some((Refunded, Some(1000), Some(10))),
+                10,
+                keep(0, "refunded"),
             ),
+            (Some((Canceled, None, None)), 10, keep(0, "canceled")),
             (
-                Some(payment(Canceled, None, None)),
-                Entitlement::Keep {
-                    keep: 0,
-                    reason: "canceled",
-                },
+                Some((Canceled, Some(1000), Some(1000))),
+                1,
+                keep(0, "canceled"),
             ),
             // 10 tokens, 250 of 1000 refunded: floor(2.5) = 2 taken back.
             (
-                Some(payment(Succeeded, Some(1000), Some(250))),
-                Entitlement::Keep {
-                    keep: 8,
-                    reason: "partial_refund",
-                },
+                Some((Succeeded, Some(1000), Some(250))),
+                10,
+                keep(8, "partial_refund"),
+            ),
+            (
+                Some((Processing, Some(1000), Some(250))),
+                10,
+                keep(8, "partial_refund"),
+            ),
+            (
+                Some((Succeeded, Some(300), Some(100))),
+                3,
+                keep(2, "partial_refund"),
             ),
             // Less than one token's worth: nothing taken back.
+            (Some((Succeeded, Some(1000), Some(99))), 10, ALL),
+            (Some((Succeeded, Some(1000), Some(999))), 1, ALL),
+            // Over-reported refunds are capped at the amount, negative ones count as none.
             (
-                Some(payment(Succeeded, Some(1000), Some(99))),
-                Entitlement::All,
+                Some((Succeeded, Some(1000), Some(5000))),
+                10,
+                keep(0, "partial_refund"),
             ),
-            // Over-reported refunds are capped at the amount.
+            (Some((Succeeded, Some(1000), Some(-5))), 10, ALL),
+            // quantity × refunded overflows i64: computed wide, still exact.
             (
-                Some(payment(Succeeded, Some(1000), Some(5000))),
-                Entitlement::Keep {
-                    keep: 0,
-                    reason: "partial_refund",
-                },
+                Some((Succeeded, Some(i64::MAX), Some(i64::MAX / 2))),
+                1_000_000,
+                keep(500_001, "partial_refund"),
             ),
-            // A refund of unknown proportion is a full one.
-            (
-                Some(payment(Succeeded, None, Some(10))),
-                Entitlement::Keep {
-                    keep: 0,
-                    reason: "refunded",
-                },
-            ),
+            // A refund of unknown proportion (no amount, or an amount of 0) is a full one.
+            (Some((Succeeded, None, Some(10))), 10, keep(0, "refunded")),
+            (Some((Failed, Some(0), Some(10))), 10, keep(0, "refunded")),
         ];
-        for (state, expected) in cases {
-            assert_eq!(entitlement(state.as_ref(), 10), expected, "{state:?}");
+        for (state, quantity, expected) in table {
+            let doc = state.map(|(status, amount, refunded)| payment(status, amount, refunded));
+            assert_eq!(
+                entitlement(doc.as_ref(), quantity),
+                expected,
+                "{state:?} × {quantity} tokens"
+            );
         }
     }
 }

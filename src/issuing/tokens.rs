@@ -152,3 +152,98 @@ fn record_rejection(transition: &Transition) {
     )
     .increment(1);
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+
+    use mongodb::bson::oid::ObjectId;
+
+    use super::*;
+
+    /// What a row expects `decide` to answer; for a write, the fields it sets besides
+    /// `updatedAt` and `lastChangedBy`, which every write carries.
+    enum Expected {
+        Write(Document),
+        AlreadyDone,
+        Forbidden,
+    }
+
+    #[test]
+    fn decide_answers_every_status_and_transition_pair() {
+        use Expected::{AlreadyDone, Forbidden, Write};
+        use TokenStatus::{Active, Redeemed, Revoked};
+        let now = DateTime::from_millis(1_700_000_000_000);
+        let by = Actor::api_key("ops");
+        let owner = Owner::from_object_id(ObjectId::new());
+        let redeem = |reference: Option<&str>| Transition::Redeem {
+            reference: reference.map(str::to_owned),
+        };
+        let revoke = |reason: Option<&str>| Transition::Revoke {
+            reason: reason.map(str::to_owned),
+        };
+        let transfer = Transition::Transfer { new_owner: owner };
+        let table = [
+            (
+                Active,
+                redeem(Some("order-7")),
+                Write(doc! {
+                    "status": "redeemed", "redeemedAt": now, "redemptionRef": "order-7",
+                }),
+            ),
+            (
+                Active,
+                redeem(None),
+                Write(doc! { "status": "redeemed", "redeemedAt": now }),
+            ),
+            (
+                Active,
+                revoke(Some("fraud")),
+                Write(doc! {
+                    "status": "revoked", "revokedAt": now, "revocationReason": "fraud",
+                }),
+            ),
+            (
+                Active,
+                revoke(None),
+                Write(doc! { "status": "revoked", "revokedAt": now }),
+            ),
+            // A transfer keeps the status and marks the owner as changed on purpose.
+            (
+                Active,
+                transfer.clone(),
+                Write(doc! { "owner": owner.object_id(), "transferredAt": now }),
+            ),
+            // A redeemed token is spent: nothing changes it any more.
+            (Redeemed, redeem(Some("order-7")), Forbidden),
+            (Redeemed, revoke(None), Forbidden),
+            (Redeemed, transfer.clone(), Forbidden),
+            // Revoking again is what the client asked for already; nothing else applies.
+            (Revoked, revoke(Some("fraud")), AlreadyDone),
+            (Revoked, redeem(None), Forbidden),
+            (Revoked, transfer.clone(), Forbidden),
+        ];
+
+        let mut covered = HashSet::new();
+        for (status, transition, expected) in &table {
+            covered.insert((status.as_str(), transition.operation()));
+            let row = format!("{status:?} × {transition:?}");
+            match (decide(*status, transition, &by, now), expected) {
+                (Decision::Write(set), Write(fields)) => {
+                    let mut want = doc! { "updatedAt": now, "lastChangedBy": "key:ops" };
+                    want.extend(fields.clone());
+                    assert_eq!(set, want, "{row}");
+                }
+                (Decision::AlreadyDone, AlreadyDone) | (Decision::Forbidden, Forbidden) => {}
+                (Decision::Write(set), _) => panic!("{row}: wrote {set}"),
+                (Decision::AlreadyDone, _) => panic!("{row}: answered already done"),
+                (Decision::Forbidden, _) => panic!("{row}: answered forbidden"),
+            }
+        }
+        assert_eq!(
+            covered.len(),
+            3 * 3,
+            "the table names every (status, transition) pair"
+        );
+    }
+}

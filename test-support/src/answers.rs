@@ -30,6 +30,34 @@ pub fn token_index(token: &Document) -> i64 {
     }
 }
 
+/// The integer `field` of a stored document, whichever BSON width it was written with
+/// (`None` when absent; any other type is a failed test).
+pub fn stored_int(doc: &Document, field: &str) -> Option<i64> {
+    match doc.get(field)? {
+        Bson::Int32(v) => Some(i64::from(*v)),
+        Bson::Int64(v) => Some(*v),
+        other => panic!("{field} is not an integer: {other:?}"),
+    }
+}
+
+/// The value of the sample `series` (a metric name with its labels as printed, such as
+/// `tokenmint_repairs_total{outcome="completed"}`) in a `/metrics` text, if present.
+pub fn metric_value(metrics: &str, series: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+        .map(|value| value.trim().parse().expect("a numeric sample"))
+}
+
+/// The (tokenIndex, status) list where `statuses[i]` is the status of tokenIndex i: what
+/// [`TestApp::token_states`](crate::TestApp::token_states) answers for such a set.
+pub fn indexed_statuses(statuses: &[&str]) -> Vec<(i64, String)> {
+    (0..)
+        .zip(statuses)
+        .map(|(index, status)| (index, (*status).to_owned()))
+        .collect()
+}
+
 /// A stored token as (tokenIndex, id), the shape of [`TokenIds`].
 pub fn indexed_id(token: &Document) -> (i64, String) {
     (

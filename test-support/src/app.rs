@@ -4,7 +4,8 @@
 
 use std::time::Duration;
 
-use mongodb::bson::Document;
+use mongodb::bson::oid::ObjectId;
+use mongodb::bson::{Document, doc};
 use mongodb::{Client, Database};
 use serde_json::Value;
 use tokenmint::http::auth::key_hash;
@@ -12,7 +13,7 @@ use tokenmint::settings::Settings;
 use tokenmint::startup::Application;
 use tokio::task::JoinHandle;
 
-use crate::answers::{payment_tokens, token_index};
+use crate::answers::{json, payment_tokens, token_ids, token_index};
 use crate::mongod::{connect_store, drop_database_blocking, mongo_uri};
 
 /// Bearer keys the test apps accept, with their scopes and accounts.
@@ -168,6 +169,23 @@ impl TestApp {
             .expect("request sent")
     }
 
+    /// POST /v1/issuances as the writer key with a raw `body` of `content_type`, for
+    /// bodies a JSON value cannot express (malformed, another type, oversized).
+    pub async fn issue_raw(
+        &self,
+        content_type: &str,
+        body: impl Into<reqwest::Body>,
+    ) -> reqwest::Response {
+        self.http
+            .post(self.url("/v1/issuances"))
+            .bearer_auth(WRITER_KEY)
+            .header("content-type", content_type)
+            .body(body)
+            .send()
+            .await
+            .expect("request sent")
+    }
+
     pub async fn get(&self, key: &str, path: &str) -> reqwest::Response {
         self.http
             .get(self.url(path))
@@ -185,9 +203,52 @@ impl TestApp {
             .unwrap()
     }
 
+    /// The `/metrics` text. The recorder is process-wide: it counts for every app of the
+    /// test binary, so a test compares values before and after, never absolute ones.
+    pub async fn metrics(&self) -> String {
+        let response = self.get(READER_KEY, "/metrics").await;
+        assert_eq!(response.status(), 200, "GET /metrics");
+        response.text().await.expect("the /metrics text")
+    }
+
+    /// The one document of `collection` matching `filter`, which must exist.
+    pub async fn find_stored(&self, collection: &str, filter: Document) -> Document {
+        self.db
+            .collection::<Document>(collection)
+            .find_one(filter.clone())
+            .await
+            .unwrap()
+            .unwrap_or_else(|| panic!("nothing in {collection} matches {filter}"))
+    }
+
     /// A store handle on this app's database, for `verify` and other checks.
     pub async fn store(&self) -> tokenmint::store::Store {
         connect_store(&mongo_uri(), &self.db_name).await
+    }
+
+    /// Issues `quantity` tokens for `payment` with the admin key (an [`issuance_body`]),
+    /// asserting the 201, and returns their ids in tokenIndex order.
+    pub async fn issue_tokens(&self, payment: &str, quantity: i64) -> Vec<String> {
+        let response = self
+            .issue(ADMIN_KEY, &issuance_body(payment, quantity))
+            .await;
+        assert_eq!(response.status(), 201);
+        token_ids(&json(response).await)
+    }
+
+    /// The token ids of the issuance of stripe/acct_1 `payment` (the provider and account
+    /// of an [`issuance_body`]) as `GET /v1/issuances/…` answers them, in tokenIndex order.
+    pub async fn issued_token_ids(&self, payment: &str) -> Vec<String> {
+        let path = format!("/v1/issuances/stripe/acct_1/{payment}");
+        let response = self.get(ADMIN_KEY, &path).await;
+        assert_eq!(response.status(), 200, "{path}");
+        token_ids(&json(response).await)
+    }
+
+    /// The token stored under `id`, which must exist.
+    pub async fn stored_token(&self, id: &str) -> Document {
+        let id = ObjectId::parse_str(id).expect("a token id");
+        self.find_stored("tokens", doc! { "_id": id }).await
     }
 
     /// Every token stored for `payment`, in tokenIndex order.

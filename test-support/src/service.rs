@@ -1,5 +1,5 @@
 //! The real `tokenmint` binary as a child process on the test mongod, for the suites that
-//! SIGKILL it (crash) or watch its memory (soak).
+//! SIGKILL it (crash) or watch its memory (soak), and one-shot commands run to their end.
 
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader};
@@ -148,4 +148,31 @@ impl Drop for Service {
             let _ = self.child.wait();
         }
     }
+}
+
+/// Runs one `tokenmint` command (`args`, such as `["verify", "--repair"]`) to its end on
+/// `database` of the deployment at `uri`, with the extra environment `env`: its exit
+/// status and output. Killed, failing the test, when it takes more than a minute.
+pub async fn run_command(
+    uri: &str,
+    database: &str,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> std::process::Output {
+    let mut command = tokio::process::Command::new(tokenmint_binary());
+    command
+        .args(args)
+        .env("TOKENMINT__MONGO__URI", uri)
+        .env("TOKENMINT__MONGO__DATABASE", database)
+        .env("NO_COLOR", "1")
+        // The developer's own configuration must not leak into the command.
+        .env_remove("TOKENMINT_CONFIG")
+        .env_remove("TOKENMINT_ENV")
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    tokio::time::timeout(Duration::from_secs(60), command.output())
+        .await
+        .unwrap_or_else(|_| panic!("tokenmint {args:?} did not finish within 60 s"))
+        .expect("the tokenmint binary runs")
 }

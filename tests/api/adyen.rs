@@ -91,12 +91,11 @@ pub async fn active(app: &TestApp, payment: &str) -> Vec<i64> {
 }
 
 async fn payment(app: &TestApp, psp: &str) -> Document {
-    app.db
-        .collection::<Document>("payments")
-        .find_one(doc! { "provider": "adyen", "paymentIntentId": psp })
-        .await
-        .unwrap()
-        .unwrap()
+    app.find_stored(
+        "payments",
+        doc! { "provider": "adyen", "paymentIntentId": psp },
+    )
+    .await
 }
 
 #[tokio::test]

@@ -47,10 +47,7 @@ async fn issuance_records_name_the_key_or_provider_that_created_them() {
         now(),
         "2",
     );
-    assert_eq!(
-        send_stripe(&app, &paid, STRIPE_NEW, now()).await.status(),
-        200
-    );
+    assert_eq!(deliver_stripe(&app, &paid).await.status(), 200);
 
     for (payment, author) in [
         ("pi_audit_writer", "key:writer"),
@@ -102,10 +99,7 @@ async fn token_changes_name_the_key_that_made_them_and_refunds_the_provider() {
 
     // The provider refunds the payment: the still active tokens are revoked on its word.
     let refund = refund_event("evt_audit_refund", "pi_audit_tokens", now());
-    assert_eq!(
-        send_stripe(&app, &refund, STRIPE_NEW, now()).await.status(),
-        200
-    );
+    assert_eq!(deliver_stripe(&app, &refund).await.status(), 200);
 
     let authors: Vec<(i64, String, Option<String>)> = app
         .tokens_of("pi_audit_tokens")

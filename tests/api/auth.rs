@@ -297,14 +297,7 @@ async fn every_response_carries_a_request_id() {
         app.http.get(app.url("/readyz")).send().await.unwrap(), // 200
     ];
     responses.push(
-        app.http
-            .post(app.url("/v1/issuances"))
-            .bearer_auth(WRITER_KEY)
-            .header("content-type", "text/plain")
-            .body("x")
-            .send()
-            .await
-            .unwrap(), // 415
+        app.issue_raw("text/plain", "x").await, // 415
     );
     let statuses: Vec<u16> = responses.iter().map(|r| r.status().as_u16()).collect();
     assert_eq!(

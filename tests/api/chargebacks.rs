@@ -7,9 +7,7 @@ use serde_json::{Value, json};
 
 use crate::adyen::{self, ADYEN, authorisation, modification};
 use crate::helpers::*;
-use crate::provider_events::{
-    PROVIDERS, STRIPE_NEW, intent_event, now, partial_refund_event, send_stripe,
-};
+use crate::provider_events::{PROVIDERS, deliver_stripe, intent_event, partial_refund_event};
 
 async fn app() -> TestApp {
     spawn_app_with(&format!("{PROVIDERS}{ADYEN}")).await
@@ -28,7 +26,7 @@ fn dispute(event_id: &str, dispute_id: &str, payment: &str, amount: i64) -> Valu
 }
 
 async fn stripe(app: &TestApp, event: &Value) -> Value {
-    let answer = send_stripe(app, event, STRIPE_NEW, now()).await;
+    let answer = deliver_stripe(app, event).await;
     assert_eq!(answer.status(), 200);
     json(answer).await
 }
@@ -43,12 +41,8 @@ async fn paid(app: &TestApp, payment: &str, quantity: &str) {
 }
 
 async fn stored(app: &TestApp, payment: &str) -> Document {
-    app.db
-        .collection::<Document>("payments")
-        .find_one(doc! { "paymentIntentId": payment })
+    app.find_stored("payments", doc! { "paymentIntentId": payment })
         .await
-        .unwrap()
-        .unwrap()
 }
 
 #[tokio::test]

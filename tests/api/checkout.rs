@@ -140,22 +140,18 @@ async fn invalid_newer_metadata_voids_the_older_parameters_for_checkout() {
     let asked = issuance_body("pi_void", 2);
     assert_eq!(app.issue(REQUEST_KEY, &asked).await.status(), 202);
     let processing = json(
-        send_stripe(
+        deliver_stripe(
             &app,
             &intent_event("evt_v1", "processing", "pi_void", t, "2"),
-            STRIPE_NEW,
-            now(),
         )
         .await,
     )
     .await;
     assert_eq!(processing["outcome"], "recorded", "{processing}");
     let succeeded = json(
-        send_stripe(
+        deliver_stripe(
             &app,
             &intent_event("evt_v2", "succeeded", "pi_void", t + 10, "x"),
-            STRIPE_NEW,
-            now(),
         )
         .await,
     )
@@ -171,12 +167,8 @@ async fn invalid_newer_metadata_voids_the_older_parameters_for_checkout() {
         "nothing issued from the old parameters"
     );
     let payment = app
-        .db
-        .collection::<Document>("payments")
-        .find_one(doc! { "paymentIntentId": "pi_void" })
-        .await
-        .unwrap()
-        .unwrap();
+        .find_stored("payments", doc! { "paymentIntentId": "pi_void" })
+        .await;
     assert_eq!(payment.get_str("status").unwrap(), "succeeded");
     assert!(
         payment.get_str("metadataError").is_ok(),
@@ -189,19 +181,15 @@ async fn invalid_newer_metadata_voids_the_older_parameters_for_checkout() {
 
     // The other order: the invalid success first, the older valid one delivered late.
     // The late event cannot bring the old parameters back.
-    send_stripe(
+    deliver_stripe(
         &app,
         &intent_event("evt_w2", "succeeded", "pi_void2", t + 10, "x"),
-        STRIPE_NEW,
-        now(),
     )
     .await;
     let late = json(
-        send_stripe(
+        deliver_stripe(
             &app,
             &intent_event("evt_w1", "succeeded", "pi_void2", t, "2"),
-            STRIPE_NEW,
-            now(),
         )
         .await,
     )
@@ -288,11 +276,9 @@ async fn checkout_keys_never_see_the_recorded_values_of_a_conflict() {
         "the first request stands"
     );
 
-    send_stripe(
+    deliver_stripe(
         &app,
         &intent_event("evt_meta", "succeeded", "pi_paid", now(), "2"),
-        STRIPE_NEW,
-        now(),
     )
     .await;
     assert_hidden_conflict(

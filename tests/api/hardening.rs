@@ -55,7 +55,7 @@ async fn unsigned_noise_cannot_delay_the_providers_events() {
     // rest of its burst.
     for (i, payment) in ["pi_h1", "pi_h2", "pi_h3"].iter().enumerate() {
         let event = intent_event(&format!("evt_h{i}"), "succeeded", payment, now(), "1");
-        let response = send_stripe(&app, &event, STRIPE_NEW, now()).await;
+        let response = deliver_stripe(&app, &event).await;
         assert_eq!(response.status(), 200, "signed event {i}");
         assert_eq!(json(response).await["outcome"], "issued");
     }
@@ -64,12 +64,7 @@ async fn unsigned_noise_cannot_delay_the_providers_events() {
     let mut signed = Vec::new();
     for i in 0..6 {
         let event = intent_event(&format!("evt_more{i}"), "processing", "pi_more", now(), "1");
-        signed.push(
-            send_stripe(&app, &event, STRIPE_NEW, now())
-                .await
-                .status()
-                .as_u16(),
-        );
+        signed.push(deliver_stripe(&app, &event).await.status().as_u16());
     }
     assert!(signed.contains(&429), "{signed:?}");
     // Another provider's allowance is its own.
@@ -91,15 +86,7 @@ async fn signature_rejections_are_counted_per_configured_provider_only() {
         let unknown = unsigned(&app, "nosuchprovider-h4rd").await;
         assert_problem(unknown, 404, "not_found").await;
     }
-    let text = app
-        .http
-        .get(app.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = app.metrics().await;
     let samples: Vec<(&str, f64)> = text
         .lines()
         .filter(|l| l.starts_with("tokenmint_webhook_events_total{"))

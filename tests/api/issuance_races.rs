@@ -111,13 +111,7 @@ async fn different_quantities_race(mode: &str) {
         app.token_indexes("pi_qty").await,
         (0..winner).collect::<Vec<_>>()
     );
-    let record = app
-        .db
-        .collection::<Document>("issuances")
-        .find_one(doc! {})
-        .await
-        .unwrap()
-        .unwrap();
+    let record = app.find_stored("issuances", doc! {}).await;
     assert_eq!(
         record
             .get("quantity")

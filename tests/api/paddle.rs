@@ -90,12 +90,11 @@ async fn active(app: &TestApp, txn: &str) -> Vec<i64> {
 }
 
 async fn payment(app: &TestApp, txn: &str) -> Document {
-    app.db
-        .collection::<Document>("payments")
-        .find_one(doc! { "provider": "paddle", "paymentIntentId": txn })
-        .await
-        .unwrap()
-        .unwrap()
+    app.find_stored(
+        "payments",
+        doc! { "provider": "paddle", "paymentIntentId": txn },
+    )
+    .await
 }
 
 async fn nothing_written(app: &TestApp) {

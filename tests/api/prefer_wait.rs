@@ -72,9 +72,7 @@ async fn waiters_at(http: &reqwest::Client, base: &str) -> f64 {
         .text()
         .await
         .unwrap();
-    text.lines()
-        .find_map(|line| line.strip_prefix("tokenmint_issuance_waiters "))
-        .map_or(0.0, |value| value.trim().parse().unwrap())
+    metric_value(&text, "tokenmint_issuance_waiters").unwrap_or(0.0)
 }
 
 /// Polls the waiter gauge until it shows `expected`, for at most 10 s.
@@ -119,10 +117,7 @@ async fn apply(app: &TestApp, kind: &str, payment: &str, quantity: &str) -> Inst
         now(),
         quantity,
     );
-    assert_eq!(
-        send_stripe(app, &event, STRIPE_NEW, now()).await.status(),
-        200
-    );
+    assert_eq!(deliver_stripe(app, &event).await.status(), 200);
     Instant::now()
 }
 

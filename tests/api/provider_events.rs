@@ -1,7 +1,7 @@
 //! Provider deliveries for the HTTP tests: a test app with a Stripe and a Standard
 //! Webhooks provider configured, event bodies, and signed senders.
 
-use mongodb::bson::{Document, doc};
+use mongodb::bson::doc;
 use serde_json::{Value, json};
 use tokenmint::webhooks::signature::{sign_standard, sign_stripe};
 
@@ -73,6 +73,11 @@ pub async fn send_stripe(
         .unwrap()
 }
 
+/// Delivers a Stripe event as Stripe would now: signed with the current secret.
+pub async fn deliver_stripe(app: &TestApp, event: &Value) -> reqwest::Response {
+    send_stripe(app, event, STRIPE_NEW, now()).await
+}
+
 pub async fn send_acme(app: &TestApp, id: &str, event: &Value) -> reqwest::Response {
     let body = event.to_string();
     let ts = now();
@@ -97,12 +102,8 @@ pub fn acme_event(kind: &str, payment: &str, version: i64) -> Value {
 
 pub async fn payment_status(app: &TestApp, payment: &str) -> (String, i64) {
     let doc = app
-        .db
-        .collection::<Document>("payments")
-        .find_one(doc! { "paymentIntentId": payment })
-        .await
-        .unwrap()
-        .unwrap();
+        .find_stored("payments", doc! { "paymentIntentId": payment })
+        .await;
     let version = doc
         .get("version")
         .and_then(|v| v.as_i64().or(v.as_i32().map(i64::from)))

@@ -1,64 +1,18 @@
-//! Bad input to `POST /v1/issuances`: every rejected request names the field(s) at fault,
-//! answers problem+json, and writes nothing.
+//! Wrong fields: each bad value or missing field is a 422 naming it, all of a request's
+//! bad fields are listed in one answer, a repeated field is refused, and the quantity's
+//! limit is the configured one.
 
 use mongodb::bson::doc;
 use serde_json::{Value, json};
 
+use super::{assert_nothing_written, error_fields, with};
 use crate::helpers::*;
-
-/// A valid body with `field` set to `value`.
-fn with(field: &str, value: Value) -> Value {
-    let mut body = issuance_body("pi_validation", 2);
-    body[field] = value;
-    body
-}
 
 /// A valid body without `field`.
 fn without(field: &str) -> Value {
     let mut body = issuance_body("pi_validation", 2);
     body.as_object_mut().unwrap().remove(field);
     body
-}
-
-async fn assert_nothing_written(app: &TestApp) {
-    assert_eq!(app.count("tokens", doc! {}).await, 0, "no token written");
-    assert_eq!(
-        app.count("issuances", doc! {}).await,
-        0,
-        "no issuance written"
-    );
-}
-
-/// The `field`s of a 422 answer's `errors`.
-fn error_fields(problem: &Value) -> Vec<String> {
-    problem["errors"]
-        .as_array()
-        .unwrap_or_else(|| panic!("errors listed: {problem}"))
-        .iter()
-        .map(|e| {
-            assert!(
-                e["message"].as_str().is_some_and(|m| !m.is_empty()),
-                "every error has a message: {problem}"
-            );
-            e["field"].as_str().unwrap().to_owned()
-        })
-        .collect()
-}
-
-/// POSTs raw bytes to /v1/issuances as WRITER_KEY with `content_type`.
-async fn post_raw(
-    app: &TestApp,
-    content_type: &str,
-    body: impl Into<reqwest::Body>,
-) -> reqwest::Response {
-    app.http
-        .post(app.url("/v1/issuances"))
-        .bearer_auth(WRITER_KEY)
-        .header("content-type", content_type)
-        .body(body)
-        .send()
-        .await
-        .expect("request sent")
 }
 
 #[tokio::test]
@@ -272,7 +226,7 @@ async fn a_repeated_field_is_rejected_not_last_one_wins() {
     ];
     for (field, raw) in cases {
         let problem = assert_problem(
-            post_raw(&app, "application/json", raw.clone()).await,
+            app.issue_raw("application/json", raw.clone()).await,
             422,
             "validation_failed",
         )
@@ -281,154 +235,8 @@ async fn a_repeated_field_is_rejected_not_last_one_wins() {
     }
     assert_nothing_written(&app).await;
     // The same body without the repetition is fine.
-    assert_eq!(
-        post_raw(&app, "application/json", valid).await.status(),
-        201
-    );
+    assert_eq!(app.issue_raw("application/json", valid).await.status(), 201);
     assert_eq!(app.token_indexes("pi_repeat").await, vec![0]);
-}
-
-#[tokio::test]
-async fn malformed_json_is_400() {
-    let app = spawn_app().await;
-    for raw in [
-        r#"{"provider":"#,
-        "",
-        "not json",
-        r#"{"provider": "stripe",}"#,
-    ] {
-        let response = post_raw(&app, "application/json", raw).await;
-        let problem = assert_problem(response, 400, "malformed_json").await;
-        assert!(problem["detail"].is_string(), "{problem}");
-    }
-    assert_nothing_written(&app).await;
-}
-
-#[tokio::test]
-async fn a_body_that_is_not_an_object_is_422() {
-    let app = spawn_app().await;
-    for raw in [
-        r#"[{"provider": "stripe"}]"#,
-        "[]",
-        r#""stripe""#,
-        "42",
-        "null",
-    ] {
-        let response = post_raw(&app, "application/json", raw).await;
-        let problem = assert_problem(response, 422, "validation_failed").await;
-        assert_eq!(error_fields(&problem), ["body"], "{raw}: {problem}");
-    }
-    assert_nothing_written(&app).await;
-}
-
-#[tokio::test]
-async fn a_body_that_is_not_json_typed_is_415() {
-    let app = spawn_app().await;
-    let valid = serde_json::to_string(&issuance_body("pi_media", 1)).unwrap();
-    for content_type in [
-        "text/plain",
-        "application/x-www-form-urlencoded",
-        "application/jsonx",
-    ] {
-        let response = post_raw(&app, content_type, valid.clone()).await;
-        assert_problem(response, 415, "unsupported_media_type").await;
-    }
-    // No content type at all.
-    let response = app
-        .http
-        .post(app.url("/v1/issuances"))
-        .bearer_auth(WRITER_KEY)
-        .body(valid.clone())
-        .send()
-        .await
-        .unwrap();
-    assert_problem(response, 415, "unsupported_media_type").await;
-    assert_nothing_written(&app).await;
-
-    // The same body as JSON (with parameters, or a +json type) is fine.
-    let response = post_raw(&app, "application/json; charset=utf-8", valid.clone()).await;
-    assert_eq!(response.status(), 201);
-    assert_eq!(app.count("issuances", doc! {}).await, 1);
-    assert_eq!(app.count("tokens", doc! {}).await, 1);
-}
-
-/// Sends `body` chunked (no Content-Length) over a raw connection; returns the answer's
-/// status line and headers.
-async fn chunked_post(app: &TestApp, body: &str) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let host = app.address.trim_start_matches("http://");
-    let mut stream = tokio::net::TcpStream::connect(host).await.unwrap();
-    let mut request = format!(
-        "POST /v1/issuances HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {WRITER_KEY}\r\n\
-         Content-Type: application/json\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
-    );
-    for chunk in body.as_bytes().chunks(256) {
-        request.push_str(&format!(
-            "{:x}\r\n{}\r\n",
-            chunk.len(),
-            std::str::from_utf8(chunk).unwrap()
-        ));
-    }
-    request.push_str("0\r\n\r\n");
-    stream.write_all(request.as_bytes()).await.unwrap();
-    let mut answer = Vec::new();
-    tokio::time::timeout(
-        std::time::Duration::from_secs(30),
-        stream.read_to_end(&mut answer),
-    )
-    .await
-    .expect("answer within 30 s")
-    .unwrap();
-    let answer = String::from_utf8_lossy(&answer).into_owned();
-    answer.split("\r\n\r\n").next().unwrap().to_owned()
-}
-
-/// A syntactically valid body of about `size` bytes whose paymentIntentId is too long,
-/// so that a server which reads it answers 422, and only a size limit answers 413.
-fn padded_body(size: usize) -> String {
-    let body = with("paymentIntentId", json!("p".repeat(size)));
-    serde_json::to_string(&body).unwrap()
-}
-
-#[tokio::test]
-async fn a_body_over_the_configured_limit_is_413() {
-    // The extra layer reopens [server], which the harness's base layer also sets.
-    let app = spawn_app_with("[server]\nbody_limit_bytes = 1024\n").await;
-    let body = padded_body(2048);
-    assert!(body.len() > 1024);
-    let response = post_raw(&app, "application/json", body.clone()).await;
-    assert_problem(response, 413, "payload_too_large").await;
-    // Also when the client sends no Content-Length (chunked transfer encoding).
-    let head = chunked_post(&app, &body).await;
-    assert!(head.starts_with("HTTP/1.1 413"), "{head}");
-    assert!(
-        head.to_ascii_lowercase()
-            .contains("content-type: application/problem+json"),
-        "{head}"
-    );
-    assert_nothing_written(&app).await;
-
-    // The limit did not also reset the rest of [server]: a small body is served.
-    let small = issuance_body("pi_small", 1);
-    assert!(serde_json::to_string(&small).unwrap().len() < 1024);
-    assert_eq!(app.issue(WRITER_KEY, &small).await.status(), 201);
-    assert_eq!(app.count("issuances", doc! {}).await, 1);
-    assert_eq!(app.count("tokens", doc! {}).await, 1);
-}
-
-#[tokio::test]
-async fn the_default_limit_admits_a_2k_body() {
-    // The same 2 KB body that the 1 KiB limit refuses is read (and found invalid) under
-    // the default 64 KiB limit: the 413 above comes from the configured limit.
-    let app = spawn_app().await;
-    let problem = assert_problem(
-        post_raw(&app, "application/json", padded_body(2048)).await,
-        422,
-        "validation_failed",
-    )
-    .await;
-    assert_eq!(error_fields(&problem), ["paymentIntentId"]);
-    assert_nothing_written(&app).await;
 }
 
 #[tokio::test]

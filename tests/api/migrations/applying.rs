@@ -1,0 +1,215 @@
+//! Applying migrations: each once and recorded with its checksum, an edited applied file
+//! refused, concurrent starts applying each migration once, and a dry run that lists and
+//! writes nothing.
+
+use mongodb::bson::{DateTime, doc};
+use tokenmint::migrate::{MigrateError, parse, pending, run, verify_applied};
+
+use super::{FreshDb, all, token};
+
+/// The text of migration file `id` in `migrations/`.
+fn migration_file(id: &str) -> String {
+    let path = format!("{}/migrations/{id}.json", env!("CARGO_MANIFEST_DIR"));
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+#[tokio::test]
+async fn run_applies_every_migration_once() {
+    let fresh = FreshDb::new().await;
+    let store = fresh.store().await;
+    assert_eq!(
+        pending(&store).await.unwrap(),
+        all(),
+        "all pending at first"
+    );
+
+    let started = DateTime::now();
+    let report = run(&store, false).await.unwrap();
+    assert_eq!(report.applied, all());
+    assert!(report.already_applied.is_empty());
+
+    let applied = fresh.applied().await;
+    assert_eq!(applied.len(), all().len(), "{applied:?}");
+    for (row, id) in applied.iter().zip(&all()) {
+        assert_eq!(row.get_str("_id").unwrap(), id);
+        let checksum = row.get_str("checksum").unwrap();
+        assert_eq!(checksum.len(), 64, "{row}");
+        assert!(
+            checksum
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)),
+            "lower-case hex: {row}"
+        );
+        assert_eq!(
+            checksum,
+            parse(id, &migration_file(id)).unwrap().checksum,
+            "the checksum is the file's"
+        );
+        let applied_at = row.get_datetime("appliedAt").unwrap();
+        assert!(*applied_at >= started, "{row}");
+    }
+
+    let tokens = fresh.indexes("tokens").await;
+    assert!(
+        tokens.contains(&("uniq_token_payment_index".to_owned(), true)),
+        "{tokens:?}"
+    );
+    let issuances = fresh.indexes("issuances").await;
+    assert!(
+        issuances.contains(&("uniq_issuance_payment".to_owned(), true)),
+        "{issuances:?}"
+    );
+    // The key order of the token index is the one in the file.
+    let index = fresh
+        .index_models("tokens")
+        .await
+        .into_iter()
+        .find(|i| {
+            i.options.as_ref().and_then(|o| o.name.as_deref()) == Some("uniq_token_payment_index")
+        })
+        .unwrap();
+    let keys: Vec<&String> = index.keys.keys().collect();
+    assert_eq!(
+        keys,
+        [
+            "origin.provider",
+            "origin.accountId",
+            "origin.paymentIntentId",
+            "tokenIndex"
+        ]
+    );
+
+    // Again: nothing to do, nothing rewritten.
+    let again = run(&store, false).await.unwrap();
+    assert!(again.applied.is_empty(), "{again:?}");
+    assert_eq!(again.already_applied, all());
+    assert_eq!(fresh.applied().await, applied, "records untouched");
+    assert!(pending(&store).await.unwrap().is_empty());
+    verify_applied(&store).await.unwrap();
+    assert_eq!(
+        fresh.count("_migrations_lock", doc! {}).await,
+        0,
+        "the lock is released"
+    );
+}
+
+#[tokio::test]
+async fn an_edited_applied_migration_is_refused() {
+    let fresh = FreshDb::new().await;
+    let store = fresh.store().await;
+    run(&store, false).await.unwrap();
+    let edited = "0".repeat(64);
+    let result = fresh
+        .collection("_migrations")
+        .update_one(
+            doc! { "_id": "0001_tokens_unique_payment_index" },
+            doc! { "$set": { "checksum": &edited } },
+        )
+        .await
+        .unwrap();
+    assert_eq!(result.modified_count, 1);
+
+    let check = |err: MigrateError| match err {
+        MigrateError::ChecksumMismatch {
+            id,
+            applied,
+            embedded,
+        } => {
+            assert_eq!(id, "0001_tokens_unique_payment_index");
+            assert_eq!(applied, edited);
+            assert_eq!(embedded, parse(&id, &migration_file(&id)).unwrap().checksum);
+        }
+        other => panic!("expected ChecksumMismatch, got {other:?}"),
+    };
+    let err = run(&store, false).await.unwrap_err();
+    assert!(
+        err.to_string().contains("0001_tokens_unique_payment_index"),
+        "{err}"
+    );
+    check(err);
+    check(verify_applied(&store).await.unwrap_err());
+    check(run(&store, true).await.unwrap_err());
+    // Nothing was changed by the refusals.
+    assert_eq!(fresh.applied().await.len(), all().len());
+    assert_eq!(
+        fresh
+            .count(
+                "_migrations",
+                doc! { "_id": "0001_tokens_unique_payment_index", "checksum": &edited }
+            )
+            .await,
+        1
+    );
+    assert_eq!(fresh.count("_migrations_lock", doc! {}).await, 0);
+}
+
+#[tokio::test]
+async fn concurrent_runs_apply_each_migration_once() {
+    let fresh = FreshDb::new().await;
+    let (a, b) = (fresh.store().await, fresh.store().await);
+    let (ra, rb) = tokio::join!(run(&a, false), run(&b, false));
+    let (ra, rb) = (ra.unwrap(), rb.unwrap());
+    let mut applied: Vec<String> = ra.applied.iter().chain(&rb.applied).cloned().collect();
+    applied.sort();
+    assert_eq!(
+        applied,
+        all(),
+        "each migration applied by exactly one runner"
+    );
+
+    let rows = fresh.applied().await;
+    let ids: Vec<&str> = rows.iter().map(|r| r.get_str("_id").unwrap()).collect();
+    assert_eq!(ids, all());
+    assert_eq!(fresh.count("_migrations_lock", doc! {}).await, 0);
+    assert!(pending(&a).await.unwrap().is_empty());
+
+    // Three at once on another fresh database, with one store shared by two of them.
+    let fresh = FreshDb::new().await;
+    let (a, b) = (fresh.store().await, fresh.store().await);
+    let (ra, rb, rc) = tokio::join!(run(&a, false), run(&b, false), run(&a, false));
+    let total = [ra.unwrap(), rb.unwrap(), rc.unwrap()]
+        .iter()
+        .map(|r| r.applied.len())
+        .sum::<usize>();
+    assert_eq!(total, all().len());
+    assert_eq!(fresh.applied().await.len(), all().len());
+}
+
+#[tokio::test]
+async fn a_dry_run_lists_and_writes_nothing() {
+    let fresh = FreshDb::new().await;
+    let store = fresh.store().await;
+    fresh
+        .collection("tokens")
+        .insert_one(token("pi_dry", 0))
+        .await
+        .unwrap();
+
+    let report = run(&store, true).await.unwrap();
+    assert_eq!(report.applied, all());
+    assert!(report.already_applied.is_empty());
+    assert!(fresh.applied().await.is_empty());
+    assert_eq!(
+        fresh.collections().await,
+        ["tokens"],
+        "no _migrations, no lock, no issuances"
+    );
+    assert_eq!(
+        fresh.indexes("tokens").await,
+        [("_id_".to_owned(), false)],
+        "no index built"
+    );
+    assert_eq!(
+        fresh
+            .count("tokens", doc! { "_version": { "$exists": false } })
+            .await,
+        1,
+        "no backfill"
+    );
+
+    // After a real run, a dry run has nothing left to do.
+    run(&store, false).await.unwrap();
+    let report = run(&store, true).await.unwrap();
+    assert!(report.applied.is_empty());
+    assert_eq!(report.already_applied, all());
+}

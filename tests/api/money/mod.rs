@@ -1,0 +1,63 @@
+//! The money invariant under races: tokens stand exactly while their payment stands.
+//!
+//! A payment the provider reported failed, canceled or refunded is issued by no key
+//! ([`withdrawn`]); a refund, full or partial, that races the issuance (the success webhook,
+//! backend retries, a checkout request) still ends with exactly the tokens the payment
+//! stands for, in seeded random rounds ([`seeded_race`], drawing from [`race_scenario`]) and
+//! in a deterministic race ([`refund_race`]). Every check reads the database, and
+//! `Store::verify()` must stay clean.
+
+mod race_scenario;
+mod refund_race;
+mod seeded_race;
+mod withdrawn;
+
+use futures::TryStreamExt;
+use mongodb::bson::{Document, doc, oid::ObjectId};
+
+use crate::helpers::*;
+
+/// A token as stored: (tokenIndex, status, owner, type).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct StoredToken {
+    index: i64,
+    status: String,
+    owner: Option<ObjectId>,
+    token_type: String,
+}
+
+/// A payment's issuance records and tokens (tokenIndex order), read from the database.
+async fn stored(app: &TestApp, payment: &str) -> (Vec<Document>, Vec<StoredToken>) {
+    let records: Vec<Document> = app
+        .db
+        .collection::<Document>("issuances")
+        .find(doc! { "provider": "stripe", "accountId": "acct_1", "paymentIntentId": payment })
+        .await
+        .unwrap()
+        .try_collect()
+        .await
+        .unwrap();
+    let tokens: Vec<Document> = app
+        .db
+        .collection::<Document>("tokens")
+        .find(doc! {
+            "origin.provider": "stripe", "origin.accountId": "acct_1",
+            "origin.paymentIntentId": payment,
+        })
+        .sort(doc! { "tokenIndex": 1 })
+        .await
+        .unwrap()
+        .try_collect()
+        .await
+        .unwrap();
+    let tokens = tokens
+        .iter()
+        .map(|t| StoredToken {
+            index: token_index(t),
+            status: t.get_str("status").unwrap_or("?").to_owned(),
+            owner: t.get_object_id("owner").ok(),
+            token_type: t.get_str("type").unwrap_or("?").to_owned(),
+        })
+        .collect();
+    (records, tokens)
+}

@@ -1,0 +1,120 @@
+//! Leftovers of a payment refunded meanwhile: a short set is completed and revoked, and
+//! a crashed atomic issuance's active tokens are revoked by the sweep of recent
+//! withdrawals.
+
+use std::time::Duration;
+
+use mongodb::bson::{Document, doc, oid::ObjectId};
+
+use super::{
+    FAST_REPAIR, REPAIR_WITHIN, ago, issuing_record, record_of, repairs, seed,
+    wait_until_none_issuing,
+};
+use crate::helpers::*;
+
+#[tokio::test]
+async fn a_short_set_of_a_refunded_payment_is_completed_and_revoked() {
+    let app = spawn_app_with(FAST_REPAIR).await;
+    let revoked_before = repairs(&app, "revoked").await;
+    let created_at = ago(Duration::from_secs(60));
+    // The refund was recorded while the crashed writer was between its writes, after it
+    // had checked the payment: nothing revoked its tokens yet.
+    app.db
+        .collection::<Document>("payments")
+        .insert_one(doc! {
+            "provider": "stripe",
+            "accountId": "acct_1",
+            "paymentIntentId": "pi_refunded",
+            "status": "refunded",
+            "version": 2_i64,
+            "lastEventId": "evt_refund",
+            "lastEventType": "charge.refunded",
+            "createdAt": created_at,
+            "updatedAt": created_at,
+        })
+        .await
+        .unwrap();
+    let record = issuing_record("pi_refunded", ObjectId::new(), 30, created_at);
+    let seeded = seed(&app.db, record, 0..10).await;
+
+    wait_until_none_issuing(&app.db, REPAIR_WITHIN).await;
+
+    let record = record_of(&app.db, "pi_refunded").await;
+    assert_eq!(record.get_str("status"), Ok("issued"), "{record}");
+    let stored = payment_tokens(&app.db, "pi_refunded").await;
+    let indexes: Vec<i64> = stored
+        .iter()
+        .map(|t| t.get_i64("tokenIndex").unwrap())
+        .collect();
+    assert_eq!(indexes, (0..30).collect::<Vec<_>>());
+    for token in &stored {
+        assert_eq!(token.get_str("status"), Ok("revoked"), "{token}");
+        assert_eq!(token.get_str("revocationReason"), Ok("refunded"), "{token}");
+    }
+    // The ten tokens written before the crash kept their ids.
+    for before in &seeded.tokens {
+        let index = before.get_i64("tokenIndex").unwrap() as usize;
+        assert_eq!(stored[index].get("_id"), before.get("_id"));
+    }
+    let report = app.store().await.verify().await.unwrap();
+    assert!(report.is_clean(), "{report}");
+    let revoked = repairs(&app, "revoked").await;
+    assert!(
+        revoked >= revoked_before + 1.0,
+        "tokenmint_repairs_total{{outcome=\"revoked\"}} went from {revoked_before} to {revoked}"
+    );
+}
+
+/// An atomic issuance commits its record `issued` with every token, then re-reads the
+/// payment. A process that died between the two, while a refund's own settle had already
+/// run (before the commit made the tokens visible), leaves a complete, issued set of
+/// active tokens that nobody else would revoke: the sweep of recent withdrawals does.
+#[tokio::test]
+async fn a_crashed_atomic_issuance_after_a_refund_is_revoked_by_the_sweep() {
+    let app = spawn_app_with(FAST_REPAIR).await;
+    let refunded_at = ago(Duration::from_secs(5));
+    app.db
+        .collection::<Document>("payments")
+        .insert_one(doc! {
+            "provider": "stripe",
+            "accountId": "acct_1",
+            "paymentIntentId": "pi_atomic_refunded",
+            "status": "refunded",
+            "version": 2_i64,
+            "lastEventId": "evt_refund",
+            "lastEventType": "charge.refunded",
+            "createdAt": refunded_at,
+            "updatedAt": refunded_at,
+        })
+        .await
+        .unwrap();
+    let mut record = issuing_record("pi_atomic_refunded", ObjectId::new(), 3, refunded_at);
+    record.insert("status", "issued");
+    record.insert("mode", "atomic");
+    seed(&app.db, record, 0..3).await;
+
+    let started = std::time::Instant::now();
+    while app
+        .count(
+            "tokens",
+            doc! { "origin.paymentIntentId": "pi_atomic_refunded", "status": "active" },
+        )
+        .await
+        > 0
+    {
+        assert!(
+            started.elapsed() < REPAIR_WITHIN,
+            "the sweep left the refunded payment's tokens active"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let states = app.token_states("pi_atomic_refunded").await;
+    assert_eq!(
+        states,
+        (0..3)
+            .map(|i| (i, "revoked".to_owned()))
+            .collect::<Vec<_>>()
+    );
+    let report = app.store().await.verify().await.unwrap();
+    assert!(report.is_clean(), "{report}");
+}

@@ -1,0 +1,190 @@
+//! Redeem, revoke and transfer one at a time: what each status allows, what `If-Match`
+//! requires, and the bad requests that change nothing.
+
+use serde_json::{Value, json};
+
+use super::{change, post, transfer, version_of};
+use crate::helpers::*;
+
+/// Asks for `operation` on token `id` at `version` (a transfer with the `If-Match` and new
+/// owner it requires, the others without) and asserts the token's state refuses it.
+async fn assert_state_conflict(app: &TestApp, id: &str, operation: &str, version: i64) -> Value {
+    let transfer = operation == "transfer";
+    let if_match = format!("\"{version}\"");
+    let response = change(
+        app,
+        ADMIN_KEY,
+        id,
+        operation,
+        transfer.then_some(if_match.as_str()),
+        transfer.then(|| json!({"newOwner": OTHER_OWNER})),
+    )
+    .await;
+    assert_problem(response, 409, "state_conflict").await
+}
+
+#[tokio::test]
+async fn redeem_then_the_state_rules() {
+    let app = spawn_app().await;
+    let ids = app.issue_tokens("pi_rules", 3).await;
+    let (a, b, c) = (&ids[0], &ids[1], &ids[2]);
+
+    // Redeem with a reference; the answer carries the new ETag.
+    let response = change(
+        &app,
+        ADMIN_KEY,
+        a,
+        "redeem",
+        Some("\"0\""),
+        Some(json!({"reference": "order-7"})),
+    )
+    .await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.headers()["etag"], "\"1\"");
+    let token = json(response).await;
+    assert_eq!(token["status"], "redeemed");
+    assert_eq!(token["redemptionRef"], "order-7");
+    let db = app.stored_token(a).await;
+    assert_eq!(db.get_str("status").unwrap(), "redeemed");
+    assert_eq!(version_of(&db), 1);
+    assert!(db.get_datetime("redeemedAt").is_ok());
+
+    // Redeem / transfer / revoke of a redeemed token: 409, nothing changes.
+    for operation in ["redeem", "transfer", "revoke"] {
+        let problem = assert_state_conflict(&app, a, operation, 1).await;
+        assert_eq!(problem["currentStatus"], "redeemed", "{operation}");
+    }
+    assert_eq!(version_of(&app.stored_token(a).await), 1);
+
+    // Revoke (empty body) then revoke again: 200 both times, version bumped once.
+    let first = change(&app, ADMIN_KEY, b, "revoke", None, None).await;
+    assert_eq!(first.status(), 200);
+    let second = change(&app, ADMIN_KEY, b, "revoke", None, Some(json!({}))).await;
+    assert_eq!(second.status(), 200);
+    assert_eq!(second.headers()["etag"], "\"1\"");
+    assert_eq!(version_of(&app.stored_token(b).await), 1);
+    // Redeem / transfer of a revoked token: 409.
+    for operation in ["redeem", "transfer"] {
+        let problem = assert_state_conflict(&app, b, operation, 1).await;
+        assert_eq!(problem["currentStatus"], "revoked", "{operation}");
+    }
+    assert_eq!(version_of(&app.stored_token(b).await), 1);
+
+    // Transfer: If-Match required, then moves the owner and bumps the version.
+    let missing = transfer(&app, c, None).await;
+    assert_problem(missing, 428, "precondition_required").await;
+    let bad_owner = change(
+        &app,
+        ADMIN_KEY,
+        c,
+        "transfer",
+        Some("\"0\""),
+        Some(json!({"newOwner": "nope"})),
+    )
+    .await;
+    assert_eq!(
+        assert_problem(bad_owner, 422, "validation_failed").await["errors"][0]["field"],
+        "newOwner"
+    );
+    let moved = transfer(&app, c, Some("\"0\"")).await;
+    assert_eq!(moved.status(), 200);
+    let db = app.stored_token(c).await;
+    assert_eq!(db.get_object_id("owner").unwrap().to_hex(), OTHER_OWNER);
+    assert_eq!(version_of(&db), 1);
+}
+
+#[tokio::test]
+async fn bad_requests_to_state_changes() {
+    let app = spawn_app().await;
+    let id = app.issue_tokens("pi_bad", 1).await.remove(0);
+    let path = format!("/v1/tokens/{id}/redeem");
+    assert_problem(
+        post(&app, ADMIN_KEY, "/v1/tokens/xyz/redeem", None, None).await,
+        422,
+        "validation_failed",
+    )
+    .await;
+    let bad_match = assert_problem(
+        post(&app, ADMIN_KEY, &path, Some("\"abc\""), None).await,
+        422,
+        "validation_failed",
+    )
+    .await;
+    assert_eq!(bad_match["errors"][0]["field"], "If-Match");
+    let unknown = assert_problem(
+        post(
+            &app,
+            ADMIN_KEY,
+            &path,
+            None,
+            Some(json!({"referense": "x"})),
+        )
+        .await,
+        422,
+        "validation_failed",
+    )
+    .await;
+    assert_eq!(unknown["errors"][0]["field"], "referense");
+    let long = post(
+        &app,
+        ADMIN_KEY,
+        &path,
+        None,
+        Some(json!({"reference": "x".repeat(257)})),
+    )
+    .await;
+    assert_problem(long, 422, "validation_failed").await;
+    assert_problem(
+        post(&app, READER_KEY, &path, None, None).await,
+        403,
+        "forbidden",
+    )
+    .await;
+    assert_problem(
+        change(&app, WRITER_KEY, &id, "revoke", None, None).await,
+        403,
+        "forbidden",
+    )
+    .await;
+    assert_problem(
+        change(
+            &app,
+            READER_KEY,
+            &id,
+            "transfer",
+            Some("\"0\""),
+            Some(json!({"newOwner": OTHER_OWNER})),
+        )
+        .await,
+        403,
+        "forbidden",
+    )
+    .await;
+    let db = app.stored_token(&id).await;
+    assert_eq!(db.get_str("status").unwrap(), "active");
+    assert_eq!(version_of(&db), 0);
+}
+
+#[tokio::test]
+async fn a_stale_if_match_is_412_and_changes_nothing() {
+    let app = spawn_app().await;
+    let id = app.issue_tokens("pi_stale", 1).await.remove(0);
+    let moved = transfer(&app, &id, Some("\"0\"")).await;
+    assert_eq!(moved.status(), 200);
+
+    let stale = change(&app, ADMIN_KEY, &id, "redeem", Some("\"0\""), None).await;
+    let problem = assert_problem(stale, 412, "version_conflict").await;
+    assert_eq!(problem["currentVersion"], 1);
+    assert_eq!(problem["currentStatus"], "active");
+    let db = app.stored_token(&id).await;
+    assert_eq!(db.get_str("status").unwrap(), "active");
+    assert_eq!(version_of(&db), 1);
+
+    let metrics = app.metrics().await;
+    assert!(
+        metrics.contains(
+            "tokenmint_version_gate_rejections_total{collection=\"tokens\",operation=\"redeem\"}"
+        ),
+        "{metrics}"
+    );
+}

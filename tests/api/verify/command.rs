@@ -1,0 +1,197 @@
+//! The `verify` command of the real binary: exit code 0 when clean, 1 on violations, 2
+//! when it cannot run; `--repair` completes short sets and revokes unbacked tokens, once.
+
+use mongodb::bson::{DateTime, Document, doc, oid::ObjectId};
+
+use super::{run_verify, token};
+use crate::helpers::*;
+
+/// An issuance record as the service writes it (stripe, acct_1, OWNER, standard).
+fn record(payment: &str, quantity: i64, status: &str) -> Document {
+    doc! {
+        "provider": "stripe", "accountId": "acct_1", "paymentIntentId": payment,
+        "owner": ObjectId::parse_str(OWNER).unwrap(), "tokenType": "standard",
+        "quantity": quantity, "paymentDate": DateTime::now(), "mode": "upsert",
+        "status": status, "createdAt": DateTime::now(),
+    }
+}
+
+/// A payment document as the projection writes it.
+fn payment(payment: &str, status: &str, amount_refunded: Option<i64>) -> Document {
+    let mut doc = doc! {
+        "provider": "stripe", "accountId": "acct_1", "paymentIntentId": payment,
+        "status": status, "version": 1_i64, "amount": 1000_i64, "currency": "eur",
+        "lastEventId": format!("evt_{payment}"), "lastEventType": "charge.refunded",
+        "createdAt": DateTime::now(), "updatedAt": DateTime::now(),
+    };
+    if let Some(refunded) = amount_refunded {
+        doc.insert("amountRefunded", refunded);
+    }
+    doc
+}
+
+#[tokio::test]
+async fn verify_exits_0_when_clean_1_on_violations_2_when_it_cannot_run() {
+    let app = spawn_app().await;
+    assert_eq!(
+        app.issue(WRITER_KEY, &issuance_body("pi_exit", 2))
+            .await
+            .status(),
+        201
+    );
+    let clean = run_verify(&app, &[]).await;
+    let stdout = String::from_utf8_lossy(&clean.stdout);
+    assert_eq!(clean.status.code(), Some(0), "{stdout}");
+    assert!(stdout.contains("no violations"), "{stdout}");
+
+    app.db
+        .collection::<Document>("tokens")
+        .delete_one(doc! { "origin.paymentIntentId": "pi_exit", "tokenIndex": 1 })
+        .await
+        .unwrap();
+    let found = run_verify(&app, &[]).await;
+    let stdout = String::from_utf8_lossy(&found.stdout);
+    assert_eq!(found.status.code(), Some(1), "{stdout}");
+    assert!(stdout.contains("1 violation(s)"), "{stdout}");
+    assert!(stdout.contains("pi_exit"), "{stdout}");
+
+    // Nothing listens on the port: the command cannot run, and says so quickly.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let closed = format!("mongodb://127.0.0.1:{port}/?directConnection=true");
+    for args in [&[][..], &["--repair"][..]] {
+        let started = std::time::Instant::now();
+        let output = run_command(
+            &closed,
+            &app.db_name,
+            &[&["verify"][..], args].concat(),
+            &[("TOKENMINT__MONGO__SERVER_SELECTION_TIMEOUT_MS", "500")],
+        )
+        .await;
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "verify {args:?}: {stderr}");
+        assert!(stderr.contains("error"), "{stderr}");
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(30),
+            "took {:?}",
+            started.elapsed()
+        );
+    }
+    // The unreachable runs did not touch the real database.
+    assert_eq!(app.token_indexes("pi_exit").await, vec![0]);
+}
+
+#[tokio::test]
+async fn verify_repair_completes_short_sets_and_revokes_unbacked_tokens() {
+    let app = spawn_app().await;
+    let issuances = app.db.collection::<Document>("issuances");
+    let tokens = app.db.collection::<Document>("tokens");
+    let payments = app.db.collection::<Document>("payments");
+    // An `issued` record of 3 with only token 0, and an `issuing` one of 2 with token 0.
+    issuances
+        .insert_one(record("pi_short", 3, "issued"))
+        .await
+        .unwrap();
+    tokens.insert_one(token("pi_short", 0)).await.unwrap();
+    issuances
+        .insert_one(record("pi_unfinished", 2, "issuing"))
+        .await
+        .unwrap();
+    tokens.insert_one(token("pi_unfinished", 0)).await.unwrap();
+    // A refunded payment whose 2 tokens are active.
+    issuances
+        .insert_one(record("pi_refunded", 2, "issued"))
+        .await
+        .unwrap();
+    tokens
+        .insert_many([token("pi_refunded", 0), token("pi_refunded", 1)])
+        .await
+        .unwrap();
+    payments
+        .insert_one(payment("pi_refunded", "refunded", None))
+        .await
+        .unwrap();
+    // A payment half refunded (500 of 1000) whose 4 tokens are all active.
+    issuances
+        .insert_one(record("pi_half", 4, "issued"))
+        .await
+        .unwrap();
+    tokens
+        .insert_many((0..4).map(|i| token("pi_half", i)))
+        .await
+        .unwrap();
+    payments
+        .insert_one(payment("pi_half", "succeeded", Some(500)))
+        .await
+        .unwrap();
+
+    // Plain verify reports, and changes nothing.
+    let found = run_verify(&app, &[]).await;
+    let stdout = String::from_utf8_lossy(&found.stdout);
+    assert_eq!(found.status.code(), Some(1), "{stdout}");
+    assert!(stdout.contains("4 violation(s)"), "{stdout}");
+    assert!(!stdout.contains("repaired:"), "{stdout}");
+    assert_eq!(app.count("tokens", doc! {}).await, 8);
+    assert_eq!(app.count("tokens", doc! { "status": "active" }).await, 8);
+
+    let repaired = run_verify(&app, &["--repair"]).await;
+    let stdout = String::from_utf8_lossy(&repaired.stdout);
+    let stderr = String::from_utf8_lossy(&repaired.stderr);
+    assert_eq!(repaired.status.code(), Some(0), "{stdout}\n{stderr}");
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("repaired:"))
+        .unwrap_or_else(|| panic!("no repaired: line in {stdout}"));
+    assert!(line.contains("3 token(s) written"), "{line}");
+    assert!(line.contains("4 token(s) revoked"), "{line}");
+    assert!(line.contains("0 could not be repaired"), "{line}");
+    assert!(stdout.contains("no violations"), "{stdout}");
+
+    assert_eq!(
+        app.token_states("pi_short").await,
+        indexed_statuses(&["active", "active", "active"])
+    );
+    assert_eq!(
+        app.token_states("pi_unfinished").await,
+        indexed_statuses(&["active", "active"])
+    );
+    assert_eq!(
+        app.count(
+            "tokens",
+            doc! { "origin.paymentIntentId": "pi_refunded", "status": "active" }
+        )
+        .await,
+        0
+    );
+    assert_eq!(
+        app.count(
+            "tokens",
+            doc! { "origin.paymentIntentId": "pi_refunded", "status": "revoked", "revocationReason": "refunded" }
+        )
+        .await,
+        2
+    );
+    assert_eq!(
+        app.token_states("pi_half").await,
+        indexed_statuses(&["active", "active", "revoked", "revoked"])
+    );
+    for payment in ["pi_short", "pi_unfinished", "pi_refunded", "pi_half"] {
+        let record = issuances
+            .find_one(doc! { "paymentIntentId": payment })
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(record.get_str("status").unwrap(), "issued", "{record}");
+    }
+    assert_eq!(app.count("tokens", doc! {}).await, 11);
+
+    // Repaired for good: a second run finds nothing and has nothing to do.
+    let again = run_verify(&app, &["--repair"]).await;
+    let stdout = String::from_utf8_lossy(&again.stdout);
+    assert_eq!(again.status.code(), Some(0), "{stdout}");
+    assert!(stdout.contains("0 token(s) written"), "{stdout}");
+    assert!(stdout.contains("0 token(s) revoked"), "{stdout}");
+}

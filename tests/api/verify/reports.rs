@@ -1,0 +1,266 @@
+//! What `verify` reports: nothing after normal traffic, then each violation by name (a
+//! short set, an orphan, a token without `_version`, a stranded pending request, foreign
+//! tokens, active tokens a refund or cancellation no longer backs), transfers excepted.
+
+use mongodb::bson::{DateTime, Document, doc, oid::ObjectId};
+
+use super::{run_verify, token};
+use crate::helpers::*;
+
+#[tokio::test]
+async fn verify_is_clean_after_normal_traffic_and_names_each_violation() {
+    let app = spawn_app().await;
+    for (payment, quantity, mode) in [("pi_a", 3, "upsert"), ("pi_b", 2, "atomic")] {
+        let mut body = issuance_body(payment, quantity);
+        body["mode"] = serde_json::json!(mode);
+        assert_eq!(app.issue(WRITER_KEY, &body).await.status(), 201);
+    }
+    let store = app.store().await;
+    let report = store.verify().await.unwrap();
+    assert!(report.is_clean(), "{report}");
+    assert_eq!(report.issuances_checked, 2);
+    assert_eq!(report.tokens_checked, 5);
+
+    let tokens = app.db.collection::<Document>("tokens");
+    // A partial set: pi_a loses its last token.
+    tokens
+        .delete_one(doc! { "origin.paymentIntentId": "pi_a", "tokenIndex": 2 })
+        .await
+        .unwrap();
+    // An orphan token (no issuance record) that also lacks _version.
+    let mut orphan = token("pi_orphan", 0);
+    orphan.remove("_version");
+    tokens.insert_one(orphan).await.unwrap();
+    // A pending issuance whose payment is known to have succeeded.
+    app.db.collection::<Document>("issuances").insert_one(doc! {
+        "provider": "stripe", "accountId": "acct_1", "paymentIntentId": "pi_pending", "owner": ObjectId::new(),
+        "tokenType": "standard", "quantity": 1, "paymentDate": DateTime::now(), "mode": "upsert",
+        "status": "pending", "createdAt": DateTime::now(),
+    }).await.unwrap();
+    app.db.collection::<Document>("payments").insert_one(doc! {
+        "provider": "stripe", "accountId": "acct_1", "paymentIntentId": "pi_pending", "status": "succeeded", "version": 1,
+    }).await.unwrap();
+
+    let report = store.verify().await.unwrap();
+    assert!(!report.is_clean());
+    assert_eq!(report.wrong_token_sets.count, 1, "{report}");
+    assert!(
+        report.wrong_token_sets.samples[0].contains("stripe/acct_1/pi_a"),
+        "{report}"
+    );
+    assert_eq!(report.orphan_tokens.count, 1, "{report}");
+    assert_eq!(report.tokens_without_version.count, 1, "{report}");
+    assert_eq!(report.stranded_pending.count, 1, "{report}");
+    assert_eq!(
+        report.duplicate_tokens.count, 0,
+        "the unique index makes duplicates impossible"
+    );
+    assert_eq!(report.violations(), 4);
+
+    // The CLI prints the same and exits non-zero.
+    let output = run_verify(&app, &[]).await;
+    assert!(!output.status.success());
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(stdout.contains("4 violation(s)"), "{stdout}");
+    assert!(stdout.contains("pi_orphan"), "{stdout}");
+
+    // The retry repairs the partial set; the report shrinks accordingly.
+    assert_eq!(
+        app.issue(WRITER_KEY, &issuance_body("pi_a", 3))
+            .await
+            .status(),
+        200
+    );
+    assert_eq!(store.verify().await.unwrap().wrong_token_sets.count, 0);
+}
+
+#[tokio::test]
+async fn verify_reports_foreign_tokens_but_not_transferred_ones() {
+    let app = spawn_app().await;
+    for payment in ["pi_type", "pi_owner", "pi_moved"] {
+        assert_eq!(
+            app.issue(WRITER_KEY, &issuance_body(payment, 2))
+                .await
+                .status(),
+            201
+        );
+    }
+    let store = app.store().await;
+    assert!(store.verify().await.unwrap().is_clean());
+
+    // A transfer changes the owner on purpose: not foreign.
+    let moved = app.issued_token_ids("pi_moved").await.remove(0);
+    let transfer = app
+        .http
+        .post(app.url(&format!("/v1/tokens/{moved}/transfer")))
+        .bearer_auth(ADMIN_KEY)
+        .header("if-match", "\"0\"")
+        .json(&serde_json::json!({ "newOwner": OTHER_OWNER }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(transfer.status(), 200);
+    let tokens = app.db.collection::<Document>("tokens");
+    let stored = app.stored_token(&moved).await;
+    assert_eq!(
+        stored.get_object_id("owner").unwrap(),
+        ObjectId::parse_str(OTHER_OWNER).unwrap()
+    );
+    assert!(
+        stored.get_datetime("transferredAt").is_ok(),
+        "a transfer records transferredAt: {stored}"
+    );
+    let report = store.verify().await.unwrap();
+    assert_eq!(report.foreign_tokens.count, 0, "{report}");
+    assert!(report.is_clean(), "{report}");
+
+    // Written behind the service's back: another type, another owner (not transferred).
+    tokens
+        .update_one(
+            doc! { "origin.paymentIntentId": "pi_type", "tokenIndex": 1 },
+            doc! { "$set": { "type": "gold" } },
+        )
+        .await
+        .unwrap();
+    tokens
+        .update_one(
+            doc! { "origin.paymentIntentId": "pi_owner", "tokenIndex": 0 },
+            doc! { "$set": { "owner": ObjectId::parse_str(OTHER_OWNER).unwrap() } },
+        )
+        .await
+        .unwrap();
+    let report = store.verify().await.unwrap();
+    assert_eq!(report.foreign_tokens.count, 2, "{report}");
+    let samples = report.foreign_tokens.samples.join("\n");
+    assert!(samples.contains("stripe/acct_1/pi_type"), "{report}");
+    assert!(samples.contains("stripe/acct_1/pi_owner"), "{report}");
+    assert!(!samples.contains("pi_moved"), "{report}");
+    assert_eq!(report.violations(), 2, "{report}");
+
+    // A transfer excuses the owner only, never the type.
+    tokens
+        .update_one(
+            doc! { "_id": ObjectId::parse_str(&moved).unwrap() },
+            doc! { "$set": { "type": "gold" } },
+        )
+        .await
+        .unwrap();
+    let report = store.verify().await.unwrap();
+    assert_eq!(report.foreign_tokens.count, 3, "{report}");
+    assert!(
+        report
+            .foreign_tokens
+            .samples
+            .join("\n")
+            .contains("pi_moved")
+    );
+}
+
+#[tokio::test]
+async fn verify_reports_active_tokens_a_refund_or_cancellation_no_longer_backs() {
+    use crate::provider_events::*;
+    let app = app().await;
+    let t = now();
+    let send = |event: serde_json::Value| {
+        let app = &app;
+        async move {
+            let response = deliver_stripe(app, &event).await;
+            assert_eq!(response.status(), 200, "{event}");
+        }
+    };
+    // Refunded, canceled, partly refunded (2 of 4 back), and partly refunded with the
+    // refunded share redeemed: all settled by the service, so verify is clean.
+    send(intent_event("evt_f", "succeeded", "pi_full", t, "2")).await;
+    send(refund_event("evt_f_r", "pi_full", t + 10)).await;
+    send(intent_event("evt_c", "succeeded", "pi_cancel", t, "2")).await;
+    send(intent_event(
+        "evt_c_c",
+        "canceled",
+        "pi_cancel",
+        t + 10,
+        "2",
+    ))
+    .await;
+    send(intent_event("evt_p", "succeeded", "pi_part", t, "4")).await;
+    send(partial_refund_event(
+        "evt_p_r",
+        "pi_part",
+        t + 10,
+        1000,
+        500,
+    ))
+    .await;
+    send(intent_event("evt_s", "succeeded", "pi_spent", t, "2")).await;
+    let spent = app.issued_token_ids("pi_spent").await;
+    let redeemed = app
+        .http
+        .post(app.url(&format!("/v1/tokens/{}/redeem", spent[1])))
+        .bearer_auth(ADMIN_KEY)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(redeemed.status(), 200);
+    send(partial_refund_event(
+        "evt_s_r",
+        "pi_spent",
+        t + 10,
+        1000,
+        500,
+    ))
+    .await;
+    assert_eq!(
+        app.token_states("pi_full").await,
+        indexed_statuses(&["revoked", "revoked"])
+    );
+    assert_eq!(
+        app.token_states("pi_cancel").await,
+        indexed_statuses(&["revoked", "revoked"])
+    );
+    assert_eq!(
+        app.token_states("pi_part").await,
+        indexed_statuses(&["active", "active", "revoked", "revoked"])
+    );
+    assert_eq!(
+        app.token_states("pi_spent").await,
+        indexed_statuses(&["active", "redeemed"])
+    );
+    let store = app.store().await;
+    let report = store.verify().await.unwrap();
+    assert!(report.is_clean(), "{report}");
+
+    // Revocations lost: the tokens are active again.
+    let tokens = app.db.collection::<Document>("tokens");
+    let reactivate = |payment: &'static str, from: i64| {
+        let tokens = tokens.clone();
+        async move {
+            tokens
+                .update_many(
+                    doc! { "origin.paymentIntentId": payment, "tokenIndex": { "$gte": from }, "status": "revoked" },
+                    doc! { "$set": { "status": "active" } },
+                )
+                .await
+                .unwrap()
+                .modified_count
+        }
+    };
+    assert_eq!(reactivate("pi_full", 0).await, 2);
+    assert_eq!(reactivate("pi_cancel", 1).await, 1);
+    assert_eq!(reactivate("pi_part", 3).await, 1);
+    let report = store.verify().await.unwrap();
+    assert_eq!(report.unbacked_active_tokens.count, 3, "{report}");
+    let samples = report.unbacked_active_tokens.samples.join("\n");
+    assert!(
+        samples.contains("stripe/acct_1/pi_full (refunded): 2 active token(s)"),
+        "{report}"
+    );
+    assert!(
+        samples.contains("stripe/acct_1/pi_cancel (canceled): 1 active token(s)"),
+        "{report}"
+    );
+    assert!(
+        samples.contains("stripe/acct_1/pi_part (succeeded): 1 active token(s)"),
+        "only the refunded share counts: {report}"
+    );
+    assert!(!samples.contains("pi_spent"), "{report}");
+    assert_eq!(report.violations(), 3, "{report}");
+}

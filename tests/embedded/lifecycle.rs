@@ -1,0 +1,183 @@
+//! Starting and stopping: the service survives a restart on its data directory, a failed
+//! start stops its mongod cleanly, and `/readyz` turns 503 the moment shutdown begins.
+
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use tokenmint::settings::Settings;
+use tokenmint::startup::Application;
+use tokenmint_test_support::token_ids;
+
+use super::KEY;
+use super::data_dir::{
+    assert_mongod_stopped, config_text, mongod_port, processes_naming, write_config,
+};
+use super::server::{Server, issuance, post_issuance, readyz, run, tokenmint, unpooled_client};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_with_embedded_mongod_survives_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().join("data");
+    let config = write_config(dir.path(), &data_dir);
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .unwrap();
+
+    // First start: a fresh data directory.
+    let mut server = tokio::task::block_in_place(|| Server::start(&config, dir.path()));
+    assert_eq!(readyz(&http, &server).await, 200, "{}", server.logs());
+    assert!(
+        processes_naming(&data_dir)
+            .iter()
+            .any(|cmdline| cmdline.contains("mongod")),
+        "the embedded mongod runs on {data_dir:?}"
+    );
+    let (status, first) = post_issuance(&http, &server).await;
+    assert_eq!(status, 201, "{first}\n{}", server.logs());
+    assert_eq!(first["created"], 3);
+    let ids = token_ids(&first);
+    assert_eq!(ids.len(), 3);
+    server.stop();
+    assert_mongod_stopped(&data_dir);
+    let port = mongod_port(&data_dir);
+    server.assert_plain_logs();
+    let first_logs = server.logs();
+    assert!(
+        first_logs.contains("embedded mongod stopped"),
+        "mongod was stopped, not killed:\n{first_logs}"
+    );
+    drop(server);
+
+    // Second start on the same data: the issuance is still there and replays.
+    let mut server = tokio::task::block_in_place(|| Server::start(&config, dir.path()));
+    assert_eq!(readyz(&http, &server).await, 200, "{}", server.logs());
+    let (status, replay) = post_issuance(&http, &server).await;
+    assert_eq!(status, 200, "{replay}\n{}", server.logs());
+    assert_eq!(replay["created"], 0);
+    assert_eq!(token_ids(&replay), ids, "the same tokens");
+    assert_eq!(replay["issuance"]["id"], first["issuance"]["id"]);
+    assert_eq!(mongod_port(&data_dir), port, "mongod came back on its port");
+    let read = http
+        .get(server.url("/v1/issuances/stripe/acct_1/pi_embedded"))
+        .bearer_auth(KEY)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(read.status(), 200);
+    let read: Value = read.json().await.unwrap();
+    assert_eq!(token_ids(&read), ids);
+    server.stop();
+    assert_mongod_stopped(&data_dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_start_stops_mongod_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().join("data");
+    // The listener is bound last, after mongod started and migrations ran: hold its port.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let config = dir.path().join("taken.toml");
+    let text = config_text(&data_dir, "", true).replace(
+        "bind = \"127.0.0.1:0\"",
+        &format!("bind = \"{}\"", taken.local_addr().unwrap()),
+    );
+    std::fs::write(&config, text).unwrap();
+    let (code, _, stderr) =
+        tokio::task::block_in_place(|| run(tokenmint(&config, dir.path(), &["serve"])));
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("cannot bind server.bind"), "{stderr}");
+    assert!(stderr.contains("started embedded mongod"), "{stderr}");
+    assert!(
+        stderr.contains("embedded mongod stopped"),
+        "not stopped cleanly:\n{stderr}"
+    );
+    assert!(!stderr.contains("SIGTERM"), "{stderr}");
+    assert_mongod_stopped(&data_dir);
+}
+
+/// In process: `/readyz` reads the shutting-down flag, and `run_until_stopped` sets it
+/// the moment shutdown begins, while an in-flight request is still running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_turns_503_as_soon_as_shutdown_begins() {
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().join("data");
+    let settings =
+        Settings::with_overrides(&[&config_text(&data_dir, "shutdown_grace_ms = 30000", true)])
+            .unwrap();
+    let http = unpooled_client();
+
+    // The flag, set by hand: readyz answers 503 with the reason.
+    let app = Application::build(&settings).await.expect("app builds");
+    let base = format!("http://{}", app.local_addr());
+    let flag = app.shutting_down();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(app.run_until_stopped(async move {
+        let _ = stop_rx.await;
+    }));
+    let ready = http.get(format!("{base}/readyz")).send().await.unwrap();
+    assert_eq!(ready.status(), 200);
+    flag.begin();
+    let ready = http.get(format!("{base}/readyz")).send().await.unwrap();
+    assert_eq!(ready.status(), 503);
+    let body: Value = ready.json().await.unwrap();
+    assert_eq!(body["reason"], "shutting down", "{body}");
+    stop_tx.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(60), server)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+
+    // The real thing: shutdown begins while a request is in flight.
+    let app = Application::build(&settings)
+        .await
+        .expect("app builds again");
+    let address = app.local_addr();
+    let flag = app.shutting_down();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(app.run_until_stopped(async move {
+        let _ = stop_rx.await;
+    }));
+    let body = issuance().to_string();
+    let (first, rest) = body.split_at(body.len() / 2);
+    let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
+    let head = format!(
+        "POST /v1/issuances HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    stream.write_all(head.as_bytes()).await.unwrap();
+    stream.write_all(first.as_bytes()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!flag.is_set());
+    stop_tx.send(()).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !flag.is_set() {
+        assert!(
+            Instant::now() < deadline,
+            "shutdown began but the flag is not set"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        !server.is_finished(),
+        "the in-flight request was not waited for"
+    );
+    stream.write_all(rest.as_bytes()).await.unwrap();
+    let mut response = String::new();
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        stream.read_to_string(&mut response),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert!(response.starts_with("HTTP/1.1 201"), "{response}");
+    tokio::time::timeout(Duration::from_secs(60), server)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_mongod_stopped(&data_dir);
+}

@@ -1,0 +1,177 @@
+//! Paddle: a body signed with `sign_paddle` verifies under its secret, among rotated ones,
+//! within the tolerance; any change to the body, the timestamp or a signature digit is
+//! refused; and no header or body, however malformed, panics the verifier or the parser.
+
+use proptest::prelude::*;
+use serde_json::{Value, json};
+
+use tokenmint::domain::{ParsedEvent, Provider};
+use tokenmint::webhooks::paddle::{parse_paddle, sign_paddle, verify_paddle};
+use tokenmint::webhooks::signature::{SignatureError, SignatureHeaders};
+
+use crate::secrets::paddle_secret;
+use crate::{
+    TOLERANCE, bytes, check_payment_event, field, identifier, json_value, out_of_tolerance,
+    secrets, signed_at, tokenmint_metadata,
+};
+
+/// Verifies a Paddle delivery with `Paddle-Signature: header` under `keys` at `now`.
+fn paddle(header: &str, body: &[u8], keys: &[&str], now: i64) -> Result<(), SignatureError> {
+    let headers = SignatureHeaders {
+        paddle_signature: Some(header),
+        ..Default::default()
+    };
+    verify_paddle(&headers, body, &secrets(keys), TOLERANCE, now)
+}
+
+/// Paddle-shaped events: the handled types and one that is not, approved and other
+/// adjustments, amounts as strings or numbers, times that are or are not RFC 3339.
+fn paddle_event() -> impl Strategy<Value = Value> {
+    let event_type = prop_oneof![
+        Just("transaction.completed"),
+        Just("transaction.payment_failed"),
+        Just("transaction.canceled"),
+        Just("adjustment.created"),
+        Just("adjustment.updated"),
+        Just("subscription.created"),
+    ];
+    let occurred_at = prop_oneof![
+        4 => "20[0-9]{2}-(0[1-9]|1[0-2])-[0-2][1-9]T[01][0-9]:[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,9})?(Z|[+-]0[0-9]:[0-5][0-9])",
+        1 => prop_oneof![Just("1969-12-31T23:59:59Z".to_owned()), ".{0,30}"],
+    ];
+    let minor_units = || {
+        field(prop_oneof![
+            "-?[0-9]{1,22}".prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+        ])
+    };
+    let data = (
+        field(identifier(130)),
+        field(identifier(130)),
+        field(prop_oneof![Just(json!("refund")), Just(json!("credit"))]),
+        field(prop_oneof![
+            Just(json!("approved")),
+            Just(json!("pending_approval"))
+        ]),
+        field(prop_oneof![Just(json!("full")), Just(json!("partial"))]),
+        minor_units(),
+        minor_units(),
+        field(tokenmint_metadata("")),
+    )
+        .prop_map(
+            |(id, transaction, action, status, kind, total, grand_total, custom)| {
+                json!({"id": id, "transaction_id": transaction, "action": action,
+                       "status": status, "type": kind, "totals": {"total": total},
+                       "details": {"totals": {"grand_total": grand_total}},
+                       "currency_code": "EUR", "custom_data": custom})
+            },
+        );
+    (".{0,20}", event_type, occurred_at, data).prop_map(|(id, event_type, occurred, data)| {
+        json!({"event_id": id, "event_type": event_type, "occurred_at": occurred, "data": data})
+    })
+}
+
+proptest! {
+    #[test]
+    fn paddle_signature_verifies_only_its_own_body_secret_and_time(
+        secret in paddle_secret(),
+        other_secret in paddle_secret(),
+        body in bytes(512),
+        other_body in bytes(512),
+        (timestamp, skew) in signed_at(),
+        late in out_of_tolerance(),
+    ) {
+        let header = sign_paddle(&secret, timestamp, &body);
+        let now = timestamp + skew;
+        prop_assert_eq!(paddle(&header, &body, &[&secret], now), Ok(()));
+        // Among rotated secrets, in any position.
+        prop_assert_eq!(paddle(&header, &body, &[&other_secret, &secret], now), Ok(()));
+        if other_body != body {
+            prop_assert_eq!(
+                paddle(&header, &other_body, &[&secret], now),
+                Err(SignatureError::Invalid)
+            );
+        }
+        if other_secret != secret {
+            prop_assert_eq!(
+                paddle(&header, &body, &[&other_secret], now),
+                Err(SignatureError::Invalid)
+            );
+        }
+        prop_assert_eq!(
+            paddle(&header, &body, &[&secret], timestamp + late),
+            Err(SignatureError::OutOfTolerance)
+        );
+    }
+
+    #[test]
+    fn paddle_any_change_to_body_or_signature_is_refused(
+        secret in paddle_secret(),
+        body in bytes(512),
+        (timestamp, skew) in signed_at(),
+        at in any::<prop::sample::Index>(),
+        flip in 1u8..=255,
+        digit in 0usize..64,
+        shift in 1u8..16,
+        moved in prop_oneof![-300i64..0, 1i64..=300],
+    ) {
+        let now = timestamp + skew;
+        let header = sign_paddle(&secret, timestamp, &body);
+        let h1 = header.split_once(";h1=").expect("ts=…;h1=…").1;
+        // One byte of the body changed.
+        if !body.is_empty() {
+            let mut changed = body.clone();
+            changed[at.index(body.len())] ^= flip;
+            prop_assert_eq!(paddle(&header, &changed, &[&secret], now), Err(SignatureError::Invalid));
+        }
+        // One hex digit of the signature changed.
+        let mut digits = h1.as_bytes().to_vec();
+        let value = (char::from(digits[digit]).to_digit(16).unwrap() as u8 + shift) % 16;
+        digits[digit] = char::from_digit(u32::from(value), 16).unwrap() as u8;
+        let forged = format!("ts={timestamp};h1={}", String::from_utf8(digits).unwrap());
+        prop_assert_eq!(paddle(&forged, &body, &[&secret], now), Err(SignatureError::Invalid));
+        // The signature kept, the timestamp it covers moved (checked at that very time, so
+        // only the signature can refuse it).
+        let moved_at = timestamp + moved;
+        let moved = format!("ts={moved_at};h1={h1}");
+        prop_assert_eq!(paddle(&moved, &body, &[&secret], moved_at), Err(SignatureError::Invalid));
+    }
+
+    #[test]
+    fn paddle_verify_never_panics(
+        header in prop_oneof![
+            any::<String>(),
+            "(ts=-?[0-9]{0,20}|h1=[0-9a-f]{0,66}|h2=.{0,4}|[=; ]|.){0,8}",
+        ],
+        body in bytes(256),
+        key in prop_oneof![any::<String>(), paddle_secret()],
+        now in any::<i64>(),
+        tolerance in any::<u64>(),
+    ) {
+        let headers = SignatureHeaders { paddle_signature: Some(&header), ..Default::default() };
+        let _ = verify_paddle(&headers, &body, &secrets(&[&key]), tolerance, now);
+    }
+
+    #[test]
+    fn paddle_parser_never_panics_on_bytes_or_json(
+        body in bytes(512),
+        value in json_value(),
+        max in any::<u32>(),
+    ) {
+        let provider = Provider::parse("paddle").unwrap();
+        let _ = parse_paddle(&provider, &body, max);
+        let _ = parse_paddle(&provider, &serde_json::to_vec(&value).unwrap(), max);
+    }
+
+    #[test]
+    fn paddle_events_parse_to_valid_keys(event in paddle_event(), max in 1u32..=1000) {
+        let provider = Provider::parse("paddle").unwrap();
+        let body = serde_json::to_vec(&event).unwrap();
+        if let Ok(ParsedEvent::Payment(parsed)) = parse_paddle(&provider, &body, max) {
+            check_payment_event(&parsed, max)?;
+            prop_assert_eq!(parsed.key.account_id.as_str(), "default");
+            // Only an approved refund adjustment refunds, and it names its adjustment.
+            prop_assert_eq!(parsed.refund.is_some(), event["event_type"].as_str().unwrap().starts_with("adjustment."));
+        }
+    }
+}
