@@ -59,21 +59,6 @@ impl Store {
     }
 }
 
-impl Default for StoreConfig {
-    /// The defaults of `config/default.toml`.
-    fn default() -> Self {
-        Self {
-            duplicate_key_retries: 3,
-            version_gate: RetryPolicy {
-                base: Duration::from_millis(10),
-                max_jitter: Duration::from_millis(50),
-                max_attempts: 5,
-                budget: Duration::from_secs(5),
-            },
-        }
-    }
-}
-
 /// A handle on tokenmint's database; cheap to clone.
 #[derive(Clone)]
 pub struct Store {
