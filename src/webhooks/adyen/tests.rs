@@ -1,0 +1,165 @@
+//! Known-answer tests (Adyen's published HMAC vector) and the batch rules.
+
+use serde_json::json;
+
+use super::*;
+
+/// The key and item of the HMAC test in Adyen's own PHP library.
+const LIBRARY_KEY: &str = "DFB1EB5485895CFA84146406857104ABB4CBCABDC8AAF103A624C8F6A3EAAB00";
+
+fn library_item(signature: Option<&str>) -> Value {
+    let mut item = json!({
+        "pspReference": "7914073381342284",
+        "merchantAccountCode": "TestMerchant",
+        "merchantReference": "TestPayment-1407325143704",
+        "amount": { "value": 1130, "currency": "EUR" },
+        "eventCode": "AUTHORISATION",
+        "success": "true",
+        "eventDate": "2026-11-30T10:00:00+01:00",
+    });
+    if let Some(signature) = signature {
+        item["additionalData"] = json!({ "hmacSignature": signature });
+    }
+    item
+}
+
+fn batch_of(items: &[Value]) -> Vec<u8> {
+    let items: Vec<Value> = items
+        .iter()
+        .map(|i| json!({ "NotificationRequestItem": i }))
+        .collect();
+    json!({ "live": "false", "notificationItems": items })
+        .to_string()
+        .into_bytes()
+}
+
+fn verify(body: &[u8], keys: &[&str]) -> Result<(), SignatureError> {
+    let secrets: Vec<SecretString> = keys.iter().map(|k| (*k).into()).collect();
+    verify_adyen(&SignatureHeaders::default(), body, &secrets, 300, 0)
+}
+
+const KNOWN: &str = "Ny9gS2veKo5E4w8/OL6xz1/wvT/hYkAXy1xNc/QvO4I=";
+
+#[test]
+fn known_answer_from_adyens_library() {
+    let item = library_item(None);
+    assert_eq!(
+        signed_text(item.as_object().unwrap()),
+        "7914073381342284::TestMerchant:TestPayment-1407325143704:1130:EUR:AUTHORISATION:true"
+    );
+    let key = hex::decode(LIBRARY_KEY).unwrap();
+    assert_eq!(item_signature(&key, item.as_object().unwrap()), KNOWN);
+    assert_eq!(
+        verify(&batch_of(&[library_item(Some(KNOWN))]), &[LIBRARY_KEY]),
+        Ok(())
+    );
+    let signed = sign_adyen(LIBRARY_KEY, &batch_of(&[item])).unwrap();
+    assert_eq!(verify(&signed, &[LIBRARY_KEY]), Ok(()));
+}
+
+#[test]
+fn one_bad_item_refuses_the_batch() {
+    let other = "00".repeat(32);
+    let good = library_item(Some(KNOWN));
+    let mut tampered = good.clone();
+    tampered["amount"]["value"] = json!(1);
+    assert_eq!(
+        verify(&batch_of(&[good.clone(), tampered]), &[LIBRARY_KEY]),
+        Err(SignatureError::Invalid)
+    );
+    assert_eq!(
+        verify(
+            &batch_of(&[good.clone(), library_item(None)]),
+            &[LIBRARY_KEY]
+        ),
+        Err(SignatureError::Missing)
+    );
+    assert_eq!(
+        verify(&batch_of(std::slice::from_ref(&good)), &[&other]),
+        Err(SignatureError::Invalid)
+    );
+    assert_eq!(
+        verify(&batch_of(&[good]), &[&other, LIBRARY_KEY]),
+        Ok(()),
+        "rotation"
+    );
+    assert_eq!(
+        verify(&batch_of(&[]), &[LIBRARY_KEY]),
+        Err(SignatureError::Missing)
+    );
+    assert_eq!(
+        verify(b"[accepted]", &[LIBRARY_KEY]),
+        Err(SignatureError::Invalid)
+    );
+}
+
+#[test]
+fn keys_are_hex_of_32_to_128_bytes() {
+    assert_eq!(check_secret(LIBRARY_KEY), Ok(()));
+    assert_eq!(check_secret(&"ab".repeat(128)), Ok(()));
+    for secret in [
+        "ab".repeat(31),
+        "ab".repeat(129),
+        format!("{LIBRARY_KEY}0"),
+        "zz".repeat(32),
+    ] {
+        let problem = check_secret(&secret).unwrap_err();
+        assert!(!problem.contains(&secret), "{secret}");
+    }
+}
+
+#[test]
+fn items_become_events() {
+    let provider = Provider::parse("adyen").unwrap();
+    let mut authorised = library_item(None);
+    authorised["additionalData"] = json!({
+        "metadata.tokenmint_owner": "65f1a0c2b3d4e5f601234567",
+        "metadata.tokenmint_token_type": "standard",
+        "metadata.tokenmint_quantity": "3",
+    });
+    let refund = json!({ "eventCode": "REFUND", "success": "true", "pspReference": "R1",
+        "originalReference": "7914073381342284", "merchantAccountCode": "TestMerchant",
+        "amount": { "value": 500, "currency": "EUR" }, "eventDate": "2026-11-30T09:00:00Z" });
+    let report = json!({ "eventCode": "REPORT_AVAILABLE", "success": "true", "pspReference": "X" });
+    let events = parse_adyen(&provider, &batch_of(&[authorised, refund, report]), 100).unwrap();
+    let ParsedEvent::Payment(first) = &events[0] else {
+        panic!("{events:?}")
+    };
+    assert_eq!(first.event_id, "AUTHORISATION:7914073381342284:true");
+    assert_eq!(first.key.account_id.as_str(), "TestMerchant");
+    assert_eq!(
+        (first.amount, first.status),
+        (Some(1130), PaymentStatus::Succeeded)
+    );
+    assert_eq!(
+        first.token_params.clone().unwrap().unwrap().quantity.get(),
+        3
+    );
+    let ParsedEvent::Payment(second) = &events[1] else {
+        panic!("{events:?}")
+    };
+    assert_eq!(second.key.payment_intent_id.as_str(), "7914073381342284");
+    assert_eq!(second.amount, None);
+    assert_eq!(second.refund.as_ref().unwrap().id, "refund:R1");
+    assert!(second.version > first.version);
+    assert!(matches!(events[2], ParsedEvent::Ignored { .. }));
+}
+
+#[test]
+fn only_the_documented_batch_shape_is_read() {
+    let key = "44782DEF547AAA06C910C43932B1EB0C71FC68D9D0C057550C48EC2ACF6BA056";
+    assert!(sign_adyen(key, br#"{"notificationItems": []}"#).is_ok());
+    for body in [
+        &b"[[]]"[..],
+        b"[]",
+        b"{\"notificationItems\": [[]]}",
+        b"{\"notificationItems\": [1]}",
+    ] {
+        assert!(
+            sign_adyen(key, body).is_err(),
+            "{}",
+            String::from_utf8_lossy(body)
+        );
+        assert!(batch(body).is_err());
+    }
+}
