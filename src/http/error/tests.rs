@@ -1,0 +1,117 @@
+//! Every failure's status, code and headers; nothing internal in a body.
+use super::*;
+
+/// One of every variant, so a new variant without a row in the table fails here.
+fn every_error() -> Vec<ApiError> {
+    let status = TokenStatus::Active;
+    vec![
+        ApiError::MalformedJson("x".to_owned()),
+        ApiError::Unauthorized("Missing Authorization: Bearer <key> header."),
+        ApiError::Unauthorized(UNKNOWN_API_KEY),
+        ApiError::WebhookSignature("signature_missing"),
+        ApiError::WebhookSignature("signature_invalid"),
+        ApiError::WebhookSignature("signature_timestamp_out_of_tolerance"),
+        ApiError::Forbidden("x".to_owned()),
+        ApiError::NotFound("x".to_owned()),
+        ApiError::MethodNotAllowed,
+        ApiError::IdempotencyConflict(Vec::new()),
+        ApiError::StateConflict {
+            detail: "x".to_owned(),
+            status: None,
+        },
+        ApiError::PaymentNotSucceeded("x".to_owned()),
+        ApiError::VersionConflict {
+            current_version: 3,
+            status,
+        },
+        ApiError::PayloadTooLarge,
+        ApiError::UnsupportedMediaType,
+        ApiError::validation("x", "y"),
+        ApiError::PreconditionRequired("x"),
+        ApiError::RateLimited {
+            retry_after_secs: 1,
+        },
+        ApiError::DatabaseUnavailable,
+        ApiError::TransactionsUnavailable,
+        ApiError::Timeout,
+        ApiError::Internal,
+    ]
+}
+
+#[test]
+fn the_table_is_consistent() {
+    for (i, code) in ProblemCode::ALL.iter().enumerate() {
+        assert_eq!(*code as usize, i, "ALL is in declaration order");
+        assert_eq!(ProblemCode::parse(code.as_str()), Some(*code));
+        // The OpenAPI enum (serde) and the table say the same string.
+        assert_eq!(
+            serde_json::to_value(code).unwrap(),
+            serde_json::json!(code.as_str())
+        );
+        assert!(
+            code.as_str()
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b == b'_'),
+            "{code:?}"
+        );
+        assert!(!code.title().is_empty() && !code.description().is_empty());
+        assert!(code.status().is_client_error() || code.status().is_server_error());
+    }
+    assert_eq!(ProblemCode::parse("no_such_code"), None);
+    assert_eq!(ProblemCode::parse("NOT_FOUND"), None);
+}
+
+#[test]
+fn the_openapi_enum_is_the_table() {
+    use utoipa::OpenApi;
+    let doc = serde_json::to_value(crate::http::ApiDoc::openapi()).unwrap();
+    let documented = &doc["components"]["schemas"]["ProblemCode"]["enum"];
+    let table: Vec<&str> = ProblemCode::ALL.iter().map(|c| c.as_str()).collect();
+    assert_eq!(*documented, serde_json::json!(table));
+}
+
+#[test]
+fn every_error_answers_with_a_code_from_the_table() {
+    let mut used = Vec::new();
+    for error in every_error() {
+        let problem = error.problem();
+        let code = ProblemCode::parse(&problem.code).expect("a code from the table");
+        assert_eq!(problem.problem_type, format!("/problems/{}", problem.code));
+        assert_eq!(problem.status, code.status().as_u16());
+        assert_eq!(problem.title, code.title());
+        used.push(code);
+    }
+    // And every code in the table is one some error answers with.
+    for code in ProblemCode::ALL {
+        assert!(used.contains(code), "{code:?} is never used");
+    }
+}
+
+fn challenge(error: ApiError) -> Option<String> {
+    error
+        .into_response()
+        .headers()
+        .get(header::WWW_AUTHENTICATE)
+        .map(|v| v.to_str().unwrap().to_owned())
+}
+
+#[test]
+fn every_401_carries_a_challenge_and_nothing_else_does() {
+    for error in every_error() {
+        let status = error.status();
+        let has = challenge(error).is_some();
+        assert_eq!(has, status == StatusCode::UNAUTHORIZED, "{status}");
+    }
+    assert_eq!(
+        challenge(ApiError::Unauthorized("Missing header.")).unwrap(),
+        "Bearer realm=\"tokenmint\""
+    );
+    assert_eq!(
+        challenge(ApiError::Unauthorized(UNKNOWN_API_KEY)).unwrap(),
+        "Bearer realm=\"tokenmint\", error=\"invalid_token\""
+    );
+    assert_eq!(
+        challenge(ApiError::WebhookSignature("signature_invalid")).unwrap(),
+        "Signature realm=\"webhooks\", error=\"signature_invalid\""
+    );
+}
