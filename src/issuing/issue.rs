@@ -106,15 +106,23 @@ impl Issuer {
         }
     }
 
-    /// Atomic mode: the payment read (coalesced with other requests' reads), one
-    /// transaction for record and tokens, committed `issued`, then the payment read again
-    /// and the tokens settled. A payment that had a record already takes the one-request
-    /// path (verify, answer from the record).
+    /// Atomic mode: one transaction for record and tokens, committed `issued` unless the
+    /// payment, read while it writes (coalesced with other requests' reads), is known not
+    /// to stand; then the payment read again and the tokens settled. A payment that had a
+    /// record already takes the one-request path (verify, answer from the record).
     async fn issue_atomically(&self, request: &NewIssuance) -> Result<IssueOutcome, IssueError> {
-        let payment = self.payment_reads().get(&request.key).await?;
-        refuse_unless_standing(payment.as_ref())?;
         let record = IssuanceDoc::new(request, IssuanceStatus::Issued);
-        match self.store.insert_atomically(&record, request).await? {
+        // The payment is read while the transaction writes; a payment known not to stand
+        // aborts it before commit, so nothing is written for it either way.
+        let refusal = async {
+            let payment = self.payment_reads().get(&request.key).await?;
+            Ok(refuse_unless_standing(payment.as_ref()).err())
+        };
+        match self
+            .store
+            .insert_atomically_unless(&record, request, refusal)
+            .await?
+        {
             AtomicInsert::Committed(mut tokens) => {
                 let after = self.payment_reads().get(&request.key).await?;
                 let settlement = self
@@ -134,6 +142,7 @@ impl Issuer {
                 }))
             }
             AtomicInsert::RecordExists(_) => self.issue_alone(request).await,
+            AtomicInsert::Refused(refused) => Err(refused),
         }
     }
 
