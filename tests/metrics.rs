@@ -115,14 +115,7 @@ secrets = ["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"]
 "#;
 
 async fn scrape(http: &reqwest::Client, base: &str) -> (String, Vec<(String, String, f64)>) {
-    let text = http
-        .get(format!("{base}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = tokenmint_test_support::metrics_text(http, base).await;
     let samples = parse_prometheus(&text);
     (text, samples)
 }

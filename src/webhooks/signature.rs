@@ -156,6 +156,15 @@ pub fn check_secret(scheme: WebhookScheme, secret: &str) -> Result<(), &'static 
     }
 }
 
+/// Configured secrets from their texts, for the schemes' unit tests.
+#[cfg(test)]
+pub(super) fn secrets(values: &[&str]) -> Vec<SecretString> {
+    values
+        .iter()
+        .map(|v| SecretString::from(v.to_string()))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use base64::Engine;

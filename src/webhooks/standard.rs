@@ -177,15 +177,9 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+    use crate::webhooks::signature::secrets;
 
     const NOW: i64 = 1_780_000_000;
-
-    fn secrets(values: &[&str]) -> Vec<SecretString> {
-        values
-            .iter()
-            .map(|v| SecretString::from(v.to_string()))
-            .collect()
-    }
 
     #[test]
     fn standard_webhooks_round_trip_and_refusals() {

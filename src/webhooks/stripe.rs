@@ -181,15 +181,9 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+    use crate::webhooks::signature::secrets;
 
     const NOW: i64 = 1_780_000_000;
-
-    fn secrets(values: &[&str]) -> Vec<SecretString> {
-        values
-            .iter()
-            .map(|v| SecretString::from(v.to_string()))
-            .collect()
-    }
 
     fn check(header: &str, body: &[u8], keys: &[&str]) -> Result<(), SignatureError> {
         let headers = SignatureHeaders {

@@ -40,6 +40,17 @@ pub fn stored_int(doc: &Document, field: &str) -> Option<i64> {
     }
 }
 
+/// The Prometheus text `{base}/metrics` serves (no key needed there).
+pub async fn metrics_text(http: &reqwest::Client, base: &str) -> String {
+    http.get(format!("{base}/metrics"))
+        .send()
+        .await
+        .expect("GET /metrics")
+        .text()
+        .await
+        .expect("the /metrics text")
+}
+
 /// The value of the sample `series` (a metric name with its labels as printed, such as
 /// `tokenmint_repairs_total{outcome="completed"}`) in a `/metrics` text, if present.
 pub fn metric_value(metrics: &str, series: &str) -> Option<f64> {

@@ -64,15 +64,11 @@ fn wait_in_background(
 
 /// `tokenmint_issuance_waiters` as `{base}/metrics` shows it.
 async fn waiters_at(http: &reqwest::Client, base: &str) -> f64 {
-    let text = http
-        .get(format!("{base}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    metric_value(&text, "tokenmint_issuance_waiters").unwrap_or(0.0)
+    metric_value(
+        &metrics_text(http, base).await,
+        "tokenmint_issuance_waiters",
+    )
+    .unwrap_or(0.0)
 }
 
 /// Polls the waiter gauge until it shows `expected`, for at most 10 s.

@@ -13,25 +13,13 @@ use proptest::prelude::*;
 use serde_json::{Map, Value, json};
 
 use tokenmint::domain::{ParsedEvent, Provider};
-use tokenmint::webhooks::adyen::{parse_adyen, sign_adyen, verify_adyen};
+use tokenmint::webhooks::adyen::{SIGNED_FIELDS, parse_adyen, sign_adyen, verify_adyen};
 use tokenmint::webhooks::signature::{SignatureError, SignatureHeaders};
 
 use crate::secrets::adyen_secret;
 use crate::{
     TOLERANCE, bytes, check_payment_event, field, json_value, secrets, tokenmint_metadata,
 };
-
-/// The fields an item's signature covers.
-const SIGNED_FIELDS: [&str; 8] = [
-    "pspReference",
-    "originalReference",
-    "merchantAccountCode",
-    "merchantReference",
-    "value",
-    "currency",
-    "eventCode",
-    "success",
-];
 
 /// Verifies an Adyen delivery under `keys`.
 fn adyen(body: &[u8], keys: &[&str]) -> Result<(), SignatureError> {

@@ -20,7 +20,7 @@ use super::signature::{SignatureError, SignatureHeaders, any_signature_matches, 
 use crate::domain::{ParsedEvent, PaymentEvent, PaymentStatus, Provider, Refund};
 
 /// The fields an item's signature covers, in their order.
-const SIGNED_FIELDS: [&str; 8] = [
+pub const SIGNED_FIELDS: [&str; 8] = [
     "pspReference",
     "originalReference",
     "merchantAccountCode",
