@@ -71,9 +71,10 @@ async fn read(store: &Store, batch: Vec<(PaymentKey, Answer)>) {
     let found: Result<HashMap<PaymentKey, PaymentDoc>, StoreError> =
         store.find_payments(&keys).await;
     match found {
-        Ok(mut payments) => {
+        Ok(payments) => {
             for (key, answer) in batch {
-                let _ = answer.send(Ok(payments.remove(&key)));
+                // Several askers may name the same payment: each gets its own copy.
+                let _ = answer.send(Ok(payments.get(&key).cloned()));
             }
         }
         Err(err) => {

@@ -94,3 +94,34 @@ async fn a_refunded_canceled_or_failed_payment_is_never_issued_by_any_key() {
     let report = app.store().await.verify().await.unwrap();
     assert!(report.is_clean(), "{report}");
 }
+
+/// Concurrent atomic issuances of one refunded payment share the coalesced payment
+/// reads: every one of them must see the refund (409), and nothing may be written. (One
+/// read answered only the first asker of a key once; the others saw no payment.)
+#[tokio::test]
+async fn concurrent_atomic_requests_for_one_refunded_payment_all_see_the_refund() {
+    let app = app().await;
+    for round in 0..6 {
+        let payment = format!("pi_m_same_{round}");
+        let refund = refund_event(&format!("evt_m_same_{round}"), &payment, now());
+        assert_eq!(deliver_stripe(&app, &refund).await.status(), 200);
+        let mut body = issuance_body(&payment, 2);
+        body["mode"] = json!("atomic");
+        let answers = futures::future::join_all((0..6).map(|_| app.issue(WRITER_KEY, &body))).await;
+        for answer in answers {
+            assert_problem(answer, 409, "payment_not_succeeded").await;
+        }
+        assert_eq!(
+            app.count("issuances", doc! { "paymentIntentId": &payment })
+                .await,
+            0,
+            "{payment}: no issuance record"
+        );
+        assert_eq!(
+            app.count("tokens", doc! { "origin.paymentIntentId": &payment })
+                .await,
+            0,
+            "{payment}: no token"
+        );
+    }
+}
