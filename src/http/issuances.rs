@@ -29,9 +29,12 @@ use crate::issuing::{Caller, IssueOutcome, IssuedTokens};
 use crate::store::{TokenSummary, chrono_time};
 use crate::telemetry::metric;
 
+/// Where issuances are created.
+pub(super) const ISSUANCES_PATH: &str = "/v1/issuances";
+
 pub fn router() -> Router<AppState> {
     Router::new()
-        .route("/v1/issuances", post(create_issuance))
+        .route(ISSUANCES_PATH, post(create_issuance))
         .route(
             "/v1/issuances/{provider}/{accountId}/{paymentIntentId}",
             get(get_issuance),

@@ -14,8 +14,9 @@ use tower_http::cors::{AllowOrigin, CorsLayer};
 use tracing::Instrument;
 
 use super::error::ApiError;
+use super::issuances::ISSUANCES_PATH;
 use super::prefer::{PREFER, PREFERENCE_APPLIED, preferred_wait};
-use crate::issuing::MAX_WAIT;
+use crate::issuing::longest_wait;
 use crate::settings::Settings;
 use crate::telemetry::metric;
 
@@ -81,12 +82,14 @@ fn is_sane_request_id(id: &str) -> bool {
 }
 
 /// Answers 503 `request_timeout` when the handler runs past `server.request_timeout_ms`,
-/// plus the wait the request asked for (`Prefer: wait=N`, at most `MAX_WAIT`): waiting
-/// for a payment's event is not work, and must not turn into a 503.
+/// plus, for an issuance, the wait it asked for (`Prefer: wait=N`, bounded as the issuer
+/// bounds it): waiting for a payment's event is not work, and must not turn into a 503.
+/// No other route waits, so no other route gets longer.
 async fn with_timeout(timeout: Duration, req: Request, next: Next) -> Response {
-    let waiting = preferred_wait(req.headers()).map_or(Duration::ZERO, |secs| {
-        Duration::from_secs(secs).min(MAX_WAIT)
-    });
+    let may_wait = req.method() == Method::POST && req.uri().path() == ISSUANCES_PATH;
+    let waiting = preferred_wait(req.headers())
+        .filter(|_| may_wait)
+        .map_or(Duration::ZERO, longest_wait);
     let timeout = timeout + waiting;
     match tokio::time::timeout(timeout, next.run(req)).await {
         Ok(response) => response,

@@ -32,7 +32,7 @@ pub use events::Processed;
 pub use repair::{RepairReport, spawn_repair};
 pub use standing::{Entitlement, Settlement, entitlement};
 pub use tokens::{Gate, Transition, TransitionOutcome};
-pub use waiting::{FulfilmentWatch, MAX_WAIT, Waited, WaitingConfig};
+pub use waiting::{FulfilmentWatch, Waited, WaitingConfig, longest_wait};
 
 use crate::domain::{IssuanceMode, Mismatch, PaymentStatus};
 use crate::store::{IssuanceDoc, Store, StoreError, TokenSummary};

@@ -32,7 +32,12 @@ use crate::domain::{NewIssuance, PaymentKey};
 use crate::telemetry::metric;
 
 /// The longest wait a client may ask for; a larger `wait` is clamped to it.
-pub const MAX_WAIT: Duration = Duration::from_secs(30);
+const MAX_WAIT: Duration = Duration::from_secs(30);
+/// The wait a request asking for `requested` seconds may get: at most `MAX_WAIT`.
+pub fn longest_wait(requested: u64) -> Duration {
+    Duration::from_secs(requested).min(MAX_WAIT)
+}
+
 /// How long the change stream's watcher waits before opening it again after a failure.
 const REOPEN_DELAY: Duration = Duration::from_secs(1);
 
@@ -97,7 +102,7 @@ impl Issuer {
         if caller != Caller::Checkout {
             return None;
         }
-        Some(requested?.min(MAX_WAIT.as_secs())).filter(|secs| *secs > 0)
+        Some(longest_wait(requested?).as_secs()).filter(|secs| *secs > 0)
     }
 
     /// Starts this instance's watcher of applied payment events, which wakes the waiters

@@ -39,8 +39,8 @@ pub struct Application {
     limits: Limits,
     shutting_down: ShuttingDown,
     /// Wakes this instance's waiting checkouts; stopped (every waiter answered) as soon
-    /// as shutdown begins.
-    fulfilments: FulfilmentWatch,
+    /// as shutdown begins. `None` on a standalone mongod, which has no change streams.
+    fulfilments: Option<FulfilmentWatch>,
 }
 
 /// For operator commands (migrate, duplicates, verify): the store, on the embedded mongod
@@ -129,7 +129,17 @@ impl Application {
             }
         };
         tracing::info!("listening on http://{}", listener.local_addr()?);
-        let issuer = issuer(settings, store.clone());
+        let mut issuer = issuer(settings, store.clone());
+        // Watching before the listener serves: no request can wait unwatched. Change
+        // streams need a replica set (or mongos), as transactions do; a standalone mongod
+        // has neither, and a wait nothing could end would only hold checkouts for nothing.
+        let fulfilments = if store.supports_transactions().await? {
+            Some(issuer.watch_fulfilments().await)
+        } else {
+            tracing::warn!("no replica set: `Prefer: wait` is ignored (no change streams)");
+            issuer = issuer.with_waiting(WaitingConfig { max_waiters: 0 });
+            None
+        };
         if settings.repair.enabled {
             spawn_repair(
                 issuer.clone(),
@@ -138,8 +148,6 @@ impl Application {
                 Duration::from_millis(settings.repair.withdrawal_lookback_ms),
             );
         }
-        // Watching before the listener serves: no request can wait unwatched.
-        let fulfilments = issuer.watch_fulfilments().await;
         let state = AppState::new(issuer, keys, settings);
         crate::telemetry::spawn_metrics_upkeep(state.metrics.clone());
         crate::telemetry::register_known_metrics(settings.providers.keys().map(String::as_str));
