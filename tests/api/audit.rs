@@ -96,6 +96,9 @@ async fn token_changes_name_the_key_that_made_them_and_refunds_the_provider() {
         .await
         .unwrap();
     assert_eq!(transferred.status(), 200);
+    assert_eq!(json(transferred).await["lastChangedBy"], "key:admin");
+    let stored = app.tokens_of("pi_audit_tokens").await;
+    assert_eq!(changed_by(&stored[1]), Some("key:admin"), "{:?}", stored[1]);
 
     // The provider refunds the payment: the still active tokens are revoked on its word.
     let refund = refund_event("evt_audit_refund", "pi_audit_tokens", now());

@@ -93,6 +93,20 @@ async fn cors_allows_only_configured_origins() {
         allowed.headers()["access-control-allow-origin"],
         "https://shop.example"
     );
+    // What a checkout reads of an answer: its version, where it is, whether it was a
+    // replay and whether it waited.
+    let exposed = allowed.headers()["access-control-expose-headers"]
+        .to_str()
+        .unwrap()
+        .to_ascii_lowercase();
+    for header in [
+        "etag",
+        "location",
+        "idempotent-replayed",
+        "preference-applied",
+    ] {
+        assert!(exposed.contains(header), "{header} not exposed: {exposed}");
+    }
 }
 
 #[tokio::test]

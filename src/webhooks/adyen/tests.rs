@@ -163,3 +163,27 @@ fn only_the_documented_batch_shape_is_read() {
         assert!(batch(body).is_err());
     }
 }
+
+#[test]
+fn chargebacks_and_cancel_or_refund_take_everything_back() {
+    let provider = Provider::parse("adyen").unwrap();
+    let item = |code: &str, success: &str| {
+        json!({ "eventCode": code, "success": success, "pspReference": format!("{code}1"),
+            "originalReference": "7914073381342284", "merchantAccountCode": "TestMerchant",
+            "amount": { "value": 500, "currency": "EUR" }, "eventDate": "2026-11-30T09:00:00Z" })
+    };
+    // A chargeback takes the money back whatever its `success` says.
+    let items = [
+        item("CHARGEBACK", "true"),
+        item("CHARGEBACK", "false"),
+        item("CANCEL_OR_REFUND", "true"),
+    ];
+    for event in parse_adyen(&provider, &batch_of(&items), 100).unwrap() {
+        let ParsedEvent::Payment(event) = event else {
+            panic!("{event:?}")
+        };
+        assert_eq!(event.status, PaymentStatus::Refunded, "{}", event.event_id);
+        let refund = event.refund.as_ref().unwrap();
+        assert_eq!(refund.full, Some(true), "{}", event.event_id);
+    }
+}
