@@ -243,9 +243,8 @@ impl Issuer {
         }
         let ids: Vec<_> = settled
             .iter()
-            .filter(|(claim, _, outcome)| {
-                outcome.is_ok() && claim.record.status == IssuanceStatus::Issuing
-            })
+            // Every claim of a batch was written `issuing` (`claim_records`).
+            .filter(|(_, _, outcome)| outcome.is_ok())
             .map(|(claim, _, _)| claim.record.id)
             .collect();
         // A lost mark costs nothing: the tokens are durable and settled, and the record,
