@@ -31,7 +31,7 @@ use crate::settings::EmbeddedMongoSettings;
 pub use data_dir::running_mongod;
 use data_dir::{PORT_FILE, process_alive, read_port, remembered_port};
 pub use process::die_with_parent;
-use process::terminate;
+use process::{not_ours, server_pid, terminate};
 
 /// Where `scripts/install-mongod.sh` puts the pinned binary.
 pub const INSTALLED_BINARY: &str = ".tools/mongodb/bin/mongod";
@@ -216,22 +216,9 @@ impl EmbeddedMongo {
         let admin = client.database("admin");
         let deadline = tokio::time::Instant::now() + STARTUP_TIMEOUT;
         loop {
-            if let Ok(status) = admin.run_command(doc! { "serverStatus": 1 }).await {
-                let answering = match status.get("pid") {
-                    Some(mongodb::bson::Bson::Int64(p)) => Some(*p),
-                    Some(mongodb::bson::Bson::Int32(p)) => Some(i64::from(*p)),
-                    _ => None,
-                };
+            if let Ok(answering) = server_pid(&admin).await {
                 if answering != Some(i64::from(pid)) {
-                    return Err(EmbeddedError::NotOurs {
-                        port,
-                        pid,
-                        data_dir: data_dir.to_path_buf(),
-                        found: answering.map_or_else(
-                            || "a server that does not tell its pid".to_owned(),
-                            |p| format!("a mongod with pid {p}"),
-                        ),
-                    });
+                    return Err(not_ours(port, pid, data_dir, answering));
                 }
                 let primary = admin
                     .run_command(doc! { "hello": 1 })
@@ -300,6 +287,14 @@ impl EmbeddedMongo {
             }
             if let Ok(hello) = admin.run_command(doc! { "hello": 1 }).await {
                 if hello.get_bool("isWritablePrimary").unwrap_or(false) {
+                    // The port was free when it was chosen, but another mongod starting
+                    // at the same moment may have taken it: the primary must be ours.
+                    let ours = self.pid.unwrap_or_default();
+                    let answering = server_pid(&admin).await?;
+                    if answering != Some(i64::from(ours)) {
+                        let data_dir = self.log.parent().unwrap_or(Path::new("."));
+                        return Err(not_ours(port, ours, data_dir, answering));
+                    }
                     return Ok(());
                 }
                 if !initiated && hello.get_str("setName").is_err() {

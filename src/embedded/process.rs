@@ -1,7 +1,12 @@
-//! Signals to child processes: mongod's clean shutdown, and a child that dies with the
-//! process that started it.
+//! Child processes: mongod's clean shutdown, a child that dies with the process that
+//! started it, and which mongod process a port is answered by.
 
+use std::path::Path;
+
+use mongodb::bson::doc;
 use tokio::process::Child;
+
+use super::EmbeddedError;
 
 /// Sends SIGTERM (mongod's clean shutdown) to `child` unless it has been reaped.
 pub(super) fn terminate(child: &Child) {
@@ -36,4 +41,34 @@ pub fn die_with_parent(command: &mut std::process::Command, signal: i32) {
     }
     #[cfg(not(target_os = "linux"))]
     let _ = (command, signal);
+}
+
+/// The pid of the mongod answering on `admin`'s connection (`serverStatus`), if it says.
+pub(super) async fn server_pid(
+    admin: &mongodb::Database,
+) -> Result<Option<i64>, mongodb::error::Error> {
+    let status = admin.run_command(doc! { "serverStatus": 1 }).await?;
+    Ok(match status.get("pid") {
+        Some(mongodb::bson::Bson::Int64(p)) => Some(*p),
+        Some(mongodb::bson::Bson::Int32(p)) => Some(i64::from(*p)),
+        _ => None,
+    })
+}
+
+/// The server on `port` is not the mongod `pid` holding `data_dir`.
+pub(super) fn not_ours(
+    port: u16,
+    pid: u32,
+    data_dir: &Path,
+    answering: Option<i64>,
+) -> EmbeddedError {
+    EmbeddedError::NotOurs {
+        port,
+        pid,
+        data_dir: data_dir.to_path_buf(),
+        found: answering.map_or_else(
+            || "a server that does not tell its pid".to_owned(),
+            |p| format!("a mongod with pid {p}"),
+        ),
+    }
 }
