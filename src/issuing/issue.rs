@@ -2,11 +2,12 @@
 //!
 //! The write path, in either mode: the record is claimed (its unique index decides the
 //! payment's parameters), the tokens are written, the payment is re-read and the tokens
-//! settled against it. In upsert mode the record is `issuing` until then and only then
-//! marked `issued`: a crash anywhere before that mark leaves an `issuing` record, which
-//! self-repair finishes the same way. In atomic mode record and tokens commit together,
-//! `issued`; a crash between the commit and the settle is covered by the sweep of
-//! recently withdrawn payments (`repair_recent_withdrawals`).
+//! settled against it. In upsert mode the record is `issuing` until its tokens are
+//! complete, then marked `issued` (by group commit, while the payment is re-read): a crash
+//! before the mark leaves an `issuing` record, which self-repair finishes the same way. In
+//! atomic mode record and tokens commit together, `issued`. In either mode a crash between
+//! the mark (or commit) and the settle is covered by the sweep of recently withdrawn
+//! payments (`repair_recent_withdrawals`).
 
 use std::time::Duration;
 

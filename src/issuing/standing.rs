@@ -10,7 +10,9 @@
 //! write. Whichever of the two settles last has seen the other's write: if the refund's
 //! settle ran before the tokens existed, the issuer's settle runs after its write and
 //! reads the refunded state, which was recorded before the refund's settle began. A
-//! writer that crashes in between leaves its record `issuing`, and self-repair settles it.
+//! writer that crashes before its settle leaves its record `issuing`, which self-repair
+//! settles, or an `issued` record of a payment withdrawn lately, which the sweep of recent
+//! withdrawals settles.
 
 use crate::domain::{Actor, PaymentKey, PaymentStatus};
 use crate::store::{PaymentDoc, StoreError};
