@@ -19,10 +19,11 @@ use mongodb::bson::{DateTime, RawDocumentBuf, oid::ObjectId};
 use mongodb::error::{Error, UNKNOWN_TRANSACTION_COMMIT_RESULT};
 use mongodb::options::{Acknowledgment, ReadConcern, WriteConcern};
 
-use super::documents::{IssuanceDoc, TokenSummary, fresh_tokens, issuance_filter, new_token};
+use super::documents::{IssuanceDoc, TokenSummary, fresh_tokens, new_token};
 use super::error::{
     ISSUANCES_PAYMENT_INDEX, StoreError, duplicate_key_index, is_transient_transaction_error,
 };
+use super::filters::issuance_filter;
 use super::{Store, TOKENS};
 use crate::domain::NewIssuance;
 use crate::telemetry::metric;

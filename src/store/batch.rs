@@ -7,17 +7,15 @@
 use std::collections::HashMap;
 
 use futures::TryStreamExt;
-use mongodb::bson::{Bson, DateTime, Document, RawDocumentBuf, doc, oid::ObjectId};
+use mongodb::bson::{DateTime, Document, RawDocumentBuf, doc, oid::ObjectId};
 use mongodb::error::{Error, ErrorKind, IndexedWriteError};
 use mongodb::options::{Acknowledgment, CollectionOptions, ReadConcern, WriteConcern};
 
-use super::documents::{
-    IssuanceDoc, TokenSummary, issuance_filter, new_token, payment_tokens_filter,
-    token_summary_projection,
-};
+use super::documents::{IssuanceDoc, TokenSummary, new_token, token_summary_projection};
 use super::error::{
     ISSUANCES_PAYMENT_INDEX, NOT_PRIMARY_CODES, StoreError, TOKENS_PAYMENT_INDEX, index_in_message,
 };
+use super::filters::{issuances_filter, payments_tokens_filter};
 use super::payments::{PAYMENTS, PaymentDoc};
 use super::{ISSUANCES, Store, TOKENS};
 use crate::domain::{IssuanceStatus, NewIssuance, PaymentKey};
@@ -195,7 +193,7 @@ impl Store {
         }
         let rows: Vec<Document> = self
             .collection(PAYMENTS)
-            .find(any_of(keys, issuance_filter))
+            .find(issuances_filter(keys))
             .await?
             .try_collect()
             .await?;
@@ -217,7 +215,7 @@ impl Store {
         }
         let rows: Vec<IssuanceDoc> = self
             .records()
-            .find(any_of(keys, issuance_filter))
+            .find(issuances_filter(keys))
             .await?
             .try_collect()
             .await?;
@@ -244,7 +242,7 @@ impl Store {
         let rows: Vec<Document> = self
             .db
             .collection_with_options::<Document>(TOKENS, majority)
-            .find(any_of(keys, payment_tokens_filter))
+            .find(payments_tokens_filter(keys))
             .projection(projection)
             .sort(doc! { "tokenIndex": 1 })
             .await?
@@ -263,12 +261,6 @@ impl Store {
         }
         Ok(sets)
     }
-}
-
-/// `{$or: [filter(key)...]}`: each clause is served by the unique index on the key.
-fn any_of(keys: &[&PaymentKey], filter: fn(&PaymentKey) -> Document) -> Document {
-    let clauses: Vec<Bson> = keys.iter().map(|key| Bson::Document(filter(key))).collect();
-    doc! { "$or": clauses }
 }
 
 /// The per-item write errors of an unordered insert; `Err` when the command failed as a

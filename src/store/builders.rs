@@ -4,6 +4,7 @@
 //! service itself calls these where they are defined.
 
 pub use super::atomic::MAX_TRANSACTION_ATTEMPTS;
-pub use super::documents::{issuance_filter, new_token, payment_tokens_filter, token_filter};
+pub use super::documents::new_token;
+pub use super::filters::{issuance_filter, payment_tokens_filter, token_filter};
 pub use super::issuance::RECORD_RACE_RETRIES;
 pub use super::token_bulk::{BulkFailure, bulk_command, first_failure, upserted_ids};

@@ -1,8 +1,9 @@
 //! The shapes of stored documents, as read back from MongoDB.
 
-use mongodb::bson::{self, Bson, DateTime, Document, RawDocumentBuf, doc, oid::ObjectId};
+use mongodb::bson::{self, DateTime, Document, RawDocumentBuf, doc, oid::ObjectId};
 use serde::{Deserialize, Serialize};
 
+use super::filters::{RECORD_KEY_FIELDS, key_values};
 use crate::domain::{
     Actor, IssuanceMode, IssuanceParams, IssuanceStatus, NewIssuance, Owner, PaymentKey, Quantity,
     TokenStatus, TokenType,
@@ -176,55 +177,6 @@ pub fn fresh_tokens(mut inserted: Vec<(i64, ObjectId)>) -> Vec<TokenSummary> {
         .collect()
 }
 
-/// Field names of a payment's unique key in `issuances` and `payments`.
-const RECORD_KEY_FIELDS: [&str; 3] = ["provider", "accountId", "paymentIntentId"];
-/// The same fields as a token stores them, under `origin` (a prefix of its unique index).
-const TOKEN_KEY_FIELDS: [&str; 3] = [
-    "origin.provider",
-    "origin.accountId",
-    "origin.paymentIntentId",
-];
-
-/// A payment key's values, in the order of the field-name arrays above.
-fn key_values(key: &PaymentKey) -> [&str; 3] {
-    [
-        key.provider.as_str(),
-        key.account_id.as_str(),
-        key.payment_intent_id.as_str(),
-    ]
-}
-
-/// `names` paired with the key's values as a filter. Values are validated identifiers,
-/// never operators.
-fn key_filter(key: &PaymentKey, names: [&str; 3]) -> Document {
-    names
-        .into_iter()
-        .zip(key_values(key))
-        .map(|(name, value)| (name.to_owned(), Bson::String(value.to_owned())))
-        .collect()
-}
-
-/// The filter selecting a payment's issuance record (its unique key, nothing else).
-pub fn issuance_filter(key: &PaymentKey) -> Document {
-    key_filter(key, RECORD_KEY_FIELDS)
-}
-
-/// The filter selecting every token of a payment (a prefix of the unique token index).
-pub fn payment_tokens_filter(key: &PaymentKey) -> Document {
-    key_filter(key, TOKEN_KEY_FIELDS)
-}
-
-/// The filter selecting one token: exactly its unique key. Raw BSON because it is built
-/// per token on the issuance hot path (see `new_token`).
-pub fn token_filter(key: &PaymentKey, token_index: i64) -> RawDocumentBuf {
-    let mut filter = raw_document(192);
-    for (name, value) in TOKEN_KEY_FIELDS.into_iter().zip(key_values(key)) {
-        filter.append_ref(name, value);
-    }
-    filter.append_ref("tokenIndex", token_index);
-    filter
-}
-
 /// Converts a chrono time to BSON, at MongoDB's millisecond precision.
 pub fn bson_time(at: chrono::DateTime<chrono::Utc>) -> DateTime {
     DateTime::from_millis(at.timestamp_millis())
@@ -268,7 +220,7 @@ pub fn new_token(
 /// An empty raw document with room for about `capacity` bytes. The builders above know
 /// roughly how big their documents get; `RawDocumentBuf::new` starts at 5 bytes and
 /// would reallocate at every doubling, for every token of every issuance.
-fn raw_document(capacity: usize) -> RawDocumentBuf {
+pub(super) fn raw_document(capacity: usize) -> RawDocumentBuf {
     let mut bytes = Vec::with_capacity(capacity);
     bytes.extend_from_slice(&EMPTY_DOCUMENT);
     RawDocumentBuf::from_bytes(bytes).expect("the empty document is valid BSON")
@@ -291,6 +243,7 @@ mod tests {
         AccountId, Actor, IssuanceParams, NewIssuance, Owner, PaymentIntentId, Provider, Quantity,
         TokenType,
     };
+    use crate::store::filters::{payment_tokens_filter, token_filter};
 
     fn request() -> NewIssuance {
         NewIssuance {

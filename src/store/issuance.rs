@@ -8,10 +8,9 @@ use futures::TryStreamExt;
 use mongodb::bson::{DateTime, Document, doc, oid::ObjectId};
 use mongodb::options::{CollectionOptions, ReadConcern, ReturnDocument};
 
-use super::documents::{
-    IssuanceDoc, TokenSummary, issuance_filter, payment_tokens_filter, token_summary_projection,
-};
+use super::documents::{IssuanceDoc, TokenSummary, token_summary_projection};
 use super::error::{ISSUANCES_PAYMENT_INDEX, StoreError, duplicate_key_index};
+use super::filters::{issuance_filter, payment_tokens_filter};
 use super::{ISSUANCES, Store, TOKENS};
 use crate::domain::{IssuanceMode, IssuanceParams, IssuanceStatus, PaymentKey};
 use crate::telemetry::metric;

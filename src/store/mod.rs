@@ -9,6 +9,7 @@ pub mod builders;
 mod changes;
 mod documents;
 mod error;
+mod filters;
 mod indexes;
 mod issuance;
 mod payments;

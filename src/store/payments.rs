@@ -10,8 +10,9 @@ use mongodb::bson::{Bson, DateTime, Document, doc, oid::ObjectId};
 use mongodb::options::ReturnDocument;
 use serde::Deserialize;
 
-use super::documents::{bson_time, from_document, issuance_filter, payment_tokens_filter};
+use super::documents::{bson_time, from_document};
 use super::error::{StoreError, duplicate_key_index};
+use super::filters::{issuance_filter, payment_tokens_filter};
 use super::indexes::PAYMENTS_INDEX;
 use super::{Store, TOKENS};
 use crate::domain::{

@@ -9,8 +9,9 @@
 
 use mongodb::bson::{Bson, DateTime, Document, RawArrayBuf, RawDocumentBuf, oid::ObjectId, rawdoc};
 
-use super::documents::{new_token, token_filter};
+use super::documents::new_token;
 use super::error::{NOT_PRIMARY_CODES, StoreError, TOKENS_PAYMENT_INDEX, index_in_message};
+use super::filters::token_filter;
 use super::{Store, TOKENS};
 use crate::domain::NewIssuance;
 use crate::telemetry::metric;

@@ -3,6 +3,7 @@
 mod adyen;
 mod audit;
 mod auth;
+mod batch_reads;
 mod chargebacks;
 mod checkout;
 mod hardening;

@@ -1,6 +1,6 @@
 //! Leftovers of a payment refunded meanwhile: a short set is completed and revoked, and
-//! a crashed atomic issuance's active tokens are revoked by the sweep of recent
-//! withdrawals.
+//! the active tokens of an issuance that crashed between its mark (or commit) and its
+//! settle are revoked by the sweep of recent withdrawals, in either mode.
 
 use std::time::Duration;
 
@@ -71,6 +71,19 @@ async fn a_short_set_of_a_refunded_payment_is_completed_and_revoked() {
 /// active tokens that nobody else would revoke: the sweep of recent withdrawals does.
 #[tokio::test]
 async fn a_crashed_atomic_issuance_after_a_refund_is_revoked_by_the_sweep() {
+    crashed_after_the_mark_is_revoked_by_the_sweep("atomic").await;
+}
+
+/// Group commit marks its records `issued` while it re-reads the payments: a process
+/// that died after the mark but before the settle leaves the same state in upsert mode.
+#[tokio::test]
+async fn a_crashed_upsert_issuance_marked_before_its_settle_is_revoked_by_the_sweep() {
+    crashed_after_the_mark_is_revoked_by_the_sweep("upsert").await;
+}
+
+/// A complete, `issued` set of active tokens of a payment refunded 5 s ago, left by an
+/// issuance in `mode` that died before its settle: the sweep revokes every token.
+async fn crashed_after_the_mark_is_revoked_by_the_sweep(mode: &str) {
     let app = spawn_app_with(FAST_REPAIR).await;
     let refunded_at = ago(Duration::from_secs(5));
     app.db
@@ -90,7 +103,7 @@ async fn a_crashed_atomic_issuance_after_a_refund_is_revoked_by_the_sweep() {
         .unwrap();
     let mut record = issuing_record("pi_atomic_refunded", ObjectId::new(), 3, refunded_at);
     record.insert("status", "issued");
-    record.insert("mode", "atomic");
+    record.insert("mode", mode);
     seed(&app.db, record, 0..3).await;
 
     let started = std::time::Instant::now();
