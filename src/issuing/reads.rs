@@ -11,8 +11,11 @@ use tokio::sync::{Mutex, mpsc, oneshot};
 use crate::domain::PaymentKey;
 use crate::store::{PaymentDoc, Store, StoreError};
 
-/// Reader tasks: while one query is in flight, the next gathers.
-const READERS: usize = 2;
+/// Reader tasks. One: while its query is in flight, the next batch gathers. A second
+/// reader split the same reads into nearly twice as many queries (atomic mode, c=32:
+/// 0.36 against 0.20 queries per issuance, about 3 % fewer issuances/s), and each query
+/// costs mongod about as much whatever the number of payments it names.
+const READERS: usize = 1;
 /// Most payments per query.
 const MAX_READ: usize = 256;
 
