@@ -142,7 +142,17 @@ impl Issuer {
                     created,
                 }))
             }
-            AtomicInsert::RecordExists(_) => self.issue_alone(request).await,
+            // A replay: answered from the record the transaction ran into, once the
+            // payment is known to stand (the read beside the transaction may not have
+            // finished when the duplicate key ended it).
+            AtomicInsert::RecordExists(existing) => {
+                let payment = self.payment_reads().get(&request.key).await?;
+                refuse_unless_standing(payment.as_ref())?;
+                match self.answer_from_record(request, existing).await? {
+                    Some(outcome) => Ok(outcome),
+                    None => self.issue_alone(request).await,
+                }
+            }
             AtomicInsert::Refused(refused) => Err(refused),
         }
     }
@@ -195,23 +205,11 @@ impl Issuer {
                     AtomicInsert::RecordExists(existing) => existing,
                 },
             };
-            if existing.status != IssuanceStatus::Pending {
-                let mismatches = existing.params()?.mismatches(&request.params);
-                if !mismatches.is_empty() {
-                    return Err(IssueError::Conflict(mismatches));
-                }
-                return self.complete(existing).await.map(IssueOutcome::Replayed);
+            if let Some(outcome) = self.answer_from_record(request, existing).await? {
+                return Ok(outcome);
             }
-            // A pending request carries no authority: the authorised parameters replace
-            // whatever the checkout asked for.
-            if let Some(taken) = self
-                .store
-                .take_over_pending(existing.id, &request.params, request.mode)
-                .await?
-            {
-                return self.complete(taken).await.map(IssueOutcome::Created);
-            }
-            // Someone else took it over, or it expired, in between: look again.
+            // Someone else took a pending record over, or it expired, in between: look
+            // again.
             attempt += 1;
             if attempt >= RECORD_CHANGE_RETRIES {
                 return Err(StoreError::Internal(
@@ -219,6 +217,39 @@ impl Issuer {
                 )
                 .into());
             }
+        }
+    }
+
+    /// Answers `request` from the payment's existing record: a replay (verified against
+    /// the record, its set completed if short), or the take-over of a pending record.
+    /// `None` when a pending record changed under the take-over (the caller looks again).
+    async fn answer_from_record(
+        &self,
+        request: &NewIssuance,
+        existing: IssuanceDoc,
+    ) -> Result<Option<IssueOutcome>, IssueError> {
+        if existing.status != IssuanceStatus::Pending {
+            let mismatches = existing.params()?.mismatches(&request.params);
+            if !mismatches.is_empty() {
+                return Err(IssueError::Conflict(mismatches));
+            }
+            return self
+                .complete(existing)
+                .await
+                .map(|set| Some(IssueOutcome::Replayed(set)));
+        }
+        // A pending request carries no authority: the authorised parameters replace
+        // whatever the checkout asked for.
+        match self
+            .store
+            .take_over_pending(existing.id, &request.params, request.mode)
+            .await?
+        {
+            Some(taken) => self
+                .complete(taken)
+                .await
+                .map(|set| Some(IssueOutcome::Created(set))),
+            None => Ok(None),
         }
     }
 

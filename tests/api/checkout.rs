@@ -302,3 +302,33 @@ async fn checkout_keys_never_see_the_recorded_values_of_a_conflict() {
     let mine = record(&app, "pi_mine").await.unwrap();
     assert_eq!(mine.get_i64("quantity").unwrap(), 2);
 }
+
+/// A trusted backend's issuance outranks a checkout's pending request for the same
+/// payment: the pending record is taken over with the backend's parameters and its set
+/// written, in either mode (atomic mode meets the pending record as the duplicate key
+/// that ends its transaction).
+#[tokio::test]
+async fn a_trusted_issuance_takes_over_a_pending_checkout_request_in_either_mode() {
+    let app = app().await;
+    for mode in ["upsert", "atomic"] {
+        let payment = format!("pi_taken_{mode}");
+        let asked = app.issue(REQUEST_KEY, &issuance_body(&payment, 1)).await;
+        assert_eq!(asked.status(), 202, "{mode}: {}", asked.text().await.unwrap());
+
+        let mut trusted = issuance_body(&payment, 3);
+        trusted["mode"] = json!(mode);
+        let issued = app.issue(WRITER_KEY, &trusted).await;
+        assert_eq!(issued.status(), 201, "{mode}");
+
+        let record = record(&app, &payment).await.expect("the record");
+        assert_eq!(record.get_str("status").unwrap(), "issued", "{mode}");
+        assert_eq!(record.get_i64("quantity").unwrap(), 3, "{mode}");
+        assert_eq!(record.get_str("mode").unwrap(), mode);
+        assert_eq!(app.token_indexes(&payment).await, vec![0, 1, 2], "{mode}");
+        assert_eq!(
+            app.count("issuances", doc! { "paymentIntentId": &payment })
+                .await,
+            1
+        );
+    }
+}
