@@ -313,7 +313,12 @@ async fn a_trusted_issuance_takes_over_a_pending_checkout_request_in_either_mode
     for mode in ["upsert", "atomic"] {
         let payment = format!("pi_taken_{mode}");
         let asked = app.issue(REQUEST_KEY, &issuance_body(&payment, 1)).await;
-        assert_eq!(asked.status(), 202, "{mode}: {}", asked.text().await.unwrap());
+        assert_eq!(
+            asked.status(),
+            202,
+            "{mode}: {}",
+            asked.text().await.unwrap()
+        );
 
         let mut trusted = issuance_body(&payment, 3);
         trusted["mode"] = json!(mode);
