@@ -364,3 +364,28 @@ async fn shutdown_answers_the_waiters_at_once() {
     assert_eq!(records.count_documents(pending).await.unwrap(), 1);
     drop_database_blocking(&db_name);
 }
+
+/// The watcher's change stream ends (here: its collection dropped, which invalidates it)
+/// and the success event is applied while no stream is open, so no stream ever sees it.
+/// The watcher reopens the stream and wakes every waiter to check again: the checkout
+/// still gets its tokens, about a second later, not at the end of its 20 s.
+#[tokio::test]
+async fn a_waiter_checks_again_when_the_change_stream_reopens() {
+    let _turn = WAITING.lock().await;
+    let app = app().await;
+    let waiting = wait_in_background(&app, "pi_reopen", 2, "wait=20");
+    until_waiting(&app, "pi_reopen").await;
+
+    app.db
+        .collection::<Document>("webhook_events")
+        .drop()
+        .await
+        .unwrap();
+    let applied_at = apply(&app, "succeeded", "pi_reopen", "2").await;
+    let (answer, answered_at) = waiting.await.unwrap();
+    assert_woken(applied_at, answered_at, Duration::from_secs(5));
+    // The webhook fulfilled the pending request; the woken checkout reads the result.
+    assert_eq!(answer.status(), 200);
+    assert_eq!(status(&app, "pi_reopen").await, "issued");
+    assert_eq!(app.token_indexes("pi_reopen").await, vec![0, 1]);
+}
