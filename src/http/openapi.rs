@@ -183,9 +183,9 @@ fn problem(description: &str) -> Response {
     response.build()
 }
 
-/// Sets the pattern of every parameter and schema property that carries an identifier,
-/// by its name, from the domain type that enforces it: the document cannot promise
-/// another alphabet than the parser accepts.
+/// Sets the pattern of every parameter and schema property that carries an identifier
+/// (or an `If-Match` precondition), by its name, from the type that enforces it: the
+/// document cannot promise another alphabet than the parser accepts.
 struct IdentifierPatterns;
 
 /// Which pattern each identifier field or parameter has.
@@ -198,6 +198,7 @@ const PATTERNS: &[(&str, &str)] = &[
     ("newOwner", OBJECT_ID_PATTERN),
     ("tokenId", OBJECT_ID_PATTERN),
     ("after", OBJECT_ID_PATTERN),
+    ("If-Match", tokens::IF_MATCH_PATTERN),
 ];
 
 fn pattern_of(name: &str) -> Option<&'static str> {

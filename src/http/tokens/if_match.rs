@@ -7,10 +7,9 @@ use crate::http::error::ApiError;
 
 /// What openapi.yaml documents for `If-Match`, and exactly what [`if_match`] accepts: `*`,
 /// or a comma-separated list of token versions, each quoted (`"3"`), weak (`W/"3"`) or
-/// bare (`3`), 1–18 digits (which always fit an i64). The utoipa annotations repeat it
-/// as a literal (utoipa takes no constant there); unit tests check all three agree.
-#[cfg(test)]
-const IF_MATCH_PATTERN: &str = r#"^[ \t]*(\*|(W/)?("[0-9]{1,18}"|[0-9]{1,18})([ \t]*,[ \t]*(W/)?("[0-9]{1,18}"|[0-9]{1,18}))*)[ \t]*$"#;
+/// bare (`3`), 1–18 digits (which always fit an i64). The OpenAPI document takes it from
+/// here (`http::openapi`, by the parameter's name); unit tests check it is the parser's.
+pub(crate) const IF_MATCH_PATTERN: &str = r#"^[ \t]*(\*|(W/)?("[0-9]{1,18}"|[0-9]{1,18})([ \t]*,[ \t]*(W/)?("[0-9]{1,18}"|[0-9]{1,18}))*)[ \t]*$"#;
 
 /// An `If-Match` precondition (RFC 9110 §13.1.1).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -17,6 +17,8 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use utoipa::ToSchema;
 
+pub(crate) use if_match::IF_MATCH_PATTERN;
+
 pub use changes::{
     __path_redeem_token, __path_revoke_token, __path_transfer_token, redeem_token, revoke_token,
     transfer_token,
