@@ -8,7 +8,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use super::events::{EventError, payment_key, ranked_version, tokenmint_params};
-use super::signature::{SignatureError, SignatureHeaders, TimestampedHeader};
+use super::signature::{SignatureError, SignatureHeaders, TimestampedHeader, is_prefixed_secret};
 use crate::domain::{ParsedEvent, PaymentEvent, PaymentStatus, Provider, Refund};
 
 /// What every Paddle notification secret key starts with.
@@ -43,15 +43,12 @@ pub fn sign_paddle(secret: &str, timestamp: i64, body: &[u8]) -> String {
 
 /// A Paddle secret key: `pdl_ntfset_` and at least 16 visible characters.
 pub(super) fn check_secret(secret: &str) -> Result<(), &'static str> {
-    match secret.strip_prefix(SECRET_PREFIX) {
-        Some(rest)
-            if rest.len() >= SECRET_MIN_CHARS && rest.bytes().all(|b| b.is_ascii_graphic()) =>
-        {
-            Ok(())
-        }
-        _ => Err(
+    if is_prefixed_secret(secret, SECRET_PREFIX, SECRET_MIN_CHARS) {
+        Ok(())
+    } else {
+        Err(
             "must be Paddle's notification secret key: `pdl_ntfset_` followed by at least 16 visible ASCII characters, without spaces",
-        ),
+        )
     }
 }
 

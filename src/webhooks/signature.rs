@@ -71,6 +71,14 @@ pub(super) fn any_signature_matches(
     Err(SignatureError::Invalid)
 }
 
+/// Whether `secret` is `prefix` followed by at least `min_chars` visible ASCII characters:
+/// the shape of Stripe's and Paddle's secrets, whose whole text is the HMAC key.
+pub(super) fn is_prefixed_secret(secret: &str, prefix: &str, min_chars: usize) -> bool {
+    secret
+        .strip_prefix(prefix)
+        .is_some_and(|rest| rest.len() >= min_chars && rest.bytes().all(|b| b.is_ascii_graphic()))
+}
+
 /// A scheme that sends one header of `name=value` items — a timestamp and one or more
 /// hex signatures — and signs `"{timestamp}{separator}{raw body}"` with HMAC-SHA256 keyed
 /// by the secret exactly as written: Stripe (`t=…,v1=…`, `.`) and Paddle (`ts=…;h1=…`,

@@ -8,7 +8,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use super::events::{EventError, RANK_FACTOR, payment_key, ranked_version, tokenmint_params};
-use super::signature::{SignatureError, SignatureHeaders, TimestampedHeader};
+use super::signature::{SignatureError, SignatureHeaders, TimestampedHeader, is_prefixed_secret};
 use crate::domain::{ParsedEvent, PaymentEvent, PaymentStatus, Provider, Refund};
 
 /// The fewest characters a Stripe secret has after `whsec_`.
@@ -41,16 +41,10 @@ pub fn sign_stripe(secret: &str, timestamp: i64, body: &[u8]) -> String {
 
 /// A Stripe secret: `whsec_` and at least 16 visible characters.
 pub(super) fn check_secret(secret: &str) -> Result<(), &'static str> {
-    match secret.strip_prefix("whsec_") {
-        Some(rest)
-            if rest.len() >= STRIPE_SECRET_MIN_CHARS
-                && rest.bytes().all(|b| b.is_ascii_graphic()) =>
-        {
-            Ok(())
-        }
-        _ => {
-            Err("must be `whsec_` followed by at least 16 visible ASCII characters, without spaces")
-        }
+    if is_prefixed_secret(secret, "whsec_", STRIPE_SECRET_MIN_CHARS) {
+        Ok(())
+    } else {
+        Err("must be `whsec_` followed by at least 16 visible ASCII characters, without spaces")
     }
 }
 
