@@ -95,66 +95,13 @@ impl Issuer {
     }
 
     /// Issues `request`, which an authority vouched for: a trusted key, the provider's
-    /// metadata, or a checkout request matching that metadata. Upsert mode goes through
-    /// group commit; atomic mode keeps one transaction per issuance.
+    /// metadata, or a checkout request matching that metadata. Both modes go through group
+    /// commit (upsert: shared commands; atomic: a shared transaction).
     pub(super) async fn issue_authorised(
         &self,
         request: &NewIssuance,
     ) -> Result<IssueOutcome, IssueError> {
-        match request.mode {
-            IssuanceMode::Upsert => self.committer().submit(request.clone()).await,
-            IssuanceMode::Atomic => self.issue_atomically(request).await,
-        }
-    }
-
-    /// Atomic mode: one transaction for record and tokens, committed `issued` unless the
-    /// payment, read while it writes (coalesced with other requests' reads), is known not
-    /// to stand; then the payment read again and the tokens settled. A payment that had a
-    /// record already takes the one-request path (verify, answer from the record).
-    async fn issue_atomically(&self, request: &NewIssuance) -> Result<IssueOutcome, IssueError> {
-        let record = IssuanceDoc::new(request, IssuanceStatus::Issued);
-        // The payment is read while the transaction writes; a payment known not to stand
-        // aborts it before commit, so nothing is written for it either way.
-        let refusal = async {
-            let payment = self.payment_reads().get(&request.key).await?;
-            Ok(refuse_unless_standing(payment.as_ref()).err())
-        };
-        match self
-            .store
-            .insert_atomically_unless(&record, request, refusal)
-            .await?
-        {
-            AtomicInsert::Committed(mut tokens) => {
-                let after = self.payment_reads().get(&request.key).await?;
-                let settlement = self
-                    .settle_with(&request.key, record.quantity, after.as_ref())
-                    .await?;
-                if let Some(status) = settlement.withdrawn {
-                    return Err(IssueError::PaymentNotSucceeded(status));
-                }
-                if settlement.revoked > 0 {
-                    tokens = self.store.payment_tokens(&request.key).await?;
-                }
-                let created = tokens.len() as u32;
-                Ok(IssueOutcome::Created(IssuedTokens {
-                    issuance: record,
-                    tokens,
-                    created,
-                }))
-            }
-            // A replay: answered from the record the transaction ran into, once the
-            // payment is known to stand (the read beside the transaction may not have
-            // finished when the duplicate key ended it).
-            AtomicInsert::RecordExists(existing) => {
-                let payment = self.payment_reads().get(&request.key).await?;
-                refuse_unless_standing(payment.as_ref())?;
-                match self.answer_from_record(request, existing).await? {
-                    Some(outcome) => Ok(outcome),
-                    None => self.issue_alone(request).await,
-                }
-            }
-            AtomicInsert::Refused(refused) => Err(refused),
-        }
+        self.committer().submit(request.clone()).await
     }
 
     /// Issues `request` on its own: refused if the payment is known not to stand, else

@@ -18,7 +18,6 @@
 mod batch;
 mod events;
 mod issue;
-mod reads;
 mod repair;
 mod standing;
 mod tokens;
@@ -105,10 +104,8 @@ pub enum IssueError {
 pub struct Issuer {
     store: Store,
     config: Arc<IssuingConfig>,
-    /// Group commit's writer tasks, started on the first upsert-mode issuance.
+    /// Group commit's writer tasks, started on the first issuance.
     committer: Arc<OnceLock<batch::Committer>>,
-    /// Coalesced payment reads of atomic-mode issuances, started on the first one.
-    payment_reads: Arc<OnceLock<reads::PaymentReads>>,
     /// Checkouts waiting for their payment's event (`Prefer: wait`), by payment.
     waiters: Arc<waiting::Waiters>,
 }
@@ -119,14 +116,8 @@ impl Issuer {
             store,
             config: Arc::new(config),
             committer: Arc::new(OnceLock::new()),
-            payment_reads: Arc::new(OnceLock::new()),
             waiters: Arc::new(waiting::Waiters::new(WaitingConfig::default())),
         }
-    }
-
-    fn payment_reads(&self) -> &reads::PaymentReads {
-        self.payment_reads
-            .get_or_init(|| reads::PaymentReads::start(self.store.clone()))
     }
 
     fn committer(&self) -> &batch::Committer {

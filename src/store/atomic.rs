@@ -1,15 +1,18 @@
-//! Atomic mode: the issuance record and all its tokens in one multi-document transaction
+//! Atomic mode: issuance records and all their tokens in one multi-document transaction
 //! (the transactional alternative to the upsert bulk). Either everything is visible or
 //! nothing is.
+//!
+//! One transaction may carry several issuances (group commit in atomic mode): each one's
+//! record and tokens still commit together, and its batch-mates commit with them. The
+//! records go first, in one ordered `insert`; a duplicate key on the issuance index means
+//! a payment already has a record (committed by someone else): the transaction is
+//! abandoned, nothing is written, and the caller finds out which payment it was.
+//! Concurrent first writers collide as write conflicts (TransientTransactionError); the
+//! loser retries and then runs into the winner's record.
 //!
 //! The caller may give a precondition — a read it needs the answer of before anything
 //! commits. It runs while the transaction writes, so its round trip costs no time of its
 //! own; a refusal aborts the transaction, and an aborted transaction leaves nothing.
-//!
-//! A duplicate key on the issuance index means another request already recorded this
-//! payment: the transaction is abandoned and the existing record is handed back for the
-//! caller to verify. Concurrent first writers collide as write conflicts
-//! (TransientTransactionError); the loser retries and then sees the winner's record.
 
 use std::future::Future;
 use std::time::Duration;
@@ -31,25 +34,30 @@ use crate::telemetry::metric;
 /// Transient transaction errors are retried this many times before giving up.
 pub const MAX_TRANSACTION_ATTEMPTS: u32 = 10;
 
-/// What an atomic insert did; `R` is what a precondition refused with.
+/// What an atomic insert of one issuance did.
 #[derive(Debug)]
-pub enum AtomicInsert<R = std::convert::Infallible> {
+pub enum AtomicInsert {
     /// Record and tokens committed together; the tokens in tokenIndex order.
     Committed(Vec<TokenSummary>),
     /// The payment already had a record (committed by someone else): this one.
     RecordExists(IssuanceDoc),
+}
+
+/// What an atomic insert of several issuances did; `R` is what a precondition refused
+/// with.
+#[derive(Debug)]
+pub enum AtomicSetsInsert<R = std::convert::Infallible> {
+    /// Every record and token set committed together; the sets in the order given, each
+    /// in tokenIndex order.
+    Committed(Vec<Vec<TokenSummary>>),
+    /// At least one of the payments already had a record: nothing was written.
+    RecordExists,
     /// The precondition refused: the transaction was aborted, nothing was written.
     Refused(R),
 }
 
-/// How one transaction attempt ended.
-enum Attempt {
-    Committed(Vec<TokenSummary>),
-    /// The payment's record already exists (committed by someone else).
-    RecordExists,
-    /// The precondition refused; the transaction was aborted.
-    Refused,
-}
+/// One issuance of an atomic insert: its record and what it issues.
+pub type AtomicSet<'a> = (&'a IssuanceDoc, &'a NewIssuance);
 
 impl Store {
     /// Inserts `record` and the tokens of `request` in one transaction, unless the
@@ -59,19 +67,34 @@ impl Store {
         record: &IssuanceDoc,
         request: &NewIssuance,
     ) -> Result<AtomicInsert, StoreError> {
-        self.insert_atomically_unless(record, request, async { Ok(None) })
-            .await
+        let inserted: AtomicSetsInsert = self
+            .insert_sets_atomically_unless(&[(record, request)], async { Ok(None) })
+            .await?;
+        match inserted {
+            AtomicSetsInsert::Committed(mut sets) => {
+                Ok(AtomicInsert::Committed(sets.pop().unwrap_or_default()))
+            }
+            AtomicSetsInsert::RecordExists => {
+                let record = self
+                    .records()
+                    .find_one(issuance_filter(&request.key))
+                    .await?
+                    .ok_or_else(|| StoreError::Internal("issuance record vanished".to_owned()))?;
+                Ok(AtomicInsert::RecordExists(record))
+            }
+            AtomicSetsInsert::Refused(never) => match never {},
+        }
     }
 
-    /// `insert_atomically`, committed only if `refusal` resolves to `None`. `refusal` is
-    /// awaited once, while the first attempt writes; `Some(r)` aborts the transaction
-    /// and is handed back as [`AtomicInsert::Refused`].
-    pub async fn insert_atomically_unless<R>(
+    /// Inserts every record and its tokens in one transaction, unless one of the payments
+    /// already has a record or `refusal` resolves to `Some`. `refusal` is awaited once,
+    /// while the first attempt writes. The payments must differ (the caller's job: a
+    /// second record of the same payment would only ever find the first).
+    pub async fn insert_sets_atomically_unless<R>(
         &self,
-        record: &IssuanceDoc,
-        request: &NewIssuance,
+        sets: &[AtomicSet<'_>],
         refusal: impl Future<Output = Result<Option<R>, StoreError>> + Send,
-    ) -> Result<AtomicInsert<R>, StoreError> {
+    ) -> Result<AtomicSetsInsert<R>, StoreError> {
         if !self.supports_transactions().await? {
             return Err(StoreError::TransactionsUnavailable);
         }
@@ -79,28 +102,20 @@ impl Store {
         let mut refusal = Precondition::Pending(Box::pin(refusal));
         let mut attempt = 1;
         loop {
-            match self
-                .try_transaction(&mut session, record, request, &mut refusal)
-                .await
-            {
-                Ok(Attempt::Committed(tokens)) => return Ok(AtomicInsert::Committed(tokens)),
+            match self.try_transaction(&mut session, sets, &mut refusal).await {
+                Ok(Attempt::Committed(token_sets)) => {
+                    return Ok(AtomicSetsInsert::Committed(token_sets));
+                }
+                Ok(Attempt::RecordExists) => return Ok(AtomicSetsInsert::RecordExists),
                 Ok(Attempt::Refused) => {
                     return match refusal {
-                        Precondition::Answered(Some(refused)) => Ok(AtomicInsert::Refused(refused)),
+                        Precondition::Answered(Some(refused)) => {
+                            Ok(AtomicSetsInsert::Refused(refused))
+                        }
                         _ => Err(StoreError::Internal(
                             "a refused transaction without its refusal".to_owned(),
                         )),
                     };
-                }
-                Ok(Attempt::RecordExists) => {
-                    let record = self
-                        .records()
-                        .find_one(issuance_filter(&request.key))
-                        .await?
-                        .ok_or_else(|| {
-                            StoreError::Internal("issuance record vanished".to_owned())
-                        })?;
-                    return Ok(AtomicInsert::RecordExists(record));
                 }
                 Err(TransactionError::Driver(err))
                     if is_transient_transaction_error(&err)
@@ -126,8 +141,7 @@ impl Store {
     async fn try_transaction<R>(
         &self,
         session: &mut ClientSession,
-        record: &IssuanceDoc,
-        request: &NewIssuance,
+        sets: &[AtomicSet<'_>],
         refusal: &mut Precondition<'_, R>,
     ) -> Result<Attempt, TransactionError> {
         session
@@ -136,10 +150,8 @@ impl Store {
             .write_concern(WriteConcern::builder().w(Acknowledgment::Majority).build())
             .await?;
         // The precondition's read and the writes go together; both answer before commit.
-        let (written, refused) = tokio::join!(
-            self.write_in_transaction(session, record, request),
-            refusal.answer()
-        );
+        let (written, refused) =
+            tokio::join!(self.write_in_transaction(session, sets), refusal.answer());
         let refused = match refused {
             Ok(refused) => refused,
             Err(err) => {
@@ -147,58 +159,70 @@ impl Store {
                 return Err(TransactionError::Precondition(err));
             }
         };
-        let inserted = match written? {
-            Written::Tokens(inserted) => inserted,
-            Written::RecordExists => return Ok(Attempt::RecordExists),
-        };
         if refused {
+            // A refusal outranks whatever the writes did: the caller answers it first.
             let _ = session.abort_transaction().await;
             return Ok(Attempt::Refused);
         }
+        let Some(inserted) = written? else {
+            return Ok(Attempt::RecordExists);
+        };
         commit_with_retry(session).await?;
-        metrics::counter!(metric::TOKENS_CREATED_TOTAL).increment(inserted.len() as u64);
-        Ok(Attempt::Committed(fresh_tokens(inserted)))
+        let created: usize = inserted.iter().map(Vec::len).sum();
+        metrics::counter!(metric::TOKENS_CREATED_TOTAL).increment(created as u64);
+        Ok(Attempt::Committed(
+            inserted.into_iter().map(fresh_tokens).collect(),
+        ))
     }
 
-    /// The record, then the tokens, inside the session's transaction; aborted on failure.
+    /// The records, then the tokens, inside the session's transaction; aborted on
+    /// failure. `None` when a payment already has a record.
     async fn write_in_transaction(
         &self,
         session: &mut ClientSession,
-        record: &IssuanceDoc,
-        request: &NewIssuance,
-    ) -> Result<Written, Error> {
+        sets: &[AtomicSet<'_>],
+    ) -> Result<Option<Vec<Vec<(i64, ObjectId)>>>, Error> {
+        let records = sets.iter().map(|(record, _)| *record);
         if let Err(err) = self
             .records()
-            .insert_one(record)
+            .insert_many(records)
             .session(&mut *session)
             .await
         {
             // Leave the session clean for the next attempt; the abort's own failure is moot.
             let _ = session.abort_transaction().await;
             if duplicate_key_index(&err).as_deref() == Some(ISSUANCES_PAYMENT_INDEX) {
-                return Ok(Written::RecordExists);
+                return Ok(None);
             }
             return Err(err);
         }
-        let (tokens, inserted) = token_documents(request);
+        let now = DateTime::now();
+        let mut documents = Vec::new();
+        let inserted = sets
+            .iter()
+            .map(|(_, request)| token_documents(request, now, &mut documents))
+            .collect();
         if let Err(err) = self
             .database()
             .collection::<RawDocumentBuf>(TOKENS)
-            .insert_many(tokens)
+            .insert_many(documents)
             .session(&mut *session)
             .await
         {
             let _ = session.abort_transaction().await;
             return Err(err);
         }
-        Ok(Written::Tokens(inserted))
+        Ok(Some(inserted))
     }
 }
 
-/// What the writes of one attempt did.
-enum Written {
-    Tokens(Vec<(i64, ObjectId)>),
+/// How one transaction attempt ended.
+enum Attempt {
+    Committed(Vec<Vec<TokenSummary>>),
+    /// A payment already has a record (committed by someone else).
     RecordExists,
+    /// The precondition refused; the transaction was aborted.
+    Refused,
 }
 
 /// Why an attempt failed: the driver (maybe transient, retried) or the precondition.
@@ -242,16 +266,20 @@ async fn commit_with_retry(session: &mut ClientSession) -> Result<(), Error> {
     }
 }
 
-/// The token documents of an atomic issuance, with ids chosen here so the answer can
-/// name them without reading back.
-fn token_documents(request: &NewIssuance) -> (Vec<RawDocumentBuf>, Vec<(i64, ObjectId)>) {
-    let now = DateTime::now();
+/// Appends the token documents of `request` to `documents`, with ids chosen here so the
+/// answer can name them without reading back; returns their (tokenIndex, id).
+fn token_documents(
+    request: &NewIssuance,
+    now: DateTime,
+    documents: &mut Vec<RawDocumentBuf>,
+) -> Vec<(i64, ObjectId)> {
     (0..i64::from(request.params.quantity.get()))
         .map(|token_index| {
             let id = ObjectId::new();
             let mut document = new_token(request, token_index, now);
             document.append_ref("_id", id);
-            (document, (token_index, id))
+            documents.push(document);
+            (token_index, id)
         })
-        .unzip()
+        .collect()
 }

@@ -27,7 +27,7 @@ use mongodb::options::ClientOptions;
 use mongodb::{Client, Collection, Database};
 use tokio::sync::OnceCell;
 
-pub use atomic::AtomicInsert;
+pub use atomic::{AtomicInsert, AtomicSet, AtomicSetsInsert};
 pub use batch::{RecordInsert, TokenInsert};
 pub use documents::{IssuanceDoc, Origin, TokenDoc, TokenSummary, chrono_time, fresh_tokens};
 pub use error::{

@@ -22,7 +22,7 @@ pub const TOKENS_REVOKED_TOTAL: &str = "tokenmint_tokens_revoked_total";
 pub const REPAIRS_TOTAL: &str = "tokenmint_repairs_total";
 /// Issuance requests waiting for their payment's event (`Prefer: wait`).
 pub const ISSUANCE_WAITERS: &str = "tokenmint_issuance_waiters";
-/// Upsert-mode issuances committed together by one group commit.
+/// Issuances committed together by one group commit (either mode).
 pub const ISSUANCE_BATCH_SIZE: &str = "tokenmint_issuance_batch_size";
 /// Duplicate-key races retried.
 pub const DUPLICATE_KEY_RETRIES_TOTAL: &str = "tokenmint_duplicate_key_retries_total";
@@ -95,7 +95,7 @@ pub(super) fn describe() {
     );
     describe_histogram!(
         ISSUANCE_BATCH_SIZE,
-        "Upsert-mode issuances committed together by one group commit"
+        "Issuances committed together by one group commit (either mode)"
     );
     describe_counter!(DUPLICATE_KEY_RETRIES_TOTAL, "Duplicate-key races retried");
     describe_counter!(

@@ -1,6 +1,7 @@
 //! HTTP API tests against a real mongod. One binary, so one mongod for all of them.
 
 mod adyen;
+mod atomic_batches;
 mod audit;
 mod auth;
 mod batch_reads;

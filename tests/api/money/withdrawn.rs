@@ -95,9 +95,9 @@ async fn a_refunded_canceled_or_failed_payment_is_never_issued_by_any_key() {
     assert!(report.is_clean(), "{report}");
 }
 
-/// Concurrent atomic issuances of one refunded payment share the coalesced payment
-/// reads: every one of them must see the refund (409), and nothing may be written. (One
-/// read answered only the first asker of a key once; the others saw no payment.)
+/// Concurrent atomic issuances of one refunded payment (in one batch, all but the first
+/// are split off as its replays): every one of them must see the refund (409), and
+/// nothing may be written.
 #[tokio::test]
 async fn concurrent_atomic_requests_for_one_refunded_payment_all_see_the_refund() {
     let app = app().await;
