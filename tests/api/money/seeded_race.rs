@@ -1,6 +1,7 @@
 //! The seeded race: success webhooks, refunds, backend retries and checkout requests, in
 //! random order and timing, round after round; then every payment's answers and stored
-//! state are checked.
+//! state are checked. It runs once per issuance mode (the app's default mode, so the
+//! success webhooks and the backend issue in that mode).
 //!
 //! `TOKENMINT_RACE_SEED` replays a run's choices (timing is not replayed),
 //! `TOKENMINT_RACE_ROUNDS` sets the number of rounds (default 10, of 20 payments each). Run
@@ -30,7 +31,12 @@ const MAX_START_DELAY_MS: u64 = 30;
 
 /// Everything wrong with one payment after its round: its HTTP answers and its stored
 /// state.
-async fn check_payment(app: &TestApp, scenario: &Scenario, answers: &[&Answer]) -> Vec<String> {
+async fn check_payment(
+    app: &TestApp,
+    mode: &str,
+    scenario: &Scenario,
+    answers: &[&Answer],
+) -> Vec<String> {
     let mut wrong = Vec::new();
     let owner = ObjectId::parse_str(OWNER).unwrap();
     let fully_refunded = scenario.refund == Refund::Full;
@@ -129,6 +135,10 @@ async fn check_payment(app: &TestApp, scenario: &Scenario, answers: &[&Answer]) 
             }
             match status {
                 "issued" => {
+                    let record_mode = record.get_str("mode").unwrap_or("?");
+                    if record_mode != mode {
+                        wrong.push(format!("issued in {record_mode} mode, not {mode}"));
+                    }
                     let indexes: Vec<i64> = tokens.iter().map(|t| t.index).collect();
                     if indexes != (0..scenario.quantity).collect::<Vec<_>>() {
                         wrong.push(format!(
@@ -189,17 +199,29 @@ fn seed() -> u64 {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn success_refund_and_retries_race_and_refunded_payments_keep_no_active_token() {
+async fn success_refund_and_retries_race_and_refunded_payments_keep_no_active_token_upsert() {
+    race("upsert").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn success_refund_and_retries_race_and_refunded_payments_keep_no_active_token_atomic() {
+    race("atomic").await;
+}
+
+async fn race(mode: &str) {
     let seed = seed();
     let rounds: u32 = std::env::var("TOKENMINT_RACE_ROUNDS")
         .ok()
         .map(|s| s.parse().expect("TOKENMINT_RACE_ROUNDS is a number"))
         .unwrap_or(DEFAULT_ROUNDS);
     println!(
-        "money race: seed {seed} (TOKENMINT_RACE_SEED={seed} replays it), {rounds} rounds x {PAYMENTS_PER_ROUND} payments"
+        "money race ({mode}): seed {seed} (TOKENMINT_RACE_SEED={seed} replays it), {rounds} rounds x {PAYMENTS_PER_ROUND} payments"
     );
     let mut rng = StdRng::seed_from_u64(seed);
-    let app = app().await;
+    let app = spawn_app_with(&format!(
+        "{PROVIDERS}\n[issuance]\ndefault_mode = \"{mode}\"\n"
+    ))
+    .await;
     let store = app.store().await;
     let started = Instant::now();
     let base = now();
@@ -245,7 +267,7 @@ async fn success_refund_and_retries_race_and_refunded_payments_keep_no_active_to
         let mut round_violations = Vec::new();
         for (p, scenario) in scenarios.iter().enumerate() {
             let mine: Vec<&Answer> = answers.iter().filter(|a| a.payment == p).collect();
-            for wrong in check_payment(&app, scenario, &mine).await {
+            for wrong in check_payment(&app, mode, scenario, &mine).await {
                 round_violations.push(format!("round {round}, {scenario:?}: {wrong}"));
             }
         }
@@ -254,7 +276,7 @@ async fn success_refund_and_retries_race_and_refunded_payments_keep_no_active_to
             round_violations.push(format!("round {round}: verify is not clean:\n{report}"));
         }
         println!(
-            "money race: round {round}: {} requests, {} violation(s), {:.1} s so far",
+            "money race ({mode}): round {round}: {} requests, {} violation(s), {:.1} s so far",
             answers.len(),
             round_violations.len(),
             started.elapsed().as_secs_f64()
@@ -263,16 +285,16 @@ async fn success_refund_and_retries_race_and_refunded_payments_keep_no_active_to
         rounds_run += 1;
     }
 
-    println!("money race: answers {tally:?}");
+    println!("money race ({mode}): answers {tally:?}");
     println!(
-        "money race: seed {seed}, {rounds_run} rounds x {PAYMENTS_PER_ROUND} payments = {} interleavings, {} violations, {:.1} s",
+        "money race ({mode}): seed {seed}, {rounds_run} rounds x {PAYMENTS_PER_ROUND} payments = {} interleavings, {} violations, {:.1} s",
         u64::from(rounds_run) * PAYMENTS_PER_ROUND as u64,
         violations.len(),
         started.elapsed().as_secs_f64()
     );
     assert!(
         violations.is_empty(),
-        "seed {seed} (TOKENMINT_RACE_SEED={seed}): {} violation(s):\n{}",
+        "{mode}, seed {seed} (TOKENMINT_RACE_SEED={seed}): {} violation(s):\n{}",
         violations.len(),
         violations.join("\n")
     );
