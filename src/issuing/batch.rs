@@ -31,8 +31,9 @@
 //! leaves only `issuing` records, or, between the mark (or commit) and the settle, marked
 //! records whose settle the sweep of recently withdrawn payments does.
 
-use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
+
+mod atomic;
 
 use futures::future::join_all;
 use tokio::sync::{Mutex, mpsc, oneshot};
@@ -40,9 +41,7 @@ use tokio::sync::{Mutex, mpsc, oneshot};
 use super::issue::refuse_unless_standing;
 use super::{IssueError, IssueOutcome, IssuedTokens, Issuer};
 use crate::domain::{IssuanceMode, IssuanceStatus, NewIssuance, PaymentKey};
-use crate::store::{
-    AtomicSet, AtomicSetsInsert, IssuanceDoc, RecordInsert, StoreError, TokenInsert, TokenSummary,
-};
+use crate::store::{IssuanceDoc, RecordInsert, StoreError, TokenInsert, TokenSummary};
 use crate::telemetry::metric;
 
 /// Writer tasks: up to this many batches are in flight while the next ones gather. Two
@@ -55,10 +54,6 @@ const MAX_BATCH: usize = 256;
 /// Most tokens per batch: bounds the memory one batch holds (the driver splits the insert
 /// itself if it passes the server's limits); a single payment always fits.
 const MAX_BATCH_TOKENS: u64 = 50_000;
-/// Atomic transactions per batch: one that the payments' state refuses, or that runs
-/// into an existing record (then a read finds which), is followed by one without those
-/// requests, so the third normally commits.
-const MAX_ATOMIC_ATTEMPTS: usize = 4;
 /// Requests waiting beyond this make their senders wait for room (backpressure).
 const QUEUE: usize = 4096;
 
@@ -179,114 +174,6 @@ impl Issuer {
             .await;
         };
         tokio::join!(writes, self.replay_batch(replays));
-    }
-
-    /// Atomic mode: the batch's records and tokens in one transaction, while step 1 reads
-    /// the payments; retried without the requests refused or found to have a record; then
-    /// the settle, then the replays.
-    async fn commit_atomically(&self, batch: Vec<Queued>) {
-        let (mut firsts, mut replays) = first_per_payment(batch);
-        let mut written = Vec::new();
-        // Step 1 runs beside the first transaction only: a refund recorded after it is
-        // the settle's to handle, whatever the attempt that commits.
-        let mut payments_read = false;
-        for _ in 0..MAX_ATOMIC_ATTEMPTS {
-            if firsts.is_empty() {
-                break;
-            }
-            let records: Vec<IssuanceDoc> = firsts
-                .iter()
-                .map(|q| IssuanceDoc::new(&q.request, IssuanceStatus::Issued))
-                .collect();
-            let sets: Vec<AtomicSet<'_>> = records
-                .iter()
-                .zip(&firsts)
-                .map(|(record, q)| (record, &q.request))
-                .collect();
-            let refusals = async {
-                if std::mem::replace(&mut payments_read, true) {
-                    return Ok(None);
-                }
-                let keys: Vec<&PaymentKey> = firsts.iter().map(|q| &q.request.key).collect();
-                let payments = self.store.find_payments(&keys).await?;
-                let refused: Vec<(usize, IssueError)> = firsts
-                    .iter()
-                    .enumerate()
-                    .filter_map(|(i, q)| {
-                        refuse_unless_standing(payments.get(&q.request.key))
-                            .err()
-                            .map(|refusal| (i, refusal))
-                    })
-                    .collect();
-                Ok((!refused.is_empty()).then_some(refused))
-            };
-            let inserted = self
-                .store
-                .insert_sets_atomically_unless(&sets, refusals)
-                .await;
-            match inserted {
-                Ok(AtomicSetsInsert::Committed(token_sets)) => {
-                    written = firsts
-                        .drain(..)
-                        .zip(records)
-                        .zip(token_sets)
-                        .map(|((queued, record), tokens)| {
-                            let claim = Claimed {
-                                request: queued.request,
-                                answer: queued.answer,
-                                record,
-                            };
-                            (claim, tokens)
-                        })
-                        .collect();
-                }
-                Ok(AtomicSetsInsert::Refused(refused)) => {
-                    let mut refusals: HashMap<usize, IssueError> = refused.into_iter().collect();
-                    let mut rest = Vec::with_capacity(firsts.len());
-                    for (i, queued) in firsts.drain(..).enumerate() {
-                        match refusals.remove(&i) {
-                            Some(refusal) => {
-                                let _ = queued.answer.send(Err(refusal));
-                            }
-                            None => rest.push(queued),
-                        }
-                    }
-                    firsts = rest;
-                }
-                Ok(AtomicSetsInsert::RecordExists) => {
-                    let keys: Vec<&PaymentKey> = firsts.iter().map(|q| &q.request.key).collect();
-                    match self.store.find_records(&keys).await {
-                        Ok(existing) => {
-                            let (found, rest) = firsts
-                                .into_iter()
-                                .partition(|q| existing.contains_key(&q.request.key));
-                            replays.extend::<Vec<_>>(found);
-                            firsts = rest;
-                        }
-                        Err(err) => {
-                            fail_all(firsts.drain(..).map(|q| q.answer), &err);
-                        }
-                    }
-                }
-                // The deployment cannot take it (an outage, no transactions): every
-                // request would be refused the same way on its own.
-                Err(err @ (StoreError::Unavailable(_) | StoreError::TransactionsUnavailable)) => {
-                    fail_all(firsts.drain(..).map(|q| q.answer), &err);
-                }
-                // Anything else may be one item's fault: each request tries alone, so
-                // that it fails only its own request.
-                Err(err) => {
-                    tracing::warn!(error = %err, issuances = firsts.len(), "a shared atomic transaction failed; its issuances try one by one");
-                    break;
-                }
-            }
-        }
-        // Left over: after an item's failure, or records that kept appearing and vanishing
-        // (pending ones expiring) under the retries. Each takes the one-request path,
-        // which reads the payment first.
-        replays.append(&mut firsts);
-        self.settle_and_mark(written).await;
-        self.replay_batch(replays).await;
     }
 
     /// Step 2 (upsert mode): insert the records; a record that exists makes its request a
@@ -467,15 +354,6 @@ impl Issuer {
         }))
         .await;
     }
-}
-
-/// Splits off the requests for a payment named earlier in the batch: one transaction
-/// cannot hold two records of a payment, and the later requests are replays of the first.
-fn first_per_payment(batch: Vec<Queued>) -> (Vec<Queued>, Vec<Queued>) {
-    let mut seen = HashSet::new();
-    batch
-        .into_iter()
-        .partition(|q| seen.insert(q.request.key.clone()))
 }
 
 /// Answers every request of a command that failed as a whole with that failure.

@@ -1,6 +1,7 @@
-//! Group commit under a crash (`crash_group_commit_mixed_retries_exactly_once`, upsert
-//! mode): concurrent issuances share the batch's database commands, and a SIGKILL
-//! mid-batch must still leave every payment issued exactly once.
+//! Group commit under a crash (`crash_group_commit_{upsert,atomic}_mixed_retries_exactly_once`):
+//! concurrent issuances share the batch's database commands (in atomic mode, one
+//! transaction), and a SIGKILL mid-batch must still leave every payment issued exactly
+//! once; in atomic mode no set is ever partial, even right after the kill.
 //!
 //! Per iteration, on a fresh database, the seeded RNG draws `REQUESTS` issuance requests:
 //! new payments (quantity 1..=200, one of `OWNERS`, one of `TOKEN_TYPES`), 30 % identical
@@ -76,11 +77,16 @@ struct Counts {
 
 /// One uncrashed load of the iterations' shape on a database of its own, checked like an
 /// iteration; how long it took (the kills are a share of it).
-async fn calibrate(rng: &mut StdRng, seed: u64, counts: &mut Counts) -> Duration {
+async fn calibrate(
+    rng: &mut StdRng,
+    seed: u64,
+    mode: &'static str,
+    counts: &mut Counts,
+) -> Duration {
     let scratch = ScratchDatabase::create("tokenmint_crash").await;
     let store = scratch.store();
     let mut service = Service::start(scratch.name());
-    let calls = pick_calls(rng, "calibration");
+    let calls = pick_calls(rng, "calibration", mode);
     let started = Instant::now();
     let first = send_load(&mut service, &calls, None).await;
     let took = started.elapsed();
@@ -93,13 +99,13 @@ async fn calibrate(rng: &mut StdRng, seed: u64, counts: &mut Counts) -> Duration
     counts.tokens += calibration.tokens;
     assert!(
         violations.is_empty(),
-        "crash[group-commit] seed {seed}, uncrashed calibration load ({left} record(s) left issuing): {} violation(s):\n{}\nservice log:\n{}",
+        "crash[group-commit-{mode}] seed {seed}, uncrashed calibration load ({left} record(s) left issuing): {} violation(s):\n{}\nservice log:\n{}",
         violations.len(),
         violations.join("\n"),
         service.recent_log()
     );
     eprintln!(
-        "crash[group-commit]: an uncrashed load of {} requests took {took:?}: {} answered 201, {} 200, {} 409",
+        "crash[group-commit-{mode}]: an uncrashed load of {} requests took {took:?}: {} answered 201, {} 200, {} 409",
         calls.len(),
         calibration.created,
         calibration.replayed,
@@ -108,18 +114,19 @@ async fn calibrate(rng: &mut StdRng, seed: u64, counts: &mut Counts) -> Duration
     took
 }
 
-pub(super) async fn scenario() {
-    let (seed, iterations, mut rng) = begin("group-commit");
+pub(super) async fn scenario(mode: &'static str) {
+    let label = format!("group-commit-{mode}");
+    let (seed, iterations, mut rng) = begin(&label);
     let mut tally = Tally::default();
     let mut counts = Counts::default();
-    let calibration = calibrate(&mut rng, seed, &mut counts).await;
+    let calibration = calibrate(&mut rng, seed, mode, &mut counts).await;
 
     for iteration in 0..iterations {
         // A fresh database each iteration: "every payment in the database" is this load's.
         let scratch = ScratchDatabase::create("tokenmint_crash").await;
         let (store, database) = (scratch.store(), scratch.name());
         let mut loaded = Service::start(database);
-        let calls = pick_calls(&mut rng, &format!("i{iteration}"));
+        let calls = pick_calls(&mut rng, &format!("i{iteration}"), mode);
         let delay = calibration * rng.random_range(KILL_PERCENT) / 100;
         tally.requests += calls.len() as u64;
         counts.identical += calls.iter().filter(|c| c.kind == Kind::Identical).count() as u64;
@@ -137,7 +144,7 @@ pub(super) async fn scenario() {
 
         // 2. What the kill left: no duplicate or orphan; short sets and `issuing` records.
         let before = store.verify().await.expect("verify after the kill");
-        check_after_kill("upsert", &before, &mut tally, iteration);
+        check_after_kill(mode, &before, &mut tally, iteration);
         tally.partial_sets_before_retry += before.wrong_token_sets.count;
         let issuing_now = issuing_records(store).await;
         counts.issuing_after_kill += issuing_now;
@@ -184,12 +191,12 @@ pub(super) async fn scenario() {
         tally.iterations += 1;
         if std::env::var_os("TOKENMINT_CRASH_VERBOSE").is_some() {
             eprintln!(
-                "crash[group-commit] iteration {iteration}; the restarted service's log:\n{}",
+                "crash[{label}] iteration {iteration}; the restarted service's log:\n{}",
                 restarted.recent_log()
             );
         }
         eprintln!(
-            "crash[group-commit] iteration {}/{iterations}: {} requests, killed after {} ms, {acked_now} acknowledged before the kill, {issuing_now} issuing record(s) and {} partial set(s) left, {resent_now} sent again ({attempts} attempts), {left_after_retries} left to self-repair, answered 201×{} 200×{} 409×{}, {} violation(s)",
+            "crash[{label}] iteration {}/{iterations}: {} requests, killed after {} ms, {acked_now} acknowledged before the kill, {issuing_now} issuing record(s) and {} partial set(s) left, {resent_now} sent again ({attempts} attempts), {left_after_retries} left to self-repair, answered 201×{} 200×{} 409×{}, {} violation(s)",
             iteration + 1,
             calls.len(),
             delay.as_millis(),
@@ -200,7 +207,7 @@ pub(super) async fn scenario() {
             tally.violations.len(),
         );
         tally.assert_clean(
-            "group-commit",
+            &label,
             seed,
             iteration,
             delay,
@@ -208,7 +215,7 @@ pub(super) async fn scenario() {
         );
     }
     eprintln!(
-        "crash[group-commit] summary: seed={seed} iterations={} kills={} requests={} identical_retries={} conflicting_retries={} acknowledged_before_kill={} errors_before_kill={} issuing_records_after_kill={} partial_sets_after_kill={} sent_again={} retry_attempts={} conflicting_unanswered={} left_to_self_repair={} slowest_self_repair_ms={} answered_201={} answered_200={} answered_409={} conflicting_won={} payments={} tokens={} violations={}",
+        "crash[{label}] summary: seed={seed} iterations={} kills={} requests={} identical_retries={} conflicting_retries={} acknowledged_before_kill={} errors_before_kill={} issuing_records_after_kill={} partial_sets_after_kill={} sent_again={} retry_attempts={} conflicting_unanswered={} left_to_self_repair={} slowest_self_repair_ms={} answered_201={} answered_200={} answered_409={} conflicting_won={} payments={} tokens={} violations={}",
         tally.iterations,
         tally.kills,
         tally.requests,

@@ -17,11 +17,12 @@
 //! restarted with fast self-repair settings, and on its own it must finish every set the
 //! kill left short, keeping every acknowledged id, until `Store::verify()` is clean.
 //!
-//! A fourth scenario (`group_commit.rs`, upsert mode) kills group commit mid-batch: 96
-//! concurrent requests for new payments of 1–200 tokens, 30 % of them identical retries
+//! A fourth scenario (`group_commit.rs`, run once per mode) kills group commit mid-batch:
+//! 96 concurrent requests for new payments of 1–200 tokens, 30 % of them identical retries
 //! and 10 % conflicting ones (another owner or quantity), then checks every payment of the
 //! database against every answer: at most one 201, every 2xx naming the record's
-//! parameters and the stored ids, every 409 to a request that differs from the record.
+//! parameters and the stored ids, every 409 to a request that differs from the record (and,
+//! in atomic mode, no partial set right after the kill).
 //!
 //! MongoDB runs outside the killed process (the harness's single-node replica set); a fresh
 //! database every 10 iterations keeps `verify`'s full scans cheap. Each scenario prints a
@@ -94,6 +95,12 @@ async fn crash_upsert_self_repair_completes_every_short_set_without_a_request() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "fault injection: scripts/reliability.sh"]
-async fn crash_group_commit_mixed_retries_exactly_once() {
-    group_commit::scenario().await;
+async fn crash_group_commit_upsert_mixed_retries_exactly_once() {
+    group_commit::scenario("upsert").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "fault injection: scripts/reliability.sh"]
+async fn crash_group_commit_atomic_mixed_retries_exactly_once() {
+    group_commit::scenario("atomic").await;
 }

@@ -38,6 +38,8 @@ pub(super) struct Call {
     pub(super) kind: Kind,
     /// The call (index in the load) whose answer this one waits for; `None`: sent at once.
     pub(super) after: Option<usize>,
+    /// The issuance mode asked for.
+    pub(super) mode: &'static str,
 }
 
 impl Call {
@@ -49,7 +51,7 @@ impl Call {
             "owner": self.owner,
             "tokenType": self.token_type,
             "quantity": self.quantity,
-            "mode": "upsert",
+            "mode": self.mode,
         })
     }
 
@@ -71,8 +73,8 @@ impl Call {
     }
 }
 
-/// The requests of one load, in sending order (shuffled).
-pub(super) fn pick_calls(rng: &mut StdRng, label: &str) -> Vec<Call> {
+/// The requests of one load in `mode`, in sending order (shuffled).
+pub(super) fn pick_calls(rng: &mut StdRng, label: &str, mode: &'static str) -> Vec<Call> {
     let originals = REQUESTS - IDENTICAL - CONFLICTING;
     let mut calls: Vec<Call> = (0..originals)
         .map(|n| Call {
@@ -82,6 +84,7 @@ pub(super) fn pick_calls(rng: &mut StdRng, label: &str) -> Vec<Call> {
             quantity: rng.random_range(1..=MAX_QUANTITY),
             kind: Kind::Original,
             after: None,
+            mode,
         })
         .collect();
     for retry in 0..IDENTICAL + CONFLICTING {

@@ -1,0 +1,162 @@
+//! Group commit in atomic mode: the batch's records (`issued`) and all their tokens in one
+//! transaction, so each issuance still commits whole, while step 1 reads the payments.
+//! A payment known not to stand, or one that had a record already, aborts the transaction
+//! (which leaves nothing) and the next one goes without those requests; then the settle
+//! (step 4, no mark), then the replays (step 6).
+
+use std::collections::{HashMap, HashSet};
+
+use super::{Claimed, Queued, Written, fail_all};
+use crate::domain::{IssuanceStatus, PaymentKey};
+use crate::issuing::issue::refuse_unless_standing;
+use crate::issuing::{IssueError, Issuer};
+use crate::store::{AtomicSet, AtomicSetsInsert, IssuanceDoc, StoreError, TokenSummary};
+
+/// Transactions per batch: one that the payments' state refuses, or that runs into an
+/// existing record (then a read finds which), is followed by one without those requests,
+/// so the third normally commits.
+const MAX_ATTEMPTS: usize = 4;
+
+/// Which requests a batch's payment read refuses: (position in the batch, refusal).
+type Refusals = Vec<(usize, IssueError)>;
+
+impl Issuer {
+    pub(super) async fn commit_atomically(&self, batch: Vec<Queued>) {
+        let (mut firsts, mut replays) = first_per_payment(batch);
+        let mut written = Vec::new();
+        // Step 1 runs beside the first transaction only: a refund recorded after it is
+        // the settle's to handle, whatever the attempt that commits.
+        let mut payments_read = false;
+        for _ in 0..MAX_ATTEMPTS {
+            if firsts.is_empty() {
+                break;
+            }
+            let records: Vec<IssuanceDoc> = firsts
+                .iter()
+                .map(|q| IssuanceDoc::new(&q.request, IssuanceStatus::Issued))
+                .collect();
+            let sets: Vec<AtomicSet<'_>> = records
+                .iter()
+                .zip(&firsts)
+                .map(|(record, q)| (record, &q.request))
+                .collect();
+            let refusals = async {
+                if std::mem::replace(&mut payments_read, true) {
+                    return Ok(None);
+                }
+                self.refusals(&firsts).await
+            };
+            match self
+                .store
+                .insert_sets_atomically_unless(&sets, refusals)
+                .await
+            {
+                Ok(AtomicSetsInsert::Committed(token_sets)) => {
+                    written = claims(std::mem::take(&mut firsts), records, token_sets);
+                }
+                Ok(AtomicSetsInsert::Refused(refused)) => {
+                    firsts = answer_refused(firsts, refused);
+                }
+                Ok(AtomicSetsInsert::RecordExists) => {
+                    let (found, rest) = self.split_recorded(firsts).await;
+                    replays.extend(found);
+                    firsts = rest;
+                }
+                // The deployment cannot take it (an outage, no transactions): every
+                // request would be refused the same way on its own.
+                Err(err @ (StoreError::Unavailable(_) | StoreError::TransactionsUnavailable)) => {
+                    fail_all(firsts.drain(..).map(|q| q.answer), &err);
+                }
+                // Anything else may be one item's fault: each request tries alone, so
+                // that it fails only its own request.
+                Err(err) => {
+                    tracing::warn!(error = %err, issuances = firsts.len(), "a shared atomic transaction failed; its issuances try one by one");
+                    break;
+                }
+            }
+        }
+        // Left over: after an item's failure, or records that kept appearing and vanishing
+        // (pending ones expiring) under the retries. Each takes the one-request path,
+        // which reads the payment first.
+        replays.append(&mut firsts);
+        self.settle_and_mark(written).await;
+        self.replay_batch(replays).await;
+    }
+
+    /// Step 1 for a transaction: the requests whose payment is known not to stand, or
+    /// `None` when every one may go on.
+    async fn refusals(&self, batch: &[Queued]) -> Result<Option<Refusals>, StoreError> {
+        let keys: Vec<&PaymentKey> = batch.iter().map(|q| &q.request.key).collect();
+        let payments = self.store.find_payments(&keys).await?;
+        let refused: Refusals = batch
+            .iter()
+            .enumerate()
+            .filter_map(|(i, q)| {
+                refuse_unless_standing(payments.get(&q.request.key))
+                    .err()
+                    .map(|refusal| (i, refusal))
+            })
+            .collect();
+        Ok((!refused.is_empty()).then_some(refused))
+    }
+
+    /// After a transaction ran into a record: the requests whose payment has one now
+    /// (replays), and the rest. A failed read fails them all.
+    async fn split_recorded(&self, batch: Vec<Queued>) -> (Vec<Queued>, Vec<Queued>) {
+        let keys: Vec<&PaymentKey> = batch.iter().map(|q| &q.request.key).collect();
+        match self.store.find_records(&keys).await {
+            Ok(existing) => batch
+                .into_iter()
+                .partition(|q| existing.contains_key(&q.request.key)),
+            Err(err) => {
+                fail_all(batch.into_iter().map(|q| q.answer), &err);
+                (Vec::new(), Vec::new())
+            }
+        }
+    }
+}
+
+/// Splits off the requests for a payment named earlier in the batch: one transaction
+/// cannot hold two records of a payment, and the later requests are replays of the first.
+fn first_per_payment(batch: Vec<Queued>) -> (Vec<Queued>, Vec<Queued>) {
+    let mut seen = HashSet::new();
+    batch
+        .into_iter()
+        .partition(|q| seen.insert(q.request.key.clone()))
+}
+
+/// Answers the refused requests; returns the others.
+fn answer_refused(batch: Vec<Queued>, refused: Refusals) -> Vec<Queued> {
+    let mut refusals: HashMap<usize, IssueError> = refused.into_iter().collect();
+    let mut rest = Vec::with_capacity(batch.len());
+    for (i, queued) in batch.into_iter().enumerate() {
+        match refusals.remove(&i) {
+            Some(refusal) => {
+                let _ = queued.answer.send(Err(refusal));
+            }
+            None => rest.push(queued),
+        }
+    }
+    rest
+}
+
+/// The committed requests with their records and tokens, for the settle.
+fn claims(
+    batch: Vec<Queued>,
+    records: Vec<IssuanceDoc>,
+    token_sets: Vec<Vec<TokenSummary>>,
+) -> Vec<Written> {
+    batch
+        .into_iter()
+        .zip(records)
+        .zip(token_sets)
+        .map(|((queued, record), tokens)| {
+            let claim = Claimed {
+                request: queued.request,
+                answer: queued.answer,
+                record,
+            };
+            (claim, tokens)
+        })
+        .collect()
+}
