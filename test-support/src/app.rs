@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use mongodb::bson::oid::ObjectId;
-use mongodb::bson::{Document, doc};
+use mongodb::bson::{DateTime, Document, doc};
 use mongodb::{Client, Database};
 use serde_json::Value;
 use tokenmint::http::auth::key_hash;
@@ -156,6 +156,33 @@ impl TestApp {
         if let Some(server) = self.server.take() {
             let _ = server.await;
         }
+    }
+
+    /// Stores `payment` (provider, account, payment id) as the webhook projection records
+    /// it after one event of `event_type` that left it `status`, at `at`: for tests that
+    /// need a payment's state without delivering its events.
+    pub async fn store_payment(
+        &self,
+        (provider, account, payment): (&str, &str, &str),
+        status: &str,
+        event_type: &str,
+        at: DateTime,
+    ) {
+        self.db
+            .collection::<Document>("payments")
+            .insert_one(doc! {
+                "provider": provider,
+                "accountId": account,
+                "paymentIntentId": payment,
+                "status": status,
+                "version": 1_i64,
+                "lastEventId": format!("evt_{provider}_{account}_{payment}"),
+                "lastEventType": event_type,
+                "createdAt": at,
+                "updatedAt": at,
+            })
+            .await
+            .expect("payment stored");
     }
 
     /// POST /v1/issuances as `key`.

@@ -139,21 +139,14 @@ async fn concurrent_atomic_issuances_sharing_batches_each_answer_as_if_alone() {
     assert_eq!(pending.status(), 202);
     let now = DateTime::now();
     for p in 0..3 {
-        app.db
-            .collection::<Document>("payments")
-            .insert_one(doc! {
-                "provider": "stripe",
-                "accountId": "acct_1",
-                "paymentIntentId": format!("pi_refunded_{p}"),
-                "status": "refunded",
-                "version": 1_i64,
-                "lastEventId": format!("evt_refunded_{p}"),
-                "lastEventType": "charge.refunded",
-                "createdAt": now,
-                "updatedAt": now,
-            })
-            .await
-            .unwrap();
+        let payment = format!("pi_refunded_{p}");
+        app.store_payment(
+            ("stripe", "acct_1", &payment),
+            "refunded",
+            "charge.refunded",
+            now,
+        )
+        .await;
     }
 
     let mut bodies: Vec<(String, Value)> = Vec::new();

@@ -3,7 +3,7 @@
 //! returns exactly the keys asked for, whatever mix of providers and accounts, and never
 //! a payment that shares only its id with one asked for.
 
-use mongodb::bson::{DateTime, Document, doc};
+use mongodb::bson::DateTime;
 use serde_json::json;
 use tokenmint::domain::{AccountId, PaymentIntentId, PaymentKey, Provider};
 
@@ -40,21 +40,13 @@ async fn batched_reads_return_exactly_the_keys_asked_for_across_providers_and_ac
         body["provider"] = json!(provider);
         body["accountId"] = json!(account);
         assert_eq!(app.issue(WRITER_KEY, &body).await.status().as_u16(), 201);
-        app.db
-            .collection::<Document>("payments")
-            .insert_one(doc! {
-                "provider": provider,
-                "accountId": account,
-                "paymentIntentId": payment,
-                "status": "succeeded",
-                "version": 1_i64,
-                "lastEventId": format!("evt_{provider}_{account}_{payment}"),
-                "lastEventType": "payment_intent.succeeded",
-                "createdAt": now,
-                "updatedAt": now,
-            })
-            .await
-            .unwrap();
+        app.store_payment(
+            (provider, account, payment),
+            "succeeded",
+            "payment_intent.succeeded",
+            now,
+        )
+        .await;
     }
 
     let store = app.store().await;

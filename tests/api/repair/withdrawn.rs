@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use mongodb::bson::{Document, doc, oid::ObjectId};
+use mongodb::bson::{doc, oid::ObjectId};
 
 use super::{
     FAST_REPAIR, REPAIR_WITHIN, ago, issuing_record, record_of, repairs, seed,
@@ -19,21 +19,13 @@ async fn a_short_set_of_a_refunded_payment_is_completed_and_revoked() {
     let created_at = ago(Duration::from_secs(60));
     // The refund was recorded while the crashed writer was between its writes, after it
     // had checked the payment: nothing revoked its tokens yet.
-    app.db
-        .collection::<Document>("payments")
-        .insert_one(doc! {
-            "provider": "stripe",
-            "accountId": "acct_1",
-            "paymentIntentId": "pi_refunded",
-            "status": "refunded",
-            "version": 2_i64,
-            "lastEventId": "evt_refund",
-            "lastEventType": "charge.refunded",
-            "createdAt": created_at,
-            "updatedAt": created_at,
-        })
-        .await
-        .unwrap();
+    app.store_payment(
+        ("stripe", "acct_1", "pi_refunded"),
+        "refunded",
+        "charge.refunded",
+        created_at,
+    )
+    .await;
     let record = issuing_record("pi_refunded", ObjectId::new(), 30, created_at);
     let seeded = seed(&app.db, record, 0..10).await;
 
@@ -86,21 +78,13 @@ async fn a_crashed_upsert_issuance_marked_before_its_settle_is_revoked_by_the_sw
 async fn crashed_after_the_mark_is_revoked_by_the_sweep(mode: &str) {
     let app = spawn_app_with(FAST_REPAIR).await;
     let refunded_at = ago(Duration::from_secs(5));
-    app.db
-        .collection::<Document>("payments")
-        .insert_one(doc! {
-            "provider": "stripe",
-            "accountId": "acct_1",
-            "paymentIntentId": "pi_atomic_refunded",
-            "status": "refunded",
-            "version": 2_i64,
-            "lastEventId": "evt_refund",
-            "lastEventType": "charge.refunded",
-            "createdAt": refunded_at,
-            "updatedAt": refunded_at,
-        })
-        .await
-        .unwrap();
+    app.store_payment(
+        ("stripe", "acct_1", "pi_atomic_refunded"),
+        "refunded",
+        "charge.refunded",
+        refunded_at,
+    )
+    .await;
     let mut record = issuing_record("pi_atomic_refunded", ObjectId::new(), 3, refunded_at);
     record.insert("status", "issued");
     record.insert("mode", mode);
