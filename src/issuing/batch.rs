@@ -1,8 +1,8 @@
 //! Group commit: concurrent issuances share database commands.
 //!
-//! Requests queue; a few writer tasks each take whatever has queued (at least one, at most
-//! `MAX_BATCH`, no waiting for more: at low load a batch is one request and nothing is
-//! added to its latency) and commit it with a fixed number of commands, whatever its size:
+//! Requests queue, one queue per mode; a few writer tasks per queue each take whatever has
+//! queued (at least one, at most `MAX_BATCH`, no waiting for more: at low load a batch is
+//! one request and nothing is added to its latency) and commit it with a fixed number of commands, whatever its size:
 //! 1. one read of the batch's payments: a payment known failed, canceled or refunded is
 //!    refused, nothing written;
 //! 2. one `insert` of the records (status `issuing`): a record that exists already makes
@@ -44,9 +44,9 @@ use crate::domain::{IssuanceMode, IssuanceStatus, NewIssuance, PaymentKey};
 use crate::store::{IssuanceDoc, RecordInsert, StoreError, TokenInsert, TokenSummary};
 use crate::telemetry::metric;
 
-/// Writer tasks: up to this many batches are in flight while the next ones gather. Two
-/// keep the database busy while the next batch gathers; more split the queue into smaller
-/// batches (measured at concurrency 32: one writer 16 issuances a batch, two 9, four 6 —
+/// Writer tasks per mode: up to this many batches of a mode are in flight while the next
+/// ones gather. Two keep the database busy while the next batch gathers; more split the
+/// queue into smaller batches (measured at concurrency 32: one writer 16 issuances a batch, two 9, four 6 —
 /// and four cost mongod the most per issuance).
 const WRITERS: usize = 2;
 /// Most requests per batch.
@@ -65,38 +65,57 @@ struct Queued {
     answer: Answer,
 }
 
-/// The queue into the writer tasks.
+/// The queues into the writer tasks, one per mode.
 pub(super) struct Committer {
-    queue: mpsc::Sender<Queued>,
+    upsert: mpsc::Sender<Queued>,
+    atomic: mpsc::Sender<Queued>,
 }
 
 impl Committer {
-    /// Starts the writer tasks for `issuer` (on the current runtime).
+    /// Starts the writer tasks for `issuer` (on the current runtime): `WRITERS` per mode.
+    /// Each mode has its own, so that batches of one mode held up by the database (an
+    /// atomic commit waiting for the majority, say) never make the other mode's requests
+    /// wait for a writer; when one mode is used, the other's tasks only sleep.
     pub(super) fn start(issuer: Issuer) -> Self {
-        let (queue, receiver) = mpsc::channel::<Queued>(QUEUE);
-        let receiver = Arc::new(Mutex::new(receiver));
-        for _ in 0..WRITERS {
-            let (issuer, receiver) = (issuer.clone(), receiver.clone());
-            tokio::spawn(async move {
-                while let Some(batch) = next_batch(&receiver).await {
-                    issuer.commit(batch).await;
-                }
-            });
+        Self {
+            upsert: writers(&issuer, IssuanceMode::Upsert),
+            atomic: writers(&issuer, IssuanceMode::Atomic),
         }
-        Self { queue }
     }
 
-    /// Queues `request` for the next batch and waits for its answer.
+    /// Queues `request` for the next batch of its mode and waits for its answer.
     pub(super) async fn submit(&self, request: NewIssuance) -> Result<IssueOutcome, IssueError> {
         let (answer, answered) = oneshot::channel();
         let gone =
             || IssueError::Store(StoreError::Internal("the batch writers stopped".to_owned()));
-        self.queue
+        let queue = match request.mode {
+            IssuanceMode::Upsert => &self.upsert,
+            IssuanceMode::Atomic => &self.atomic,
+        };
+        queue
             .send(Queued { request, answer })
             .await
             .map_err(|_| gone())?;
         answered.await.map_err(|_| gone())?
     }
+}
+
+/// Starts the writer tasks of `mode`; returns their queue.
+fn writers(issuer: &Issuer, mode: IssuanceMode) -> mpsc::Sender<Queued> {
+    let (queue, receiver) = mpsc::channel::<Queued>(QUEUE);
+    let receiver = Arc::new(Mutex::new(receiver));
+    for _ in 0..WRITERS {
+        let (issuer, receiver) = (issuer.clone(), receiver.clone());
+        tokio::spawn(async move {
+            while let Some(batch) = next_batch(&receiver).await {
+                match mode {
+                    IssuanceMode::Upsert => issuer.commit_upserts(batch).await,
+                    IssuanceMode::Atomic => issuer.commit_atomically(batch).await,
+                }
+            }
+        });
+    }
+    queue
 }
 
 /// Waits for one request, then takes whatever else has queued, within the bounds.
@@ -127,13 +146,6 @@ struct Claimed {
 type Written = (Claimed, Vec<TokenSummary>);
 
 impl Issuer {
-    async fn commit(&self, batch: Vec<Queued>) {
-        let (atomic, upsert): (Vec<_>, Vec<_>) = batch
-            .into_iter()
-            .partition(|q| q.request.mode == IssuanceMode::Atomic);
-        tokio::join!(self.commit_upserts(upsert), self.commit_atomically(atomic));
-    }
-
     /// Step 1: refuses what the payment's known state forbids, before writing anything.
     async fn admit(&self, batch: Vec<Queued>) -> Vec<Queued> {
         if batch.is_empty() {
