@@ -31,6 +31,7 @@
 //! leaves only `issuing` records, or, between the mark (or commit) and the settle, marked
 //! records whose settle the sweep of recently withdrawn payments does.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 mod atomic;
@@ -135,6 +136,9 @@ async fn next_batch(receiver: &Mutex<mpsc::Receiver<Queued>>) -> Option<Vec<Queu
     Some(batch)
 }
 
+/// Which requests a batch's payment read refuses: (position in the batch, refusal).
+type Refusals = Vec<(usize, IssueError)>;
+
 /// A request whose record this batch inserted.
 struct Claimed {
     request: NewIssuance,
@@ -151,24 +155,31 @@ impl Issuer {
         if batch.is_empty() {
             return batch;
         }
-        let keys: Vec<&PaymentKey> = batch.iter().map(|q| &q.request.key).collect();
-        let payments = match self.store.find_payments(&keys).await {
-            Ok(payments) => payments,
+        match self.refusals(&batch).await {
+            Ok(None) => batch,
+            Ok(Some(refused)) => answer_refused(batch, refused),
             Err(err) => {
                 fail_all(batch.into_iter().map(|q| q.answer), &err);
-                return Vec::new();
-            }
-        };
-        let mut admitted = Vec::with_capacity(batch.len());
-        for queued in batch {
-            match refuse_unless_standing(payments.get(&queued.request.key)) {
-                Ok(()) => admitted.push(queued),
-                Err(refusal) => {
-                    let _ = queued.answer.send(Err(refusal));
-                }
+                Vec::new()
             }
         }
-        admitted
+    }
+
+    /// The read of step 1: the requests whose payment is known not to stand, or `None`
+    /// when every one may go on.
+    async fn refusals(&self, batch: &[Queued]) -> Result<Option<Refusals>, StoreError> {
+        let keys: Vec<&PaymentKey> = batch.iter().map(|q| &q.request.key).collect();
+        let payments = self.store.find_payments(&keys).await?;
+        let refused: Refusals = batch
+            .iter()
+            .enumerate()
+            .filter_map(|(i, q)| {
+                refuse_unless_standing(payments.get(&q.request.key))
+                    .err()
+                    .map(|refusal| (i, refusal))
+            })
+            .collect();
+        Ok((!refused.is_empty()).then_some(refused))
     }
 
     /// Steps 1–6 in upsert mode.
@@ -366,6 +377,21 @@ impl Issuer {
         }))
         .await;
     }
+}
+
+/// Answers the refused requests; returns the others.
+fn answer_refused(batch: Vec<Queued>, refused: Refusals) -> Vec<Queued> {
+    let mut refusals: HashMap<usize, IssueError> = refused.into_iter().collect();
+    let mut rest = Vec::with_capacity(batch.len());
+    for (i, queued) in batch.into_iter().enumerate() {
+        match refusals.remove(&i) {
+            Some(refusal) => {
+                let _ = queued.answer.send(Err(refusal));
+            }
+            None => rest.push(queued),
+        }
+    }
+    rest
 }
 
 /// Answers every request of a command that failed as a whole with that failure.

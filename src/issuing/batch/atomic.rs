@@ -4,21 +4,17 @@
 //! (which leaves nothing) and the next one goes without those requests; then the settle
 //! (step 4, no mark), then the replays (step 6).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 
-use super::{Claimed, Queued, Written, fail_all};
+use super::{Claimed, Queued, Written, answer_refused, fail_all};
 use crate::domain::{IssuanceStatus, PaymentKey};
-use crate::issuing::issue::refuse_unless_standing;
-use crate::issuing::{IssueError, Issuer};
+use crate::issuing::Issuer;
 use crate::store::{AtomicSet, AtomicSetsInsert, IssuanceDoc, StoreError, TokenSummary};
 
 /// Transactions per batch: one that the payments' state refuses, or that runs into an
 /// existing record (then a read finds which), is followed by one without those requests,
 /// so the third normally commits.
 const MAX_ATTEMPTS: usize = 4;
-
-/// Which requests a batch's payment read refuses: (position in the batch, refusal).
-type Refusals = Vec<(usize, IssueError)>;
 
 impl Issuer {
     pub(super) async fn commit_atomically(&self, batch: Vec<Queued>) {
@@ -83,23 +79,6 @@ impl Issuer {
         self.replay_batch(replays).await;
     }
 
-    /// Step 1 for a transaction: the requests whose payment is known not to stand, or
-    /// `None` when every one may go on.
-    async fn refusals(&self, batch: &[Queued]) -> Result<Option<Refusals>, StoreError> {
-        let keys: Vec<&PaymentKey> = batch.iter().map(|q| &q.request.key).collect();
-        let payments = self.store.find_payments(&keys).await?;
-        let refused: Refusals = batch
-            .iter()
-            .enumerate()
-            .filter_map(|(i, q)| {
-                refuse_unless_standing(payments.get(&q.request.key))
-                    .err()
-                    .map(|refusal| (i, refusal))
-            })
-            .collect();
-        Ok((!refused.is_empty()).then_some(refused))
-    }
-
     /// After a transaction ran into a record: the requests whose payment has one now
     /// (replays), and the rest. A failed read fails them all.
     async fn split_recorded(&self, batch: Vec<Queued>) -> (Vec<Queued>, Vec<Queued>) {
@@ -123,21 +102,6 @@ fn first_per_payment(batch: Vec<Queued>) -> (Vec<Queued>, Vec<Queued>) {
     batch
         .into_iter()
         .partition(|q| seen.insert(q.request.key.clone()))
-}
-
-/// Answers the refused requests; returns the others.
-fn answer_refused(batch: Vec<Queued>, refused: Refusals) -> Vec<Queued> {
-    let mut refusals: HashMap<usize, IssueError> = refused.into_iter().collect();
-    let mut rest = Vec::with_capacity(batch.len());
-    for (i, queued) in batch.into_iter().enumerate() {
-        match refusals.remove(&i) {
-            Some(refusal) => {
-                let _ = queued.answer.send(Err(refusal));
-            }
-            None => rest.push(queued),
-        }
-    }
-    rest
 }
 
 /// The committed requests with their records and tokens, for the settle.
