@@ -17,10 +17,14 @@
 //!
 //! Atomic mode writes the batch's records (`issued`) and tokens in one transaction
 //! instead of steps 2–3, so each issuance still commits whole; step 1's read runs while
-//! that transaction writes, and a refusal aborts it before commit. Then it settles as in
-//! step 4 (no mark: the records committed `issued`). A refused payment, or one that had a
-//! record already, aborts the transaction, which leaves nothing: the next one goes without
-//! those requests (replays, answered as in step 6 once the rest committed).
+//! that transaction writes, and a refusal aborts it before commit. Then it settles
+//! against that same read, without step 4's second one (no mark either: the records
+//! committed `issued`): a refund recorded after the read holds the payment's place in
+//! `issuances` before it revokes, which either waits for the commit (and then revokes
+//! the tokens) or, by a placeholder, stops the transaction (`store::placeholder`). A
+//! refused payment, or one whose place was taken already, aborts the transaction, which
+//! leaves nothing: the next one goes without those requests (replays, answered as in
+//! step 6 once the rest committed; a placeholder is taken over on the one-request path).
 //!
 //! Each request's answer depends only on its own items' results: a failed item fails its
 //! request alone, a token race sends its payment to the convergent upsert bulk, and a
@@ -42,7 +46,7 @@ use tokio::sync::{Mutex, mpsc, oneshot};
 use super::issue::refuse_unless_standing;
 use super::{IssueError, IssueOutcome, IssuedTokens, Issuer};
 use crate::domain::{IssuanceMode, IssuanceStatus, NewIssuance, PaymentKey};
-use crate::store::{IssuanceDoc, RecordInsert, StoreError, TokenInsert, TokenSummary};
+use crate::store::{IssuanceDoc, PaymentDoc, RecordInsert, StoreError, TokenInsert, TokenSummary};
 use crate::telemetry::metric;
 
 /// Writer tasks per mode: up to this many batches of a mode are in flight while the next
@@ -139,6 +143,9 @@ async fn next_batch(receiver: &Mutex<mpsc::Receiver<Queued>>) -> Option<Vec<Queu
 /// Which requests a batch's payment read refuses: (position in the batch, refusal).
 type Refusals = Vec<(usize, IssueError)>;
 
+/// A batch's payments as read, by key (those tokenmint has heard of).
+type Payments = HashMap<PaymentKey, PaymentDoc>;
+
 /// A request whose record this batch inserted.
 struct Claimed {
     request: NewIssuance,
@@ -156,8 +163,8 @@ impl Issuer {
             return batch;
         }
         match self.refusals(&batch).await {
-            Ok(None) => batch,
-            Ok(Some(refused)) => answer_refused(batch, refused),
+            Ok((_, None)) => batch,
+            Ok((_, Some(refused))) => answer_refused(batch, refused),
             Err(err) => {
                 fail_all(batch.into_iter().map(|q| q.answer), &err);
                 Vec::new()
@@ -165,9 +172,9 @@ impl Issuer {
         }
     }
 
-    /// The read of step 1: the requests whose payment is known not to stand, or `None`
-    /// when every one may go on.
-    async fn refusals(&self, batch: &[Queued]) -> Result<Option<Refusals>, StoreError> {
+    /// The read of step 1: the payments, and the requests whose payment is known not to
+    /// stand (`None` when every one may go on).
+    async fn refusals(&self, batch: &[Queued]) -> Result<(Payments, Option<Refusals>), StoreError> {
         let keys: Vec<&PaymentKey> = batch.iter().map(|q| &q.request.key).collect();
         let payments = self.store.find_payments(&keys).await?;
         let refused: Refusals = batch
@@ -179,7 +186,7 @@ impl Issuer {
                     .map(|refusal| (i, refusal))
             })
             .collect();
-        Ok((!refused.is_empty()).then_some(refused))
+        Ok((payments, (!refused.is_empty()).then_some(refused)))
     }
 
     /// Steps 1–6 in upsert mode.
@@ -188,7 +195,7 @@ impl Issuer {
         let (claimed, replays) = self.claim_records(admitted).await;
         let writes = async {
             let (written, raced) = self.insert_tokens(claimed).await;
-            self.settle_and_mark(written).await;
+            self.settle_and_mark(written, None).await;
             // A concurrent replay or repair wrote some of these tokens: converge, one by one.
             join_all(raced.into_iter().map(|claim| async move {
                 let outcome = self.complete(claim.record).await.map(IssueOutcome::Created);
@@ -263,14 +270,16 @@ impl Issuer {
     }
 
     /// Steps 4 and 5: settle the written sets against their payments as they are now and
-    /// mark the records `issued`, in parallel; answer.
+    /// mark the records `issued`, in parallel; answer. `known`: the payments as an atomic
+    /// batch read them before its commit, which then stand for "now" (see the module's
+    /// comment); otherwise they are read.
     ///
     /// Why the mark need not wait for the settle: the tokens are durable and complete, and
     /// a settle that does not happen after the mark (a crash, a failed read) is done by the
     /// sweep of recently withdrawn payments, which settles every payment taken back
     /// lately whatever its record's status. Marking in parallel takes one round trip off
     /// every issuance's latency.
-    async fn settle_and_mark(&self, written: Vec<Written>) {
+    async fn settle_and_mark(&self, written: Vec<Written>, known: Option<Payments>) {
         if written.is_empty() {
             return;
         }
@@ -281,10 +290,13 @@ impl Issuer {
             .filter(|(c, _)| c.record.status == IssuanceStatus::Issuing)
             .map(|(c, _)| c.record.id)
             .collect();
-        let (payments, marked) = tokio::join!(
-            self.store.find_payments(&keys),
-            self.store.mark_issued_many(&ids)
-        );
+        let payments = async {
+            match known {
+                Some(payments) => Ok(payments),
+                None => self.store.find_payments(&keys).await,
+            }
+        };
+        let (payments, marked) = tokio::join!(payments, self.store.mark_issued_many(&ids));
         // A lost mark costs nothing: the record, still `issuing`, is marked again by
         // self-repair.
         if let Err(err) = marked {

@@ -18,6 +18,7 @@
 use chrono::Utc;
 
 use super::issue::usable_metadata;
+use super::standing::takes_back;
 use super::{IssueError, IssueOutcome, Issuer, Settlement};
 use crate::domain::{Actor, EventOutcome, NewIssuance, ParsedEvent, PaymentEvent, PaymentStatus};
 use crate::store::{PaymentDoc, StoreError};
@@ -151,8 +152,15 @@ impl Issuer {
         // cancellation revokes what no longer stands (nothing, when the payment stands).
         // The record is read after the issuance above, which may have created it or
         // replaced a pending request's quantity with the provider's: the share is taken
-        // of the quantity the payment has now.
-        let settlement = match self.store.find_record(&event.key).await? {
+        // of the quantity the payment has now. A state that takes tokens back holds the
+        // payment's place instead of only reading it: that orders this settle after any
+        // atomic issuance in flight, or stops the issuance (see `store::placeholder`).
+        let record = if takes_back(state) {
+            self.store.hold_place(&event.key).await?
+        } else {
+            self.store.find_record(&event.key).await?
+        };
+        let settlement = match record {
             Some(record) => {
                 self.settle_with(&event.key, record.quantity, Some(state))
                     .await?

@@ -5,7 +5,9 @@
 //! settled against it. In upsert mode the record is `issuing` until its tokens are
 //! complete, then marked `issued` (by group commit, while the payment is re-read): a crash
 //! before the mark leaves an `issuing` record, which self-repair finishes the same way. In
-//! atomic mode record and tokens commit together, `issued`. In either mode a crash between
+//! atomic mode record and tokens commit together, `issued`; a batch that commits settles
+//! against the payments as it read them before committing, which refunds' holds on the
+//! payment's place make safe (`store::placeholder`). In either mode a crash between
 //! the mark (or commit) and the settle is covered by the sweep of recently withdrawn
 //! payments (`repair_recent_withdrawals`).
 
@@ -15,7 +17,7 @@ use mongodb::bson::DateTime;
 
 use super::{Caller, IssueError, IssueOutcome, IssuedTokens, Issuer};
 use crate::domain::{IssuanceMode, IssuanceStatus, Mismatch, NewIssuance, PaymentStatus};
-use crate::store::{AtomicInsert, IssuanceDoc, PaymentDoc, StoreError, TokenSummary};
+use crate::store::{AtomicInsert, Existing, IssuanceDoc, PaymentDoc, StoreError, TokenSummary};
 
 /// A record that keeps changing under us (taken over, expired, re-created) is re-read
 /// this many times before giving up.
@@ -69,16 +71,34 @@ impl Issuer {
     }
 
     /// Records a checkout's request until the payment succeeds, unless the payment has a
-    /// record already (then: verify it, and answer from it).
+    /// record already (then: verify it, and answer from it). A refund's placeholder is
+    /// taken over in place.
     async fn record_pending(&self, request: &NewIssuance) -> Result<IssueOutcome, IssueError> {
         let mut pending = IssuanceDoc::new(request, IssuanceStatus::Pending);
         pending.expires_at = Some(after(self.config.pending_ttl));
-        let Some(existing) = self.store.claim_record(&pending).await? else {
-            return Ok(IssueOutcome::Pending(IssuedTokens {
-                issuance: pending,
+        let pending_answer = |issuance| {
+            IssueOutcome::Pending(IssuedTokens {
+                issuance,
                 tokens: Vec::new(),
                 created: 0,
-            }));
+            })
+        };
+        let mut attempt = 0;
+        let existing = loop {
+            match self.store.claim_record(&pending).await? {
+                None => return Ok(pending_answer(pending)),
+                Some(Existing::Record(record)) => break record,
+                Some(Existing::Placeholder(id)) => {
+                    if let Some(taken) = self.store.take_over_placeholder(id, &pending).await? {
+                        return Ok(pending_answer(taken));
+                    }
+                }
+            }
+            // The placeholder expired or was taken over in between: look again.
+            attempt += 1;
+            if attempt >= RECORD_CHANGE_RETRIES {
+                return Err(record_kept_changing());
+            }
         };
         let mismatches = existing.params()?.mismatches(&request.params);
         if !mismatches.is_empty() {
@@ -155,26 +175,40 @@ impl Issuer {
             if let Some(outcome) = self.answer_from_record(request, existing).await? {
                 return Ok(outcome);
             }
-            // Someone else took a pending record over, or it expired, in between: look
-            // again.
+            // Someone else took a pending record or a placeholder over, or it expired, in
+            // between: look again.
             attempt += 1;
             if attempt >= RECORD_CHANGE_RETRIES {
-                return Err(StoreError::Internal(
-                    "issuance record kept changing under the request".to_owned(),
-                )
-                .into());
+                return Err(record_kept_changing());
             }
         }
     }
 
-    /// Answers `request` from the payment's existing record: a replay (verified against
-    /// the record, its set completed if short), or the take-over of a pending record.
-    /// `None` when a pending record changed under the take-over (the caller looks again).
+    /// Answers `request` from what takes the payment's place: a replay of its record
+    /// (verified against the record, its set completed if short), or the take-over of a
+    /// pending record or a refund's placeholder. `None` when a pending record or a
+    /// placeholder changed under the take-over (the caller looks again).
     async fn answer_from_record(
         &self,
         request: &NewIssuance,
-        existing: IssuanceDoc,
+        existing: Existing,
     ) -> Result<Option<IssueOutcome>, IssueError> {
+        let existing = match existing {
+            Existing::Record(record) => record,
+            // A refund came before any record, and the payment was standing when this
+            // request read it (a partial refund, or a refund since): claimed in place,
+            // then written and settled like a taken-over pending record.
+            Existing::Placeholder(id) => {
+                let record = IssuanceDoc::new(request, IssuanceStatus::Issuing);
+                return match self.store.take_over_placeholder(id, &record).await? {
+                    Some(taken) => self
+                        .complete(taken)
+                        .await
+                        .map(|set| Some(IssueOutcome::Created(set))),
+                    None => Ok(None),
+                };
+            }
+        };
         if existing.status != IssuanceStatus::Pending {
             let mismatches = existing.params()?.mismatches(&request.params);
             if !mismatches.is_empty() {
@@ -288,6 +322,10 @@ fn hide_existing_values(err: IssueError) -> IssueError {
         ),
         other => other,
     }
+}
+
+fn record_kept_changing() -> IssueError {
+    StoreError::Internal("issuance record kept changing under the request".to_owned()).into()
 }
 
 /// The BSON time `ttl` from now.

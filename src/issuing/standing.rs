@@ -6,13 +6,17 @@
 //! redeemed (they are the shortfall).
 //!
 //! Why every interleaving ends right: a refund first records the payment's new state
-//! (the version-gated projection), then settles. Every writer of tokens settles after its
-//! write. Whichever of the two settles last has seen the other's write: if the refund's
-//! settle ran before the tokens existed, the issuer's settle runs after its write and
-//! reads the refunded state, which was recorded before the refund's settle began. A
-//! writer that crashes before its settle leaves its record `issuing`, which self-repair
-//! settles, or an `issued` record of a payment withdrawn lately, which the sweep of recent
-//! withdrawals settles.
+//! (the version-gated projection), then holds the payment's place in `issuances`, then
+//! settles. Every writer of tokens settles after its write. Whichever of the two settles
+//! last has seen the other's write: if the refund's settle ran before the tokens existed,
+//! the issuer's settle runs after its write and reads the refunded state, which was
+//! recorded before the refund's settle began. An atomic batch settles against the read
+//! it made before its commit instead: the refund's hold on the place orders the two
+//! itself (it waits for an uncommitted record, or its placeholder stops the transaction;
+//! `store::placeholder`). A writer that crashes before its settle leaves its record
+//! `issuing`, which self-repair settles, or an `issued` record of a payment withdrawn
+//! lately, which the sweep of recent withdrawals settles; so does a refund that crashes
+//! between recording the state and settling.
 
 use crate::domain::{Actor, PaymentKey, PaymentStatus};
 use crate::store::{PaymentDoc, StoreError};
@@ -71,6 +75,15 @@ pub fn entitlement(payment: Option<&PaymentDoc>, quantity: i64) -> Entitlement {
             }
         }
     }
+}
+
+/// Whether `payment`'s state takes any tokens back: refunded, canceled, or partly
+/// refunded (the same payments `verify` and the sweeps look at).
+pub fn takes_back(payment: &PaymentDoc) -> bool {
+    matches!(
+        payment.status,
+        PaymentStatus::Refunded | PaymentStatus::Canceled
+    ) || payment.amount_refunded.is_some_and(|refunded| refunded > 0)
 }
 
 /// What settling did.

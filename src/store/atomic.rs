@@ -5,8 +5,9 @@
 //! One transaction may carry several issuances (group commit in atomic mode): each one's
 //! record and tokens still commit together, and its batch-mates commit with them. The
 //! records go first, in one ordered `insert`; a duplicate key on the issuance index means
-//! a payment already has a record (committed by someone else): the transaction is
-//! abandoned, nothing is written, and the caller finds out which payment it was.
+//! a payment's place is taken (a record someone else committed, or a refund's
+//! placeholder): the transaction is abandoned, nothing is written, and the caller finds
+//! out which payment it was.
 //! Concurrent first writers collide as write conflicts (TransientTransactionError); the
 //! loser retries and then runs into the winner's record.
 //!
@@ -26,7 +27,7 @@ use super::documents::{IssuanceDoc, TokenSummary, fresh_tokens, new_token};
 use super::error::{
     ISSUANCES_PAYMENT_INDEX, StoreError, duplicate_key_index, is_transient_transaction_error,
 };
-use super::filters::issuance_filter;
+use super::placeholder::Existing;
 use super::{Store, TOKENS};
 use crate::domain::NewIssuance;
 use crate::telemetry::metric;
@@ -39,8 +40,9 @@ pub const MAX_TRANSACTION_ATTEMPTS: u32 = 10;
 pub enum AtomicInsert {
     /// Record and tokens committed together; the tokens in tokenIndex order.
     Committed(Vec<TokenSummary>),
-    /// The payment already had a record (committed by someone else): this one.
-    RecordExists(IssuanceDoc),
+    /// The payment's place was taken (by a record someone else committed, or a refund's
+    /// placeholder): by this.
+    RecordExists(Existing),
 }
 
 /// What an atomic insert of several issuances did; `R` is what a precondition refused
@@ -75,12 +77,11 @@ impl Store {
                 Ok(AtomicInsert::Committed(sets.pop().unwrap_or_default()))
             }
             AtomicSetsInsert::RecordExists => {
-                let record = self
-                    .records()
-                    .find_one(issuance_filter(&request.key))
+                let existing = self
+                    .find_existing(&request.key)
                     .await?
                     .ok_or_else(|| StoreError::Internal("issuance record vanished".to_owned()))?;
-                Ok(AtomicInsert::RecordExists(record))
+                Ok(AtomicInsert::RecordExists(existing))
             }
             AtomicSetsInsert::Refused(never) => match never {},
         }

@@ -205,7 +205,7 @@ impl Store {
             .collect()
     }
 
-    /// The issuance records of `keys`, by key, in one query.
+    /// The issuance records of `keys` (placeholders are none), by key, in one query.
     pub async fn find_records(
         &self,
         keys: &[&PaymentKey],
@@ -213,12 +213,9 @@ impl Store {
         if keys.is_empty() {
             return Ok(HashMap::new());
         }
-        let rows: Vec<IssuanceDoc> = self
-            .records()
-            .find(issuances_filter(keys))
-            .await?
-            .try_collect()
-            .await?;
+        let mut filter = issuances_filter(keys);
+        filter.extend(super::placeholder::records_only());
+        let rows: Vec<IssuanceDoc> = self.records().find(filter).await?.try_collect().await?;
         rows.into_iter()
             .map(|record| Ok((record.key()?, record)))
             .collect()

@@ -11,6 +11,7 @@ use mongodb::options::{CollectionOptions, ReadConcern, ReturnDocument};
 use super::documents::{IssuanceDoc, TokenSummary, token_summary_projection};
 use super::error::{ISSUANCES_PAYMENT_INDEX, StoreError, duplicate_key_index};
 use super::filters::{issuance_filter, payment_tokens_filter};
+use super::placeholder::{Existing, records_only};
 use super::{ISSUANCES, Store, TOKENS};
 use crate::domain::{IssuanceMode, IssuanceParams, IssuanceStatus, PaymentKey};
 use crate::telemetry::metric;
@@ -19,12 +20,9 @@ use crate::telemetry::metric;
 pub const RECORD_RACE_RETRIES: u32 = 3;
 
 impl Store {
-    /// Inserts `record` unless its payment has a record; returns the existing one if so
+    /// Inserts `record` unless its payment's place is taken; returns what takes it if so
     /// (`None`: this call inserted it).
-    pub async fn claim_record(
-        &self,
-        record: &IssuanceDoc,
-    ) -> Result<Option<IssuanceDoc>, StoreError> {
+    pub async fn claim_record(&self, record: &IssuanceDoc) -> Result<Option<Existing>, StoreError> {
         let filter = doc! {
             "provider": &record.provider,
             "accountId": &record.account_id,
@@ -33,7 +31,7 @@ impl Store {
         let mut attempt = 0;
         loop {
             let result = self
-                .records()
+                .collection(ISSUANCES)
                 .find_one_and_update(
                     filter.clone(),
                     doc! { "$setOnInsert": record_document(record)? },
@@ -42,7 +40,7 @@ impl Store {
                 .return_document(ReturnDocument::Before)
                 .await;
             match result {
-                Ok(existing) => return Ok(existing),
+                Ok(existing) => return existing.map(Existing::from_stored).transpose(),
                 // Two first inserts raced; the loser's retry finds the winner's record.
                 Err(err)
                     if attempt < RECORD_RACE_RETRIES
@@ -57,9 +55,23 @@ impl Store {
         }
     }
 
-    /// The issuance record of a payment, if it has one.
+    /// The issuance record of a payment, if it has one (a placeholder is none).
     pub async fn find_record(&self, key: &PaymentKey) -> Result<Option<IssuanceDoc>, StoreError> {
-        Ok(self.records().find_one(issuance_filter(key)).await?)
+        let mut filter = issuance_filter(key);
+        filter.extend(records_only());
+        Ok(self.records().find_one(filter).await?)
+    }
+
+    /// Whatever takes the payment's place in `issuances`: its record, or a placeholder.
+    pub(super) async fn find_existing(
+        &self,
+        key: &PaymentKey,
+    ) -> Result<Option<Existing>, StoreError> {
+        let found = self
+            .collection(ISSUANCES)
+            .find_one(issuance_filter(key))
+            .await?;
+        found.map(Existing::from_stored).transpose()
     }
 
     /// Turns a `pending` record into an `issuing` one with `params` (which may differ from

@@ -13,6 +13,7 @@ mod filters;
 mod indexes;
 mod issuance;
 mod payments;
+mod placeholder;
 mod retry;
 mod token_bulk;
 mod tokens;
@@ -34,6 +35,7 @@ pub use error::{
     ISSUANCES_PAYMENT_INDEX, StoreError, TOKENS_PAYMENT_INDEX, duplicate_key_index, is_unavailable,
 };
 pub use payments::{PAYMENTS, PaymentDoc, TokenParamsDoc};
+pub use placeholder::{Existing, PLACEHOLDER_LIFETIME};
 pub use retry::{Backoff, RetryPolicy};
 pub use token_bulk::BulkResult;
 pub use tokens::TokenQuery;

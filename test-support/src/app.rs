@@ -230,6 +230,13 @@ impl TestApp {
             .unwrap()
     }
 
+    /// How many issuance records match `filter`: a refund's placeholder, which holds a
+    /// payment's place in `issuances` but is no record, is not counted.
+    pub async fn count_records(&self, mut filter: Document) -> u64 {
+        filter.insert("status", mongodb::bson::doc! { "$ne": "placeholder" });
+        self.count("issuances", filter).await
+    }
+
     /// The `/metrics` text. The recorder is process-wide: it counts for every app of the
     /// test binary, so a test compares values before and after, never absolute ones.
     pub async fn metrics(&self) -> String {

@@ -5,11 +5,22 @@
 //! (step 4, no mark), then the replays (step 6).
 
 use std::collections::HashSet;
+use std::time::Duration;
 
-use super::{Claimed, Queued, Written, answer_refused, fail_all};
+use tokio::time::Instant;
+
+use super::{Claimed, Payments, Queued, Written, answer_refused, fail_all};
 use crate::domain::{IssuanceStatus, PaymentKey};
 use crate::issuing::Issuer;
-use crate::store::{AtomicSet, AtomicSetsInsert, IssuanceDoc, StoreError, TokenSummary};
+use crate::store::{
+    AtomicSet, AtomicSetsInsert, IssuanceDoc, PLACEHOLDER_LIFETIME, StoreError, TokenSummary,
+};
+
+/// How long after the first read a batch that committed may settle against it. Far below
+/// the placeholder's lifetime: the argument needs the placeholder a refund wrote after
+/// the read to still be there when the transaction inserts its records.
+const TRUST_FIRST_READ_FOR: Duration = Duration::from_secs(60);
+const _: () = assert!(TRUST_FIRST_READ_FOR.as_secs() * 10 <= PLACEHOLDER_LIFETIME.as_secs());
 
 /// Transactions per batch: one that the payments' state refuses, or that runs into an
 /// existing record (then a read finds which), is followed by one without those requests,
@@ -20,9 +31,13 @@ impl Issuer {
     pub(super) async fn commit_atomically(&self, batch: Vec<Queued>) {
         let (mut firsts, mut replays) = first_per_payment(batch);
         let mut written = Vec::new();
-        // Step 1 runs beside the first transaction only: a refund recorded after it is
-        // the settle's to handle, whatever the attempt that commits.
+        // Step 1 runs beside the first transaction only. Its read is also the settle's
+        // (no second read): a refund recorded after it holds the payment's place before
+        // revoking, which either waits for this batch's commit or stops it, whatever the
+        // attempt (`store::placeholder`).
+        let started = Instant::now();
         let mut payments_read = false;
+        let mut first_read: Option<Payments> = None;
         for _ in 0..MAX_ATTEMPTS {
             if firsts.is_empty() {
                 break;
@@ -40,7 +55,9 @@ impl Issuer {
                 if std::mem::replace(&mut payments_read, true) {
                     return Ok(None);
                 }
-                self.refusals(&firsts).await
+                let (payments, refused) = self.refusals(&firsts).await?;
+                first_read = Some(payments);
+                Ok(refused)
             };
             match self
                 .store
@@ -75,18 +92,21 @@ impl Issuer {
         // (pending ones expiring) under the retries. Each takes the one-request path,
         // which reads the payment first.
         replays.append(&mut firsts);
-        self.settle_and_mark(written).await;
+        // A placeholder outlives any read trusted this long; past it, read again.
+        let known = first_read.filter(|_| started.elapsed() < TRUST_FIRST_READ_FOR);
+        self.settle_and_mark(written, known).await;
         self.replay_batch(replays).await;
     }
 
-    /// After a transaction ran into a record: the requests whose payment has one now
-    /// (replays), and the rest. A failed read fails them all.
+    /// After a transaction ran into a record: the requests whose payment's place is taken
+    /// now, by a record or a refund's placeholder (replays: the one-request path takes a
+    /// placeholder over), and the rest. A failed read fails them all.
     async fn split_recorded(&self, batch: Vec<Queued>) -> (Vec<Queued>, Vec<Queued>) {
         let keys: Vec<&PaymentKey> = batch.iter().map(|q| &q.request.key).collect();
-        match self.store.find_records(&keys).await {
-            Ok(existing) => batch
+        match self.store.taken_places(&keys).await {
+            Ok(taken) => batch
                 .into_iter()
-                .partition(|q| existing.contains_key(&q.request.key)),
+                .partition(|q| taken.contains(&q.request.key)),
             Err(err) => {
                 fail_all(batch.into_iter().map(|q| q.answer), &err);
                 (Vec::new(), Vec::new())

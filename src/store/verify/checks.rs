@@ -5,6 +5,7 @@ use mongodb::bson::{Document, doc};
 
 use super::{Finding, key_text};
 use crate::store::payments::PAYMENTS;
+use crate::store::placeholder::PLACEHOLDER;
 use crate::store::{ISSUANCES, Store, StoreError, TOKENS};
 
 impl Store {
@@ -26,7 +27,7 @@ impl Store {
 
     pub(super) async fn foreign_tokens(&self) -> Result<Finding, StoreError> {
         let pipeline = vec![
-            doc! { "$match": { "status": { "$ne": "pending" } } },
+            doc! { "$match": { "status": { "$nin": ["pending", PLACEHOLDER] } } },
             same_payment(
                 TOKENS,
                 "",
@@ -144,7 +145,7 @@ pub(super) fn taking_back_filter() -> Document {
 }
 
 /// Issuance records whose tokens are not exactly tokenIndex 0..quantity-1 (none for a
-/// pending one), with the indexes found in `indexes`.
+/// pending one or a refund's placeholder), with the indexes found in `indexes`.
 pub(super) fn wrong_token_sets_pipeline() -> Vec<Document> {
     vec![
         same_payment(
@@ -162,7 +163,7 @@ pub(super) fn wrong_token_sets_pipeline() -> Vec<Document> {
         doc! { "$match": { "$expr": { "$ne": [
             "$indexes",
             { "$cond": [
-                { "$eq": ["$status", "pending"] },
+                { "$in": ["$status", ["pending", PLACEHOLDER]] },
                 [],
                 { "$range": [0, { "$toInt": "$quantity" }] },
             ] },

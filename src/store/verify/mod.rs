@@ -120,7 +120,10 @@ impl Store {
     /// Scans issuances, tokens and payments for violations of the issuance invariants.
     pub async fn verify(&self) -> Result<VerifyReport, StoreError> {
         let mut report = VerifyReport {
-            issuances_checked: self.collection(ISSUANCES).count_documents(doc! {}).await?,
+            issuances_checked: self
+                .collection(ISSUANCES)
+                .count_documents(super::placeholder::records_only())
+                .await?,
             tokens_checked: self.collection(TOKENS).count_documents(doc! {}).await?,
             ..VerifyReport::default()
         };

@@ -7,6 +7,7 @@
 //! in a deterministic race ([`refund_race`]). Every check reads the database, and
 //! `Store::verify()` must stay clean.
 
+mod placeholders;
 mod race_scenario;
 mod refund_race;
 mod seeded_race;
@@ -26,12 +27,16 @@ struct StoredToken {
     token_type: String,
 }
 
-/// A payment's issuance records and tokens (tokenIndex order), read from the database.
+/// A payment's issuance records (a refund's placeholder is none) and tokens (tokenIndex
+/// order), read from the database.
 async fn stored(app: &TestApp, payment: &str) -> (Vec<Document>, Vec<StoredToken>) {
     let records: Vec<Document> = app
         .db
         .collection::<Document>("issuances")
-        .find(doc! { "provider": "stripe", "accountId": "acct_1", "paymentIntentId": payment })
+        .find(doc! {
+            "provider": "stripe", "accountId": "acct_1", "paymentIntentId": payment,
+            "status": { "$ne": "placeholder" },
+        })
         .await
         .unwrap()
         .try_collect()

@@ -45,7 +45,7 @@ async fn a_refunded_canceled_or_failed_payment_is_never_issued_by_any_key() {
             }
         }
         assert_eq!(
-            app.count("issuances", doc! { "paymentIntentId": &payment })
+            app.count_records(doc! { "paymentIntentId": &payment })
                 .await,
             0,
             "{state}: no issuance record"
@@ -77,8 +77,7 @@ async fn a_refunded_canceled_or_failed_payment_is_never_issued_by_any_key() {
         )
         .await;
         assert_eq!(
-            app.count("issuances", doc! { "paymentIntentId": payment })
-                .await,
+            app.count_records(doc! { "paymentIntentId": payment }).await,
             0,
             "{state}: no issuance record after the late success"
         );
@@ -89,7 +88,7 @@ async fn a_refunded_canceled_or_failed_payment_is_never_issued_by_any_key() {
             "{state}: no token after the late success"
         );
     }
-    assert_eq!(app.count("issuances", doc! {}).await, 0);
+    assert_eq!(app.count_records(doc! {}).await, 0);
     assert_eq!(app.count("tokens", doc! {}).await, 0);
     let report = app.store().await.verify().await.unwrap();
     assert!(report.is_clean(), "{report}");
@@ -112,7 +111,7 @@ async fn concurrent_atomic_requests_for_one_refunded_payment_all_see_the_refund(
             assert_problem(answer, 409, "payment_not_succeeded").await;
         }
         assert_eq!(
-            app.count("issuances", doc! { "paymentIntentId": &payment })
+            app.count_records(doc! { "paymentIntentId": &payment })
                 .await,
             0,
             "{payment}: no issuance record"

@@ -168,7 +168,7 @@ async fn checkout_requests_wait_for_the_payment_then_complete_once() {
     )
     .await;
     assert_eq!(
-        app.count("issuances", doc! { "paymentIntentId": "pi_canceled" })
+        app.count_records(doc! { "paymentIntentId": "pi_canceled" })
             .await,
         0
     );
