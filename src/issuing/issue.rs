@@ -324,6 +324,7 @@ fn hide_existing_values(err: IssueError) -> IssueError {
     }
 }
 
+/// A record (or placeholder) that changed under every attempt to claim or take it over.
 fn record_kept_changing() -> IssueError {
     StoreError::Internal("issuance record kept changing under the request".to_owned()).into()
 }

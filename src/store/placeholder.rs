@@ -29,10 +29,12 @@ use mongodb::bson::{Bson, Document, doc, oid::ObjectId};
 use mongodb::options::ReturnDocument;
 
 use super::documents::{IssuanceDoc, from_document};
-use super::error::StoreError;
+use super::error::{ISSUANCES_PAYMENT_INDEX, StoreError, duplicate_key_index};
 use super::filters::{RECORD_KEY_FIELDS, issuance_filter, issuances_filter};
+use super::issuance::RECORD_RACE_RETRIES;
 use super::{ISSUANCES, Store};
 use crate::domain::PaymentKey;
+use crate::telemetry::metric;
 
 /// The `status` of a placeholder. Not an `IssuanceStatus`: it never leaves this layer.
 pub(super) const PLACEHOLDER: &str = "placeholder";
@@ -75,14 +77,12 @@ impl Store {
     /// the payment's record, if it has one.
     pub async fn hold_place(&self, key: &PaymentKey) -> Result<Option<IssuanceDoc>, StoreError> {
         let lifetime_ms = PLACEHOLDER_LIFETIME.as_millis() as i64;
-        let empty_or_placeholder =
-            doc! { "$eq": [{ "$ifNull": ["$status", PLACEHOLDER] }, PLACEHOLDER] };
         // A record is left as it is; only a placeholder's fields are (re)written. The
         // server's clock sets the expiry, as it is the one the TTL monitor reads.
         let pipeline = vec![doc! { "$set": {
             "status": { "$ifNull": ["$status", PLACEHOLDER] },
             "expiresAt": { "$cond": [
-                empty_or_placeholder.clone(),
+                { "$eq": [{ "$ifNull": ["$status", PLACEHOLDER] }, PLACEHOLDER] },
                 { "$add": ["$$NOW", lifetime_ms] },
                 "$expiresAt",
             ] },
@@ -106,13 +106,13 @@ impl Store {
                 }
                 // Two first writers raced (another hold, or a record's insert that
                 // committed in between): the retry matches the winner.
-                Err(err) if attempt < super::issuance::RECORD_RACE_RETRIES => {
-                    if super::error::duplicate_key_index(&err).as_deref()
-                        != Some(super::error::ISSUANCES_PAYMENT_INDEX)
-                    {
-                        return Err(err.into());
-                    }
+                Err(err)
+                    if attempt < RECORD_RACE_RETRIES
+                        && duplicate_key_index(&err).as_deref()
+                            == Some(ISSUANCES_PAYMENT_INDEX) =>
+                {
                     attempt += 1;
+                    metrics::counter!(metric::DUPLICATE_KEY_RETRIES_TOTAL).increment(1);
                 }
                 Err(err) => return Err(err.into()),
             }
