@@ -9,15 +9,14 @@ use mongodb::bson::{DateTime, Document, doc, oid::ObjectId};
 use mongodb::options::{CollectionOptions, ReadConcern, ReturnDocument};
 
 use super::documents::{IssuanceDoc, TokenSummary, token_summary_projection};
-use super::error::{ISSUANCES_PAYMENT_INDEX, StoreError, duplicate_key_index};
+use super::error::{ISSUANCES_PAYMENT_INDEX, StoreError, retry_first_insert_race};
 use super::filters::{issuance_filter, payment_tokens_filter};
 use super::placeholder::{Existing, records_only};
 use super::{ISSUANCES, Store, TOKENS};
 use crate::domain::{IssuanceMode, IssuanceParams, IssuanceStatus, PaymentKey};
-use crate::telemetry::metric;
 
 /// Bounded retries when a concurrent first insert of the issuance record races ours.
-pub const RECORD_RACE_RETRIES: u32 = 3;
+pub const RECORD_RACE_RETRIES: u32 = super::error::FIRST_INSERT_RETRIES;
 
 impl Store {
     /// Inserts `record` unless its payment's place is taken; returns what takes it if so
@@ -28,31 +27,17 @@ impl Store {
             "accountId": &record.account_id,
             "paymentIntentId": &record.payment_intent_id,
         };
-        let mut attempt = 0;
-        loop {
-            let result = self
-                .collection(ISSUANCES)
-                .find_one_and_update(
-                    filter.clone(),
-                    doc! { "$setOnInsert": record_document(record)? },
-                )
+        let update = doc! { "$setOnInsert": record_document(record)? };
+        let issuances = self.collection(ISSUANCES);
+        let existing = retry_first_insert_race(ISSUANCES_PAYMENT_INDEX, || {
+            issuances
+                .find_one_and_update(filter.clone(), update.clone())
                 .upsert(true)
                 .return_document(ReturnDocument::Before)
-                .await;
-            match result {
-                Ok(existing) => return existing.map(Existing::from_stored).transpose(),
-                // Two first inserts raced; the loser's retry finds the winner's record.
-                Err(err)
-                    if attempt < RECORD_RACE_RETRIES
-                        && duplicate_key_index(&err).as_deref()
-                            == Some(ISSUANCES_PAYMENT_INDEX) =>
-                {
-                    attempt += 1;
-                    metrics::counter!(metric::DUPLICATE_KEY_RETRIES_TOTAL).increment(1);
-                }
-                Err(err) => return Err(err.into()),
-            }
-        }
+                .into_future()
+        })
+        .await?;
+        existing.map(Existing::from_stored).transpose()
     }
 
     /// The issuance record of a payment, if it has one (a placeholder is none).

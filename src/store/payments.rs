@@ -11,18 +11,15 @@ use mongodb::options::ReturnDocument;
 use serde::Deserialize;
 
 use super::documents::{bson_time, from_document};
-use super::error::{StoreError, duplicate_key_index};
+use super::error::{StoreError, retry_first_insert_race};
 use super::filters::{issuance_filter, payment_tokens_filter};
 use super::indexes::PAYMENTS_INDEX;
 use super::{Store, TOKENS};
 use crate::domain::{
     Actor, IssuanceParams, Owner, PaymentEvent, PaymentKey, PaymentStatus, Quantity, TokenType,
 };
-use crate::telemetry::metric;
 
 pub const PAYMENTS: &str = "payments";
-/// Bounded retries of the first-insert duplicate-key race between two upserts.
-const FIRST_INSERT_RETRIES: u32 = 3;
 
 /// The token parameters a payment's metadata named.
 #[derive(Debug, Clone, Deserialize)]
@@ -217,32 +214,17 @@ impl Store {
         key: &PaymentKey,
         pipeline: Vec<Document>,
     ) -> Result<PaymentDoc, StoreError> {
-        let mut attempt = 0;
-        loop {
-            let result = self
-                .collection(PAYMENTS)
+        let payments = self.collection(PAYMENTS);
+        let state = retry_first_insert_race(PAYMENTS_INDEX, || {
+            payments
                 .find_one_and_update(issuance_filter(key), pipeline.clone())
                 .upsert(true)
                 .return_document(ReturnDocument::After)
-                .await;
-            match result {
-                Ok(Some(state)) => return from_document(state),
-                Ok(None) => {
-                    return Err(StoreError::Internal(
-                        "payment upsert returned nothing".to_owned(),
-                    ));
-                }
-                // Two first inserts raced; the retry matches the winner and decides again.
-                Err(err)
-                    if attempt < FIRST_INSERT_RETRIES
-                        && duplicate_key_index(&err).as_deref() == Some(PAYMENTS_INDEX) =>
-                {
-                    attempt += 1;
-                    metrics::counter!(metric::DUPLICATE_KEY_RETRIES_TOTAL).increment(1);
-                }
-                Err(err) => return Err(err.into()),
-            }
-        }
+                .into_future()
+        })
+        .await?
+        .ok_or_else(|| StoreError::Internal("payment upsert returned nothing".to_owned()))?;
+        from_document(state)
     }
 
     pub async fn find_payment(&self, key: &PaymentKey) -> Result<Option<PaymentDoc>, StoreError> {

@@ -29,12 +29,10 @@ use mongodb::bson::{Bson, Document, doc, oid::ObjectId};
 use mongodb::options::ReturnDocument;
 
 use super::documents::{IssuanceDoc, from_document};
-use super::error::{ISSUANCES_PAYMENT_INDEX, StoreError, duplicate_key_index};
+use super::error::{ISSUANCES_PAYMENT_INDEX, StoreError, retry_first_insert_race};
 use super::filters::{RECORD_KEY_FIELDS, issuance_filter, issuances_filter};
-use super::issuance::RECORD_RACE_RETRIES;
 use super::{ISSUANCES, Store};
 use crate::domain::PaymentKey;
-use crate::telemetry::metric;
 
 /// The `status` of a placeholder. Not an `IssuanceStatus`: it never leaves this layer.
 pub(super) const PLACEHOLDER: &str = "placeholder";
@@ -88,34 +86,18 @@ impl Store {
             ] },
             "createdAt": { "$ifNull": ["$createdAt", "$$NOW"] },
         } }];
-        let mut attempt = 0;
-        loop {
-            let result = self
-                .collection(ISSUANCES)
+        let issuances = self.collection(ISSUANCES);
+        let before = retry_first_insert_race(ISSUANCES_PAYMENT_INDEX, || {
+            issuances
                 .find_one_and_update(issuance_filter(key), pipeline.clone())
                 .upsert(true)
                 .return_document(ReturnDocument::Before)
-                .await;
-            match result {
-                Ok(None) => return Ok(None),
-                Ok(Some(before)) => {
-                    return match Existing::from_stored(before)? {
-                        Existing::Record(record) => Ok(Some(record)),
-                        Existing::Placeholder(_) => Ok(None),
-                    };
-                }
-                // Two first writers raced (another hold, or a record's insert that
-                // committed in between): the retry matches the winner.
-                Err(err)
-                    if attempt < RECORD_RACE_RETRIES
-                        && duplicate_key_index(&err).as_deref()
-                            == Some(ISSUANCES_PAYMENT_INDEX) =>
-                {
-                    attempt += 1;
-                    metrics::counter!(metric::DUPLICATE_KEY_RETRIES_TOTAL).increment(1);
-                }
-                Err(err) => return Err(err.into()),
-            }
+                .into_future()
+        })
+        .await?;
+        match before.map(Existing::from_stored).transpose()? {
+            Some(Existing::Record(record)) => Ok(Some(record)),
+            Some(Existing::Placeholder(_)) | None => Ok(None),
         }
     }
 

@@ -142,6 +142,27 @@ pub fn issuance_body(payment: &str, quantity: i64) -> Value {
     })
 }
 
+/// The issuance of [`issuance_body`] as the HTTP layer parses it, in atomic mode: for
+/// tests that call the store directly.
+pub fn atomic_issuance(payment: &str, quantity: i64) -> tokenmint::domain::NewIssuance {
+    use tokenmint::domain::*;
+    NewIssuance {
+        key: PaymentKey {
+            provider: Provider::parse("stripe").unwrap(),
+            account_id: AccountId::parse("acct_1").unwrap(),
+            payment_intent_id: PaymentIntentId::parse(payment).unwrap(),
+        },
+        params: IssuanceParams {
+            owner: Owner::from_object_id(ObjectId::parse_str(OWNER).unwrap()),
+            token_type: TokenType::parse("standard").unwrap(),
+            quantity: Quantity::from_i64(quantity, 1000).unwrap(),
+        },
+        payment_date: chrono::Utc::now(),
+        mode: IssuanceMode::Atomic,
+        requested_by: Actor::api_key("test"),
+    }
+}
+
 impl TestApp {
     pub fn url(&self, path: &str) -> String {
         format!("{}{}", self.address, path)

@@ -8,33 +8,11 @@ use std::collections::HashMap;
 use futures::future::join_all;
 use mongodb::bson::{DateTime, Document, doc, oid::ObjectId};
 use serde_json::{Value, json};
-use tokenmint::domain::{
-    AccountId, Actor, IssuanceMode, IssuanceParams, IssuanceStatus, NewIssuance, Owner,
-    PaymentIntentId, PaymentKey, Provider, Quantity, TokenType,
-};
+use tokenmint::domain::IssuanceStatus;
 use tokenmint::store::{AtomicSet, AtomicSetsInsert, IssuanceDoc, Store};
 
 use crate::helpers::*;
 use crate::provider_events::app;
-
-/// An atomic issuance of `quantity` tokens for `payment`, as the HTTP layer would make it.
-fn request(payment: &str, quantity: i64) -> NewIssuance {
-    NewIssuance {
-        key: PaymentKey {
-            provider: Provider::parse("stripe").unwrap(),
-            account_id: AccountId::parse("acct_1").unwrap(),
-            payment_intent_id: PaymentIntentId::parse(payment).unwrap(),
-        },
-        params: IssuanceParams {
-            owner: Owner::from_object_id(ObjectId::parse_str(OWNER).unwrap()),
-            token_type: TokenType::parse("standard").unwrap(),
-            quantity: Quantity::from_i64(quantity, 100).unwrap(),
-        },
-        payment_date: chrono::Utc::now(),
-        mode: IssuanceMode::Atomic,
-        requested_by: Actor::api_key("test"),
-    }
-}
 
 /// The shared transaction, without a precondition.
 async fn insert_in_one(store: &Store, sets: &[AtomicSet<'_>]) -> AtomicSetsInsert {
@@ -60,9 +38,9 @@ async fn a_shared_transaction_that_meets_a_record_writes_nothing_and_the_rest_co
     let store = app.store().await;
 
     let requests = [
-        request("pi_fresh_a", 3),
-        request("pi_had_record", 5),
-        request("pi_fresh_b", 1),
+        atomic_issuance("pi_fresh_a", 3),
+        atomic_issuance("pi_had_record", 5),
+        atomic_issuance("pi_fresh_b", 1),
     ];
     let records: Vec<IssuanceDoc> = requests
         .iter()

@@ -9,33 +9,11 @@ use std::time::Duration;
 
 use mongodb::bson::{DateTime, Document, doc, oid::ObjectId};
 use serde_json::json;
-use tokenmint::domain::{
-    AccountId, Actor, IssuanceMode, IssuanceParams, IssuanceStatus, NewIssuance, Owner,
-    PaymentIntentId, PaymentKey, Provider, Quantity, TokenType,
-};
+use tokenmint::domain::IssuanceStatus;
 use tokenmint::store::{AtomicSetsInsert, IssuanceDoc};
 
 use crate::helpers::*;
 use crate::provider_events::*;
-
-/// An atomic issuance of `quantity` tokens for `payment` (Stripe, `acct_1`).
-fn atomic_request(payment: &str, quantity: i64) -> NewIssuance {
-    NewIssuance {
-        key: PaymentKey {
-            provider: Provider::parse("stripe").unwrap(),
-            account_id: AccountId::parse("acct_1").unwrap(),
-            payment_intent_id: PaymentIntentId::parse(payment).unwrap(),
-        },
-        params: IssuanceParams {
-            owner: Owner::from_object_id(ObjectId::parse_str(OWNER).unwrap()),
-            token_type: TokenType::parse("standard").unwrap(),
-            quantity: Quantity::from_i64(quantity, 100).unwrap(),
-        },
-        payment_date: chrono::Utc::now(),
-        mode: IssuanceMode::Atomic,
-        requested_by: Actor::api_key("test"),
-    }
-}
 
 /// What `issuances` holds for `payment`, placeholder or record.
 async fn place_of(app: &TestApp, payment: &str) -> Document {
@@ -70,7 +48,7 @@ async fn a_refund_after_the_issuances_payment_read_stops_its_transaction() {
     assert_eq!(delivered.status(), 200);
     let placeholder = placeholder_of(&app, "pi_ph_stale").await;
 
-    let request = atomic_request("pi_ph_stale", 3);
+    let request = atomic_issuance("pi_ph_stale", 3);
     let record = IssuanceDoc::new(&request, IssuanceStatus::Issued);
     let inserted = store
         .insert_sets_atomically_unless(&[(&record, &request)], async { Ok(None::<()>) })
@@ -106,7 +84,7 @@ async fn a_refund_after_the_issuances_payment_read_stops_its_transaction() {
 async fn a_hold_waits_for_an_uncommitted_record_and_returns_it_unchanged() {
     let app = app().await;
     let store = app.store().await;
-    let request = atomic_request("pi_ph_inflight", 2);
+    let request = atomic_issuance("pi_ph_inflight", 2);
     let record = IssuanceDoc::new(&request, IssuanceStatus::Issued);
 
     let client = app.db.client().clone();
