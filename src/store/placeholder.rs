@@ -19,7 +19,10 @@
 //! and whoever claims the payment later (a checkout's pending request, an issuance of a
 //! partly refunded payment) takes it over in place, keeping its `_id`, so that the index
 //! key is never free in between. Placeholders expire after `PLACEHOLDER_LIFETIME` (the
-//! TTL index on `expiresAt`, as pending records do); each new hold extends it.
+//! TTL index on `expiresAt`, as pending records do); each new hold extends it. A hold
+//! that finds a pending record keeps it at least that long too: a batch that read the
+//! payment before the refund may still be retrying its transaction, and a pending record
+//! expiring in between would free the place under it.
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -37,9 +40,9 @@ use crate::domain::PaymentKey;
 /// The `status` of a placeholder. Not an `IssuanceStatus`: it never leaves this layer.
 pub(super) const PLACEHOLDER: &str = "placeholder";
 
-/// How long a placeholder lives after the last hold. An issuance that trusts a payment
-/// read for less than this (by a wide margin: the TTL monitor is late, never early)
-/// cannot outlive the placeholder that stops it.
+/// How long a placeholder lives after the last hold (and at least how long a hold keeps
+/// a pending record). An issuance that trusts a payment read for less than this (by a
+/// wide margin: the TTL monitor is late, never early) cannot outlive what stops it.
 pub const PLACEHOLDER_LIFETIME: Duration = Duration::from_secs(3600);
 
 /// What occupies a payment's place in `issuances`.
@@ -75,14 +78,21 @@ impl Store {
     /// the payment's record, if it has one.
     pub async fn hold_place(&self, key: &PaymentKey) -> Result<Option<IssuanceDoc>, StoreError> {
         let lifetime_ms = PLACEHOLDER_LIFETIME.as_millis() as i64;
-        // A record is left as it is; only a placeholder's fields are (re)written. The
+        let held_until = doc! { "$add": ["$$NOW", lifetime_ms] };
+        // A record is left as it is, but for its expiry: whatever holds the place must
+        // stay at least as long as a placeholder would, so a pending record that would
+        // expire sooner is kept until then (a record that never expires stays so). The
         // server's clock sets the expiry, as it is the one the TTL monitor reads.
         let pipeline = vec![doc! { "$set": {
             "status": { "$ifNull": ["$status", PLACEHOLDER] },
             "expiresAt": { "$cond": [
                 { "$eq": [{ "$ifNull": ["$status", PLACEHOLDER] }, PLACEHOLDER] },
-                { "$add": ["$$NOW", lifetime_ms] },
-                "$expiresAt",
+                held_until.clone(),
+                { "$cond": [
+                    { "$eq": [{ "$type": "$expiresAt" }, "missing"] },
+                    "$$REMOVE",
+                    { "$max": ["$expiresAt", held_until] },
+                ] },
             ] },
             "createdAt": { "$ifNull": ["$createdAt", "$$NOW"] },
         } }];

@@ -3,7 +3,7 @@
 //! the issuance's uncommitted record (and the refund's revoke then sees its tokens), or it
 //! leaves a placeholder that stops the issuance's transaction. A placeholder is no record:
 //! reads, `GET` and `verify` skip it, and whoever claims the payment later takes it over
-//! in place.
+//! in place. A pending record a hold finds is kept at least as long as a placeholder.
 
 use std::time::Duration;
 
@@ -188,6 +188,59 @@ async fn a_checkout_request_after_a_partial_refund_takes_the_placeholder_over() 
     let record = place_of(&app, "pi_ph_checkout").await;
     assert_eq!(record.get_object_id("_id").unwrap(), placeholder);
     assert_eq!(record.get_str("status").unwrap(), "issued", "{record}");
+}
+
+#[tokio::test]
+async fn a_hold_keeps_a_pending_record_at_least_as_long_as_a_placeholder() {
+    let app = app().await;
+    let store = app.store().await;
+    let pending = app
+        .issue(REQUEST_KEY, &issuance_body("pi_ph_pending", 2))
+        .await;
+    assert_eq!(pending.status(), 202);
+    // A pending record about to expire: a batch that read the payment before a refund
+    // could otherwise find its place free again once the TTL monitor removes it.
+    let soon = DateTime::from_millis(DateTime::now().timestamp_millis() + 5_000);
+    app.db
+        .collection::<Document>("issuances")
+        .update_one(
+            doc! { "paymentIntentId": "pi_ph_pending" },
+            doc! { "$set": { "expiresAt": soon } },
+        )
+        .await
+        .unwrap();
+
+    let held = store
+        .hold_place(&atomic_issuance("pi_ph_pending", 2).key)
+        .await
+        .unwrap()
+        .expect("the pending record");
+    assert_eq!(held.status, IssuanceStatus::Pending);
+    let place = place_of(&app, "pi_ph_pending").await;
+    assert_eq!(place.get_str("status").unwrap(), "pending", "{place}");
+    let ahead = place.get_datetime("expiresAt").unwrap().timestamp_millis()
+        - DateTime::now().timestamp_millis();
+    assert!(
+        (50 * 60_000..=61 * 60_000).contains(&ahead),
+        "expires in {ahead} ms: {place}"
+    );
+
+    // A later expiry is never shortened.
+    let later = DateTime::from_millis(DateTime::now().timestamp_millis() + 86_400_000);
+    app.db
+        .collection::<Document>("issuances")
+        .update_one(
+            doc! { "paymentIntentId": "pi_ph_pending" },
+            doc! { "$set": { "expiresAt": later } },
+        )
+        .await
+        .unwrap();
+    store
+        .hold_place(&atomic_issuance("pi_ph_pending", 2).key)
+        .await
+        .unwrap();
+    let place = place_of(&app, "pi_ph_pending").await;
+    assert_eq!(place.get_datetime("expiresAt").unwrap(), &later, "{place}");
 }
 
 async fn stripe_ok(app: &TestApp, event: &serde_json::Value) {
