@@ -17,8 +17,9 @@ use crate::store::{
 };
 
 /// How long after the first read a batch that committed may settle against it. Far below
-/// the placeholder's lifetime: the argument needs the placeholder a refund wrote after
-/// the read to still be there when the transaction inserts its records.
+/// the placeholder's lifetime: the argument needs what a refund's hold left after the
+/// read (a placeholder, or a pending record it kept) to still be there when the
+/// transaction inserts its records.
 const TRUST_FIRST_READ_FOR: Duration = Duration::from_secs(60);
 const _: () = assert!(TRUST_FIRST_READ_FOR.as_secs() * 10 <= PLACEHOLDER_LIFETIME.as_secs());
 
