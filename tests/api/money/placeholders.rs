@@ -201,14 +201,7 @@ async fn a_hold_keeps_a_pending_record_at_least_as_long_as_a_placeholder() {
     // A pending record about to expire: a batch that read the payment before a refund
     // could otherwise find its place free again once the TTL monitor removes it.
     let soon = DateTime::from_millis(DateTime::now().timestamp_millis() + 5_000);
-    app.db
-        .collection::<Document>("issuances")
-        .update_one(
-            doc! { "paymentIntentId": "pi_ph_pending" },
-            doc! { "$set": { "expiresAt": soon } },
-        )
-        .await
-        .unwrap();
+    set_expiry(&app, "pi_ph_pending", soon).await;
 
     let held = store
         .hold_place(&atomic_issuance("pi_ph_pending", 2).key)
@@ -227,20 +220,25 @@ async fn a_hold_keeps_a_pending_record_at_least_as_long_as_a_placeholder() {
 
     // A later expiry is never shortened.
     let later = DateTime::from_millis(DateTime::now().timestamp_millis() + 86_400_000);
-    app.db
-        .collection::<Document>("issuances")
-        .update_one(
-            doc! { "paymentIntentId": "pi_ph_pending" },
-            doc! { "$set": { "expiresAt": later } },
-        )
-        .await
-        .unwrap();
+    set_expiry(&app, "pi_ph_pending", later).await;
     store
         .hold_place(&atomic_issuance("pi_ph_pending", 2).key)
         .await
         .unwrap();
     let place = place_of(&app, "pi_ph_pending").await;
     assert_eq!(place.get_datetime("expiresAt").unwrap(), &later, "{place}");
+}
+
+/// Sets the expiry of what `issuances` holds for `payment`, as if written long ago.
+async fn set_expiry(app: &TestApp, payment: &str, at: DateTime) {
+    app.db
+        .collection::<Document>("issuances")
+        .update_one(
+            doc! { "paymentIntentId": payment },
+            doc! { "$set": { "expiresAt": at } },
+        )
+        .await
+        .unwrap();
 }
 
 async fn stripe_ok(app: &TestApp, event: &serde_json::Value) {
