@@ -57,33 +57,6 @@ pub fn is_transient_transaction_error(err: &Error) -> bool {
 /// Bounded retries of the first-insert race between two upserts of a new key.
 pub const FIRST_INSERT_RETRIES: u32 = 3;
 
-/// Runs `upsert` again while it loses a first-insert race on `index`: two upserts of a
-/// key nobody has written yet may both try the insert, and the loser's duplicate key
-/// means the winner's document now exists, which the retry matches (and decides on
-/// again). Any other error, or the last race, is returned.
-pub(super) async fn retry_first_insert_race<T, Fut>(
-    index: &str,
-    mut upsert: impl FnMut() -> Fut,
-) -> Result<T, Error>
-where
-    Fut: std::future::Future<Output = Result<T, Error>>,
-{
-    let mut attempt = 0;
-    loop {
-        match upsert().await {
-            Err(err)
-                if attempt < FIRST_INSERT_RETRIES
-                    && duplicate_key_index(&err).as_deref() == Some(index) =>
-            {
-                attempt += 1;
-                metrics::counter!(crate::telemetry::metric::DUPLICATE_KEY_RETRIES_TOTAL)
-                    .increment(1);
-            }
-            other => return other,
-        }
-    }
-}
-
 /// The index named in a duplicate-key (E11000) error, if `err` is one.
 pub fn duplicate_key_index(err: &Error) -> Option<String> {
     let message = match err.kind.as_ref() {

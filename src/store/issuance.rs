@@ -9,7 +9,7 @@ use mongodb::bson::{DateTime, Document, doc, oid::ObjectId};
 use mongodb::options::{CollectionOptions, ReadConcern, ReturnDocument};
 
 use super::documents::{IssuanceDoc, TokenSummary, token_summary_projection};
-use super::error::{ISSUANCES_PAYMENT_INDEX, StoreError, retry_first_insert_race};
+use super::error::{ISSUANCES_PAYMENT_INDEX, StoreError};
 use super::filters::{issuance_filter, payment_tokens_filter};
 use super::placeholder::{Existing, records_only};
 use super::{ISSUANCES, Store, TOKENS};
@@ -28,15 +28,15 @@ impl Store {
             "paymentIntentId": &record.payment_intent_id,
         };
         let update = doc! { "$setOnInsert": record_document(record)? };
-        let issuances = self.collection(ISSUANCES);
-        let existing = retry_first_insert_race(ISSUANCES_PAYMENT_INDEX, || {
-            issuances
-                .find_one_and_update(filter.clone(), update.clone())
-                .upsert(true)
-                .return_document(ReturnDocument::Before)
-                .into_future()
-        })
-        .await?;
+        let existing = self
+            .upsert_one(
+                ISSUANCES,
+                ISSUANCES_PAYMENT_INDEX,
+                filter,
+                update,
+                ReturnDocument::Before,
+            )
+            .await?;
         existing.map(Existing::from_stored).transpose()
     }
 

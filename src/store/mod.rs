@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use mongodb::bson::{Document, doc};
-use mongodb::options::ClientOptions;
+use mongodb::options::{ClientOptions, ReturnDocument, UpdateModifications};
 use mongodb::{Client, Collection, Database};
 use tokio::sync::OnceCell;
 
@@ -123,6 +123,42 @@ impl Store {
     /// `issuances`, typed: records are decoded straight from the reply's bytes.
     fn records(&self) -> Collection<IssuanceDoc> {
         self.db.collection(ISSUANCES)
+    }
+
+    /// One `findOneAndUpdate` upsert on `collection`, run again while it loses a
+    /// first-insert race on `index`: two upserts of a key nobody has written yet may both
+    /// try the insert, and the loser's duplicate key means the winner's document now
+    /// exists, which the retry matches (and decides on again). Returns the document as
+    /// `returned` asks.
+    async fn upsert_one(
+        &self,
+        collection: &str,
+        index: &str,
+        filter: Document,
+        update: impl Into<UpdateModifications>,
+        returned: ReturnDocument,
+    ) -> Result<Option<Document>, StoreError> {
+        let collection = self.collection(collection);
+        let update = update.into();
+        let mut attempt = 0;
+        loop {
+            let result = collection
+                .find_one_and_update(filter.clone(), update.clone())
+                .upsert(true)
+                .return_document(returned.clone())
+                .await;
+            match result {
+                Err(err)
+                    if attempt < error::FIRST_INSERT_RETRIES
+                        && duplicate_key_index(&err).as_deref() == Some(index) =>
+                {
+                    attempt += 1;
+                    metrics::counter!(crate::telemetry::metric::DUPLICATE_KEY_RETRIES_TOTAL)
+                        .increment(1);
+                }
+                other => return Ok(other?),
+            }
+        }
     }
 
     /// Round trip to the server; used by readiness.

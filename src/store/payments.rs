@@ -11,7 +11,7 @@ use mongodb::options::ReturnDocument;
 use serde::Deserialize;
 
 use super::documents::{bson_time, from_document};
-use super::error::{StoreError, retry_first_insert_race};
+use super::error::StoreError;
 use super::filters::{issuance_filter, payment_tokens_filter};
 use super::indexes::PAYMENTS_INDEX;
 use super::{Store, TOKENS};
@@ -214,16 +214,16 @@ impl Store {
         key: &PaymentKey,
         pipeline: Vec<Document>,
     ) -> Result<PaymentDoc, StoreError> {
-        let payments = self.collection(PAYMENTS);
-        let state = retry_first_insert_race(PAYMENTS_INDEX, || {
-            payments
-                .find_one_and_update(issuance_filter(key), pipeline.clone())
-                .upsert(true)
-                .return_document(ReturnDocument::After)
-                .into_future()
-        })
-        .await?
-        .ok_or_else(|| StoreError::Internal("payment upsert returned nothing".to_owned()))?;
+        let state = self
+            .upsert_one(
+                PAYMENTS,
+                PAYMENTS_INDEX,
+                issuance_filter(key),
+                pipeline,
+                ReturnDocument::After,
+            )
+            .await?
+            .ok_or_else(|| StoreError::Internal("payment upsert returned nothing".to_owned()))?;
         from_document(state)
     }
 

@@ -32,7 +32,7 @@ use mongodb::bson::{Bson, Document, doc, oid::ObjectId};
 use mongodb::options::ReturnDocument;
 
 use super::documents::{IssuanceDoc, from_document};
-use super::error::{ISSUANCES_PAYMENT_INDEX, StoreError, retry_first_insert_race};
+use super::error::{ISSUANCES_PAYMENT_INDEX, StoreError};
 use super::filters::{RECORD_KEY_FIELDS, issuance_filter, issuances_filter};
 use super::{ISSUANCES, Store};
 use crate::domain::PaymentKey;
@@ -78,33 +78,33 @@ impl Store {
     /// the payment's record, if it has one.
     pub async fn hold_place(&self, key: &PaymentKey) -> Result<Option<IssuanceDoc>, StoreError> {
         let lifetime_ms = PLACEHOLDER_LIFETIME.as_millis() as i64;
-        let held_until = doc! { "$add": ["$$NOW", lifetime_ms] };
         // A record is left as it is, but for its expiry: whatever holds the place must
-        // stay at least as long as a placeholder would, so a pending record that would
-        // expire sooner is kept until then (a record that never expires stays so). The
-        // server's clock sets the expiry, as it is the one the TTL monitor reads.
+        // stay at least as long as a placeholder would, so one that would expire sooner
+        // (a pending record, a placeholder) is kept until then, and one that never
+        // expires stays so. (`$max` skips a missing field.) The server's clock sets the
+        // expiry, as it is the one the TTL monitor reads.
+        let never_expires = doc! { "$and": [
+            { "$ne": [{ "$ifNull": ["$status", PLACEHOLDER] }, PLACEHOLDER] },
+            { "$eq": [{ "$type": "$expiresAt" }, "missing"] },
+        ] };
         let pipeline = vec![doc! { "$set": {
             "status": { "$ifNull": ["$status", PLACEHOLDER] },
             "expiresAt": { "$cond": [
-                { "$eq": [{ "$ifNull": ["$status", PLACEHOLDER] }, PLACEHOLDER] },
-                held_until.clone(),
-                { "$cond": [
-                    { "$eq": [{ "$type": "$expiresAt" }, "missing"] },
-                    "$$REMOVE",
-                    { "$max": ["$expiresAt", held_until] },
-                ] },
+                never_expires,
+                "$$REMOVE",
+                { "$max": ["$expiresAt", { "$add": ["$$NOW", lifetime_ms] }] },
             ] },
             "createdAt": { "$ifNull": ["$createdAt", "$$NOW"] },
         } }];
-        let issuances = self.collection(ISSUANCES);
-        let before = retry_first_insert_race(ISSUANCES_PAYMENT_INDEX, || {
-            issuances
-                .find_one_and_update(issuance_filter(key), pipeline.clone())
-                .upsert(true)
-                .return_document(ReturnDocument::Before)
-                .into_future()
-        })
-        .await?;
+        let before = self
+            .upsert_one(
+                ISSUANCES,
+                ISSUANCES_PAYMENT_INDEX,
+                issuance_filter(key),
+                pipeline,
+                ReturnDocument::Before,
+            )
+            .await?;
         match before.map(Existing::from_stored).transpose()? {
             Some(Existing::Record(record)) => Ok(Some(record)),
             Some(Existing::Placeholder(_)) | None => Ok(None),

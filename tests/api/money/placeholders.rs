@@ -102,6 +102,8 @@ async fn a_hold_waits_for_an_uncommitted_record_and_returns_it_unchanged() {
         let store = store.clone();
         async move { store.hold_place(&key).await }
     });
+    // The test runs on one thread: the hold's upsert is sent during this sleep, and an
+    // upsert that did not wait would answer within milliseconds.
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(
         !hold.is_finished(),
