@@ -133,6 +133,16 @@ impl EmbeddedMongo {
     /// primary. A second start on the same data directory reuses data and port. Refuses
     /// (`InUse`) when a mongod already runs on the data directory.
     pub async fn start(settings: &EmbeddedMongoSettings) -> Result<Self, EmbeddedError> {
+        Self::start_with_parameters(settings, &[]).await
+    }
+
+    /// `start`, with each of `parameters` passed as `--setParameter NAME=VALUE`: the test
+    /// harness enables `enableTestCommands=1` on its mongod, so that tests can make one
+    /// command fail or hang (`configureFailPoint`). Never needed by the service itself.
+    pub async fn start_with_parameters(
+        settings: &EmbeddedMongoSettings,
+        parameters: &[&str],
+    ) -> Result<Self, EmbeddedError> {
         let binary = find_binary(&settings.binary)?;
         let data_dir = &settings.data_dir;
         std::fs::create_dir_all(data_dir)?;
@@ -166,6 +176,7 @@ impl EmbeddedMongo {
             .arg("--logpath")
             .arg(&log)
             .args(["--setParameter", "diagnosticDataCollectionEnabled=false"])
+            .args(parameters.iter().flat_map(|p| ["--setParameter", p]))
             // A development database: journal files of 20 MB made as needed, instead of
             // three of 100 MB made in advance (300 MB per data directory, per test binary).
             .args([

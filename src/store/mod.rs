@@ -93,7 +93,11 @@ impl Store {
         config: StoreConfig,
     ) -> Result<Self, StoreError> {
         let mut options = ClientOptions::parse(uri).await?;
-        options.app_name = Some("tokenmint".to_owned());
+        // An `appName` in the URI names this instance in mongod's logs and `currentOp`
+        // (and lets a test aim a failpoint at one instance); otherwise "tokenmint".
+        options
+            .app_name
+            .get_or_insert_with(|| "tokenmint".to_owned());
         options.server_selection_timeout = Some(server_selection_timeout);
         options.connect_timeout = Some(server_selection_timeout);
         // The driver has no socket timeout: a server that stops answering (paused, network

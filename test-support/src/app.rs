@@ -14,6 +14,7 @@ use tokenmint::startup::Application;
 use tokio::task::JoinHandle;
 
 use crate::answers::{json, payment_tokens, token_ids, token_index};
+use crate::failpoint::mongo_uri_named;
 use crate::mongod::{connect_store, drop_database_blocking, mongo_uri};
 
 /// Bearer keys the test apps accept, with their scopes and accounts.
@@ -83,6 +84,33 @@ pub async fn spawn_app_with(extra: &str) -> TestApp {
     let db_name = format!("tokenmint_test_{}", uuid::Uuid::new_v4().simple());
     let mut app = spawn_app_on(&db_name, extra).await;
     app.drops_db = true;
+    app
+}
+
+/// Spawns an app whose MongoDB client is named `app_name` (see [`crate::failpoint`]):
+/// failpoints aimed at that name fail its commands only. The test's own handle on the
+/// database (`db`) is not named so, and reads the truth whatever fails.
+pub async fn spawn_app_named(app_name: &str, extra: &str) -> TestApp {
+    let db_name = format!("tokenmint_test_{}", uuid::Uuid::new_v4().simple());
+    spawn_instance_named(app_name, &db_name, extra, true).await
+}
+
+/// Another instance on `db_name` (an app spawned before), its client named `app_name`.
+pub async fn spawn_app_on_named(app_name: &str, db_name: &str, extra: &str) -> TestApp {
+    spawn_instance_named(app_name, db_name, extra, false).await
+}
+
+async fn spawn_instance_named(
+    app_name: &str,
+    db_name: &str,
+    extra: &str,
+    drops_db: bool,
+) -> TestApp {
+    let settings = test_settings_at(&mongo_uri_named(app_name), db_name, extra);
+    let mut app = spawn_app_from(&settings).await;
+    let client = Client::with_uri_str(mongo_uri()).await.unwrap();
+    app.db = client.database(db_name);
+    app.drops_db = drops_db;
     app
 }
 

@@ -6,16 +6,19 @@
 //!   per test binary, and database handles on it;
 //! - [`app`]: the service in-process on port 0, one randomly named database per test;
 //! - [`service`]: the real `tokenmint` binary as a child process, for tests that kill it;
+//! - [`failpoint`]: MongoDB failing one command at the step a test chooses;
 //! - [`answers`]: reading and asserting HTTP answers and the tokens stored behind them.
 //!
 //! Everything is re-exported at the root: `use tokenmint_test_support::*;`.
 
 pub mod answers;
 pub mod app;
+pub mod failpoint;
 pub mod mongod;
 pub mod service;
 
 pub use answers::*;
 pub use app::*;
+pub use failpoint::*;
 pub use mongod::*;
 pub use service::*;

@@ -77,7 +77,8 @@ fn start_test_mongod() -> String {
                 binary: mongod_binary().to_string_lossy().into_owned(),
                 data_dir,
             };
-            match EmbeddedMongo::start(&settings).await {
+            // Test commands let a test make one command fail or hang (`failpoint`).
+            match EmbeddedMongo::start_with_parameters(&settings, &["enableTestCommands=1"]).await {
                 Ok(mongo) => {
                     tx.send(Ok(mongo.uri().to_owned())).unwrap();
                     // Keep `mongo` (and this thread) alive until the process exits.

@@ -7,6 +7,7 @@ mod auth;
 mod batch_reads;
 mod chargebacks;
 mod checkout;
+mod faults;
 mod hardening;
 mod helpers;
 mod http_conventions;

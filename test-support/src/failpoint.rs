@@ -1,0 +1,156 @@
+//! MongoDB's own faults, at the exact step a test wants: `configureFailPoint failCommand`
+//! on the test mongod (started with `enableTestCommands=1`).
+//!
+//! A failpoint is server-wide, and the tests of one binary share one mongod, so every
+//! failpoint here is aimed at one client by its `appName`: a test gives its app a URI
+//! with its own name ([`FaultyApp`]), and commands of every other test pass untouched.
+
+use std::sync::{Arc, LazyLock};
+
+use mongodb::Client;
+use mongodb::bson::{Bson, doc};
+use tokio::sync::{Mutex, OwnedMutexGuard};
+
+use crate::mongod::mongo_uri;
+
+/// An application name no other test uses, for a URI and the failpoints aimed at it.
+pub fn unique_app_name() -> String {
+    format!("tm-fault-{}", uuid::Uuid::new_v4().simple())
+}
+
+/// The test mongod's URI with `appName` set: clients built from it carry that name.
+pub fn mongo_uri_named(app_name: &str) -> String {
+    let uri = mongo_uri();
+    let separator = if uri.contains('?') { '&' } else { '?' };
+    format!("{uri}{separator}appName={app_name}")
+}
+
+/// How a failed command fails.
+#[derive(Debug, Clone)]
+pub enum Fault {
+    /// The command answers this error code (e.g. 91 ShutdownInProgress, 11600
+    /// InterruptedAtShutdown, 112 WriteConflict), with these error labels.
+    Error { code: i32, labels: Vec<String> },
+    /// The server closes the connection instead of answering.
+    CloseConnection,
+    /// The command waits this many milliseconds, then runs normally.
+    Block { millis: i64 },
+}
+
+impl Fault {
+    /// An error code without labels.
+    pub fn error(code: i32) -> Self {
+        Self::Error {
+            code,
+            labels: Vec::new(),
+        }
+    }
+}
+
+/// One `failCommand` failpoint, aimed at the clients named `app_name`. Turned off by
+/// [`FailPoint::off`], or when dropped.
+pub struct FailPoint {
+    client: Client,
+    turned_off: bool,
+    /// The server has one `failCommand` failpoint: a second test setting it would replace
+    /// this one's. Tests that use failpoints take turns (other tests run on).
+    _turn: OwnedMutexGuard<()>,
+}
+
+/// Whose turn it is to use the server's one `failCommand` failpoint.
+static TURN: LazyLock<Arc<Mutex<()>>> = LazyLock::new(|| Arc::new(Mutex::new(())));
+
+impl FailPoint {
+    /// Makes the next `times` of `commands` (e.g. `["update"]`, `["find", "insert"]`)
+    /// sent by clients named `app_name` fail as `fault` says.
+    pub async fn set(app_name: &str, commands: &[&str], fault: Fault, times: i64) -> Self {
+        Self::set_mode(app_name, commands, fault, doc! { "times": times }.into()).await
+    }
+
+    /// As [`FailPoint::set`], for every such command but the first, until turned off.
+    pub async fn after_first(app_name: &str, commands: &[&str], fault: Fault) -> Self {
+        Self::set_mode(app_name, commands, fault, doc! { "skip": 1 }.into()).await
+    }
+
+    /// As [`FailPoint::set`], for every such command until turned off.
+    pub async fn always(app_name: &str, commands: &[&str], fault: Fault) -> Self {
+        Self::set_mode(app_name, commands, fault, "alwaysOn".into()).await
+    }
+
+    async fn set_mode(app_name: &str, commands: &[&str], fault: Fault, mode: Bson) -> Self {
+        let turn = TURN.clone().lock_owned().await;
+        let client = Client::with_uri_str(mongo_uri())
+            .await
+            .expect("admin client");
+        let mut data = doc! { "failCommands": commands, "appName": app_name };
+        match fault {
+            Fault::Error { code, labels } => {
+                data.insert("errorCode", code);
+                if !labels.is_empty() {
+                    data.insert("errorLabels", labels);
+                }
+            }
+            Fault::CloseConnection => {
+                data.insert("closeConnection", true);
+            }
+            Fault::Block { millis } => {
+                data.insert("blockConnection", true);
+                data.insert("blockTimeMS", millis);
+            }
+        }
+        client
+            .database("admin")
+            .run_command(doc! { "configureFailPoint": "failCommand", "mode": mode, "data": data })
+            .await
+            .expect("configureFailPoint (the test mongod runs with enableTestCommands=1)");
+        Self {
+            client,
+            turned_off: false,
+            _turn: turn,
+        }
+    }
+
+    /// Turns the failpoint off; returns how many commands it failed (or held up), so that
+    /// a test can show its fault really happened.
+    pub async fn off(mut self) -> i64 {
+        let fired = turn_off(&self.client).await;
+        self.turned_off = true;
+        fired
+    }
+}
+
+/// Turns `failCommand` off; its answer's `count` is how often it was entered.
+async fn turn_off(client: &Client) -> i64 {
+    client
+        .database("admin")
+        .run_command(doc! { "configureFailPoint": "failCommand", "mode": "off" })
+        .await
+        .ok()
+        .and_then(|answer| {
+            answer
+                .get_i64("count")
+                .ok()
+                .or_else(|| answer.get_i32("count").ok().map(i64::from))
+        })
+        .unwrap_or(0)
+}
+
+impl Drop for FailPoint {
+    fn drop(&mut self) {
+        if self.turned_off {
+            return;
+        }
+        // A test that panicked must not leave its failpoint on for the others: turned off
+        // on a runtime of its own, whatever runtime the test was on.
+        let client = self.client.clone();
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime to turn the failpoint off");
+            runtime.block_on(turn_off(&client))
+        })
+        .join()
+        .ok();
+    }
+}

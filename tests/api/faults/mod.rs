@@ -1,0 +1,24 @@
+//! MongoDB failing inside a flow: one command of one app made to fail or hang by a
+//! `failCommand` failpoint aimed at that app's client name, at the step each test names.
+
+use crate::helpers::*;
+
+#[tokio::test]
+async fn a_failpoint_fails_only_the_named_apps_commands() {
+    let name = unique_app_name();
+    let faulty = spawn_app_named(&name, "").await;
+    let healthy = spawn_app().await;
+    let failpoint = FailPoint::set(&name, &["find"], Fault::error(91), 2).await;
+    let path = "/v1/issuances/stripe/acct_1/pi_fp_probe";
+    // The other app's read passes; the named app's read fails twice (the driver retries
+    // a read once): 503, no driver text. Its next read passes again.
+    assert_eq!(healthy.get(ADMIN_KEY, path).await.status(), 404);
+    let failed = faulty.get(ADMIN_KEY, path).await;
+    let problem = assert_problem(failed, 503, "database_unavailable").await;
+    assert!(
+        !problem.to_string().contains("ShutdownInProgress"),
+        "{problem}"
+    );
+    assert_eq!(faulty.get(ADMIN_KEY, path).await.status(), 404);
+    assert_eq!(failpoint.off().await, 2);
+}
