@@ -4,49 +4,65 @@
 //! queued (at least one, at most `MAX_BATCH`, no waiting for more: at low load a batch is
 //! one request and nothing is added to its latency) and commit it with a fixed number of commands, whatever its size:
 //! 1. one read of the batch's payments: a payment known failed, canceled or refunded is
-//!    refused, nothing written;
+//!    refused, nothing written. This read is also the one every set is settled against;
 //! 2. one `insert` of the records (status `issuing`): a record that exists already makes
-//!    its request a replay (step 6);
+//!    its request a replay (step 5);
 //! 3. one `insert` of the claimed payments' tokens (`w: majority`);
-//! 4. one read of the payments again: the settle after every token write (a refund
-//!    recorded meanwhile revokes the tokens just written);
-//! 5. at the same time as 4, one update marking the records `issued`; then the answers.
-//! 6. replays, concurrently with 3–5: one read of their records and one of their tokens;
-//!    a complete, matching set is answered from those, anything else takes the
-//!    one-request path (verify, complete with the upsert bulk, take over a pending record).
+//! 4. the settle: tokens the read of step 1 takes back (a partial refund known before)
+//!    are revoked; then one conditional update marks the records `issued`, all but those
+//!    a refund held meanwhile, which settle again on the one-request path; then the
+//!    answers.
+//! 5. replays, concurrently with 3–4: one read of their records and one of their tokens;
+//!    a complete, matching, `issued` set is answered from those, anything else takes the
+//!    one-request path (verify, complete with the upsert bulk, settle, take over a
+//!    pending record).
 //!
-//! Atomic mode writes the batch's records (`issued`) and tokens in one transaction
-//! instead of steps 2–3, so each issuance still commits whole; step 1's read runs while
-//! that transaction writes, and a refusal aborts it before commit. Then it settles
-//! against that same read, without step 4's second one (no mark either: the records
-//! committed `issued`): a refund recorded after the read holds the payment's place in
-//! `issuances` before it revokes, which either waits for the commit (and then revokes
-//! the tokens) or, by a placeholder, stops the transaction (`store::placeholder`). A
-//! refused payment, or one whose place was taken already, aborts the transaction, which
-//! leaves nothing: the next one goes without those requests (replays, answered as in
-//! step 6 once the rest committed; a placeholder is taken over on the one-request path).
+//! Why step 1's read is enough to settle against: a refund recorded after it holds the
+//! payment's place in `issuances` before it revokes (`store::placeholder`). A hold before
+//! step 2 leaves a placeholder the record insert runs into (a replay, step 5); a hold
+//! after step 2 marks the `issuing` record held, so step 4's mark leaves it and it is
+//! settled again with a fresh read; a hold after the mark comes after the tokens, which
+//! the refund's own revoke then sees. And the record stays `issuing` until its settle is
+//! done: a settle that fails (or a process that dies) leaves it to self-repair, which
+//! settles it however long ago the refund was.
+//!
+//! Atomic mode writes the batch's tokens and records in one transaction instead of steps
+//! 2–3, so each issuance still commits whole; step 1's read runs while the transaction
+//! writes the tokens, a refusal aborts it before commit, and the records follow the read:
+//! `issued` when the payment stands whole, `issuing` when the read shows a share to take
+//! back, so that the settle of step 4 cannot be lost. A refund recorded after the read
+//! holds the place too, which either waits for the commit (and then revokes the tokens)
+//! or, by a placeholder, stops the transaction. A refused payment, or one whose place was
+//! taken already, aborts the transaction, which leaves nothing: the next one goes without
+//! those requests (replays, answered as in step 5 once the rest committed; a placeholder
+//! is taken over on the one-request path).
 //!
 //! Each request's answer depends only on its own items' results: a failed item fails its
 //! request alone, a token race sends its payment to the convergent upsert bulk, and a
 //! command that fails as a whole fails the requests it carried (their records, if any,
 //! stay `issuing` for self-repair; an aborted transaction left none). A shared transaction
 //! that fails for another reason than an outage may have failed for one item: its
-//! requests try one by one. A crash mid-batch
-//! leaves only `issuing` records, or, between the mark (or commit) and the settle, marked
-//! records whose settle the sweep of recently withdrawn payments does.
+//! requests try one by one. A crash mid-batch leaves only `issuing` records (or none),
+//! and `issued` ones that were settled.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
+use std::time::Duration;
 
 mod atomic;
 
 use futures::future::join_all;
+use mongodb::bson::oid::ObjectId;
 use tokio::sync::{Mutex, mpsc, oneshot};
+use tokio::time::Instant;
 
 use super::issue::refuse_unless_standing;
-use super::{IssueError, IssueOutcome, IssuedTokens, Issuer};
+use super::{IssueError, IssueOutcome, IssuedTokens, Issuer, Settlement};
 use crate::domain::{IssuanceMode, IssuanceStatus, NewIssuance, PaymentKey};
-use crate::store::{IssuanceDoc, PaymentDoc, RecordInsert, StoreError, TokenInsert, TokenSummary};
+use crate::store::{
+    IssuanceDoc, PLACEHOLDER_LIFETIME, PaymentDoc, RecordInsert, StoreError, TokenInsert,
+    TokenSummary,
+};
 use crate::telemetry::metric;
 
 /// Writer tasks per mode: up to this many batches of a mode are in flight while the next
@@ -146,6 +162,19 @@ type Refusals = Vec<(usize, IssueError)>;
 /// A batch's payments as read, by key (those tokenmint has heard of).
 type Payments = HashMap<PaymentKey, PaymentDoc>;
 
+/// How long after step 1's read a batch may settle against it. Far below the
+/// placeholder's lifetime: the argument needs what a refund's hold left after the read (a
+/// placeholder, or a pending record it kept) to still be there when the batch inserts its
+/// records. Past it, the settle reads the payments again.
+const TRUST_FIRST_READ_FOR: Duration = Duration::from_secs(60);
+const _: () = assert!(TRUST_FIRST_READ_FOR.as_secs() * 10 <= PLACEHOLDER_LIFETIME.as_secs());
+
+/// Step 1's read: the payments, and when they were read.
+struct FirstRead {
+    payments: Payments,
+    at: Instant,
+}
+
 /// A request whose record this batch inserted.
 struct Claimed {
     request: NewIssuance,
@@ -157,17 +186,27 @@ struct Claimed {
 type Written = (Claimed, Vec<TokenSummary>);
 
 impl Issuer {
-    /// Step 1: refuses what the payment's known state forbids, before writing anything.
-    async fn admit(&self, batch: Vec<Queued>) -> Vec<Queued> {
-        if batch.is_empty() {
-            return batch;
-        }
+    /// Step 1: refuses what the payment's known state forbids, before writing anything;
+    /// returns the others with the read.
+    async fn admit(&self, batch: Vec<Queued>) -> (Vec<Queued>, FirstRead) {
+        let at = Instant::now();
         match self.refusals(&batch).await {
-            Ok((_, None)) => batch,
-            Ok((_, Some(refused))) => answer_refused(batch, refused),
+            Ok((payments, refused)) => {
+                let admitted = match refused {
+                    None => batch,
+                    Some(refused) => answer_refused(batch, refused),
+                };
+                (admitted, FirstRead { payments, at })
+            }
             Err(err) => {
                 fail_all(batch.into_iter().map(|q| q.answer), &err);
-                Vec::new()
+                (
+                    Vec::new(),
+                    FirstRead {
+                        payments: Payments::new(),
+                        at,
+                    },
+                )
             }
         }
     }
@@ -175,27 +214,22 @@ impl Issuer {
     /// The read of step 1: the payments, and the requests whose payment is known not to
     /// stand (`None` when every one may go on).
     async fn refusals(&self, batch: &[Queued]) -> Result<(Payments, Option<Refusals>), StoreError> {
+        if batch.is_empty() {
+            return Ok((Payments::new(), None));
+        }
         let keys: Vec<&PaymentKey> = batch.iter().map(|q| &q.request.key).collect();
         let payments = self.store.find_payments(&keys).await?;
-        let refused: Refusals = batch
-            .iter()
-            .enumerate()
-            .filter_map(|(i, q)| {
-                refuse_unless_standing(payments.get(&q.request.key))
-                    .err()
-                    .map(|refusal| (i, refusal))
-            })
-            .collect();
-        Ok((payments, (!refused.is_empty()).then_some(refused)))
+        let refused = refusals_of(batch, &payments);
+        Ok((payments, refused))
     }
 
-    /// Steps 1–6 in upsert mode.
+    /// Steps 1–5 in upsert mode.
     async fn commit_upserts(&self, batch: Vec<Queued>) {
-        let admitted = self.admit(batch).await;
+        let (admitted, first_read) = self.admit(batch).await;
         let (claimed, replays) = self.claim_records(admitted).await;
         let writes = async {
             let (written, raced) = self.insert_tokens(claimed).await;
-            self.settle_and_mark(written, None).await;
+            self.settle_and_mark(written, first_read).await;
             // A concurrent replay or repair wrote some of these tokens: converge, one by one.
             join_all(raced.into_iter().map(|claim| async move {
                 let outcome = self.complete(claim.record).await.map(IssueOutcome::Created);
@@ -269,78 +303,112 @@ impl Issuer {
         (written, raced)
     }
 
-    /// Steps 4 and 5: settle the written sets against their payments as they are now and
-    /// mark the records `issued`, in parallel; answer. `known`: the payments as an atomic
-    /// batch read them before its commit, which then stand for "now" (see the module's
-    /// comment); otherwise they are read.
-    ///
-    /// Why the mark need not wait for the settle: the tokens are durable and complete, and
-    /// a settle that does not happen after the mark (a crash, a failed read) is done by the
-    /// sweep of recently withdrawn payments, which settles every payment taken back
-    /// lately whatever its record's status. Marking in parallel takes one round trip off
-    /// every issuance's latency.
-    async fn settle_and_mark(&self, written: Vec<Written>, known: Option<Payments>) {
+    /// Step 4: settle the written sets against step 1's read, mark the settled `issuing`
+    /// records `issued` (but those a refund held meanwhile, which settle again on the
+    /// one-request path), answer. Past the read's trust window the payments are read
+    /// again. A set whose settle fails is answered with the failure and its record stays
+    /// `issuing`, for self-repair (atomic sets whose read showed nothing to take back
+    /// committed `issued`: a refund after the read settles them itself).
+    async fn settle_and_mark(&self, written: Vec<Written>, first_read: FirstRead) {
         if written.is_empty() {
             return;
         }
-        let keys: Vec<&PaymentKey> = written.iter().map(|(c, _)| &c.request.key).collect();
-        // Upsert-mode records were written `issuing`; atomic ones committed `issued`.
-        let ids: Vec<_> = written
-            .iter()
-            .filter(|(c, _)| c.record.status == IssuanceStatus::Issuing)
-            .map(|(c, _)| c.record.id)
-            .collect();
-        let payments = async {
-            match known {
-                Some(payments) => Ok(payments),
-                None => self.store.find_payments(&keys).await,
+        let payments = if first_read.at.elapsed() < TRUST_FIRST_READ_FOR {
+            first_read.payments
+        } else {
+            let keys: Vec<&PaymentKey> = written.iter().map(|(c, _)| &c.request.key).collect();
+            match self.store.find_payments(&keys).await {
+                Ok(payments) => payments,
+                Err(err) => return fail_all(written.into_iter().map(|(c, _)| c.answer), &err),
             }
         };
-        let (payments, marked) = tokio::join!(payments, self.store.mark_issued_many(&ids));
-        // A lost mark costs nothing: the record, still `issuing`, is marked again by
-        // self-repair.
-        if let Err(err) = marked {
-            tracing::warn!(error = %err, records = ids.len(), "cannot mark issued records; self-repair will");
-        }
-        let payments = match payments {
-            Ok(payments) => payments,
-            Err(err) => return fail_all(written.into_iter().map(|(c, _)| c.answer), &err),
-        };
-        for (mut claim, mut tokens) in written {
-            let key = &claim.request.key;
-            let settled = match self
-                .settle_with(key, claim.record.quantity, payments.get(key))
-                .await
-            {
-                // Tokens were revoked just now: answer with them as they are.
-                Ok(settlement) if settlement.revoked > 0 => {
-                    self.store.payment_tokens(key).await.map(|now| {
-                        tokens = now;
-                        settlement
-                    })
+        let settled = join_all(written.into_iter().map(|(claim, tokens)| {
+            let payment = payments.get(&claim.request.key);
+            async move {
+                let settled = self
+                    .settle_with(&claim.request.key, claim.record.quantity, payment)
+                    .await;
+                (claim, tokens, settled)
+            }
+        }))
+        .await;
+        let mut answered = Vec::with_capacity(settled.len());
+        for (claim, tokens, settled) in settled {
+            match settled {
+                Ok(settlement) => answered.push((claim, tokens, settlement)),
+                Err(err) => {
+                    let _ = claim.answer.send(Err(IssueError::Store(err)));
                 }
-                other => other,
-            };
-            let answer = match settled {
-                Err(err) => Err(IssueError::Store(err)),
-                Ok(settlement) => match settlement.withdrawn {
-                    Some(status) => Err(IssueError::PaymentNotSucceeded(status)),
-                    None => {
-                        claim.record.status = IssuanceStatus::Issued;
-                        let created = claim.request.params.quantity.get();
-                        Ok(IssueOutcome::Created(IssuedTokens {
-                            issuance: claim.record,
-                            tokens,
-                            created,
-                        }))
+            }
+        }
+        let held = self.mark_unless_held(&answered).await;
+        let held = &held;
+        join_all(
+            answered
+                .into_iter()
+                .map(|(mut claim, tokens, settlement)| async move {
+                    if held.contains(&claim.record.id) {
+                        // A refund held the place while these tokens were written: settle with
+                        // the payment as it is now.
+                        let outcome = self.complete(claim.record).await.map(IssueOutcome::Created);
+                        let _ = claim.answer.send(outcome);
+                        return;
                     }
-                },
-            };
-            let _ = claim.answer.send(answer);
+                    let key = &claim.request.key;
+                    // Tokens were revoked just now: answer with them as they are.
+                    let tokens = if settlement.revoked > 0 {
+                        self.store.payment_tokens(key).await
+                    } else {
+                        Ok(tokens)
+                    };
+                    let answer = match (tokens, settlement.withdrawn) {
+                        (Err(err), _) => Err(IssueError::Store(err)),
+                        (Ok(_), Some(status)) => Err(IssueError::PaymentNotSucceeded(status)),
+                        (Ok(tokens), None) => {
+                            claim.record.status = IssuanceStatus::Issued;
+                            let created = claim.request.params.quantity.get();
+                            Ok(IssueOutcome::Created(IssuedTokens {
+                                issuance: claim.record,
+                                tokens,
+                                created,
+                            }))
+                        }
+                    };
+                    let _ = claim.answer.send(answer);
+                }),
+        )
+        .await;
+    }
+
+    /// Marks the settled `issuing` records `issued`, but those a refund held meanwhile;
+    /// returns the ids of those. A lost mark costs nothing: the records, still
+    /// `issuing`, are settled and marked by self-repair.
+    async fn mark_unless_held(
+        &self,
+        settled: &[(Claimed, Vec<TokenSummary>, Settlement)],
+    ) -> HashSet<ObjectId> {
+        let ids: Vec<ObjectId> = settled
+            .iter()
+            .filter(|(c, _, _)| c.record.status == IssuanceStatus::Issuing)
+            .map(|(c, _, _)| c.record.id)
+            .collect();
+        match self.store.mark_settled(&ids).await {
+            Ok(marked) if marked == ids.len() as u64 => HashSet::new(),
+            Ok(_) => match self.store.still_issuing(&ids).await {
+                Ok(held) => held.into_iter().map(|record| record.id).collect(),
+                Err(err) => {
+                    tracing::warn!(error = %err, "cannot tell which records a refund held; self-repair will settle them");
+                    HashSet::new()
+                }
+            },
+            Err(err) => {
+                tracing::warn!(error = %err, records = ids.len(), "cannot mark issued records; self-repair will");
+                HashSet::new()
+            }
         }
     }
 
-    /// Step 6: requests whose payment had a record already.
+    /// Step 5: requests whose payment had a record already.
     async fn replay_batch(&self, replays: Vec<Queued>) {
         if replays.is_empty() {
             return;
@@ -389,6 +457,20 @@ impl Issuer {
         }))
         .await;
     }
+}
+
+/// The requests of `batch` whose payment is known not to stand, by `payments`.
+fn refusals_of(batch: &[Queued], payments: &Payments) -> Option<Refusals> {
+    let refused: Refusals = batch
+        .iter()
+        .enumerate()
+        .filter_map(|(i, q)| {
+            refuse_unless_standing(payments.get(&q.request.key))
+                .err()
+                .map(|refusal| (i, refusal))
+        })
+        .collect();
+    (!refused.is_empty()).then_some(refused)
 }
 
 /// Answers the refused requests; returns the others.

@@ -160,17 +160,9 @@ impl Issuer {
         } else {
             self.store.find_record(&event.key).await?
         };
-        let settlement = match record {
-            Some(record) => {
-                self.settle_with(&event.key, record.quantity, Some(state))
-                    .await?
-            }
-            // No record, so no tokens: only a withdrawn payment has anything to check.
-            None if state.status != PaymentStatus::Succeeded => {
-                self.settle_with(&event.key, 0, Some(state)).await?
-            }
-            None => Settlement::default(),
-        };
+        let settlement = self
+            .settle_recorded(&event.key, record.as_ref(), Some(state))
+            .await?;
         add_settlement(&mut outcome, settlement);
         Ok(outcome)
     }

@@ -1,20 +1,19 @@
 //! Issuing a payment's tokens: who may, and the write path every issuer shares.
 //!
 //! The write path, in either mode: the record is claimed (its unique index decides the
-//! payment's parameters), the tokens are written, the payment is re-read and the tokens
-//! settled against it. In upsert mode the record is `issuing` until its tokens are
-//! complete, then marked `issued` (by group commit, while the payment is re-read): a crash
-//! before the mark leaves an `issuing` record, which self-repair finishes the same way. In
-//! atomic mode record and tokens commit together, `issued`; a batch that commits settles
-//! against the payments as it read them before committing, which refunds' holds on the
-//! payment's place make safe (`store::placeholder`). In either mode a crash between
-//! the mark (or commit) and the settle is covered by the sweep of recently withdrawn
-//! payments (`repair_recent_withdrawals`).
+//! payment's parameters), the tokens are written, the set is settled against the payment
+//! and the record marked `issued`. A record is `issuing` until then (atomic mode commits
+//! record and tokens together, `issued` unless the payment has a share to take back), so
+//! a crash or a failed settle leaves an `issuing` record, which self-repair finishes the
+//! same way. Group commit settles against the payments as it read them before writing,
+//! which refunds' holds on the payment's place make safe (`store::placeholder`); the
+//! one-request path here reads the payment again after writing.
 
 use std::time::Duration;
 
 use mongodb::bson::DateTime;
 
+use super::standing::takes_back;
 use super::{Caller, IssueError, IssueOutcome, IssuedTokens, Issuer};
 use crate::domain::{IssuanceMode, IssuanceStatus, Mismatch, NewIssuance, PaymentStatus};
 use crate::store::{AtomicInsert, Existing, IssuanceDoc, PaymentDoc, StoreError, TokenSummary};
@@ -135,10 +134,15 @@ impl Issuer {
         refuse_unless_standing(payment.as_ref())?;
         let mut attempt = 0;
         loop {
-            // Atomic mode commits record and tokens together: the record is `issued` at once.
-            let status = match request.mode {
-                IssuanceMode::Upsert => IssuanceStatus::Issuing,
-                IssuanceMode::Atomic => IssuanceStatus::Issued,
+            // Atomic mode commits record and tokens together: the record is `issued` at
+            // once, unless the payment has a share to take back, whose settle after the
+            // commit must not be lost (`issuing` until it is done, as in upsert mode).
+            let status = match (request.mode, &payment) {
+                (IssuanceMode::Atomic, Some(payment)) if takes_back(payment) => {
+                    IssuanceStatus::Issuing
+                }
+                (IssuanceMode::Atomic, _) => IssuanceStatus::Issued,
+                (IssuanceMode::Upsert, _) => IssuanceStatus::Issuing,
             };
             let record = IssuanceDoc::new(request, status);
             let existing = match request.mode {
@@ -158,7 +162,7 @@ impl Issuer {
                             .await
                             .map(IssueOutcome::Created);
                     }
-                    Some(existing) => existing,
+                    Some(existing) => Some(existing),
                 },
                 IssuanceMode::Atomic => match self.store.insert_atomically(&record, request).await?
                 {
@@ -172,7 +176,11 @@ impl Issuer {
                     AtomicInsert::RecordExists(existing) => existing,
                 },
             };
-            if let Some(outcome) = self.answer_from_record(request, existing).await? {
+            // `None`: what took the place was gone when read (an expired pending record
+            // or placeholder): look again.
+            if let Some(existing) = existing
+                && let Some(outcome) = self.answer_from_record(request, existing).await?
+            {
                 return Ok(outcome);
             }
             // Someone else took a pending record or a placeholder over, or it expired, in

@@ -87,12 +87,10 @@ impl Issuer {
                 report.failed += 1;
                 continue;
             };
-            let quantity = self
-                .store
-                .find_record(&key)
-                .await?
-                .map_or(0, |record| record.quantity);
-            let settlement = self.settle_with(&key, quantity, Some(&payment)).await?;
+            let record = self.store.find_record(&key).await?;
+            let settlement = self
+                .settle_recorded(&key, record.as_ref(), Some(&payment))
+                .await?;
             report.tokens_revoked += settlement.revoked;
         }
         Ok(report)
@@ -101,23 +99,22 @@ impl Issuer {
 
 impl Issuer {
     /// Settles the payments refunded, canceled or partly refunded in the last `lookback`.
-    /// An atomic issuance commits its record `issued` and then settles; if its process
-    /// died in between while a refund's own settle had already run (before the commit
-    /// made the tokens visible), nobody else would revoke them. Settling is idempotent,
-    /// so sweeping recent withdrawals again costs one query and, per payment, one write
-    /// that changes nothing.
+    /// A refund whose process died between recording the payment's state and settling is
+    /// redelivered by its provider, but maybe only much later: this settles it meanwhile.
+    /// (An issuance's own settle cannot be lost this way: its record stays `issuing` until
+    /// the settle is done, for `repair_unfinished`.) Settling is idempotent, so sweeping
+    /// recent withdrawals again costs one query and, per payment, a write that changes
+    /// nothing.
     pub async fn repair_recent_withdrawals(&self, lookback: Duration) -> Result<u64, StoreError> {
         let since =
             DateTime::from_millis(DateTime::now().timestamp_millis() - lookback.as_millis() as i64);
         let mut revoked = 0;
         for payment in self.store.payments_taking_back_since(since).await? {
             let Ok(key) = payment.key() else { continue };
-            let quantity = self
-                .store
-                .find_record(&key)
-                .await?
-                .map_or(0, |record| record.quantity);
-            let settlement = self.settle_with(&key, quantity, Some(&payment)).await?;
+            let record = self.store.find_record(&key).await?;
+            let settlement = self
+                .settle_recorded(&key, record.as_ref(), Some(&payment))
+                .await?;
             if settlement.revoked > 0 {
                 metrics::counter!(metric::REPAIRS_TOTAL, "outcome" => "revoked").increment(1);
                 tracing::info!(payment = %key.payment_intent_id, revoked = settlement.revoked, "revoked tokens a crashed issuance left active after a refund");

@@ -7,19 +7,18 @@
 //!
 //! Why every interleaving ends right: a refund first records the payment's new state
 //! (the version-gated projection), then holds the payment's place in `issuances`, then
-//! settles. Every writer of tokens settles after its write. Whichever of the two settles
-//! last has seen the other's write: if the refund's settle ran before the tokens existed,
-//! the issuer's settle runs after its write and reads the refunded state, which was
-//! recorded before the refund's settle began. An atomic batch settles against the read
-//! it made before its commit instead: the refund's hold on the place orders the two
-//! itself (it waits for an uncommitted record, or its placeholder stops the transaction;
-//! `store::placeholder`). A writer that crashes before its settle leaves its record
-//! `issuing`, which self-repair settles, or an `issued` record of a payment withdrawn
-//! lately, which the sweep of recent withdrawals settles; so does a refund that crashes
-//! between recording the state and settling.
+//! settles. A writer of tokens reads the payment before it writes and settles against
+//! that read after writing; the hold orders the two (`store::placeholder`): a hold before
+//! the writer's record leaves a placeholder that stops it, a hold on an uncommitted
+//! atomic record waits for the commit and then revokes, a hold on an `issuing` record
+//! marks it held so the writer settles again with a fresh read, and a hold after the
+//! tokens sees them. A record stays `issuing` until its set is written and settled, so a
+//! writer that dies or whose settle fails leaves it to self-repair, which settles with a
+//! fresh read; a refund that dies before its settle is redelivered by its provider, and
+//! the sweep of recent withdrawals settles it meanwhile.
 
-use crate::domain::{Actor, PaymentKey, PaymentStatus};
-use crate::store::{PaymentDoc, StoreError};
+use crate::domain::{Actor, IssuanceStatus, PaymentKey, PaymentStatus};
+use crate::store::{IssuanceDoc, PaymentDoc, StoreError};
 use crate::telemetry::metric;
 
 use super::Issuer;
@@ -86,6 +85,13 @@ pub fn takes_back(payment: &PaymentDoc) -> bool {
     ) || payment.amount_refunded.is_some_and(|refunded| refunded > 0)
 }
 
+/// The payment's state when it is refunded or canceled: none of its tokens stand.
+fn withdrawn(payment: Option<&PaymentDoc>) -> Option<PaymentStatus> {
+    payment
+        .map(|p| p.status)
+        .filter(|s| matches!(s, PaymentStatus::Refunded | PaymentStatus::Canceled))
+}
+
 /// What settling did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Settlement {
@@ -108,6 +114,28 @@ impl Issuer {
         self.settle_with(key, quantity, payment.as_ref()).await
     }
 
+    /// Makes a payment's tokens agree with `payment`, for the set `record` (as read)
+    /// says it has. The quantity is the set's only once the record is no longer pending:
+    /// a pending request's quantity is replaced when the provider's success takes it
+    /// over, and it has no tokens yet, so there is nothing to settle — the take-over
+    /// settles its own tokens after writing them. No record: no set, and any token there
+    /// is an orphan, which a withdrawn payment revokes.
+    pub(super) async fn settle_recorded(
+        &self,
+        key: &PaymentKey,
+        record: Option<&IssuanceDoc>,
+        payment: Option<&PaymentDoc>,
+    ) -> Result<Settlement, StoreError> {
+        match record {
+            Some(record) if record.status == IssuanceStatus::Pending => Ok(Settlement {
+                withdrawn: withdrawn(payment),
+                ..Settlement::default()
+            }),
+            Some(record) => self.settle_with(key, record.quantity, payment).await,
+            None => self.settle_with(key, 0, payment).await,
+        }
+    }
+
     /// Makes a payment's tokens agree with `payment` (its state as just read).
     pub(super) async fn settle_with(
         &self,
@@ -115,9 +143,7 @@ impl Issuer {
         quantity: i64,
         payment: Option<&PaymentDoc>,
     ) -> Result<Settlement, StoreError> {
-        let withdrawn = payment
-            .map(|p| p.status)
-            .filter(|s| matches!(s, PaymentStatus::Refunded | PaymentStatus::Canceled));
+        let withdrawn = withdrawn(payment);
         match entitlement(payment, quantity) {
             Entitlement::All => Ok(Settlement {
                 withdrawn,

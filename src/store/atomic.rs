@@ -4,16 +4,18 @@
 //!
 //! One transaction may carry several issuances (group commit in atomic mode): each one's
 //! record and tokens still commit together, and its batch-mates commit with them. The
-//! records go first, in one ordered `insert`; a duplicate key on the issuance index means
-//! a payment's place is taken (a record someone else committed, or a refund's
+//! tokens go first, in one `insert`, while the caller's plan reads what it needs to
+//! decide the records (their status depends on the payments' state); then the records,
+//! in one ordered `insert`. A duplicate key on either unique index means a payment's
+//! place is taken (a record and tokens someone else committed, or a refund's
 //! placeholder): the transaction is abandoned, nothing is written, and the caller finds
 //! out which payment it was.
 //! Concurrent first writers collide as write conflicts (TransientTransactionError); the
 //! loser retries and then runs into the winner's record.
 //!
-//! The caller may give a precondition — a read it needs the answer of before anything
-//! commits. It runs while the transaction writes, so its round trip costs no time of its
-//! own; a refusal aborts the transaction, and an aborted transaction leaves nothing.
+//! The plan — the caller's read and decision — runs while the transaction writes the
+//! tokens, so its round trip costs no time of its own; a refusal aborts the transaction,
+//! and an aborted transaction leaves nothing.
 
 use std::future::Future;
 use std::time::Duration;
@@ -25,7 +27,8 @@ use mongodb::options::{Acknowledgment, ReadConcern, WriteConcern};
 
 use super::documents::{IssuanceDoc, TokenSummary, fresh_tokens, new_token};
 use super::error::{
-    ISSUANCES_PAYMENT_INDEX, StoreError, duplicate_key_index, is_transient_transaction_error,
+    ISSUANCES_PAYMENT_INDEX, StoreError, TOKENS_PAYMENT_INDEX, duplicate_key_index,
+    is_transient_transaction_error,
 };
 use super::placeholder::Existing;
 use super::{Store, TOKENS};
@@ -41,25 +44,25 @@ pub enum AtomicInsert {
     /// Record and tokens committed together; the tokens in tokenIndex order.
     Committed(Vec<TokenSummary>),
     /// The payment's place was taken (by a record someone else committed, or a refund's
-    /// placeholder): by this.
-    RecordExists(Existing),
+    /// placeholder): by this, or by something that was gone (expired) when read.
+    RecordExists(Option<Existing>),
 }
 
-/// What an atomic insert of several issuances did; `R` is what a precondition refused
-/// with.
+/// What an atomic insert of several issuances did; `R` is what a plan refused with.
 #[derive(Debug)]
 pub enum AtomicSetsInsert<R = std::convert::Infallible> {
-    /// Every record and token set committed together; the sets in the order given, each
-    /// in tokenIndex order.
-    Committed(Vec<Vec<TokenSummary>>),
-    /// At least one of the payments already had a record: nothing was written.
+    /// Every record and token set committed together, in the order of the requests;
+    /// each set in tokenIndex order.
+    Committed(Vec<(IssuanceDoc, Vec<TokenSummary>)>),
+    /// At least one of the payments' places was taken already: nothing was written.
     RecordExists,
-    /// The precondition refused: the transaction was aborted, nothing was written.
+    /// The plan refused: the transaction was aborted, nothing was written.
     Refused(R),
 }
 
-/// One issuance of an atomic insert: its record and what it issues.
-pub type AtomicSet<'a> = (&'a IssuanceDoc, &'a NewIssuance);
+/// What a transaction's plan decides once it has read what it needs: the records to
+/// commit, one per request in order, or a refusal.
+pub type AtomicPlan<R> = Result<Vec<IssuanceDoc>, R>;
 
 impl Store {
     /// Inserts `record` and the tokens of `request` in one transaction, unless the
@@ -69,50 +72,54 @@ impl Store {
         record: &IssuanceDoc,
         request: &NewIssuance,
     ) -> Result<AtomicInsert, StoreError> {
-        let inserted: AtomicSetsInsert = self
-            .insert_sets_atomically_unless(&[(record, request)], async { Ok(None) })
-            .await?;
+        let plan = async { Ok(Ok(vec![record.clone()])) };
+        let inserted: AtomicSetsInsert = self.insert_sets_atomically(&[request], plan).await?;
         match inserted {
-            AtomicSetsInsert::Committed(mut sets) => {
-                Ok(AtomicInsert::Committed(sets.pop().unwrap_or_default()))
-            }
-            AtomicSetsInsert::RecordExists => {
-                let existing = self
-                    .find_existing(&request.key)
-                    .await?
-                    .ok_or_else(|| StoreError::Internal("issuance record vanished".to_owned()))?;
-                Ok(AtomicInsert::RecordExists(existing))
-            }
+            AtomicSetsInsert::Committed(mut sets) => Ok(AtomicInsert::Committed(
+                sets.pop().map(|(_, tokens)| tokens).unwrap_or_default(),
+            )),
+            AtomicSetsInsert::RecordExists => Ok(AtomicInsert::RecordExists(
+                self.find_existing(&request.key).await?,
+            )),
             AtomicSetsInsert::Refused(never) => match never {},
         }
     }
 
-    /// Inserts every record and its tokens in one transaction, unless one of the payments
-    /// already has a record or `refusal` resolves to `Some`. `refusal` is awaited once,
-    /// while the first attempt writes. The payments must differ (the caller's job: a
-    /// second record of the same payment would only ever find the first).
-    pub async fn insert_sets_atomically_unless<R>(
+    /// Inserts the tokens of every request, and the records `plan` decides, in one
+    /// transaction, unless one of the payments' places is taken or `plan` refuses.
+    /// `plan` is awaited once, while the first attempt writes the tokens; the records go
+    /// after it. The payments must differ (the caller's job: a second record of the same
+    /// payment would only ever find the first).
+    pub async fn insert_sets_atomically<R>(
         &self,
-        sets: &[AtomicSet<'_>],
-        refusal: impl Future<Output = Result<Option<R>, StoreError>> + Send,
+        requests: &[&NewIssuance],
+        plan: impl Future<Output = Result<AtomicPlan<R>, StoreError>> + Send,
     ) -> Result<AtomicSetsInsert<R>, StoreError> {
         if !self.supports_transactions().await? {
             return Err(StoreError::TransactionsUnavailable);
         }
         let mut session = self.client.start_session().await?;
-        let mut refusal = Precondition::Pending(Box::pin(refusal));
+        let mut plan = Plan::Pending(Box::pin(plan));
         let mut attempt = 1;
         loop {
-            match self.try_transaction(&mut session, sets, &mut refusal).await {
+            match self
+                .try_transaction(&mut session, requests, &mut plan)
+                .await
+            {
                 Ok(Attempt::Committed(token_sets)) => {
-                    return Ok(AtomicSetsInsert::Committed(token_sets));
+                    let Plan::Answered(Ok(records)) = plan else {
+                        return Err(StoreError::Internal(
+                            "a committed transaction without its records".to_owned(),
+                        ));
+                    };
+                    return Ok(AtomicSetsInsert::Committed(
+                        records.into_iter().zip(token_sets).collect(),
+                    ));
                 }
                 Ok(Attempt::RecordExists) => return Ok(AtomicSetsInsert::RecordExists),
                 Ok(Attempt::Refused) => {
-                    return match refusal {
-                        Precondition::Answered(Some(refused)) => {
-                            Ok(AtomicSetsInsert::Refused(refused))
-                        }
+                    return match plan {
+                        Plan::Answered(Err(refused)) => Ok(AtomicSetsInsert::Refused(refused)),
                         _ => Err(StoreError::Internal(
                             "a refused transaction without its refusal".to_owned(),
                         )),
@@ -127,11 +134,9 @@ impl Store {
                     // A short, growing pause lets the conflicting transaction commit.
                     tokio::time::sleep(Duration::from_millis(u64::from(attempt) * 5)).await;
                 }
-                // Still conflicting after every retry: most likely a transaction a crashed
-                // instance left open, which the server aborts when its lifetime ends
-                // (`transactionLifetimeLimitSeconds`). Retrying later will succeed: 503.
+                // Still conflicting after every retry: see `StoreError::Contended`.
                 Err(TransactionError::Driver(err)) if is_transient_transaction_error(&err) => {
-                    return Err(StoreError::Unavailable(err));
+                    return Err(StoreError::Contended(err));
                 }
                 Err(TransactionError::Precondition(err)) => return Err(err),
                 Err(TransactionError::Driver(err)) => return Err(err.into()),
@@ -142,48 +147,33 @@ impl Store {
     async fn try_transaction<R>(
         &self,
         session: &mut ClientSession,
-        sets: &[AtomicSet<'_>],
-        refusal: &mut Precondition<'_, R>,
+        requests: &[&NewIssuance],
+        plan: &mut Plan<'_, R>,
     ) -> Result<Attempt, TransactionError> {
         session
             .start_transaction()
             .read_concern(ReadConcern::snapshot())
             .write_concern(WriteConcern::builder().w(Acknowledgment::Majority).build())
             .await?;
-        // The precondition's read and the writes go together; both answer before commit.
-        let (written, refused) =
-            tokio::join!(self.write_in_transaction(session, sets), refusal.answer());
-        let refused = match refused {
-            Ok(refused) => refused,
+        // The plan's read and the token writes go together; the records, which the plan
+        // decides, follow both.
+        let (written, planned) =
+            tokio::join!(self.insert_tokens_in(session, requests), plan.answer());
+        let records = match planned {
+            Ok(Some(records)) => records,
+            Ok(None) => {
+                // A refusal outranks whatever the writes did: the caller answers it first.
+                let _ = session.abort_transaction().await;
+                return Ok(Attempt::Refused);
+            }
             Err(err) => {
                 let _ = session.abort_transaction().await;
                 return Err(TransactionError::Precondition(err));
             }
         };
-        if refused {
-            // A refusal outranks whatever the writes did: the caller answers it first.
-            let _ = session.abort_transaction().await;
-            return Ok(Attempt::Refused);
-        }
         let Some(inserted) = written? else {
             return Ok(Attempt::RecordExists);
         };
-        commit_with_retry(session).await?;
-        let created: usize = inserted.iter().map(Vec::len).sum();
-        metrics::counter!(metric::TOKENS_CREATED_TOTAL).increment(created as u64);
-        Ok(Attempt::Committed(
-            inserted.into_iter().map(fresh_tokens).collect(),
-        ))
-    }
-
-    /// The records, then the tokens, inside the session's transaction; aborted on
-    /// failure. `None` when a payment already has a record.
-    async fn write_in_transaction(
-        &self,
-        session: &mut ClientSession,
-        sets: &[AtomicSet<'_>],
-    ) -> Result<Option<Vec<Vec<(i64, ObjectId)>>>, Error> {
-        let records = sets.iter().map(|(record, _)| *record);
         if let Err(err) = self
             .records()
             .insert_many(records)
@@ -193,15 +183,30 @@ impl Store {
             // Leave the session clean for the next attempt; the abort's own failure is moot.
             let _ = session.abort_transaction().await;
             if duplicate_key_index(&err).as_deref() == Some(ISSUANCES_PAYMENT_INDEX) {
-                return Ok(None);
+                return Ok(Attempt::RecordExists);
             }
-            return Err(err);
+            return Err(err.into());
         }
+        commit_with_retry(session).await?;
+        let created: usize = inserted.iter().map(Vec::len).sum();
+        metrics::counter!(metric::TOKENS_CREATED_TOTAL).increment(created as u64);
+        Ok(Attempt::Committed(
+            inserted.into_iter().map(fresh_tokens).collect(),
+        ))
+    }
+
+    /// The tokens of every request, inside the session's transaction; aborted on
+    /// failure. `None` when a payment's tokens exist already (its place is taken).
+    async fn insert_tokens_in(
+        &self,
+        session: &mut ClientSession,
+        requests: &[&NewIssuance],
+    ) -> Result<Option<Vec<Vec<(i64, ObjectId)>>>, Error> {
         let now = DateTime::now();
         let mut documents = Vec::new();
-        let inserted = sets
+        let inserted = requests
             .iter()
-            .map(|(_, request)| token_documents(request, now, &mut documents))
+            .map(|request| token_documents(request, now, &mut documents))
             .collect();
         if let Err(err) = self
             .database()
@@ -211,6 +216,9 @@ impl Store {
             .await
         {
             let _ = session.abort_transaction().await;
+            if duplicate_key_index(&err).as_deref() == Some(TOKENS_PAYMENT_INDEX) {
+                return Ok(None);
+            }
             return Err(err);
         }
         Ok(Some(inserted))
@@ -220,13 +228,13 @@ impl Store {
 /// How one transaction attempt ended.
 enum Attempt {
     Committed(Vec<Vec<TokenSummary>>),
-    /// A payment already has a record (committed by someone else).
+    /// A payment's place is taken (by someone else's committed record or tokens).
     RecordExists,
-    /// The precondition refused; the transaction was aborted.
+    /// The plan refused; the transaction was aborted.
     Refused,
 }
 
-/// Why an attempt failed: the driver (maybe transient, retried) or the precondition.
+/// Why an attempt failed: the driver (maybe transient, retried) or the plan's read.
 enum TransactionError {
     Driver(Error),
     Precondition(StoreError),
@@ -238,19 +246,22 @@ impl From<Error> for TransactionError {
     }
 }
 
-/// A precondition, awaited once whatever the number of attempts.
-enum Precondition<'a, R> {
-    Pending(std::pin::Pin<Box<dyn Future<Output = Result<Option<R>, StoreError>> + Send + 'a>>),
-    Answered(Option<R>),
+/// A plan, awaited once whatever the number of attempts.
+enum Plan<'a, R> {
+    Pending(std::pin::Pin<Box<dyn Future<Output = Result<AtomicPlan<R>, StoreError>> + Send + 'a>>),
+    Answered(AtomicPlan<R>),
 }
 
-impl<R> Precondition<'_, R> {
-    /// Whether the precondition refuses (awaiting it the first time).
-    async fn answer(&mut self) -> Result<bool, StoreError> {
+impl<R> Plan<'_, R> {
+    /// The records to commit, or `None` for a refusal (awaiting the plan the first time).
+    async fn answer(&mut self) -> Result<Option<&[IssuanceDoc]>, StoreError> {
         if let Self::Pending(pending) = self {
             *self = Self::Answered(pending.await?);
         }
-        Ok(matches!(self, Self::Answered(Some(_))))
+        match self {
+            Self::Answered(Ok(records)) => Ok(Some(records)),
+            _ => Ok(None),
+        }
     }
 }
 

@@ -163,12 +163,16 @@ impl Store {
             .collect())
     }
 
-    /// Marks these `issuing` records `issued`, in one command (see `mark_issued`).
-    pub async fn mark_issued_many(&self, ids: &[ObjectId]) -> Result<(), StoreError> {
+    /// Marks these `issuing` records `issued` (their sets are complete and settled), in
+    /// one command, but for any a refund held meanwhile (`hold_place`); returns how many
+    /// it marked. Primary-only like `mark_issued`: a lost mark sends the record back to
+    /// self-repair, which settles and marks it again.
+    pub async fn mark_settled(&self, ids: &[ObjectId]) -> Result<u64, StoreError> {
         if ids.is_empty() {
-            return Ok(());
+            return Ok(0);
         }
-        self.db
+        let marked = self
+            .db
             .collection_with_options::<Document>(
                 ISSUANCES,
                 CollectionOptions::builder()
@@ -176,11 +180,22 @@ impl Store {
                     .build(),
             )
             .update_many(
-                doc! { "_id": { "$in": ids }, "status": IssuanceStatus::Issuing.as_str() },
+                doc! {
+                    "_id": { "$in": ids },
+                    "status": IssuanceStatus::Issuing.as_str(),
+                    "heldAt": { "$exists": false },
+                },
                 doc! { "$set": { "status": IssuanceStatus::Issued.as_str() } },
             )
             .await?;
-        Ok(())
+        Ok(marked.modified_count)
+    }
+
+    /// The records of `ids` still `issuing` (those `mark_settled` left: held by a
+    /// refund meanwhile).
+    pub async fn still_issuing(&self, ids: &[ObjectId]) -> Result<Vec<IssuanceDoc>, StoreError> {
+        let filter = doc! { "_id": { "$in": ids }, "status": IssuanceStatus::Issuing.as_str() };
+        Ok(self.records().find(filter).await?.try_collect().await?)
     }
 
     /// The payments of `keys` that tokenmint has heard of, by key, in one query.

@@ -13,6 +13,12 @@ pub enum StoreError {
     /// MongoDB cannot be reached (server selection timed out, network, failover).
     #[error("database unavailable: {0}")]
     Unavailable(#[source] Error),
+    /// A payment's keys kept conflicting with another transaction through every retry:
+    /// most likely one a crashed instance left open, which the server aborts when its
+    /// lifetime ends (`transactionLifetimeLimitSeconds`). Retrying later succeeds; the
+    /// other payments of a shared transaction need not wait for it.
+    #[error("transaction kept conflicting: {0}")]
+    Contended(#[source] Error),
     /// `atomic` mode was asked of a deployment without transactions (a standalone server).
     #[error("transactions are not available on this deployment")]
     TransactionsUnavailable,

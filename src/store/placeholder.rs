@@ -15,7 +15,9 @@
 //!   which reads the payment again after writing.
 //!
 //! Either way the refund and the issuance are ordered without the issuance reading the
-//! payment a second time. A placeholder is not a record: every read of records skips it,
+//! payment a second time. A hold that finds an `issuing` record (upsert mode: its tokens
+//! may still be on their way) marks it `heldAt`, and the writer's conditional mark leaves
+//! a held record `issuing`, to be settled against the payment read again. A placeholder is not a record: every read of records skips it,
 //! and whoever claims the payment later (a checkout's pending request, an issuance of a
 //! partly refunded payment) takes it over in place, keeping its `_id`, so that the index
 //! key is never free in between. Placeholders expire after `PLACEHOLDER_LIFETIME` (the
@@ -35,7 +37,7 @@ use super::documents::{IssuanceDoc, from_document};
 use super::error::{ISSUANCES_PAYMENT_INDEX, StoreError};
 use super::filters::{RECORD_KEY_FIELDS, issuance_filter, issuances_filter};
 use super::{ISSUANCES, Store};
-use crate::domain::PaymentKey;
+use crate::domain::{IssuanceStatus, PaymentKey};
 
 /// The `status` of a placeholder. Not an `IssuanceStatus`: it never leaves this layer.
 pub(super) const PLACEHOLDER: &str = "placeholder";
@@ -87,7 +89,12 @@ impl Store {
             { "$ne": [{ "$ifNull": ["$status", PLACEHOLDER] }, PLACEHOLDER] },
             { "$eq": [{ "$type": "$expiresAt" }, "missing"] },
         ] };
+        // An `issuing` record is marked held: its writer may have read the payment
+        // before this refund, and its conditional mark (`mark_settled`) then leaves it
+        // `issuing` for a settle that reads the payment again.
+        let issuing = doc! { "$eq": ["$status", IssuanceStatus::Issuing.as_str()] };
         let pipeline = vec![doc! { "$set": {
+            "heldAt": { "$cond": [issuing, "$$NOW", "$heldAt"] },
             "status": { "$ifNull": ["$status", PLACEHOLDER] },
             "expiresAt": { "$cond": [
                 never_expires,

@@ -8,7 +8,7 @@
 use std::sync::{Arc, LazyLock};
 
 use mongodb::Client;
-use mongodb::bson::{Bson, doc};
+use mongodb::bson::{Bson, Document, doc};
 use tokio::sync::{Mutex, OwnedMutexGuard};
 
 use crate::mongod::mongo_uri;
@@ -51,6 +51,8 @@ impl Fault {
 /// [`FailPoint::off`], or when dropped.
 pub struct FailPoint {
     client: Client,
+    /// How often the failpoint had been entered when this one was set.
+    entered_before: i64,
     turned_off: bool,
     /// The server has one `failCommand` failpoint: a second test setting it would replace
     /// this one's. Tests that use failpoints take turns (other tests run on).
@@ -98,24 +100,39 @@ impl FailPoint {
                 data.insert("blockTimeMS", millis);
             }
         }
-        client
+        let answer = client
             .database("admin")
             .run_command(doc! { "configureFailPoint": "failCommand", "mode": mode, "data": data })
             .await
             .expect("configureFailPoint (the test mongod runs with enableTestCommands=1)");
         Self {
             client,
+            entered_before: count(&answer),
             turned_off: false,
             _turn: turn,
         }
     }
 
+    /// Whether the failpoint has failed (or held up) `times` commands since it was set,
+    /// waiting up to `within` for it.
+    pub async fn fired_within(&self, times: i64, within: std::time::Duration) -> bool {
+        self.client
+            .database("admin")
+            .run_command(doc! {
+                "waitForFailPoint": "failCommand",
+                "timesEntered": self.entered_before + times,
+                "maxTimeMS": within.as_millis() as i64,
+            })
+            .await
+            .is_ok()
+    }
+
     /// Turns the failpoint off; returns how many commands it failed (or held up), so that
     /// a test can show its fault really happened.
     pub async fn off(mut self) -> i64 {
-        let fired = turn_off(&self.client).await;
+        let entered = turn_off(&self.client).await;
         self.turned_off = true;
-        fired
+        entered - self.entered_before
     }
 }
 
@@ -125,13 +142,16 @@ async fn turn_off(client: &Client) -> i64 {
         .database("admin")
         .run_command(doc! { "configureFailPoint": "failCommand", "mode": "off" })
         .await
+        .map(|answer| count(&answer))
+        .unwrap_or(0)
+}
+
+/// The `count` of a `configureFailPoint` answer: how often the failpoint was entered.
+fn count(answer: &Document) -> i64 {
+    answer
+        .get_i64("count")
         .ok()
-        .and_then(|answer| {
-            answer
-                .get_i64("count")
-                .ok()
-                .or_else(|| answer.get_i32("count").ok().map(i64::from))
-        })
+        .or_else(|| answer.get_i32("count").ok().map(i64::from))
         .unwrap_or(0)
 }
 
@@ -141,14 +161,19 @@ impl Drop for FailPoint {
             return;
         }
         // A test that panicked must not leave its failpoint on for the others: turned off
-        // on a runtime of its own, whatever runtime the test was on.
-        let client = self.client.clone();
+        // on a runtime of its own, whatever runtime the test was on, by a client of that
+        // runtime (this one's tasks run on the test's runtime, blocked while we wait).
         std::thread::spawn(move || {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
                 .expect("a runtime to turn the failpoint off");
-            runtime.block_on(turn_off(&client))
+            runtime.block_on(async {
+                let client = Client::with_uri_str(mongo_uri())
+                    .await
+                    .expect("admin client");
+                turn_off(&client).await
+            })
         })
         .join()
         .ok();

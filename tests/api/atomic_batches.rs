@@ -9,15 +9,18 @@ use futures::future::join_all;
 use mongodb::bson::{DateTime, Document, doc, oid::ObjectId};
 use serde_json::{Value, json};
 use tokenmint::domain::IssuanceStatus;
-use tokenmint::store::{AtomicSet, AtomicSetsInsert, IssuanceDoc, Store};
+use tokenmint::domain::NewIssuance;
+use tokenmint::store::{AtomicSetsInsert, IssuanceDoc, Store};
 
 use crate::helpers::*;
 use crate::provider_events::app;
 
-/// The shared transaction, without a precondition.
-async fn insert_in_one(store: &Store, sets: &[AtomicSet<'_>]) -> AtomicSetsInsert {
+/// The shared transaction of `sets`, with a plan that commits their records as given.
+async fn insert_in_one(store: &Store, sets: &[(&IssuanceDoc, &NewIssuance)]) -> AtomicSetsInsert {
+    let requests: Vec<&NewIssuance> = sets.iter().map(|(_, request)| *request).collect();
+    let records: Vec<IssuanceDoc> = sets.iter().map(|(record, _)| (*record).clone()).collect();
     store
-        .insert_sets_atomically_unless(sets, async { Ok(None) })
+        .insert_sets_atomically(&requests, async { Ok(Ok(records)) })
         .await
         .unwrap()
 }
@@ -46,11 +49,13 @@ async fn a_shared_transaction_that_meets_a_record_writes_nothing_and_the_rest_co
         .iter()
         .map(|r| IssuanceDoc::new(r, IssuanceStatus::Issued))
         .collect();
-    let sets: Vec<AtomicSet<'_>> = records.iter().zip(&requests).collect();
+    let sets: Vec<(&IssuanceDoc, &NewIssuance)> = records.iter().zip(&requests).collect();
 
-    // A precondition that refuses, answered while the transaction wrote: nothing stays.
+    // A plan that refuses, answered while the transaction wrote: nothing stays.
     let refused = store
-        .insert_sets_atomically_unless(&[sets[0], sets[2]], async { Ok(Some("refused")) })
+        .insert_sets_atomically(&[&requests[0], &requests[2]], async {
+            Ok(Err::<Vec<IssuanceDoc>, _>("refused"))
+        })
         .await
         .unwrap();
     assert!(
@@ -72,10 +77,11 @@ async fn a_shared_transaction_that_meets_a_record_writes_nothing_and_the_rest_co
 
     // Without it, the others commit together, each set whole and named in its answer.
     let rest = [sets[0], sets[2]];
-    let AtomicSetsInsert::Committed(token_sets) = insert_in_one(&store, &rest).await else {
+    let AtomicSetsInsert::Committed(committed) = insert_in_one(&store, &rest).await else {
         panic!("the rest did not commit");
     };
-    for ((record, issued), tokens) in rest.iter().zip(&token_sets) {
+    for ((record, issued), (committed_record, tokens)) in rest.iter().zip(&committed) {
+        assert_eq!(committed_record.id, record.id);
         let payment = issued.key.payment_intent_id.as_str();
         let stored = app.tokens_of(payment).await;
         let stored_ids: Vec<ObjectId> = stored

@@ -235,6 +235,12 @@ impl From<StoreError> for ApiError {
                 tracing::warn!(error = %source, "database unavailable");
                 Self::DatabaseUnavailable
             }
+            // The payment's keys are held by another transaction (one a crashed instance
+            // left open, most likely): the same answer as an outage, retry later.
+            StoreError::Contended(source) => {
+                tracing::warn!(error = %source, "transaction kept conflicting");
+                Self::DatabaseUnavailable
+            }
             StoreError::TransactionsUnavailable => Self::TransactionsUnavailable,
             StoreError::Internal(message) => {
                 tracing::error!(error = %message, "store error");

@@ -1,27 +1,22 @@
-//! Group commit in atomic mode: the batch's records (`issued`) and all their tokens in one
-//! transaction, so each issuance still commits whole, while step 1 reads the payments.
-//! A payment known not to stand, or one that had a record already, aborts the transaction
-//! (which leaves nothing) and the next one goes without those requests; then the settle
-//! (step 4, no mark), then the replays (step 6).
+//! Group commit in atomic mode: the batch's tokens and records in one transaction, so
+//! each issuance still commits whole, while step 1 reads the payments; the records follow
+//! the read (`issued`, or `issuing` where it shows a share to take back). A payment known
+//! not to stand, or one whose place was taken already, aborts the transaction (which
+//! leaves nothing) and the next one goes without those requests; then the settle and the
+//! mark of the `issuing` ones (step 4), then the replays (step 5).
 
 use std::collections::HashSet;
-use std::time::Duration;
 
+use tokio::sync::OnceCell;
 use tokio::time::Instant;
 
-use super::{Claimed, Payments, Queued, Written, answer_refused, fail_all};
-use crate::domain::{IssuanceStatus, PaymentKey};
-use crate::issuing::Issuer;
-use crate::store::{
-    AtomicSet, AtomicSetsInsert, IssuanceDoc, PLACEHOLDER_LIFETIME, StoreError, TokenSummary,
+use super::{
+    Claimed, FirstRead, Payments, Queued, Refusals, Written, answer_refused, fail_all, refusals_of,
 };
-
-/// How long after the first read a batch that committed may settle against it. Far below
-/// the placeholder's lifetime: the argument needs what a refund's hold left after the
-/// read (a placeholder, or a pending record it kept) to still be there when the
-/// transaction inserts its records.
-const TRUST_FIRST_READ_FOR: Duration = Duration::from_secs(60);
-const _: () = assert!(TRUST_FIRST_READ_FOR.as_secs() * 10 <= PLACEHOLDER_LIFETIME.as_secs());
+use crate::domain::{IssuanceStatus, NewIssuance, PaymentKey};
+use crate::issuing::Issuer;
+use crate::issuing::standing::takes_back;
+use crate::store::{AtomicPlan, AtomicSetsInsert, IssuanceDoc, StoreError, TokenSummary};
 
 /// Transactions per batch: one that the payments' state refuses, or that runs into an
 /// existing record (then a read finds which), is followed by one without those requests,
@@ -32,41 +27,18 @@ impl Issuer {
     pub(super) async fn commit_atomically(&self, batch: Vec<Queued>) {
         let (mut firsts, mut replays) = first_per_payment(batch);
         let mut written = Vec::new();
-        // Step 1 runs beside the first transaction only. Its read is also the settle's
-        // (no second read): a refund recorded after it holds the payment's place before
-        // revoking, which either waits for this batch's commit or stops it, whatever the
-        // attempt (`store::placeholder`).
-        let started = Instant::now();
-        let mut payments_read = false;
-        let mut first_read: Option<Payments> = None;
+        // Step 1 reads beside the first transaction only; later ones (fewer requests)
+        // plan from the same read, which is also the settle's.
+        let first_read = OnceCell::new();
         for _ in 0..MAX_ATTEMPTS {
             if firsts.is_empty() {
                 break;
             }
-            let records: Vec<IssuanceDoc> = firsts
-                .iter()
-                .map(|q| IssuanceDoc::new(&q.request, IssuanceStatus::Issued))
-                .collect();
-            let sets: Vec<AtomicSet<'_>> = records
-                .iter()
-                .zip(&firsts)
-                .map(|(record, q)| (record, &q.request))
-                .collect();
-            let refusals = async {
-                if std::mem::replace(&mut payments_read, true) {
-                    return Ok(None);
-                }
-                let (payments, refused) = self.refusals(&firsts).await?;
-                first_read = Some(payments);
-                Ok(refused)
-            };
-            match self
-                .store
-                .insert_sets_atomically_unless(&sets, refusals)
-                .await
-            {
-                Ok(AtomicSetsInsert::Committed(token_sets)) => {
-                    written = claims(std::mem::take(&mut firsts), records, token_sets);
+            let requests: Vec<&NewIssuance> = firsts.iter().map(|q| &q.request).collect();
+            let plan = self.plan_records(&firsts, &first_read);
+            match self.store.insert_sets_atomically(&requests, plan).await {
+                Ok(AtomicSetsInsert::Committed(sets)) => {
+                    written = claims(std::mem::take(&mut firsts), sets);
                 }
                 Ok(AtomicSetsInsert::Refused(refused)) => {
                     firsts = answer_refused(firsts, refused);
@@ -77,12 +49,17 @@ impl Issuer {
                     firsts = rest;
                 }
                 // The deployment cannot take it (an outage, no transactions): every
-                // request would be refused the same way on its own.
+                // request would be refused the same way on its own. So would a lone
+                // request whose keys another transaction holds.
                 Err(err @ (StoreError::Unavailable(_) | StoreError::TransactionsUnavailable)) => {
                     fail_all(firsts.drain(..).map(|q| q.answer), &err);
                 }
-                // Anything else may be one item's fault: each request tries alone, so
-                // that it fails only its own request.
+                Err(err @ StoreError::Contended(_)) if firsts.len() == 1 => {
+                    fail_all(firsts.drain(..).map(|q| q.answer), &err);
+                }
+                // Anything else may be one item's fault (a payment whose keys another
+                // transaction holds, say, `Contended`): each request tries alone, so that
+                // it fails only its own request.
                 Err(err) => {
                     tracing::warn!(error = %err, issuances = firsts.len(), "a shared atomic transaction failed; its issuances try one by one");
                     break;
@@ -93,10 +70,45 @@ impl Issuer {
         // (pending ones expiring) under the retries. Each takes the one-request path,
         // which reads the payment first.
         replays.append(&mut firsts);
-        // A placeholder outlives any read trusted this long; past it, read again.
-        let known = first_read.filter(|_| started.elapsed() < TRUST_FIRST_READ_FOR);
-        self.settle_and_mark(written, known).await;
+        // Nothing committed without the plan's read, so an empty one settles nothing.
+        let first_read = first_read.into_inner().unwrap_or_else(|| FirstRead {
+            payments: Payments::new(),
+            at: Instant::now(),
+        });
+        self.settle_and_mark(written, first_read).await;
         self.replay_batch(replays).await;
+    }
+
+    /// A transaction's plan: step 1's read (made once per batch, on the first attempt),
+    /// its refusals, and the records to commit. A record whose payment the read shows
+    /// partly taken back commits `issuing`, so that its settle, which comes after the
+    /// commit, is never lost: until it is done, self-repair sees the record.
+    async fn plan_records(
+        &self,
+        batch: &[Queued],
+        first_read: &OnceCell<FirstRead>,
+    ) -> Result<AtomicPlan<Refusals>, StoreError> {
+        let read = first_read
+            .get_or_try_init(|| async {
+                let at = Instant::now();
+                let keys: Vec<&PaymentKey> = batch.iter().map(|q| &q.request.key).collect();
+                let payments = self.store.find_payments(&keys).await?;
+                Ok::<_, StoreError>(FirstRead { payments, at })
+            })
+            .await?;
+        if let Some(refused) = refusals_of(batch, &read.payments) {
+            return Ok(Err(refused));
+        }
+        Ok(Ok(batch
+            .iter()
+            .map(|q| {
+                let status = match read.payments.get(&q.request.key) {
+                    Some(payment) if takes_back(payment) => IssuanceStatus::Issuing,
+                    _ => IssuanceStatus::Issued,
+                };
+                IssuanceDoc::new(&q.request, status)
+            })
+            .collect()))
     }
 
     /// After a transaction ran into a record: the requests whose payment's place is taken
@@ -126,16 +138,11 @@ fn first_per_payment(batch: Vec<Queued>) -> (Vec<Queued>, Vec<Queued>) {
 }
 
 /// The committed requests with their records and tokens, for the settle.
-fn claims(
-    batch: Vec<Queued>,
-    records: Vec<IssuanceDoc>,
-    token_sets: Vec<Vec<TokenSummary>>,
-) -> Vec<Written> {
+fn claims(batch: Vec<Queued>, sets: Vec<(IssuanceDoc, Vec<TokenSummary>)>) -> Vec<Written> {
     batch
         .into_iter()
-        .zip(records)
-        .zip(token_sets)
-        .map(|((queued, record), tokens)| {
+        .zip(sets)
+        .map(|(queued, (record, tokens))| {
             let claim = Claimed {
                 request: queued.request,
                 answer: queued.answer,

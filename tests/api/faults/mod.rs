@@ -1,6 +1,10 @@
 //! MongoDB failing inside a flow: one command of one app made to fail or hang by a
 //! `failCommand` failpoint aimed at that app's client name, at the step each test names.
 
+mod lost_settles;
+mod settle_quantity;
+mod stuck_payments;
+
 use crate::helpers::*;
 
 #[tokio::test]

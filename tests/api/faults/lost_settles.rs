@@ -1,0 +1,177 @@
+//! A settle lost after the tokens were written (the payment read or the revoke failed,
+//! the process died) is done by the service itself, however old the refund: the record
+//! stays `issuing` until its settle is done, and self-repair finishes what is `issuing`.
+//! The refund here is older than the withdrawal lookback and its placeholder is gone (as
+//! after its hour), so no sweep of recent withdrawals can be what heals it.
+
+use std::time::{Duration, Instant};
+
+use mongodb::bson::doc;
+use serde_json::json;
+
+use crate::helpers::*;
+use crate::provider_events::*;
+
+/// No repair on the faulty instance (its sweep's reads would meet the failpoint too, and
+/// it would heal what the test wants to see healed by another instance); a lookback the
+/// test outlasts.
+const NO_REPAIR: &str = "[repair]\nenabled = false\nwithdrawal_lookback_ms = 1000\n";
+/// The instance that heals: sweeps every 200 ms, a record older than 500 ms is abandoned.
+const REPAIRER: &str =
+    "[repair]\ninterval_ms = 200\nmin_age_ms = 500\nwithdrawal_lookback_ms = 1000\n";
+
+/// A payment of 1000 partly refunded (250) long ago: its placeholder expired, and the
+/// lookback of the sweep of recent withdrawals has passed.
+async fn refunded_long_ago(app: &TestApp, payment: &str) {
+    let refund = partial_refund_event(&format!("evt_{payment}_r"), payment, now(), 1000, 250);
+    assert_eq!(deliver_stripe(app, &refund).await.status(), 200);
+    let removed = app
+        .db
+        .collection::<mongodb::bson::Document>("issuances")
+        .delete_many(doc! { "paymentIntentId": payment, "status": "placeholder" })
+        .await
+        .unwrap();
+    assert_eq!(removed.deleted_count, 1, "the refund left a placeholder");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+}
+
+/// Active token indexes of `payment`, once they are `want` (or whatever they are after
+/// `within`).
+async fn active_once(app: &TestApp, payment: &str, want: &[i64], within: Duration) -> Vec<i64> {
+    let deadline = Instant::now() + within;
+    loop {
+        let active: Vec<i64> = app
+            .token_states(payment)
+            .await
+            .into_iter()
+            .filter(|(_, status)| status == "active")
+            .map(|(index, _)| index)
+            .collect();
+        if active == want || Instant::now() > deadline {
+            return active;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn trusted_issuance(payment: &str, mode: &str) -> serde_json::Value {
+    let mut body = issuance_body(payment, 10);
+    body["mode"] = json!(mode);
+    body
+}
+
+/// Issues 10 tokens of `payment` in `mode` while `commands` fail twice (the driver's own
+/// retry included), then lets another instance run: the refunded share (2 of 10) ends
+/// revoked and the record `issued`.
+async fn a_lost_settle_is_redone(mode: &str, payment: &str, commands: &[&str], fault: Fault) {
+    let name = unique_app_name();
+    let faulty = spawn_app_named(&name, &format!("{PROVIDERS}{NO_REPAIR}")).await;
+    refunded_long_ago(&faulty, payment).await;
+
+    let failpoint = FailPoint::set(&name, commands, fault, 2).await;
+    let answer = faulty
+        .issue(WRITER_KEY, &trusted_issuance(payment, mode))
+        .await;
+    let fired = failpoint.off().await;
+    assert!(fired > 0, "the fault never happened");
+    let status = answer.status().as_u16();
+    assert!(
+        [201, 503].contains(&status),
+        "{status}: {}",
+        answer.text().await.unwrap()
+    );
+    if status == 201 {
+        // The settle was done in the request after all: the answer says so.
+        let active = active_once(
+            &faulty,
+            payment,
+            &(0..8).collect::<Vec<_>>(),
+            Duration::ZERO,
+        )
+        .await;
+        assert_eq!(active, (0..8).collect::<Vec<_>>());
+    }
+    // Whatever the answer, tokens were written; the service (another instance here)
+    // settles them on its own.
+    let repairer = spawn_app_on(&faulty.db_name, &format!("{PROVIDERS}{REPAIRER}")).await;
+    let active = active_once(
+        &repairer,
+        payment,
+        &(0..8).collect::<Vec<_>>(),
+        Duration::from_secs(20),
+    )
+    .await;
+    assert_eq!(
+        active,
+        (0..8).collect::<Vec<_>>(),
+        "tokens 8 and 9 were refunded"
+    );
+    let record = faulty
+        .find_stored("issuances", doc! { "paymentIntentId": payment })
+        .await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut record = record;
+    while record.get_str("status") != Ok("issued") && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        record = faulty
+            .find_stored("issuances", doc! { "paymentIntentId": payment })
+            .await;
+    }
+    assert_eq!(record.get_str("status"), Ok("issued"), "{record}");
+    drop(repairer);
+}
+
+#[tokio::test]
+async fn an_atomic_issuance_whose_revoke_fails_is_settled_by_the_service() {
+    a_lost_settle_is_redone(
+        "atomic",
+        "pi_lost_atomic_revoke",
+        &["update"],
+        Fault::error(91),
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn an_upsert_issuance_whose_revoke_fails_is_settled_by_the_service() {
+    a_lost_settle_is_redone(
+        "upsert",
+        "pi_lost_upsert_revoke",
+        &["update"],
+        Fault::error(91),
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn an_upsert_issuance_whose_settle_read_is_cut_off_is_settled_by_the_service() {
+    // Every `find` but the first (the batch's payment read before writing): on a design
+    // that reads the payment again after the tokens, that read is the one cut off.
+    let name = unique_app_name();
+    let faulty = spawn_app_named(&name, &format!("{PROVIDERS}{NO_REPAIR}")).await;
+    let payment = "pi_lost_upsert_read";
+    refunded_long_ago(&faulty, payment).await;
+    let failpoint = FailPoint::after_first(&name, &["find"], Fault::CloseConnection).await;
+    let answer = faulty
+        .issue(WRITER_KEY, &trusted_issuance(payment, "upsert"))
+        .await;
+    failpoint.off().await;
+    assert!(
+        [201, 503].contains(&answer.status().as_u16()),
+        "{}",
+        answer.status()
+    );
+    let repairer = spawn_app_on(&faulty.db_name, &format!("{PROVIDERS}{REPAIRER}")).await;
+    let active = active_once(
+        &repairer,
+        payment,
+        &(0..8).collect::<Vec<_>>(),
+        Duration::from_secs(20),
+    )
+    .await;
+    assert_eq!(
+        active,
+        (0..8).collect::<Vec<_>>(),
+        "tokens 8 and 9 were refunded"
+    );
+}

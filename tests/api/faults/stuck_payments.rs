@@ -1,0 +1,65 @@
+//! A payment whose keys a transaction holds (one left open by an instance killed in the
+//! middle of it, until the server aborts it at the end of its lifetime) fails alone: the
+//! issuances that share its batch are answered as if it were not there.
+
+use futures::future::join_all;
+use mongodb::Client;
+use mongodb::bson::{DateTime, doc, oid::ObjectId};
+
+use crate::helpers::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_orphaned_transaction_fails_its_own_payment_only() {
+    let app = spawn_app_with("[issuance]\ndefault_mode = \"atomic\"\n").await;
+    // An instance began an atomic issuance of `pi_stuck` and died before committing:
+    // its transaction holds the payment's record key.
+    let client = Client::with_uri_str(mongo_uri()).await.unwrap();
+    let mut orphan = client.start_session().await.unwrap();
+    orphan.start_transaction().await.unwrap();
+    client
+        .database(&app.db_name)
+        .collection("issuances")
+        .insert_one(doc! {
+            "_id": ObjectId::new(), "provider": "stripe", "accountId": "acct_1",
+            "paymentIntentId": "pi_stuck", "owner": ObjectId::parse_str(OWNER).unwrap(),
+            "tokenType": "standard", "quantity": 2_i64, "paymentDate": DateTime::now(),
+            "mode": "atomic", "status": "issued", "createdAt": DateTime::now(),
+        })
+        .session(&mut orphan)
+        .await
+        .unwrap();
+
+    // Its retry and twenty fresh issuances arrive together, and share batches.
+    let mut bodies = vec![issuance_body("pi_stuck", 2)];
+    bodies.extend((0..20).map(|i| issuance_body(&format!("pi_mate_{i}"), 2)));
+    let answers = join_all(bodies.iter().map(|body| async {
+        let answer = app.issue(WRITER_KEY, body).await;
+        (
+            body["paymentIntentId"].as_str().unwrap().to_owned(),
+            answer.status().as_u16(),
+        )
+    }))
+    .await;
+    for (payment, status) in &answers {
+        if payment == "pi_stuck" {
+            assert_eq!(*status, 503, "the stuck payment");
+        } else {
+            assert_eq!(
+                *status, 201,
+                "{payment} shared a batch with the stuck payment"
+            );
+            assert_eq!(app.token_indexes(payment).await, vec![0, 1], "{payment}");
+        }
+    }
+    assert_eq!(
+        app.count("tokens", doc! { "origin.paymentIntentId": "pi_stuck" })
+            .await,
+        0
+    );
+
+    // Once the orphan is gone, the retry issues.
+    orphan.abort_transaction().await.unwrap();
+    let retried = app.issue(WRITER_KEY, &issuance_body("pi_stuck", 2)).await;
+    assert_eq!(retried.status(), 201);
+    assert_eq!(app.token_indexes("pi_stuck").await, vec![0, 1]);
+}
