@@ -73,7 +73,8 @@ pub struct Refund {
     /// when the provider names none, which can only be read as everything.
     pub amount: Option<i64>,
     /// `Some(true)`: the provider says the whole payment is refunded (or charged back);
-    /// `Some(false)`: it says part of it; `None`: the amounts decide.
+    /// `Some(false)`: it says part of it, which holds only until the refunds add up to
+    /// the payment's amount; `None`: the amounts decide.
     pub full: Option<bool>,
 }
 

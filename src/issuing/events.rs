@@ -10,7 +10,8 @@
 //! A refund or chargeback is first recorded under its own id among the payment's
 //! refunds, whose sum is the refunded amount: whether it is partial (the payment still
 //! stands) or full (projected as `refunded`) is decided here, from the provider's word and
-//! the amounts, so a refund replayed under any event id counts once.
+//! the amounts (refunds adding up to the whole amount are full, whatever each was
+//! called), so a refund replayed under any event id counts once.
 //!
 //! The event is recorded in `webhook_events` only after its effects, so nothing the
 //! provider was told is done can be lost.
@@ -112,10 +113,12 @@ impl Issuer {
     /// is taken back. `None` for any other event, and for a refund of everything, which
     /// the caller projects as the payment's new state.
     ///
-    /// A refund is partial when the provider says so, or when it says nothing and all the
-    /// refunds so far add up to less than the payment's amount. A refund of an unknown
-    /// share (no amount, or the payment's amount unknown and no word from the provider)
-    /// can only be read as a full one.
+    /// A refund is full when the provider says so, or when all the refunds so far add up
+    /// to the payment's whole amount, whatever the provider called each one: two halves
+    /// refund the payment. Otherwise it is partial when the refunds add up to less than
+    /// the amount, or, the amount not known yet, when the provider says so. A refund of
+    /// an unknown share (no amount, or the payment's amount unknown and no word from the
+    /// provider) can only be read as a full one.
     async fn record_partial_refund(
         &self,
         event: &PaymentEvent,
@@ -131,8 +134,9 @@ impl Issuer {
             .record_refund(&event.key, &refund.id, refund_amount, event.amount)
             .await?;
         let partial = match (refund.full, state.amount, state.amount_refunded) {
-            (Some(full), _, _) => !full,
-            (None, Some(amount), Some(refunded)) => refunded < amount,
+            (Some(true), _, _) => false,
+            (_, Some(amount), Some(refunded)) => refunded < amount,
+            (Some(false), _, _) => true,
             (None, _, _) => false,
         };
         Ok(partial.then_some(state))

@@ -1,6 +1,7 @@
 //! Paddle Billing: `Paddle-Signature: ts=<unix>;h1=<hex>[;h1=…]`, HMAC-SHA256 of
 //! `"{ts}:{raw body}"` keyed with the notification destination's secret key exactly as
-//! Paddle shows it (`pdl_ntfset_…`), and its events: transactions and refund adjustments.
+//! Paddle shows it (`pdl_ntfset_…`), and its events: transactions, and the adjustments
+//! that take money back (approved refunds and chargebacks).
 
 use chrono::DateTime;
 use secrecy::SecretString;
@@ -52,6 +53,32 @@ pub(super) fn check_secret(secret: &str) -> Result<(), &'static str> {
     }
 }
 
+/// Whether an adjustment of `action` in `status` takes money back (a refund or a
+/// chargeback, both read the same way from there on), or why not.
+///
+/// Paddle reviews refunds: they are created `pending_approval` and move to `approved` or
+/// `rejected` (`adjustment.updated`), so only an approved one counts. Paddle creates a
+/// chargeback itself once the customer's dispute has succeeded, with no review: it
+/// counts as soon as it is reported, unless its status says it does not stand
+/// (`rejected`, or `reversed` once Paddle won the money back).
+fn withdrawal(action: Option<&str>, status: Option<&str>) -> Result<(), String> {
+    let status_word = status.unwrap_or("missing");
+    match action {
+        Some("refund") if status == Some("approved") => Ok(()),
+        Some("refund") => Err(format!("refund not approved (status {status_word})")),
+        Some("chargeback") => match status {
+            Some(status @ ("rejected" | "reversed")) => Err(format!("chargeback {status}")),
+            _ => Ok(()),
+        },
+        Some("chargeback_warning") => {
+            Err("a chargeback warning takes no money back (a chargeback would)".to_owned())
+        }
+        Some("chargeback_reverse") => Err("chargeback reversals are not handled yet".to_owned()),
+        Some(other) => Err(format!("a {other} adjustment takes no money back")),
+        None => Err("adjustment without an action".to_owned()),
+    }
+}
+
 #[derive(Deserialize)]
 struct PaddleEvent {
     event_id: String,
@@ -86,10 +113,8 @@ pub fn parse_paddle(
         "transaction.payment_failed" => (PaymentStatus::Failed, text("id")),
         "transaction.canceled" => (PaymentStatus::Canceled, text("id")),
         "adjustment.created" | "adjustment.updated" => {
-            // Only an approved refund gives money back; a credit or a refund still
-            // pending approval changes nothing (its approval is another event).
-            if text("action") != Some("refund") || text("status") != Some("approved") {
-                return ignored("not an approved refund");
+            if let Err(reason) = withdrawal(text("action"), text("status")) {
+                return ignored(&reason);
             }
             (PaymentStatus::Refunded, text("transaction_id"))
         }
@@ -282,5 +307,63 @@ mod tests {
             ParsedEvent::Ignored { .. }
         ));
         assert!(parse_paddle(&provider, b"{}", 100).is_err());
+    }
+
+    /// A Paddle adjustment of `action` and `status`, `type` `kind`, of 400 of `txn_1`.
+    fn adjustment(action: &str, status: &str, kind: &str) -> Value {
+        json!({ "event_id": "evt_cb", "event_type": "adjustment.created",
+            "occurred_at": "2026-11-30T12:00:00Z",
+            "data": { "id": "adj_cb", "action": action, "status": status, "type": kind,
+                "transaction_id": "txn_1", "totals": { "total": "400" } } })
+    }
+
+    fn ignored_reason(event: &Value) -> String {
+        let provider = Provider::parse("paddle").unwrap();
+        match parse_paddle(&provider, event.to_string().as_bytes(), 100).unwrap() {
+            ParsedEvent::Ignored { reason, .. } => reason,
+            payment => panic!("{payment:?}"),
+        }
+    }
+
+    #[test]
+    fn chargebacks_are_withdrawals_like_refunds() {
+        for (kind, full) in [("full", true), ("partial", false)] {
+            let chargeback = parse(&adjustment("chargeback", "approved", kind));
+            assert_eq!(chargeback.status, PaymentStatus::Refunded, "{kind}");
+            assert_eq!(chargeback.key.payment_intent_id.as_str(), "txn_1");
+            assert_eq!(chargeback.amount, None, "the total is the chargeback's");
+            assert_eq!(
+                chargeback.refund,
+                Some(Refund {
+                    id: "adjustment:adj_cb".to_owned(),
+                    amount: Some(400),
+                    full: Some(full),
+                }),
+                "{kind}"
+            );
+        }
+        // Paddle reviews refunds, not chargebacks: a chargeback counts unless its status
+        // says it does not stand.
+        assert!(
+            parse(&adjustment("chargeback", "pending_approval", "full"))
+                .refund
+                .is_some()
+        );
+        for status in ["rejected", "reversed"] {
+            let reason = ignored_reason(&adjustment("chargeback", status, "full"));
+            assert!(reason.contains(status), "{status}: {reason}");
+        }
+    }
+
+    #[test]
+    fn chargeback_warnings_and_reversals_are_ignored_with_their_reason() {
+        let warning = ignored_reason(&adjustment("chargeback_warning", "approved", "full"));
+        assert!(warning.contains("warning"), "{warning}");
+        let reverse = ignored_reason(&adjustment("chargeback_reverse", "approved", "full"));
+        assert!(reverse.contains("not handled yet"), "{reverse}");
+        let credit = ignored_reason(&adjustment("credit", "approved", "full"));
+        assert!(credit.contains("credit"), "{credit}");
+        let pending = ignored_reason(&adjustment("refund", "pending_approval", "full"));
+        assert!(pending.contains("pending_approval"), "{pending}");
     }
 }

@@ -1,6 +1,6 @@
 //! The `paddle` scheme end to end: Paddle Billing's signature (`Paddle-Signature:
-//! ts=…;h1=…` over `"{ts}:{raw body}"`), its transaction and refund-adjustment events,
-//! and what they leave in the database.
+//! ts=…;h1=…` over `"{ts}:{raw body}"`), its transaction, refund and chargeback
+//! adjustment events, and what they leave in the database.
 
 use mongodb::bson::{Document, doc};
 use serde_json::{Value, json};
@@ -46,12 +46,22 @@ fn completed(event_id: &str, txn: &str, quantity: i64) -> Value {
 
 /// An approved refund adjustment of `total` cents of `txn`.
 fn refund(event_id: &str, adjustment: &str, txn: &str, kind: &str, total: i64) -> Value {
+    let mut event = chargeback(event_id, adjustment, txn, kind, total);
+    event["event_type"] = json!("adjustment.updated");
+    event["data"]["action"] = json!("refund");
+    event["data"]["reason"] = json!("requested");
+    event
+}
+
+/// A chargeback adjustment of `total` cents of `txn`, as Paddle creates it when a
+/// customer's dispute succeeds (approved from the start: no review).
+fn chargeback(event_id: &str, adjustment: &str, txn: &str, kind: &str, total: i64) -> Value {
     json!({
-        "event_id": event_id, "event_type": "adjustment.updated",
+        "event_id": event_id, "event_type": "adjustment.created",
         "occurred_at": "2026-11-30T11:00:00.000000Z", "notification_id": "ntf_02",
         "data": {
-            "id": adjustment, "action": "refund", "status": "approved", "type": kind,
-            "transaction_id": txn, "currency_code": "EUR", "reason": "requested",
+            "id": adjustment, "action": "chargeback", "status": "approved", "type": kind,
+            "transaction_id": txn, "currency_code": "EUR", "reason": "fraudulent",
             "totals": { "subtotal": total.to_string(), "tax": "0", "total": total.to_string() },
         },
     })
@@ -250,6 +260,133 @@ async fn a_refund_pending_approval_changes_nothing() {
     let receipt = send(&app, &pending).await;
     assert_eq!(receipt["outcome"], "ignored", "{receipt}");
     assert_eq!(active(&app, "txn_1").await, vec![0, 1]);
+}
+
+/// The payment's status, refunded total and number of refunds, as stored.
+async fn refunds_of(app: &TestApp, txn: &str) -> (String, i64, usize) {
+    let stored = payment(app, txn).await;
+    (
+        stored.get_str("status").unwrap().to_owned(),
+        stored.get_i64("amountRefunded").unwrap(),
+        stored.get_array("refunds").unwrap().len(),
+    )
+}
+
+#[tokio::test]
+async fn a_full_chargeback_revokes_every_token_and_refunds_the_payment() {
+    let app = app().await;
+    send(&app, &completed("evt_1", "txn_1", 4)).await;
+    let receipt = send(&app, &chargeback("evt_cb", "adj_cb", "txn_1", "full", 1000)).await;
+    assert_eq!(receipt["outcome"], "revoked", "{receipt}");
+    assert_eq!(receipt["tokensRevoked"], 4, "{receipt}");
+    assert!(
+        app.token_states("txn_1")
+            .await
+            .iter()
+            .all(|(_, status)| status == "revoked")
+    );
+    assert_eq!(
+        refunds_of(&app, "txn_1").await,
+        ("refunded".to_owned(), 1000, 1)
+    );
+}
+
+#[tokio::test]
+async fn a_partial_chargeback_revokes_its_share_and_counts_once() {
+    let app = app().await;
+    send(&app, &completed("evt_1", "txn_1", 4)).await;
+    let receipt = send(
+        &app,
+        &chargeback("evt_cb", "adj_cb", "txn_1", "partial", 600),
+    )
+    .await;
+    // floor(4 × 600 ÷ 1000) = 2: the highest tokenIndexes go.
+    assert_eq!(receipt["tokensRevoked"], 2, "{receipt}");
+    assert_eq!(active(&app, "txn_1").await, vec![0, 1]);
+    assert_eq!(
+        refunds_of(&app, "txn_1").await,
+        ("succeeded".to_owned(), 600, 1)
+    );
+    // Redelivered as it was, and reported again under another event id.
+    let again = send(
+        &app,
+        &chargeback("evt_cb", "adj_cb", "txn_1", "partial", 600),
+    )
+    .await;
+    assert_eq!(again["outcome"], "duplicate", "{again}");
+    let mut other = chargeback("evt_cb2", "adj_cb", "txn_1", "partial", 600);
+    other["event_type"] = json!("adjustment.updated");
+    send(&app, &other).await;
+    assert_eq!(active(&app, "txn_1").await, vec![0, 1]);
+    assert_eq!(
+        refunds_of(&app, "txn_1").await,
+        ("succeeded".to_owned(), 600, 1)
+    );
+    // A refund of the rest adds up to the total with it: the payment is refunded.
+    send(&app, &refund("evt_r", "adj_r", "txn_1", "partial", 400)).await;
+    assert!(active(&app, "txn_1").await.is_empty());
+    assert_eq!(
+        refunds_of(&app, "txn_1").await,
+        ("refunded".to_owned(), 1000, 2)
+    );
+}
+
+#[tokio::test]
+async fn partial_refunds_adding_up_to_the_total_refund_the_payment() {
+    let app = app().await;
+    send(&app, &completed("evt_1", "txn_1", 4)).await;
+    let first = send(&app, &refund("evt_r1", "adj_1", "txn_1", "partial", 500)).await;
+    assert_eq!(first["tokensRevoked"], 2, "{first}");
+    assert_eq!(
+        refunds_of(&app, "txn_1").await,
+        ("succeeded".to_owned(), 500, 1)
+    );
+    let second = send(&app, &refund("evt_r2", "adj_2", "txn_1", "partial", 500)).await;
+    assert_eq!(second["outcome"], "revoked", "{second}");
+    assert_eq!(second["tokensRevoked"], 2, "{second}");
+    assert!(
+        app.token_states("txn_1")
+            .await
+            .iter()
+            .all(|(_, status)| status == "revoked")
+    );
+    assert_eq!(
+        refunds_of(&app, "txn_1").await,
+        ("refunded".to_owned(), 1000, 2)
+    );
+    // The first half reported again under another event id still counts once.
+    let mut again = refund("evt_r3", "adj_1", "txn_1", "partial", 500);
+    again["event_type"] = json!("adjustment.created");
+    send(&app, &again).await;
+    assert_eq!(
+        refunds_of(&app, "txn_1").await,
+        ("refunded".to_owned(), 1000, 2)
+    );
+}
+
+#[tokio::test]
+async fn a_chargeback_warning_is_ignored_with_its_reason() {
+    let app = app().await;
+    send(&app, &completed("evt_1", "txn_1", 2)).await;
+    let mut warning = chargeback("evt_w", "adj_w", "txn_1", "full", 1000);
+    warning["data"]["action"] = json!("chargeback_warning");
+    let receipt = send(&app, &warning).await;
+    assert_eq!(receipt["outcome"], "ignored", "{receipt}");
+    let recorded = app
+        .find_stored("webhook_events", doc! { "eventId": "evt_w" })
+        .await;
+    assert!(
+        recorded.get_str("outcome").unwrap() == "ignored"
+            && recorded
+                .get_str("detail")
+                .unwrap()
+                .contains("chargeback warning"),
+        "{recorded}"
+    );
+    assert_eq!(active(&app, "txn_1").await, vec![0, 1]);
+    let stored = payment(&app, "txn_1").await;
+    assert_eq!(stored.get_str("status").unwrap(), "succeeded");
+    assert!(stored.get("refunds").is_none(), "{stored}");
 }
 
 #[test]

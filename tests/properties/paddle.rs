@@ -24,8 +24,8 @@ fn paddle(header: &str, body: &[u8], keys: &[&str], now: i64) -> Result<(), Sign
     verify_paddle(&headers, body, &secrets(keys), TOLERANCE, now)
 }
 
-/// Paddle-shaped events: the handled types and one that is not, approved and other
-/// adjustments, amounts as strings or numbers, times that are or are not RFC 3339.
+/// Paddle-shaped events: the handled types and one that is not, refunds, chargebacks and
+/// other adjustments in any status, amounts as strings or numbers, times that are or are not RFC 3339.
 fn paddle_event() -> impl Strategy<Value = Value> {
     let event_type = prop_oneof![
         Just("transaction.completed"),
@@ -48,10 +48,18 @@ fn paddle_event() -> impl Strategy<Value = Value> {
     let data = (
         field(identifier(130)),
         field(identifier(130)),
-        field(prop_oneof![Just(json!("refund")), Just(json!("credit"))]),
+        field(prop_oneof![
+            Just(json!("refund")),
+            Just(json!("credit")),
+            Just(json!("chargeback")),
+            Just(json!("chargeback_warning")),
+            Just(json!("chargeback_reverse")),
+        ]),
         field(prop_oneof![
             Just(json!("approved")),
-            Just(json!("pending_approval"))
+            Just(json!("pending_approval")),
+            Just(json!("rejected")),
+            Just(json!("reversed")),
         ]),
         field(prop_oneof![Just(json!("full")), Just(json!("partial"))]),
         minor_units(),
@@ -170,7 +178,8 @@ proptest! {
         if let Ok(ParsedEvent::Payment(parsed)) = parse_paddle(&provider, &body, max) {
             check_payment_event(&parsed, max)?;
             prop_assert_eq!(parsed.key.account_id.as_str(), "default");
-            // Only an approved refund adjustment refunds, and it names its adjustment.
+            // Only an adjustment that takes money back (an approved refund, a chargeback)
+            // is a payment event, and it names its adjustment.
             prop_assert_eq!(parsed.refund.is_some(), event["event_type"].as_str().unwrap().starts_with("adjustment."));
         }
     }
