@@ -10,7 +10,12 @@ use crate::helpers::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_orphaned_transaction_fails_its_own_payment_only() {
-    let app = spawn_app_with("[issuance]\ndefault_mode = \"atomic\"\n").await;
+    let name = unique_app_name();
+    let app = spawn_app_named(
+        &name,
+        "[issuance]\ndefault_mode = \"atomic\"\n[repair]\nenabled = false\n",
+    )
+    .await;
     // An instance began an atomic issuance of `pi_stuck` and died before committing:
     // its transaction holds the payment's record key.
     let client = Client::with_uri_str(mongo_uri()).await.unwrap();
@@ -29,6 +34,27 @@ async fn an_orphaned_transaction_fails_its_own_payment_only() {
         .await
         .unwrap();
 
+    // Both writer tasks are busy with a batch each (their payment reads held up), so
+    // that what queues meanwhile goes out as one batch.
+    let busy = FailPoint::set(&name, &["find"], Fault::Block { millis: 1500 }, 2).await;
+    let warm_up = ["pi_busy_a", "pi_busy_b"].map(|payment| {
+        let (http, url) = (app.http.clone(), app.url("/v1/issuances"));
+        tokio::spawn(async move {
+            let answer = http
+                .post(url)
+                .bearer_auth(WRITER_KEY)
+                .json(&issuance_body(payment, 1))
+                .send()
+                .await
+                .unwrap();
+            answer.status().as_u16()
+        })
+    });
+    assert!(
+        busy.fired_within(2, std::time::Duration::from_secs(10))
+            .await
+    );
+
     // Its retry and twenty fresh issuances arrive together, and share batches.
     let mut bodies = vec![issuance_body("pi_stuck", 2)];
     bodies.extend((0..20).map(|i| issuance_body(&format!("pi_mate_{i}"), 2)));
@@ -40,6 +66,10 @@ async fn an_orphaned_transaction_fails_its_own_payment_only() {
         )
     }))
     .await;
+    for warm_up in warm_up {
+        assert_eq!(warm_up.await.unwrap(), 201);
+    }
+    busy.off().await;
     for (payment, status) in &answers {
         if payment == "pi_stuck" {
             assert_eq!(*status, 503, "the stuck payment");
