@@ -45,7 +45,7 @@
 //! requests try one by one. A crash mid-batch leaves only `issuing` records (or none),
 //! and `issued` ones that were settled.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -57,6 +57,7 @@ use tokio::sync::{Mutex, mpsc, oneshot};
 use tokio::time::Instant;
 
 use super::issue::refuse_unless_standing;
+use super::standing::takes_back;
 use super::{IssueError, IssueOutcome, IssuedTokens, Issuer, Settlement};
 use crate::domain::{IssuanceMode, IssuanceStatus, NewIssuance, PaymentKey};
 use crate::store::{
@@ -168,6 +169,19 @@ type Payments = HashMap<PaymentKey, PaymentDoc>;
 /// records. Past it, the settle reads the payments again.
 const TRUST_FIRST_READ_FOR: Duration = Duration::from_secs(60);
 const _: () = assert!(TRUST_FIRST_READ_FOR.as_secs() * 10 <= PLACEHOLDER_LIFETIME.as_secs());
+
+/// Why step 4 left a record unmarked.
+enum Unmarked {
+    /// Still `issuing`: a refund held it (or the mark failed).
+    Held,
+    /// Gone: its insert was rolled back by a failover.
+    Lost,
+}
+
+/// Whether `payments` shows `key`'s payment taking tokens back.
+fn payments_take_back(payments: &Payments, key: &PaymentKey) -> bool {
+    payments.get(key).is_some_and(takes_back)
+}
 
 /// Step 1's read: the payments, and when they were read.
 struct FirstRead {
@@ -341,69 +355,98 @@ impl Issuer {
                 }
             }
         }
-        let held = self.mark_unless_held(&answered).await;
-        let held = &held;
-        join_all(
-            answered
-                .into_iter()
-                .map(|(mut claim, tokens, settlement)| async move {
-                    if held.contains(&claim.record.id) {
-                        // A refund held the place while these tokens were written: settle with
-                        // the payment as it is now.
-                        let outcome = self.complete(claim.record).await.map(IssueOutcome::Created);
-                        let _ = claim.answer.send(outcome);
-                        return;
-                    }
-                    let key = &claim.request.key;
-                    // Tokens were revoked just now: answer with them as they are.
-                    let tokens = if settlement.revoked > 0 {
-                        self.store.payment_tokens(key).await
-                    } else {
-                        Ok(tokens)
-                    };
-                    let answer = match (tokens, settlement.withdrawn) {
-                        (Err(err), _) => Err(IssueError::Store(err)),
-                        (Ok(_), Some(status)) => Err(IssueError::PaymentNotSucceeded(status)),
-                        (Ok(tokens), None) => {
-                            claim.record.status = IssuanceStatus::Issued;
-                            let created = claim.request.params.quantity.get();
-                            Ok(IssueOutcome::Created(IssuedTokens {
-                                issuance: claim.record,
-                                tokens,
-                                created,
-                            }))
-                        }
-                    };
-                    let _ = claim.answer.send(answer);
-                }),
-        )
+        let unmarked = self.mark_unless_held(&answered).await;
+        let (unmarked, payments) = (&unmarked, &payments);
+        join_all(answered.into_iter().map(|(mut claim, tokens, settlement)| async move {
+            let key = &claim.request.key;
+            let created = claim.request.params.quantity.get();
+            match unmarked.get(&claim.record.id) {
+                // A refund may have held the place while these tokens were written:
+                // settle with the payment as it is now (and mark), before answering.
+                Some(Unmarked::Held) => {
+                    let outcome = self.complete(claim.record).await.map(|mut set| {
+                        set.created = created;
+                        IssueOutcome::Created(set)
+                    });
+                    let _ = claim.answer.send(outcome);
+                    return;
+                }
+                // The record is gone (a failover rolled back its insert): nothing is
+                // acknowledged; a retry records it again and converges on the tokens.
+                Some(Unmarked::Lost) => {
+                    let lost = StoreError::Unavailable(mongodb::error::Error::custom(
+                        "the issuance record was lost before it was marked",
+                    ));
+                    let _ = claim.answer.send(Err(IssueError::Store(lost)));
+                    return;
+                }
+                None => {}
+            }
+            // The read took tokens back (here, or someone else just did): answer with
+            // the tokens as they are.
+            let tokens = if settlement.revoked > 0 || payments_take_back(payments, key) {
+                self.store.payment_tokens(key).await
+            } else {
+                Ok(tokens)
+            };
+            let answer = match (tokens, settlement.withdrawn) {
+                (Err(err), _) => Err(IssueError::Store(err)),
+                (Ok(_), Some(status)) => Err(IssueError::PaymentNotSucceeded(status)),
+                (Ok(tokens), None) => {
+                    claim.record.status = IssuanceStatus::Issued;
+                    Ok(IssueOutcome::Created(IssuedTokens {
+                        issuance: claim.record,
+                        tokens,
+                        created,
+                    }))
+                }
+            };
+            let _ = claim.answer.send(answer);
+        }))
         .await;
     }
 
     /// Marks the settled `issuing` records `issued`, but those a refund held meanwhile;
-    /// returns the ids of those. A lost mark costs nothing: the records, still
-    /// `issuing`, are settled and marked by self-repair.
+    /// returns the ones it did not mark, and why. When the mark or the read after it
+    /// fails, every record counts as held: each is settled again on the one-request path
+    /// (which fails too in an outage, leaving the record `issuing` for self-repair), so
+    /// that no set a refund may have held is answered unsettled.
     async fn mark_unless_held(
         &self,
         settled: &[(Claimed, Vec<TokenSummary>, Settlement)],
-    ) -> HashSet<ObjectId> {
+    ) -> HashMap<ObjectId, Unmarked> {
         let ids: Vec<ObjectId> = settled
             .iter()
             .filter(|(c, _, _)| c.record.status == IssuanceStatus::Issuing)
             .map(|(c, _, _)| c.record.id)
             .collect();
-        match self.store.mark_settled(&ids).await {
-            Ok(marked) if marked == ids.len() as u64 => HashSet::new(),
-            Ok(_) => match self.store.still_issuing(&ids).await {
-                Ok(held) => held.into_iter().map(|record| record.id).collect(),
-                Err(err) => {
-                    tracing::warn!(error = %err, "cannot tell which records a refund held; self-repair will settle them");
-                    HashSet::new()
-                }
-            },
+        let all_held = || ids.iter().map(|id| (*id, Unmarked::Held)).collect();
+        let marked = match self.store.mark_settled(&ids).await {
+            Ok(marked) => marked,
             Err(err) => {
-                tracing::warn!(error = %err, records = ids.len(), "cannot mark issued records; self-repair will");
-                HashSet::new()
+                tracing::warn!(error = %err, records = ids.len(), "cannot mark issued records; settling them again");
+                return all_held();
+            }
+        };
+        if marked == ids.len() as u64 {
+            return HashMap::new();
+        }
+        match self.store.records_by_id(&ids).await {
+            Ok(records) => {
+                let now: HashMap<ObjectId, IssuanceStatus> =
+                    records.into_iter().map(|r| (r.id, r.status)).collect();
+                ids.iter()
+                    .filter_map(|id| match now.get(id) {
+                        // Marked, by this update or by a replay that settled it first.
+                        Some(IssuanceStatus::Issued) => None,
+                        Some(_) => Some((*id, Unmarked::Held)),
+                        None => Some((*id, Unmarked::Lost)),
+                    })
+                    .collect()
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, "cannot tell which records a refund held; settling them again");
+                all_held()
             }
         }
     }

@@ -28,7 +28,7 @@ use mongodb::options::{Acknowledgment, ReadConcern, WriteConcern};
 use super::documents::{IssuanceDoc, TokenSummary, fresh_tokens, new_token};
 use super::error::{
     ISSUANCES_PAYMENT_INDEX, StoreError, TOKENS_PAYMENT_INDEX, duplicate_key_index,
-    is_transient_transaction_error,
+    is_transient_transaction_error, is_write_conflict,
 };
 use super::placeholder::Existing;
 use super::{Store, TOKENS};
@@ -134,9 +134,16 @@ impl Store {
                     // A short, growing pause lets the conflicting transaction commit.
                     tokio::time::sleep(Duration::from_millis(u64::from(attempt) * 5)).await;
                 }
-                // Still conflicting after every retry: see `StoreError::Contended`.
+                // Still conflicting after every retry: another transaction holds one of
+                // these keys (`StoreError::Contended`). Any other transient error (a
+                // failover, a transaction the server lost) is an outage, for the batch
+                // as a whole.
                 Err(TransactionError::Driver(err)) if is_transient_transaction_error(&err) => {
-                    return Err(StoreError::Contended(err));
+                    return Err(if is_write_conflict(&err) {
+                        StoreError::Contended(err)
+                    } else {
+                        StoreError::Unavailable(err)
+                    });
                 }
                 Err(TransactionError::Precondition(err)) => return Err(err),
                 Err(TransactionError::Driver(err)) => return Err(err.into()),

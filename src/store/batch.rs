@@ -165,7 +165,7 @@ impl Store {
 
     /// Marks these `issuing` records `issued` (their sets are complete and settled), in
     /// one command, but for any a refund held meanwhile (`hold_place`); returns how many
-    /// it marked. Primary-only like `mark_issued`: a lost mark sends the record back to
+    /// it marked (`records_by_id` tells which it left). Primary-only like `mark_issued`: a lost mark sends the record back to
     /// self-repair, which settles and marks it again.
     pub async fn mark_settled(&self, ids: &[ObjectId]) -> Result<u64, StoreError> {
         if ids.is_empty() {
@@ -191,10 +191,9 @@ impl Store {
         Ok(marked.modified_count)
     }
 
-    /// The records of `ids` still `issuing` (those `mark_settled` left: held by a
-    /// refund meanwhile).
-    pub async fn still_issuing(&self, ids: &[ObjectId]) -> Result<Vec<IssuanceDoc>, StoreError> {
-        let filter = doc! { "_id": { "$in": ids }, "status": IssuanceStatus::Issuing.as_str() };
+    /// The records of `ids` as they are now (to tell which ones `mark_settled` left).
+    pub async fn records_by_id(&self, ids: &[ObjectId]) -> Result<Vec<IssuanceDoc>, StoreError> {
+        let filter = doc! { "_id": { "$in": ids } };
         Ok(self.records().find(filter).await?.try_collect().await?)
     }
 

@@ -60,6 +60,24 @@ pub fn is_transient_transaction_error(err: &Error) -> bool {
     err.contains_label(TRANSIENT_TRANSACTION_ERROR)
 }
 
+/// True when another transaction's write of the same document or key is in the way
+/// (WriteConflict 112, LockTimeout 24), as opposed to an outage.
+pub fn is_write_conflict(err: &Error) -> bool {
+    const WRITE_CONFLICT: i32 = 112;
+    const LOCK_TIMEOUT: i32 = 24;
+    let code = match err.kind.as_ref() {
+        ErrorKind::Command(cmd) => Some(cmd.code),
+        ErrorKind::Write(WriteFailure::WriteError(e)) => Some(e.code),
+        ErrorKind::InsertMany(e) => e
+            .write_errors
+            .as_ref()
+            .and_then(|errors| errors.first())
+            .map(|e| e.code),
+        _ => None,
+    };
+    matches!(code, Some(WRITE_CONFLICT | LOCK_TIMEOUT))
+}
+
 /// Bounded retries of the first-insert race between two upserts of a new key.
 pub const FIRST_INSERT_RETRIES: u32 = 3;
 
