@@ -63,6 +63,8 @@ pub const WEBHOOK_OUTCOMES: &[&str] = &[
     "metadata_invalid",
     "no_metadata",
     "conflict",
+    "terminal",
+    "metadata_conflict",
 ];
 
 /// Gives every metric its help text (and unit).
