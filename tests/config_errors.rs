@@ -148,3 +148,47 @@ fn a_config_file_that_does_not_parse_is_located_without_quoting_it() {
     let output = tokenmint(&["verify", "--config", file.to_str().unwrap()], &[]);
     refused(&output, &["TOML parse error at line", "bad.toml"]);
 }
+
+#[test]
+fn production_refuses_an_adyen_provider_without_basic_credentials() {
+    // An Adyen HMAC key: it must not be printed either.
+    let key = "44782DEF547AAA06C910C43932B1EB0C71FC68D9D0C057550C48EC2ACF6BA056";
+    let output = tokenmint(
+        &["serve"],
+        &[
+            ("TOKENMINT_ENV", "production"),
+            ("TOKENMINT__PROVIDERS__PAY__SCHEME", "adyen"),
+            (
+                "TOKENMINT__PROVIDERS__PAY__SECRETS",
+                &format!("[\"{key}\"]"),
+            ),
+        ],
+    );
+    let stderr = refused(
+        &output,
+        &[
+            "`providers.pay.basic_auth_username`",
+            "provider `pay`",
+            "required in production",
+        ],
+    );
+    assert!(!stderr.contains(key), "{stderr}");
+
+    // The password alone is refused as well, and never printed.
+    let output = tokenmint(
+        &["serve"],
+        &[
+            ("TOKENMINT_ENV", "production"),
+            ("TOKENMINT__PROVIDERS__PAY__SCHEME", "adyen"),
+            (
+                "TOKENMINT__PROVIDERS__PAY__SECRETS",
+                &format!("[\"{key}\"]"),
+            ),
+            ("TOKENMINT__PROVIDERS__PAY__BASIC_AUTH_PASSWORD", SECRET),
+        ],
+    );
+    refused(
+        &output,
+        &["`providers.pay.basic_auth_username`", "provider `pay`"],
+    );
+}

@@ -120,7 +120,7 @@ impl PaymentStatus {
 #[serde(rename_all = "camelCase")]
 pub struct EventOutcome {
     /// `issued`, `already_issued`, `revoked`, `recorded`, `stale`, `ignored`,
-    /// `metadata_invalid`, `no_metadata`, `conflict`.
+    /// `metadata_invalid`, `no_metadata`, `conflict`, `terminal`, `metadata_conflict`.
     pub outcome: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub detail: Option<String>,

@@ -87,6 +87,8 @@ problem_codes! {
         "A webhook delivery's signature does not match its raw body with any configured secret of the provider. Nothing was processed. The answer carries `WWW-Authenticate: Signature realm=\"webhooks\"`.";
     SignatureTimestampOutOfTolerance = "signature_timestamp_out_of_tolerance", UNAUTHORIZED, "Webhook signature rejected",
         "A webhook delivery's signed timestamp is outside the accepted tolerance (a replay, or a clock far off). Nothing was processed. The answer carries `WWW-Authenticate: Signature realm=\"webhooks\"`.";
+    BasicAuthInvalid = "basic_auth_invalid", UNAUTHORIZED, "Webhook credentials rejected",
+        "The webhook provider is configured with HTTP Basic credentials (`basic_auth_username`, `basic_auth_password`; scheme `adyen`) and the delivery's `Authorization: Basic` header is missing or does not match them. Checked before the signature; nothing was read or processed. The answer carries `WWW-Authenticate: Basic realm=\"webhooks\"`.";
     Forbidden = "forbidden", FORBIDDEN, "Forbidden",
         "The API key is valid but lacks the scope this operation needs, or may not act on the account the request names. Another key is needed; retrying does not help.";
     NotFound = "not_found", NOT_FOUND, "Not found",

@@ -1,5 +1,6 @@
 //! `POST /v1/webhooks/{provider}`: payment providers' deliveries. Authenticated by the
-//! provider's signature over the raw body (no API key); answered 200 for every verified
+//! provider's signature over the raw body (no API key), and by its HTTP Basic credentials
+//! where they are configured (Adyen); answered 200 for every verified
 //! event, including duplicates and events tokenmint ignores, so providers stop retrying.
 
 use std::net::SocketAddr;
@@ -45,9 +46,12 @@ pub struct WebhookReceipt {
 /// provider's configured scheme: Stripe (`Stripe-Signature: t=…,v1=…`), Standard Webhooks
 /// (`webhook-id`, `webhook-timestamp`, `webhook-signature`), Paddle
 /// (`Paddle-Signature: ts=…;h1=…`) or Adyen (a batch whose every item carries
-/// `additionalData.hmacSignature`; one bad item refuses the whole batch). Events are
+/// `additionalData.hmacSignature`; one bad item refuses the whole batch; with
+/// `basic_auth_username` configured, `Authorization: Basic` is checked before it). Events are
 /// deduplicated on (provider, event id); payment state only moves forward (an older event
-/// never overwrites a newer one). A succeeded payment issues the tokens its metadata
+/// never overwrites a newer one), a canceled or refunded payment never stands again
+/// (`terminal`), and a payment's token parameters are the first success's
+/// (`metadata_conflict`). A succeeded payment issues the tokens its metadata
 /// names; a refund, chargeback or cancellation revokes the payment's active tokens, a
 /// partial refund the refunded share (highest tokenIndex first; redeemed ones are
 /// reported as `shortfall`). An Adyen batch is answered `[accepted]` (text/plain), as
@@ -61,6 +65,7 @@ pub struct WebhookReceipt {
         ("webhook-timestamp" = Option<String>, Header, nullable = false, description = "Standard Webhooks: unix seconds"),
         ("webhook-signature" = Option<String>, Header, nullable = false, description = "Standard Webhooks: `v1,<base64>` (space-separated)"),
         ("Paddle-Signature" = Option<String>, Header, nullable = false, description = "Paddle scheme: `ts=<unix>;h1=<hex>`"),
+        ("Authorization" = Option<String>, Header, nullable = false, description = "`Basic <base64(user:password)>`: required when the provider has `basic_auth_username` configured (scheme `adyen`)"),
     ),
     request_body(content = Object, description = "The provider's event, as sent", content_type = "application/json"),
     responses(
@@ -70,7 +75,7 @@ pub struct WebhookReceipt {
                 (String = "text/plain", example = "[accepted]"),
             )),
         (status = 400, description = "Signed, but not an event", body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "`signature_missing`, `signature_invalid` or `signature_timestamp_out_of_tolerance`", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "`basic_auth_invalid` (the provider's HTTP Basic credentials are configured and missing or wrong; checked first), `signature_missing`, `signature_invalid` or `signature_timestamp_out_of_tolerance`", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "Unknown provider", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
         (status = 429, description = "`rate_limited`: too many deliveries for this provider, or too many failed signature checks from this address; see Retry-After", body = Problem, content_type = "application/problem+json",
@@ -108,6 +113,14 @@ pub async fn receive_webhook(
         webhook_signature: header("webhook-signature"),
         paddle_signature: header("paddle-signature"),
     };
+    // Then the provider's Basic credentials, when it has them, before any HMAC work:
+    // they cost a hash to check, the batch's signatures a parse. Failures are limited
+    // per remote address like failed signatures (a guess at the password is one).
+    if !config.admits(header("authorization")) {
+        count(provider, "credentials_rejected");
+        state.rate_limits.check_failed_signature(remote.ip())?;
+        return Err(ApiError::WebhookCredentials);
+    }
     // The signature first: only the provider's own deliveries may spend its allowance,
     // so unsigned noise cannot delay its events. Failures are limited per remote address.
     let now = chrono::Utc::now().timestamp();

@@ -7,6 +7,14 @@
 //! - refunded, canceled, or a partial refund → settle: revoke what no longer stands;
 //! - processing, failed → recorded only.
 //!
+//! Two rules hold whatever the versions say, so that a correctly signed event replayed
+//! with unsigned fields changed (a later date, other metadata) after its dedupe record
+//! expired does nothing ([`gate`]): canceled and refunded are terminal (a payment the
+//! provider took back never stands again; a failed one may, a customer can retry it),
+//! and the first success event that names valid token parameters fixes them. An event
+//! that would break either is held back whole — outcome `terminal` or
+//! `metadata_conflict`, no effect derived — and recorded like any other.
+//!
 //! A refund or chargeback is first recorded under its own id among the payment's
 //! refunds, whose sum is the refunded amount: whether it is partial (the payment still
 //! stands) or full (projected as `refunded`) is decided here, from the provider's word and
@@ -22,7 +30,7 @@ use super::issue::usable_metadata;
 use super::standing::takes_back;
 use super::{IssueError, IssueOutcome, Issuer, Settlement};
 use crate::domain::{Actor, EventOutcome, NewIssuance, ParsedEvent, PaymentEvent, PaymentStatus};
-use crate::store::{PaymentDoc, StoreError};
+use crate::store::{PaymentDoc, ProjectionGate, StoreError};
 use crate::telemetry::metric;
 
 /// The outcome of one delivery; `duplicate` when the event was processed before.
@@ -88,7 +96,14 @@ impl Issuer {
             }
             return Ok(outcome);
         }
-        let state = self.store.project_payment(event).await?;
+        let gate = gate(event);
+        let state = self.store.project_payment(event, gate).await?;
+        if let Some(refused) = held_back(event, &gate, &state) {
+            // Nothing of the payment changed, so there are no effects to derive: settling
+            // again could only write (a placeholder) for an event that did nothing.
+            tracing::warn!(payment = %event.key.payment_intent_id, event = %event.event_id, outcome = %refused.outcome, "provider event held back");
+            return Ok(refused);
+        }
         let mut outcome = self.apply_state(event, &state).await?;
         if event.status == PaymentStatus::Refunded && outcome.outcome != "conflict" {
             outcome.outcome = "revoked".to_owned();
@@ -231,6 +246,66 @@ impl Issuer {
             Err(other) => return Err(StoreError::Internal(other.to_string())),
         })
     }
+}
+
+/// The stored statuses an event of `status` may move a payment on from. Canceled and
+/// refunded are terminal: a payment the provider took back only moves on to being
+/// refunded (both take every token back), whatever a later processing, failed or success
+/// event's version says. Failed is not: a customer can retry the same payment.
+fn moves_from(status: PaymentStatus) -> &'static [PaymentStatus] {
+    use PaymentStatus::{Canceled, Failed, Processing, Refunded, Succeeded};
+    match status {
+        Refunded => &[Processing, Failed, Succeeded, Canceled, Refunded],
+        Canceled => &[Processing, Failed, Succeeded, Canceled],
+        Processing | Failed | Succeeded => &[Processing, Failed, Succeeded],
+    }
+}
+
+/// The conditions under which `event` changes nothing, for the projection to execute.
+/// Only a success fixes the payment's parameters, with the first valid metadata it names.
+/// A withdrawal (canceled, refunded) is never held back for its metadata: taking tokens
+/// back must not depend on what else an event carries; its metadata is simply not used.
+fn gate(event: &PaymentEvent) -> ProjectionGate<'static> {
+    ProjectionGate {
+        moves_from: moves_from(event.status),
+        fixes_params: event.status == PaymentStatus::Succeeded
+            && matches!(event.token_params, Some(Ok(_))),
+        bound_to_fixed_params: !matches!(
+            event.status,
+            PaymentStatus::Canceled | PaymentStatus::Refunded
+        ),
+    }
+}
+
+/// Why the projection held `event` back under `gate`, read from the state it returned:
+/// a held-back event left the stored document as it was, and an applied one leaves a
+/// state under which neither condition holds (it has the event's version, or the
+/// parameters it fixed), so the same conditions tell the two apart.
+fn held_back(
+    event: &PaymentEvent,
+    gate: &ProjectionGate<'_>,
+    state: &PaymentDoc,
+) -> Option<EventOutcome> {
+    if state.version < event.version && !gate.moves_from.contains(&state.status) {
+        return Some(EventOutcome::with_detail(
+            "terminal",
+            format!(
+                "the payment is {}: a {} event cannot move it",
+                state.status.as_str(),
+                event.status.as_str()
+            ),
+        ));
+    }
+    let fixed_by = state.token_params_fixed_by.as_deref()?;
+    let named = event.token_params.as_ref()?;
+    let fixed = state.token_params.as_ref().and_then(|p| p.params());
+    let same = matches!(named, Ok(params) if fixed.as_ref() == Some(params));
+    (gate.bound_to_fixed_params && !same).then(|| {
+        EventOutcome::with_detail(
+            "metadata_conflict",
+            format!("the payment's token parameters were fixed by event {fixed_by}; this event names others"),
+        )
+    })
 }
 
 fn add_settlement(outcome: &mut EventOutcome, settlement: Settlement) {

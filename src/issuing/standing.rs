@@ -188,6 +188,7 @@ mod tests {
             currency: None,
             token_params: None,
             metadata_error: None,
+            token_params_fixed_by: None,
             payment_date: None,
             amount_refunded: refunded,
             last_event_id: "evt".to_owned(),

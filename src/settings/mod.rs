@@ -157,6 +157,13 @@ pub struct ProviderSettings {
     pub secrets: Vec<SecretString>,
     #[serde(default = "default_tolerance")]
     pub tolerance_secs: u64,
+    /// The HTTP Basic user name the provider sends with every delivery (scheme `adyen`
+    /// only; required in production, with the password).
+    #[serde(default)]
+    pub basic_auth_username: Option<String>,
+    /// Its password. From the environment, never a committed file.
+    #[serde(default)]
+    pub basic_auth_password: Option<SecretString>,
 }
 
 fn default_tolerance() -> u64 {

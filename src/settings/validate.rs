@@ -2,7 +2,7 @@
 //! it refuses, and never the value.
 
 use super::errors::invalid;
-use super::{MAX_QUANTITY, Settings, SettingsError};
+use super::{MAX_QUANTITY, ProviderSettings, Settings, SettingsError, WebhookScheme};
 use crate::domain::Provider;
 use crate::webhooks::signature::check_secret;
 
@@ -136,8 +136,64 @@ impl Settings {
                     "must be greater than 0",
                 ));
             }
+            self.validate_basic_auth(name, provider)?;
         }
         Ok(())
+    }
+
+    /// A provider's HTTP Basic credentials: a pair, for scheme `adyen` only, and required
+    /// there in production — Adyen signs neither an item's date nor its metadata, so a
+    /// captured item must not be enough to replay it changed.
+    fn validate_basic_auth(
+        &self,
+        name: &str,
+        provider: &ProviderSettings,
+    ) -> Result<(), SettingsError> {
+        use secrecy::ExposeSecret;
+        let username = format!("providers.{name}.basic_auth_username");
+        let password = format!("providers.{name}.basic_auth_password");
+        let scheme = provider.scheme;
+        let whose = format!("(provider `{name}`, scheme `{scheme}`)");
+        let adyen = scheme == WebhookScheme::Adyen;
+        match (&provider.basic_auth_username, &provider.basic_auth_password) {
+            (None, None) if adyen && self.is_production() => Err(invalid(
+                username,
+                format!(
+                    "{whose} is required in production (TOKENMINT_ENV=production), with \
+                     `basic_auth_password`: the webhook's Basic credentials from the \
+                     Customer Area, the password from the environment"
+                ),
+            )),
+            (None, None) => Ok(()),
+            (Some(_), _) if !adyen => Err(invalid(
+                username,
+                format!("{whose} is only for scheme `adyen`"),
+            )),
+            (_, Some(_)) if !adyen => Err(invalid(
+                password,
+                format!("{whose} is only for scheme `adyen`"),
+            )),
+            (Some(_), None) => Err(invalid(
+                password,
+                format!("{whose} is required with `basic_auth_username`"),
+            )),
+            (None, Some(_)) => Err(invalid(
+                username,
+                format!("{whose} is required with `basic_auth_password`"),
+            )),
+            (Some(user), Some(secret)) => {
+                if user.is_empty() || user.contains(':') || user.chars().any(char::is_control) {
+                    return Err(invalid(
+                        username,
+                        format!("{whose} must be a user name without `:` or control characters"),
+                    ));
+                }
+                if secret.expose_secret().is_empty() {
+                    return Err(invalid(password, format!("{whose} must not be empty")));
+                }
+                Ok(())
+            }
+        }
     }
 }
 
@@ -296,5 +352,66 @@ mod tests {
         let toml = "[providers.stripe]\nscheme = \"stripe\"\nsecrets = [\"whsec_0123456789abcdef\"]\ntolerance_secs = 0";
         let err = Settings::with_overrides(&[toml]).unwrap_err();
         assert!(err.to_string().contains("tolerance_secs"), "{err}");
+    }
+
+    #[test]
+    fn basic_credentials_come_as_a_pair_for_adyen_only() {
+        const KEY: &str = "44782DEF547AAA06C910C43932B1EB0C71FC68D9D0C057550C48EC2ACF6BA056";
+        const PASSWORD: &str = "N3verPrintMeEither";
+        let adyen = |extra: &str| {
+            format!("[providers.pay]\nscheme = \"adyen\"\nsecrets = [\"{KEY}\"]\n{extra}")
+        };
+        let user = "basic_auth_username = \"notifier\"\n";
+        let password = format!("basic_auth_password = \"{PASSWORD}\"\n");
+        Settings::with_overrides(&[&adyen(&format!("{user}{password}"))]).expect("a pair");
+        Settings::with_overrides(&[&adyen("")]).expect("optional outside production");
+        refused(
+            &[&adyen(user)],
+            "`providers.pay.basic_auth_password` (provider `pay`, scheme `adyen`) is required",
+            &[],
+        );
+        refused(
+            &[&adyen(&password)],
+            "`providers.pay.basic_auth_username`",
+            &[PASSWORD],
+        );
+        let colon = format!("basic_auth_username = \"a:b\"\n{password}");
+        refused(
+            &[&adyen(&colon)],
+            "`providers.pay.basic_auth_username`",
+            &[PASSWORD, "a:b"],
+        );
+        let empty = format!("{user}basic_auth_password = \"\"\n");
+        refused(
+            &[&adyen(&empty)],
+            "`providers.pay.basic_auth_password`",
+            &[],
+        );
+        let stripe = format!(
+            "[providers.pay]\nscheme = \"stripe\"\nsecrets = [\"whsec_0123456789abcdef\"]\n{user}{password}"
+        );
+        refused(&[&stripe], "only for scheme `adyen`", &[PASSWORD]);
+    }
+
+    #[test]
+    fn production_requires_basic_credentials_for_adyen() {
+        use figment::Figment;
+        use figment::providers::{Format, Toml};
+        let load = |layer: &str| {
+            let figment = Figment::new()
+                .merge(Toml::string(super::super::DEFAULT_TOML))
+                .merge(Toml::string(layer));
+            Settings::from_figment(figment, "production".to_owned())
+        };
+        const KEY: &str = "44782DEF547AAA06C910C43932B1EB0C71FC68D9D0C057550C48EC2ACF6BA056";
+        let adyen = format!("[providers.pay]\nscheme = \"adyen\"\nsecrets = [\"{KEY}\"]\n");
+        let err = load(&adyen).unwrap_err().to_string();
+        assert!(
+            err.contains("`providers.pay.basic_auth_username` (provider `pay`, scheme `adyen`) is required in production"),
+            "{err}"
+        );
+        assert!(!err.contains(KEY), "{err}");
+        let pair = "basic_auth_username = \"notifier\"\nbasic_auth_password = \"pw\"\n";
+        load(&format!("{adyen}{pair}")).expect("with credentials");
     }
 }

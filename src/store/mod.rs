@@ -34,7 +34,7 @@ pub use documents::{IssuanceDoc, Origin, TokenDoc, TokenSummary, chrono_time, fr
 pub use error::{
     ISSUANCES_PAYMENT_INDEX, StoreError, TOKENS_PAYMENT_INDEX, duplicate_key_index, is_unavailable,
 };
-pub use payments::{PAYMENTS, PaymentDoc, TokenParamsDoc};
+pub use payments::{PAYMENTS, PaymentDoc, ProjectionGate, TokenParamsDoc};
 pub use placeholder::{Existing, PLACEHOLDER_LIFETIME};
 pub use retry::{Backoff, RetryPolicy};
 pub use token_bulk::BulkResult;

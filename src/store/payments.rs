@@ -3,8 +3,10 @@
 //! the incoming event is newer is decided inside the update, atomically, by `$cond` over
 //! `$$ROOT`, so an older event never overwrites a newer one whatever order or concurrency
 //! they arrive in. An older event still contributes the facts the state lacks (token
-//! metadata, amount, date). Refunds are recorded apart from the state, one amount per
-//! refund id, because they only grow and add up whatever order they arrive in.
+//! metadata, amount, date). On top of the version, the caller's [`ProjectionGate`] names
+//! when the event changes nothing at all; the store only executes it. Refunds are recorded
+//! apart from the state, one amount per refund id, because they only grow and add up
+//! whatever order they arrive in.
 
 use mongodb::bson::{Bson, DateTime, Document, doc, oid::ObjectId};
 use mongodb::options::ReturnDocument;
@@ -20,6 +22,10 @@ use crate::domain::{
 };
 
 pub const PAYMENTS: &str = "payments";
+
+/// The field that carries, for the length of one projection, whether its gate held the
+/// event back; never stored.
+const HELD_BACK: &str = "_heldBack";
 
 /// The token parameters a payment's metadata named.
 #[derive(Debug, Clone, Deserialize)]
@@ -59,6 +65,9 @@ pub struct PaymentDoc {
     pub token_params: Option<TokenParamsDoc>,
     /// Why the metadata could not be used, when it could not.
     pub metadata_error: Option<String>,
+    /// The event whose metadata fixed `token_params` for good (see
+    /// [`ProjectionGate::fixes_params`]); no event rewrites them after it.
+    pub token_params_fixed_by: Option<String>,
     pub payment_date: Option<DateTime>,
     /// The sum of the payment's refunds (`refunds`: one `{id, amount}` per refund,
     /// dispute or charge); it only grows.
@@ -82,6 +91,23 @@ impl PaymentDoc {
     }
 }
 
+/// When [`Store::project_payment`] applies an event: the conditions, chosen by the caller,
+/// under which the event changes nothing at all (neither state nor facts), evaluated on
+/// the stored document inside the update.
+#[derive(Debug, Clone, Copy)]
+pub struct ProjectionGate<'a> {
+    /// The stored statuses a newer event may move the payment on from (a payment without
+    /// a status reads as `processing`); from any other, it changes nothing.
+    pub moves_from: &'a [PaymentStatus],
+    /// Whether the event's valid metadata fixes the payment's parameters when it is
+    /// written (`tokenParamsFixedBy`: the event id). Fixed parameters are never rewritten,
+    /// nor voided, by any later event.
+    pub fixes_params: bool,
+    /// Whether the event changes nothing when the payment's parameters are fixed and the
+    /// event names others (or invalid ones).
+    pub bound_to_fixed_params: bool,
+}
+
 /// Wraps a value so the aggregation pipeline reads it as data, never as `$field` or an
 /// operator — event contents come from outside.
 fn literal(value: impl Into<Bson>) -> Document {
@@ -89,9 +115,16 @@ fn literal(value: impl Into<Bson>) -> Document {
 }
 
 impl Store {
-    /// Applies `event` to its payment if it is newer than the stored state; returns the
-    /// state after the update either way.
-    pub async fn project_payment(&self, event: &PaymentEvent) -> Result<PaymentDoc, StoreError> {
+    /// Applies `event` to its payment if it is newer than the stored state and `gate`
+    /// lets it through; returns the state after the update either way (unchanged when the
+    /// gate held the event back).
+    pub async fn project_payment(
+        &self,
+        event: &PaymentEvent,
+        gate: ProjectionGate<'_>,
+    ) -> Result<PaymentDoc, StoreError> {
+        let fixed =
+            doc! { "$ne": [ { "$ifNull": ["$tokenParamsFixedBy", Bson::Null] }, Bson::Null ] };
         // What a newer event sets, and what any event fills in where the state has nothing.
         let mut newer_sets = doc! {
             "status": literal(event.status.as_str()),
@@ -99,6 +132,9 @@ impl Store {
             "lastEventId": literal(event.event_id.as_str()),
             "lastEventType": literal(event.event_type.as_str()),
             "updatedAt": "$$NOW",
+        };
+        let unless_fixed = |value: Bson, field: &str| -> Document {
+            doc! { "$cond": [fixed.clone(), format!("${field}"), literal(value)] }
         };
         let mut facts = Document::new();
         if let Some(amount) = event.amount {
@@ -110,34 +146,57 @@ impl Store {
         if let Some(date) = event.payment_date {
             facts.insert("paymentDate", bson_time(date));
         }
+        // Whether the event names parameters other than the stored ones.
+        let mut names_others = Bson::Boolean(false);
         match &event.token_params {
             Some(Ok(params)) => {
+                let owner = params.owner.object_id();
+                let token_type = params.token_type.as_str();
+                let quantity = i64::from(params.quantity.get());
+                names_others = doc! { "$not": [ { "$and": [
+                    { "$eq": ["$tokenParams.owner", literal(owner)] },
+                    { "$eq": ["$tokenParams.tokenType", literal(token_type)] },
+                    { "$eq": ["$tokenParams.quantity", literal(quantity)] },
+                ] } ] }
+                .into();
                 facts.insert(
                     "tokenParams",
-                    doc! {
-                        "owner": params.owner.object_id(),
-                        "tokenType": params.token_type.as_str(),
-                        "quantity": i64::from(params.quantity.get()),
-                    },
+                    doc! { "owner": owner, "tokenType": token_type, "quantity": quantity },
                 );
-                newer_sets.insert("metadataError", literal(Bson::Null));
+                if gate.fixes_params {
+                    facts.insert("tokenParamsFixedBy", event.event_id.as_str());
+                }
+                newer_sets.insert("metadataError", unless_fixed(Bson::Null, "metadataError"));
             }
-            // Invalid metadata in a newer event voids older parameters: nobody may issue
-            // from metadata the provider has since replaced with something unusable.
+            // Invalid metadata in a newer event voids older parameters that were not
+            // fixed: nobody may issue from metadata the provider has since replaced with
+            // something unusable.
             Some(Err(reason)) => {
-                newer_sets.insert("metadataError", literal(reason.as_str()));
-                newer_sets.insert("tokenParams", literal(Bson::Null));
+                names_others = Bson::Boolean(true);
+                newer_sets.insert(
+                    "metadataError",
+                    unless_fixed(reason.as_str().into(), "metadataError"),
+                );
+                newer_sets.insert("tokenParams", unless_fixed(Bson::Null, "tokenParams"));
             }
             None => {}
         }
         let mut filled = doc! { "createdAt": { "$ifNull": ["$createdAt", "$$NOW"] } };
         for (field, value) in &facts {
-            newer_sets.insert(field.clone(), literal(value.clone()));
-            // An older event fills a gap only; metadata only if none was ever judged.
             let current = format!("${field}");
-            let gap = if field == "tokenParams" {
+            let is_param = field == "tokenParams" || field == "tokenParamsFixedBy";
+            newer_sets.insert(
+                field.clone(),
+                if is_param {
+                    unless_fixed(value.clone(), field)
+                } else {
+                    literal(value.clone())
+                },
+            );
+            // An older event fills a gap only; metadata only if none was ever judged.
+            let gap = if is_param {
                 doc! { "$and": [
-                    { "$eq": [ { "$ifNull": [&current, Bson::Null] }, Bson::Null ] },
+                    { "$eq": [ { "$ifNull": ["$tokenParams", Bson::Null] }, Bson::Null ] },
                     { "$eq": [ { "$ifNull": ["$metadataError", Bson::Null] }, Bson::Null ] },
                 ] }
             } else {
@@ -152,14 +211,33 @@ impl Store {
             { "$eq": [ { "$type": "$version" }, "missing" ] },
             { "$lt": [ "$version", literal(event.version) ] },
         ] };
+        let moves_from: Vec<&str> = gate.moves_from.iter().map(|s| s.as_str()).collect();
+        let held_back = doc! { "$or": [
+            { "$and": [
+                newer.clone(),
+                { "$not": [ { "$in": [
+                    { "$ifNull": ["$status", PaymentStatus::Processing.as_str()] },
+                    literal(moves_from),
+                ] } ] },
+            ] },
+            { "$and": [ gate.bound_to_fixed_params, fixed.clone(), names_others ] },
+        ] };
+        // Decided once, on the stored document, before anything of it changes; the mark
+        // is removed again at the end, so a held-back event leaves the document as it was.
         let pipeline = vec![
+            doc! { "$set": { HELD_BACK: held_back } },
             doc! { "$replaceWith": { "$cond": [
-                newer,
-                { "$mergeObjects": [ "$$ROOT", newer_sets ] },
+                { "$or": [format!("${HELD_BACK}"), { "$not": [newer] }] },
                 "$$ROOT",
+                { "$mergeObjects": [ "$$ROOT", newer_sets ] },
             ] } },
             // Runs after the gate: fills what is still missing.
-            doc! { "$set": filled },
+            doc! { "$replaceWith": { "$cond": [
+                format!("${HELD_BACK}"),
+                "$$ROOT",
+                { "$mergeObjects": [ "$$ROOT", filled ] },
+            ] } },
+            doc! { "$unset": HELD_BACK },
         ];
         self.upsert_payment(&event.key, pipeline).await
     }

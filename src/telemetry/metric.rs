@@ -51,6 +51,7 @@ pub const TOKEN_OPERATIONS: &[&str] = &["redeem", "revoke", "transfer"];
 /// `outcome` values of `WEBHOOK_EVENTS_TOTAL` for a configured provider: refused before
 /// processing, then what the event did.
 pub const WEBHOOK_OUTCOMES: &[&str] = &[
+    "credentials_rejected",
     "signature_rejected",
     "malformed",
     "duplicate",
@@ -63,6 +64,8 @@ pub const WEBHOOK_OUTCOMES: &[&str] = &[
     "metadata_invalid",
     "no_metadata",
     "conflict",
+    "terminal",
+    "metadata_conflict",
 ];
 
 /// Gives every metric its help text (and unit).

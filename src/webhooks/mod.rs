@@ -1,8 +1,10 @@
 //! Payment providers as webhook senders: signature verification and event parsing into
 //! domain events, one module per scheme (`stripe`, `standard`, `paddle`, `adyen`) over the
-//! shared pieces of `signature` and `events`. What an event does is `issuing`'s to decide.
+//! shared pieces of `signature` and `events`, and the HTTP Basic credentials a provider
+//! may send besides (`basic_auth`). What an event does is `issuing`'s to decide.
 
 pub mod adyen;
+mod basic_auth;
 mod events;
 pub mod paddle;
 pub mod signature;
@@ -13,6 +15,7 @@ use std::collections::HashMap;
 
 use secrecy::{ExposeSecret, SecretString};
 
+use basic_auth::BasicCredentials;
 pub use events::EventError;
 pub use signature::{SignatureError, SignatureHeaders, sign_standard, sign_stripe};
 pub use standard::parse_standard;
@@ -27,6 +30,8 @@ pub struct ProviderConfig {
     pub scheme: WebhookScheme,
     secrets: Vec<SecretString>,
     tolerance_secs: u64,
+    /// The HTTP Basic credentials every delivery must carry, when configured.
+    basic_auth: Option<BasicCredentials>,
 }
 
 /// The configured providers, by name.
@@ -34,9 +39,9 @@ pub struct ProviderConfig {
 pub struct Providers(HashMap<String, ProviderConfig>);
 
 impl Providers {
-    /// From validated settings: names are valid provider identifiers and every secret
-    /// passed [`signature::check_secret`] for its scheme (`Settings::validate`), so
-    /// nothing is left out here.
+    /// From validated settings: names are valid provider identifiers, every secret
+    /// passed [`signature::check_secret`] for its scheme, and Basic credentials come as a
+    /// pair (`Settings::validate`), so nothing is left out here.
     pub fn from_settings(providers: &std::collections::BTreeMap<String, ProviderSettings>) -> Self {
         Self(
             providers
@@ -47,6 +52,11 @@ impl Providers {
                         scheme: settings.scheme,
                         secrets: settings.secrets.clone(),
                         tolerance_secs: settings.tolerance_secs,
+                        basic_auth: settings
+                            .basic_auth_username
+                            .as_deref()
+                            .zip(settings.basic_auth_password.as_ref())
+                            .map(|(user, password)| BasicCredentials::new(user, password)),
                     };
                     Some((name.clone(), config))
                 })
@@ -82,6 +92,14 @@ pub struct SignedDelivery {
 }
 
 impl ProviderConfig {
+    /// Whether a delivery with this `Authorization` header value may be read at all: it
+    /// carries the provider's Basic credentials, or none are configured.
+    pub fn admits(&self, authorization: Option<&str>) -> bool {
+        self.basic_auth
+            .as_ref()
+            .is_none_or(|credentials| credentials.admit(authorization))
+    }
+
     /// Verifies the delivery's signature over the raw `body`, per the provider's scheme.
     pub fn verify(
         &self,

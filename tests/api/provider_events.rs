@@ -128,3 +128,33 @@ pub fn partial_refund_event(
         } },
     })
 }
+
+/// Every document of `payments`, `issuances` and `tokens`, in `_id` order: what a refused
+/// event must leave exactly as it was.
+pub async fn payment_state(app: &TestApp) -> Vec<mongodb::bson::Document> {
+    use futures::TryStreamExt;
+    let mut all = Vec::new();
+    for collection in ["payments", "issuances", "tokens"] {
+        let docs: Vec<mongodb::bson::Document> = app
+            .db
+            .collection::<mongodb::bson::Document>(collection)
+            .find(doc! {})
+            .sort(doc! { "_id": 1 })
+            .await
+            .unwrap()
+            .try_collect()
+            .await
+            .unwrap();
+        all.extend(docs);
+    }
+    all
+}
+
+/// The outcome `webhook_events` recorded for `event_id`.
+pub async fn recorded_outcome(app: &TestApp, event_id: &str) -> String {
+    app.find_stored("webhook_events", doc! { "eventId": event_id })
+        .await
+        .get_str("outcome")
+        .unwrap()
+        .to_owned()
+}

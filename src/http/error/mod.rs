@@ -27,6 +27,10 @@ pub const UNKNOWN_API_KEY: &str = "Unknown API key.";
 /// an API key.
 pub const WEBHOOK_SIGNATURE_CHALLENGE: &str = "Signature realm=\"webhooks\"";
 
+/// The challenge of a webhook delivery without the provider's configured HTTP Basic
+/// credentials (`providers.<name>.basic_auth_username`).
+pub const WEBHOOK_BASIC_CHALLENGE: &str = "Basic realm=\"webhooks\", charset=\"UTF-8\"";
+
 /// Every way a request can fail.
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
@@ -36,6 +40,8 @@ pub enum ApiError {
     Unauthorized(&'static str),
     #[error("webhook signature rejected: {0}")]
     WebhookSignature(&'static str),
+    #[error("webhook credentials rejected")]
+    WebhookCredentials,
     #[error("forbidden: {0}")]
     Forbidden(String),
     #[error("not found: {0}")]
@@ -122,6 +128,7 @@ impl ApiError {
                     );
                     ProblemCode::SignatureInvalid
                 }),
+            Self::WebhookCredentials => ProblemCode::BasicAuthInvalid,
             Self::Forbidden(_) => ProblemCode::Forbidden,
             Self::NotFound(_) => ProblemCode::NotFound,
             Self::MethodNotAllowed => ProblemCode::MethodNotAllowed,
@@ -153,6 +160,7 @@ impl ApiError {
                 "{WEBHOOK_SIGNATURE_CHALLENGE}, error=\"{}\"",
                 self.code().as_str()
             )),
+            Self::WebhookCredentials => Some(WEBHOOK_BASIC_CHALLENGE.to_owned()),
             _ => None,
         }
     }
@@ -168,6 +176,9 @@ impl ApiError {
                 }
                 _ => "The signature does not match the body with any configured secret.".to_owned(),
             },
+            Self::WebhookCredentials => {
+                "The delivery lacks the provider's HTTP Basic credentials, or they do not match.".to_owned()
+            }
             Self::Forbidden(detail) | Self::NotFound(detail) | Self::PaymentNotSucceeded(detail) => {
                 detail.clone()
             }

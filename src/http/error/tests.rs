@@ -11,6 +11,7 @@ fn every_error() -> Vec<ApiError> {
         ApiError::WebhookSignature("signature_missing"),
         ApiError::WebhookSignature("signature_invalid"),
         ApiError::WebhookSignature("signature_timestamp_out_of_tolerance"),
+        ApiError::WebhookCredentials,
         ApiError::Forbidden("x".to_owned()),
         ApiError::NotFound("x".to_owned()),
         ApiError::MethodNotAllowed,
@@ -113,5 +114,9 @@ fn every_401_carries_a_challenge_and_nothing_else_does() {
     assert_eq!(
         challenge(ApiError::WebhookSignature("signature_invalid")).unwrap(),
         "Signature realm=\"webhooks\", error=\"signature_invalid\""
+    );
+    assert_eq!(
+        challenge(ApiError::WebhookCredentials).unwrap(),
+        "Basic realm=\"webhooks\", charset=\"UTF-8\""
     );
 }

@@ -1,6 +1,11 @@
 //! The `adyen` scheme end to end: batches of standard notifications, each item signed
 //! on its own (`additionalData.hmacSignature`), applied item by item and answered
-//! `[accepted]`; a batch with one bad item is refused whole.
+//! `[accepted]`; a batch with one bad item is refused whole. Also [`basic_auth`] (the
+//! HTTP Basic credentials checked before the signatures) and [`replays`] (signed items
+//! sent again with their unsigned fields changed).
+
+mod basic_auth;
+mod replays;
 
 use mongodb::bson::{Document, doc};
 use serde_json::{Value, json};

@@ -1,0 +1,92 @@
+//! HTTP Basic credentials on the `adyen` scheme (`basic_auth_username`,
+//! `basic_auth_password`): checked before any HMAC work, so a delivery without them is
+//! 401 and nothing is recorded, however well its items are signed.
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use mongodb::bson::doc;
+
+use super::{ADYEN, ADYEN_NEW, active, authorisation, signed_batch};
+use crate::helpers::*;
+
+const USER: &str = "adyen-notifier";
+const PASSWORD: &str = "N0tificati0n-Passw0rd";
+
+fn config() -> String {
+    format!("{ADYEN}basic_auth_username = \"{USER}\"\nbasic_auth_password = \"{PASSWORD}\"\n")
+}
+
+fn basic(user: &str, password: &str) -> String {
+    format!("Basic {}", BASE64.encode(format!("{user}:{password}")))
+}
+
+async fn post(app: &TestApp, authorization: Option<&str>, body: Vec<u8>) -> reqwest::Response {
+    let mut request = app
+        .http
+        .post(app.url("/v1/webhooks/adyen"))
+        .header("content-type", "application/json")
+        .body(body);
+    if let Some(value) = authorization {
+        request = request.header("authorization", value);
+    }
+    request.send().await.unwrap()
+}
+
+#[tokio::test]
+async fn a_delivery_without_the_right_credentials_is_401_and_records_nothing() {
+    let app = spawn_app_with(&config()).await;
+    let body = signed_batch(&[authorisation("PSP_A", 2)], ADYEN_NEW);
+    let wrong = [
+        None,
+        Some(basic(USER, "wrong")),
+        Some(basic("someone", PASSWORD)),
+        Some(basic(USER, &format!("{PASSWORD}x"))),
+        Some(format!("Bearer {PASSWORD}")),
+        Some("Basic not-base64!".to_owned()),
+    ];
+    for authorization in &wrong {
+        let answer = post(&app, authorization.as_deref(), body.clone()).await;
+        let challenge = answer.headers()["www-authenticate"]
+            .to_str()
+            .unwrap()
+            .to_owned();
+        assert!(
+            challenge.starts_with("Basic realm=\"webhooks\""),
+            "{challenge}"
+        );
+        assert_problem(answer, 401, "basic_auth_invalid").await;
+    }
+    // Checked before the signature: an unsigned body without credentials is the same 401.
+    let answer = post(&app, None, b"{}".to_vec()).await;
+    assert_problem(answer, 401, "basic_auth_invalid").await;
+    for collection in ["payments", "webhook_events", "tokens", "issuances"] {
+        assert_eq!(app.count(collection, doc! {}).await, 0, "{collection}");
+    }
+}
+
+#[tokio::test]
+async fn the_right_credentials_are_accepted() {
+    let app = spawn_app_with(&config()).await;
+    let body = signed_batch(&[authorisation("PSP_A", 2)], ADYEN_NEW);
+    // The scheme's name is case-insensitive (RFC 7617 §2).
+    let lower = basic(USER, PASSWORD).replacen("Basic", "basic", 1);
+    for (authorization, psp) in [(basic(USER, PASSWORD), "PSP_A"), (lower, "PSP_B")] {
+        let body = signed_batch(&[authorisation(psp, 2)], ADYEN_NEW);
+        let answer = post(&app, Some(&authorization), body).await;
+        assert_eq!(answer.status(), 200);
+        assert_eq!(answer.text().await.unwrap(), "[accepted]");
+        assert_eq!(active(&app, psp).await, vec![0, 1]);
+    }
+    // The right credentials do not stand in for the signature.
+    let mut unsigned: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    unsigned["notificationItems"][0]["NotificationRequestItem"]["additionalData"]["hmacSignature"] =
+        serde_json::json!("AAAA");
+    let answer = post(
+        &app,
+        Some(&basic(USER, PASSWORD)),
+        unsigned.to_string().into_bytes(),
+    )
+    .await;
+    assert_problem(answer, 401, "signature_invalid").await;
+    assert_eq!(app.count("webhook_events", doc! {}).await, 2);
+}

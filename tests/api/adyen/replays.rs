@@ -1,0 +1,102 @@
+//! Adyen signs neither `eventDate` nor `additionalData` (where the token metadata is),
+//! and a dedupe record expires: a correctly signed item can come back later with those
+//! changed. Such a replay is answered `[accepted]`, recorded with its outcome, and changes
+//! nothing in `payments`, `issuances` or `tokens`.
+
+use mongodb::bson::{Document, doc};
+use serde_json::{Value, json};
+
+use super::{ADYEN, ADYEN_NEW, authorisation, modification, post_batch, send, signed_batch};
+use crate::helpers::*;
+use crate::provider_events::{payment_state, recorded_outcome};
+
+/// The dedupe record of `event_id` expires (`webhooks.retention_days`).
+async fn expire(app: &TestApp, event_id: &str) {
+    let deleted = app
+        .db
+        .collection::<Document>("webhook_events")
+        .delete_one(doc! { "eventId": event_id })
+        .await
+        .unwrap();
+    assert_eq!(deleted.deleted_count, 1, "{event_id} was recorded");
+}
+
+/// `body` (one signed item) with its unsigned fields changed: a later `eventDate` and the
+/// metadata of `quantity` tokens for [`OWNER`] — the `hmacSignature` is kept as it was.
+fn tampered(body: &[u8], event_date: &str, quantity: i64) -> Vec<u8> {
+    let mut batch: Value = serde_json::from_slice(body).unwrap();
+    let item = &mut batch["notificationItems"][0]["NotificationRequestItem"];
+    item["eventDate"] = json!(event_date);
+    let data = item["additionalData"].as_object_mut().unwrap();
+    data.insert("metadata.tokenmint_owner".to_owned(), json!(OWNER));
+    data.insert(
+        "metadata.tokenmint_token_type".to_owned(),
+        json!("standard"),
+    );
+    data.insert(
+        "metadata.tokenmint_quantity".to_owned(),
+        json!(quantity.to_string()),
+    );
+    batch.to_string().into_bytes()
+}
+
+async fn accepted(app: &TestApp, body: Vec<u8>) {
+    let answer = post_batch(app, body).await;
+    assert_eq!(answer.status(), 200);
+    assert_eq!(answer.text().await.unwrap(), "[accepted]");
+}
+
+#[tokio::test]
+async fn a_canceled_authorisation_replayed_with_metadata_after_its_record_expired_issues_nothing() {
+    let app = spawn_app_with(ADYEN).await;
+    let mut bare = authorisation("PSP_X", 1);
+    bare["additionalData"] = json!({});
+    let signed = signed_batch(&[bare], ADYEN_NEW);
+    accepted(&app, signed.clone()).await;
+    send(
+        &app,
+        &[modification("CANCELLATION", "PSP_C", "PSP_X", 1000)],
+    )
+    .await;
+    expire(&app, "AUTHORISATION:PSP_X:true").await;
+    let before = payment_state(&app).await;
+
+    accepted(&app, tampered(&signed, "2026-11-30T14:00:00+01:00", 4)).await;
+
+    assert_eq!(payment_state(&app).await, before, "nothing changed");
+    assert_eq!(app.count("tokens", doc! {}).await, 0);
+    let payment = app
+        .find_stored("payments", doc! { "paymentIntentId": "PSP_X" })
+        .await;
+    assert_eq!(payment.get_str("status").unwrap(), "canceled");
+    assert_eq!(
+        recorded_outcome(&app, "AUTHORISATION:PSP_X:true").await,
+        "terminal"
+    );
+}
+
+#[tokio::test]
+async fn an_authorisation_replayed_with_other_metadata_is_a_metadata_conflict() {
+    let app = spawn_app_with(ADYEN).await;
+    let signed = signed_batch(&[authorisation("PSP_M", 2)], ADYEN_NEW);
+    accepted(&app, signed.clone()).await;
+    assert_eq!(app.count("tokens", doc! {}).await, 2);
+    expire(&app, "AUTHORISATION:PSP_M:true").await;
+    let before = payment_state(&app).await;
+
+    // Later or earlier than the first: the parameters are the first success's either way.
+    for date in ["2026-11-30T14:00:00+01:00", "2026-11-30T08:00:00+01:00"] {
+        accepted(&app, tampered(&signed, date, 4)).await;
+        assert_eq!(
+            payment_state(&app).await,
+            before,
+            "nothing changed ({date})"
+        );
+        assert_eq!(
+            recorded_outcome(&app, "AUTHORISATION:PSP_M:true").await,
+            "metadata_conflict"
+        );
+        expire(&app, "AUTHORISATION:PSP_M:true").await;
+    }
+    assert_eq!(app.count("tokens", doc! {}).await, 2);
+}

@@ -1,0 +1,103 @@
+//! Terminal states and fixed parameters, for every provider: a canceled payment never
+//! stands again, and a payment's token parameters are the first success's. An event
+//! that would undo either is answered 200, recorded with its outcome (`terminal`,
+//! `metadata_conflict`), and changes nothing in `payments`, `issuances` or `tokens`.
+//! A failed payment is not terminal: the customer may retry it.
+
+use mongodb::bson::doc;
+
+use crate::helpers::*;
+use crate::provider_events::*;
+
+#[tokio::test]
+async fn a_canceled_payment_never_succeeds_again() {
+    let app = app().await;
+    let t = now();
+    let canceled = intent_event("evt_c", "canceled", "pi_can", t, "3");
+    assert_eq!(deliver_stripe(&app, &canceled).await.status(), 200);
+    let before = payment_state(&app).await;
+
+    // Same rank as canceled and later: the version gate alone would let it through.
+    let late = intent_event("evt_s", "succeeded", "pi_can", t + 60, "3");
+    let receipt = json(deliver_stripe(&app, &late).await).await;
+    assert_eq!(receipt["outcome"], "terminal", "{receipt}");
+    assert_eq!(payment_state(&app).await, before, "nothing changed");
+    assert_eq!(payment_status(&app, "pi_can").await.0, "canceled");
+    assert_eq!(app.count("tokens", doc! {}).await, 0);
+    assert_eq!(recorded_outcome(&app, "evt_s").await, "terminal");
+}
+
+#[tokio::test]
+async fn a_canceled_payment_stays_canceled_whatever_version_follows() {
+    let app = app().await;
+    send_acme(&app, "msg_c", &acme_event("canceled", "pay_t", 2)).await;
+    let before = payment_state(&app).await;
+    for (id, kind, version) in [
+        ("msg_f", "failed", 3),
+        ("msg_p", "processing", 4),
+        ("msg_s", "succeeded", 5),
+    ] {
+        let receipt = json(send_acme(&app, id, &acme_event(kind, "pay_t", version)).await).await;
+        assert_eq!(receipt["outcome"], "terminal", "{kind}: {receipt}");
+        assert_eq!(payment_state(&app).await, before, "{kind} changed nothing");
+    }
+    assert_eq!(
+        payment_status(&app, "pay_t").await,
+        ("canceled".to_owned(), 2)
+    );
+    // A refund still reaches a canceled payment: both take everything back.
+    let refunded = json(send_acme(&app, "msg_r", &acme_event("refunded", "pay_t", 6)).await).await;
+    assert_eq!(refunded["outcome"], "revoked", "{refunded}");
+    assert_eq!(payment_status(&app, "pay_t").await.0, "refunded");
+    assert_eq!(app.count("tokens", doc! {}).await, 0);
+}
+
+#[tokio::test]
+async fn a_failed_payment_may_still_succeed() {
+    let app = app().await;
+    let t = now();
+    deliver_stripe(
+        &app,
+        &intent_event("evt_f", "payment_failed", "pi_retry", t, "2"),
+    )
+    .await;
+    assert_eq!(payment_status(&app, "pi_retry").await.0, "failed");
+    let retried = intent_event("evt_ok", "succeeded", "pi_retry", t + 60, "2");
+    let receipt = json(deliver_stripe(&app, &retried).await).await;
+    assert_eq!(receipt["outcome"], "issued", "{receipt}");
+    assert_eq!(app.token_indexes("pi_retry").await, vec![0, 1]);
+    assert_eq!(payment_status(&app, "pi_retry").await.0, "succeeded");
+}
+
+#[tokio::test]
+async fn a_later_success_naming_other_parameters_changes_nothing() {
+    let app = app().await;
+    let t = now();
+    let first = intent_event("evt_1", "succeeded", "pi_fix", t, "3");
+    assert_eq!(
+        json(deliver_stripe(&app, &first).await).await["outcome"],
+        "issued"
+    );
+    let before = payment_state(&app).await;
+
+    for (id, kind, at) in [
+        ("evt_later", "succeeded", t + 60),
+        ("evt_earlier", "succeeded", t - 60),
+        ("evt_processing", "processing", t + 30),
+    ] {
+        let other = intent_event(id, kind, "pi_fix", at, "5");
+        let receipt = json(deliver_stripe(&app, &other).await).await;
+        assert_eq!(receipt["outcome"], "metadata_conflict", "{id}: {receipt}");
+        assert_eq!(payment_state(&app).await, before, "{id} changed nothing");
+        assert_eq!(recorded_outcome(&app, id).await, "metadata_conflict");
+    }
+    // The same parameters again are no conflict.
+    let same = intent_event("evt_same", "succeeded", "pi_fix", t + 90, "3");
+    let receipt = json(deliver_stripe(&app, &same).await).await;
+    assert_eq!(receipt["outcome"], "already_issued", "{receipt}");
+    assert_eq!(app.token_indexes("pi_fix").await, vec![0, 1, 2]);
+    let stored = app
+        .find_stored("payments", doc! { "paymentIntentId": "pi_fix" })
+        .await;
+    assert_eq!(stored.get_str("tokenParamsFixedBy").unwrap(), "evt_1");
+}
