@@ -8,7 +8,7 @@
 use std::sync::{Arc, LazyLock};
 
 use mongodb::Client;
-use mongodb::bson::{Bson, doc};
+use mongodb::bson::{Bson, Document, doc};
 use tokio::sync::{Mutex, OwnedMutexGuard};
 
 use crate::mongod::mongo_uri;
@@ -51,6 +51,9 @@ impl Fault {
 /// [`FailPoint::off`], or when dropped.
 pub struct FailPoint {
     client: Client,
+    /// The server's count of failpoint entries when this one was set: it counts since
+    /// mongod started, for every failpoint set before, so this one's own are the rest.
+    entered_before: i64,
     turned_off: bool,
     /// The server has one `failCommand` failpoint: a second test setting it would replace
     /// this one's. Tests that use failpoints take turns (other tests run on).
@@ -98,13 +101,14 @@ impl FailPoint {
                 data.insert("blockTimeMS", millis);
             }
         }
-        client
+        let answer = client
             .database("admin")
             .run_command(doc! { "configureFailPoint": "failCommand", "mode": mode, "data": data })
             .await
             .expect("configureFailPoint (the test mongod runs with enableTestCommands=1)");
         Self {
             client,
+            entered_before: entry_count(&answer),
             turned_off: false,
             _turn: turn,
         }
@@ -113,25 +117,29 @@ impl FailPoint {
     /// Turns the failpoint off; returns how many commands it failed (or held up), so that
     /// a test can show its fault really happened.
     pub async fn off(mut self) -> i64 {
-        let fired = turn_off(&self.client).await;
+        let entered = turn_off(&self.client).await;
         self.turned_off = true;
-        fired
+        entered.map_or(0, |entered| entered - self.entered_before)
     }
 }
 
-/// Turns `failCommand` off; its answer's `count` is how often it was entered.
-async fn turn_off(client: &Client) -> i64 {
+/// Turns `failCommand` off; returns the server's count of its entries so far.
+async fn turn_off(client: &Client) -> Option<i64> {
     client
         .database("admin")
         .run_command(doc! { "configureFailPoint": "failCommand", "mode": "off" })
         .await
         .ok()
-        .and_then(|answer| {
-            answer
-                .get_i64("count")
-                .ok()
-                .or_else(|| answer.get_i32("count").ok().map(i64::from))
-        })
+        .map(|answer| entry_count(&answer))
+}
+
+/// The `count` of a `configureFailPoint` answer: how often `failCommand` was entered
+/// since mongod started (it is never reset).
+fn entry_count(answer: &Document) -> i64 {
+    answer
+        .get_i64("count")
+        .ok()
+        .or_else(|| answer.get_i32("count").ok().map(i64::from))
         .unwrap_or(0)
 }
 
