@@ -63,25 +63,72 @@ pub struct FailPoint {
 /// Whose turn it is to use the server's one `failCommand` failpoint.
 static TURN: LazyLock<Arc<Mutex<()>>> = LazyLock::new(|| Arc::new(Mutex::new(())));
 
+/// The turn to use the server's one `failCommand` failpoint, taken ahead of setting it:
+/// a test that sets its failpoint at a chosen moment of a flow takes its turn before the
+/// flow starts, so that waiting for another test's failpoint cannot move that moment.
+pub struct FailPointTurn(OwnedMutexGuard<()>);
+
+impl FailPointTurn {
+    /// Waits until no other test's failpoint is set, and keeps others from setting one.
+    pub async fn take() -> Self {
+        Self(TURN.clone().lock_owned().await)
+    }
+
+    /// [`FailPoint::set`] in this turn.
+    pub async fn set(
+        self,
+        app_name: &str,
+        commands: &[&str],
+        fault: Fault,
+        times: i64,
+    ) -> FailPoint {
+        FailPoint::set_mode(
+            self,
+            app_name,
+            commands,
+            fault,
+            doc! { "times": times }.into(),
+        )
+        .await
+    }
+
+    /// [`FailPoint::always`] in this turn.
+    pub async fn always(self, app_name: &str, commands: &[&str], fault: Fault) -> FailPoint {
+        FailPoint::set_mode(self, app_name, commands, fault, "alwaysOn".into()).await
+    }
+}
+
 impl FailPoint {
     /// Makes the next `times` of `commands` (e.g. `["update"]`, `["find", "insert"]`)
     /// sent by clients named `app_name` fail as `fault` says.
     pub async fn set(app_name: &str, commands: &[&str], fault: Fault, times: i64) -> Self {
-        Self::set_mode(app_name, commands, fault, doc! { "times": times }.into()).await
+        FailPointTurn::take()
+            .await
+            .set(app_name, commands, fault, times)
+            .await
     }
 
     /// As [`FailPoint::set`], for every such command but the first, until turned off.
     pub async fn after_first(app_name: &str, commands: &[&str], fault: Fault) -> Self {
-        Self::set_mode(app_name, commands, fault, doc! { "skip": 1 }.into()).await
+        let turn = FailPointTurn::take().await;
+        Self::set_mode(turn, app_name, commands, fault, doc! { "skip": 1 }.into()).await
     }
 
     /// As [`FailPoint::set`], for every such command until turned off.
     pub async fn always(app_name: &str, commands: &[&str], fault: Fault) -> Self {
-        Self::set_mode(app_name, commands, fault, "alwaysOn".into()).await
+        FailPointTurn::take()
+            .await
+            .always(app_name, commands, fault)
+            .await
     }
 
-    async fn set_mode(app_name: &str, commands: &[&str], fault: Fault, mode: Bson) -> Self {
-        let turn = TURN.clone().lock_owned().await;
+    async fn set_mode(
+        FailPointTurn(turn): FailPointTurn,
+        app_name: &str,
+        commands: &[&str],
+        fault: Fault,
+        mode: Bson,
+    ) -> Self {
         let client = Client::with_uri_str(mongo_uri())
             .await
             .expect("admin client");
