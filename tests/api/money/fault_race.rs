@@ -249,16 +249,12 @@ async fn fault_race(mode: &str) {
         }
         for (p, scenario) in scenarios.iter().enumerate() {
             let mine: Vec<&Answer> = answers.iter().filter(|a| a.payment == p).collect();
+            // One violation per payment, with everything wrong with it and its answers.
             let wrong = check_payment(&healthy, mode, scenario, &mine, Faults::Injected).await;
-            for wrong in &wrong {
-                round_violations.push(format!(
-                    "round {round} ({plan:?}, fired {fired}), {scenario:?}: {wrong}"
-                ));
-            }
             if !wrong.is_empty() {
                 round_violations.push(format!(
-                    "round {round}, {}: its answers (the resends last): {}",
-                    scenario.payment,
+                    "round {round} ({plan:?}, fired {fired}), {scenario:?}: {}; its answers (the resends last): {}",
+                    wrong.join("; "),
                     answers_of(&mine)
                 ));
             }
