@@ -51,36 +51,84 @@ impl Fault {
 /// [`FailPoint::off`], or when dropped.
 pub struct FailPoint {
     client: Client,
-    /// How often the failpoint had been entered when this one was set.
+    /// The server's count of failpoint entries when this one was set: it counts since
+    /// mongod started, for every failpoint set before, so this one's own are the rest.
     entered_before: i64,
     turned_off: bool,
     /// The server has one `failCommand` failpoint: a second test setting it would replace
     /// this one's. Tests that use failpoints take turns (other tests run on).
-    _turn: OwnedMutexGuard<()>,
+    turn: Option<OwnedMutexGuard<()>>,
 }
 
 /// Whose turn it is to use the server's one `failCommand` failpoint.
 static TURN: LazyLock<Arc<Mutex<()>>> = LazyLock::new(|| Arc::new(Mutex::new(())));
 
+/// The turn to use the server's one `failCommand` failpoint, taken ahead of setting it:
+/// a test that sets its failpoint at a chosen moment of a flow takes its turn before the
+/// flow starts, so that waiting for another test's failpoint cannot move that moment.
+pub struct FailPointTurn(OwnedMutexGuard<()>);
+
+impl FailPointTurn {
+    /// Waits until no other test's failpoint is set, and keeps others from setting one.
+    pub async fn take() -> Self {
+        Self(TURN.clone().lock_owned().await)
+    }
+
+    /// [`FailPoint::set`] in this turn.
+    pub async fn set(
+        self,
+        app_name: &str,
+        commands: &[&str],
+        fault: Fault,
+        times: i64,
+    ) -> FailPoint {
+        FailPoint::set_mode(
+            self,
+            app_name,
+            commands,
+            fault,
+            doc! { "times": times }.into(),
+        )
+        .await
+    }
+
+    /// [`FailPoint::always`] in this turn.
+    pub async fn always(self, app_name: &str, commands: &[&str], fault: Fault) -> FailPoint {
+        FailPoint::set_mode(self, app_name, commands, fault, "alwaysOn".into()).await
+    }
+}
+
 impl FailPoint {
     /// Makes the next `times` of `commands` (e.g. `["update"]`, `["find", "insert"]`)
     /// sent by clients named `app_name` fail as `fault` says.
     pub async fn set(app_name: &str, commands: &[&str], fault: Fault, times: i64) -> Self {
-        Self::set_mode(app_name, commands, fault, doc! { "times": times }.into()).await
+        FailPointTurn::take()
+            .await
+            .set(app_name, commands, fault, times)
+            .await
     }
 
     /// As [`FailPoint::set`], for every such command but the first, until turned off.
     pub async fn after_first(app_name: &str, commands: &[&str], fault: Fault) -> Self {
-        Self::set_mode(app_name, commands, fault, doc! { "skip": 1 }.into()).await
+        let turn = FailPointTurn::take().await;
+        Self::set_mode(turn, app_name, commands, fault, doc! { "skip": 1 }.into()).await
     }
 
     /// As [`FailPoint::set`], for every such command until turned off.
     pub async fn always(app_name: &str, commands: &[&str], fault: Fault) -> Self {
-        Self::set_mode(app_name, commands, fault, "alwaysOn".into()).await
+        FailPointTurn::take()
+            .await
+            .always(app_name, commands, fault)
+            .await
     }
 
-    async fn set_mode(app_name: &str, commands: &[&str], fault: Fault, mode: Bson) -> Self {
-        let turn = TURN.clone().lock_owned().await;
+    async fn set_mode(
+        FailPointTurn(turn): FailPointTurn,
+        app_name: &str,
+        commands: &[&str],
+        fault: Fault,
+        mode: Bson,
+    ) -> Self {
         let client = Client::with_uri_str(mongo_uri())
             .await
             .expect("admin client");
@@ -107,10 +155,26 @@ impl FailPoint {
             .expect("configureFailPoint (the test mongod runs with enableTestCommands=1)");
         Self {
             client,
-            entered_before: count(&answer),
+            entered_before: entry_count(&answer),
             turned_off: false,
-            _turn: turn,
+            turn: Some(turn),
         }
+    }
+
+    /// Sets the failpoint anew in this test's turn: from now on the next `times` of
+    /// `commands` fail as `fault` says (a command the old setting holds up stays held up).
+    pub async fn replace(
+        mut self,
+        app_name: &str,
+        commands: &[&str],
+        fault: Fault,
+        times: i64,
+    ) -> Self {
+        let turn = FailPointTurn(self.turn.take().expect("a failpoint holds its turn"));
+        // Not turned off in between: the new setting replaces the old one.
+        self.turned_off = true;
+        drop(self);
+        turn.set(app_name, commands, fault, times).await
     }
 
     /// Whether the failpoint has failed (or held up) `times` commands since it was set,
@@ -132,22 +196,23 @@ impl FailPoint {
     pub async fn off(mut self) -> i64 {
         let entered = turn_off(&self.client).await;
         self.turned_off = true;
-        entered - self.entered_before
+        entered.map_or(0, |entered| entered - self.entered_before)
     }
 }
 
-/// Turns `failCommand` off; its answer's `count` is how often it was entered.
-async fn turn_off(client: &Client) -> i64 {
+/// Turns `failCommand` off; returns the server's count of its entries so far.
+async fn turn_off(client: &Client) -> Option<i64> {
     client
         .database("admin")
         .run_command(doc! { "configureFailPoint": "failCommand", "mode": "off" })
         .await
-        .map(|answer| count(&answer))
-        .unwrap_or(0)
+        .ok()
+        .map(|answer| entry_count(&answer))
 }
 
-/// The `count` of a `configureFailPoint` answer: how often the failpoint was entered.
-fn count(answer: &Document) -> i64 {
+/// The `count` of a `configureFailPoint` answer: how often `failCommand` was entered
+/// since mongod started (it is never reset).
+fn entry_count(answer: &Document) -> i64 {
     answer
         .get_i64("count")
         .ok()

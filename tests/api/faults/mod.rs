@@ -26,3 +26,16 @@ async fn a_failpoint_fails_only_the_named_apps_commands() {
     assert_eq!(faulty.get(ADMIN_KEY, path).await.status(), 404);
     assert_eq!(failpoint.off().await, 2);
 }
+
+#[tokio::test]
+async fn a_failpoint_counts_only_its_own_failures() {
+    let name = unique_app_name();
+    let faulty = spawn_app_named(&name, "").await;
+    let path = "/v1/issuances/stripe/acct_1/pi_fp_count";
+    // The server counts every failpoint it ever entered; each one set here counts its own.
+    for _ in 0..2 {
+        let failpoint = FailPoint::set(&name, &["find"], Fault::error(91), 2).await;
+        assert_eq!(faulty.get(ADMIN_KEY, path).await.status(), 503);
+        assert_eq!(failpoint.off().await, 2);
+    }
+}

@@ -1,7 +1,8 @@
-//! What one payment goes through in a round of the seeded race: its quantity, its refund,
-//! how many success deliveries, backend retries and checkout requests race, and the HTTP
-//! answer each of them got.
+//! What one payment goes through in a round of the seeded races: its quantity, its refund,
+//! how many success deliveries, backend retries and checkout requests race, the seeded
+//! order and timing of those requests, and the HTTP answer each of them got.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use rand::RngExt;
@@ -37,6 +38,9 @@ pub(super) struct Scenario {
     /// `created` of the success event; the refund's is later.
     pub(super) success_created: i64,
     pub(super) refund_created: i64,
+    /// The (partial) refund was delivered and settled long before the round: only the
+    /// issuance requests race (see [`Scenario::refund_long_before`]).
+    pub(super) refunded_before: bool,
 }
 
 impl Scenario {
@@ -66,7 +70,19 @@ impl Scenario {
             checkout: rng.random_bool(0.5),
             success_created,
             refund_created: success_created + rng.random_range(1..=300),
+            refunded_before: false,
         }
+    }
+
+    /// Makes this a payment partly refunded long before anyone issued for it, with no
+    /// success event: the refund's placeholder has expired and the refund is older than
+    /// the sweep of recent withdrawals looks back, so the settle after the issuance's
+    /// token write is all that takes the refunded share back. The refund takes at least
+    /// a third, so that most quantities lose a token to it.
+    pub(super) fn refund_long_before(&mut self, rng: &mut StdRng) {
+        self.refund = Refund::Partial(rng.random_range(AMOUNT / 3..AMOUNT));
+        self.success_deliveries = 0;
+        self.refunded_before = true;
     }
 
     /// How many of its tokens (the lowest indexes) the payment stands for in the end.
@@ -88,7 +104,7 @@ impl Scenario {
         )
     }
 
-    fn refund_event(&self) -> Option<Value> {
+    pub(super) fn refund_event(&self) -> Option<Value> {
         let id = format!("evt_r_{}", self.payment);
         match self.refund {
             Refund::None => None,
@@ -110,6 +126,34 @@ pub(super) enum Action {
     Refund,
     Writer,
     Checkout,
+}
+
+/// The requests of a round, in the order drawn from `rng`: (payment number, action, start
+/// delay of at most `max_delay_ms`). A refund delivered before the round is not among them.
+pub(super) fn round_actions(
+    scenarios: &[Scenario],
+    rng: &mut StdRng,
+    max_delay_ms: u64,
+) -> Vec<(usize, Action, u64)> {
+    let mut actions = Vec::new();
+    for (p, s) in scenarios.iter().enumerate() {
+        let mut push = |action: Action, rng: &mut StdRng| {
+            actions.push((p, action, rng.random_range(0..=max_delay_ms)));
+        };
+        for _ in 0..s.success_deliveries {
+            push(Action::Success, rng);
+        }
+        if s.refund != Refund::None && !s.refunded_before {
+            push(Action::Refund, rng);
+        }
+        for _ in 0..s.writer_retries {
+            push(Action::Writer, rng);
+        }
+        if s.checkout {
+            push(Action::Checkout, rng);
+        }
+    }
+    actions
 }
 
 /// One HTTP answer of a round.
@@ -165,5 +209,15 @@ pub(super) async fn run(
         status,
         code,
         body,
+    }
+}
+
+/// Counts `answers` by action, status and problem code, for a race's summary.
+pub(super) fn tally(counts: &mut BTreeMap<String, u64>, answers: &[Answer]) {
+    for answer in answers {
+        let code = answer.code.as_deref().unwrap_or("");
+        *counts
+            .entry(format!("{:?} {} {code}", answer.action, answer.status))
+            .or_default() += 1;
     }
 }
