@@ -357,52 +357,56 @@ impl Issuer {
         }
         let unmarked = self.mark_unless_held(&answered).await;
         let (unmarked, payments) = (&unmarked, &payments);
-        join_all(answered.into_iter().map(|(mut claim, tokens, settlement)| async move {
-            let key = &claim.request.key;
-            let created = claim.request.params.quantity.get();
-            match unmarked.get(&claim.record.id) {
-                // A refund may have held the place while these tokens were written:
-                // settle with the payment as it is now (and mark), before answering.
-                Some(Unmarked::Held) => {
-                    let outcome = self.complete(claim.record).await.map(|mut set| {
-                        set.created = created;
-                        IssueOutcome::Created(set)
-                    });
-                    let _ = claim.answer.send(outcome);
-                    return;
-                }
-                // The record is gone (a failover rolled back its insert): nothing is
-                // acknowledged; a retry records it again and converges on the tokens.
-                Some(Unmarked::Lost) => {
-                    let lost = StoreError::Unavailable(mongodb::error::Error::custom(
-                        "the issuance record was lost before it was marked",
-                    ));
-                    let _ = claim.answer.send(Err(IssueError::Store(lost)));
-                    return;
-                }
-                None => {}
-            }
-            // The read took tokens back (here, or someone else just did): answer with
-            // the tokens as they are.
-            let tokens = if settlement.revoked > 0 || payments_take_back(payments, key) {
-                self.store.payment_tokens(key).await
-            } else {
-                Ok(tokens)
-            };
-            let answer = match (tokens, settlement.withdrawn) {
-                (Err(err), _) => Err(IssueError::Store(err)),
-                (Ok(_), Some(status)) => Err(IssueError::PaymentNotSucceeded(status)),
-                (Ok(tokens), None) => {
-                    claim.record.status = IssuanceStatus::Issued;
-                    Ok(IssueOutcome::Created(IssuedTokens {
-                        issuance: claim.record,
-                        tokens,
-                        created,
-                    }))
-                }
-            };
-            let _ = claim.answer.send(answer);
-        }))
+        join_all(
+            answered
+                .into_iter()
+                .map(|(mut claim, tokens, settlement)| async move {
+                    let key = &claim.request.key;
+                    let created = claim.request.params.quantity.get();
+                    match unmarked.get(&claim.record.id) {
+                        // A refund may have held the place while these tokens were written:
+                        // settle with the payment as it is now (and mark), before answering.
+                        Some(Unmarked::Held) => {
+                            let outcome = self.complete(claim.record).await.map(|mut set| {
+                                set.created = created;
+                                IssueOutcome::Created(set)
+                            });
+                            let _ = claim.answer.send(outcome);
+                            return;
+                        }
+                        // The record is gone (a failover rolled back its insert): nothing is
+                        // acknowledged; a retry records it again and converges on the tokens.
+                        Some(Unmarked::Lost) => {
+                            let lost = StoreError::Unavailable(mongodb::error::Error::custom(
+                                "the issuance record was lost before it was marked",
+                            ));
+                            let _ = claim.answer.send(Err(IssueError::Store(lost)));
+                            return;
+                        }
+                        None => {}
+                    }
+                    // The read took tokens back (here, or someone else just did): answer with
+                    // the tokens as they are.
+                    let tokens = if settlement.revoked > 0 || payments_take_back(payments, key) {
+                        self.store.payment_tokens(key).await
+                    } else {
+                        Ok(tokens)
+                    };
+                    let answer = match (tokens, settlement.withdrawn) {
+                        (Err(err), _) => Err(IssueError::Store(err)),
+                        (Ok(_), Some(status)) => Err(IssueError::PaymentNotSucceeded(status)),
+                        (Ok(tokens), None) => {
+                            claim.record.status = IssuanceStatus::Issued;
+                            Ok(IssueOutcome::Created(IssuedTokens {
+                                issuance: claim.record,
+                                tokens,
+                                created,
+                            }))
+                        }
+                    };
+                    let _ = claim.answer.send(answer);
+                }),
+        )
         .await;
     }
 

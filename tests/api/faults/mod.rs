@@ -2,15 +2,20 @@
 //! `failCommand` failpoint aimed at that app's client name, at the step each test names.
 
 mod lost_settles;
+mod marks;
 mod settle_quantity;
 mod stuck_payments;
 
 use crate::helpers::*;
 
+/// A faulty app whose own sweeps send no command: self-repair's reads and writes would
+/// meet the failpoint a test aimed at the app's requests.
+const NO_SWEEPS: &str = "[repair]\nenabled = false\n";
+
 #[tokio::test]
 async fn a_failpoint_fails_only_the_named_apps_commands() {
     let name = unique_app_name();
-    let faulty = spawn_app_named(&name, "").await;
+    let faulty = spawn_app_named(&name, NO_SWEEPS).await;
     let healthy = spawn_app().await;
     let failpoint = FailPoint::set(&name, &["find"], Fault::error(91), 2).await;
     let path = "/v1/issuances/stripe/acct_1/pi_fp_probe";
@@ -30,7 +35,7 @@ async fn a_failpoint_fails_only_the_named_apps_commands() {
 #[tokio::test]
 async fn a_failpoint_counts_only_its_own_failures() {
     let name = unique_app_name();
-    let faulty = spawn_app_named(&name, "").await;
+    let faulty = spawn_app_named(&name, NO_SWEEPS).await;
     let path = "/v1/issuances/stripe/acct_1/pi_fp_count";
     // The server counts every failpoint it ever entered; each one set here counts its own.
     for _ in 0..2 {

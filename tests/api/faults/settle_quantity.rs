@@ -33,7 +33,7 @@ async fn a_sweep_that_read_a_pending_record_revokes_by_the_set_taken_over_since(
             pending_ttl: Duration::from_secs(3600),
         },
     );
-    let failpoint = FailPoint::set(&name, &["update"], Fault::Block { millis: 3000 }, 1).await;
+    let failpoint = FailPoint::set(&name, &["update"], Fault::Block { millis: 6000 }, 1).await;
     let sweep = tokio::spawn(async move {
         sweeper
             .repair_recent_withdrawals(Duration::from_secs(600))
