@@ -21,7 +21,7 @@ use std::time::Duration;
 use mongodb::ClientSession;
 use mongodb::bson::{DateTime, RawDocumentBuf, oid::ObjectId};
 use mongodb::error::{Error, UNKNOWN_TRANSACTION_COMMIT_RESULT};
-use mongodb::options::{Acknowledgment, ReadConcern, WriteConcern};
+use mongodb::options::ReadConcern;
 
 use super::documents::{IssuanceDoc, TokenSummary, fresh_tokens, new_token};
 use super::error::{
@@ -148,7 +148,7 @@ impl Store {
         session
             .start_transaction()
             .read_concern(ReadConcern::snapshot())
-            .write_concern(WriteConcern::builder().w(Acknowledgment::Majority).build())
+            // The commit inherits the client's pinned `w: majority`, journaled (`durability`).
             .await?;
         // The precondition's read and the writes go together; both answer before commit.
         let (written, refused) =
