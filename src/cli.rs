@@ -13,7 +13,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use utoipa::OpenApi;
 
-use crate::domain::{AccountId, Scope};
+use crate::domain::{AccountGrant, Scope};
 use crate::http::auth::{key_hash, random_key};
 use crate::settings::Settings;
 use crate::startup::{Application, connect, dev_key_path, read_dev_key, shutdown_signal};
@@ -104,7 +104,8 @@ pub enum KeysCommand {
         /// tokens:redeem, tokens:revoke, tokens:transfer, admin. Default: admin.
         #[arg(long, value_delimiter = ',')]
         scopes: Vec<String>,
-        /// Comma-separated accountIds the key is limited to; default: every account.
+        /// Comma-separated accounts the key is limited to, each an accountId (at every
+        /// provider) or `provider/accountId` (at that provider only); default: every account.
         #[arg(long, value_delimiter = ',')]
         accounts: Option<Vec<String>>,
     },
@@ -215,8 +216,8 @@ fn new_key(
                 anyhow::bail!("--accounts must list at least one accountId");
             }
             for account in &accounts {
-                if let Err(rule) = AccountId::parse(account) {
-                    anyhow::bail!("--accounts: `{account}` is not an accountId: it {rule}");
+                if let Err(rule) = AccountGrant::parse(account) {
+                    anyhow::bail!("--accounts: `{account}` {rule}");
                 }
             }
             Some(accounts)

@@ -192,3 +192,25 @@ fn production_refuses_an_adyen_provider_without_basic_credentials() {
         &["`providers.pay.basic_auth_username`", "provider `pay`"],
     );
 }
+
+#[test]
+fn a_mongo_uri_asking_for_less_durability_is_refused_naming_the_option() {
+    for (option, needed) in [
+        ("w=1", "w=majority"),
+        ("w=0", "w=majority"),
+        ("journal=false", "journaled writes"),
+        (
+            "readPreference=secondaryPreferred",
+            "readPreference=primary",
+        ),
+        ("readConcernLevel=local", "readConcernLevel=majority"),
+    ] {
+        // The credentials are the secret: never printed, nor is any part of the URI.
+        let uri = format!("mongodb://tokenmint:{SECRET}@127.0.0.1:1/?{option}");
+        for command in ["serve", "verify"] {
+            let output = tokenmint(&[command], &[("TOKENMINT__MONGO__URI", uri.as_str())]);
+            let stderr = refused(&output, &["`mongo.uri`", option, needed]);
+            assert!(!stderr.contains("127.0.0.1"), "{stderr}");
+        }
+    }
+}

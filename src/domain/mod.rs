@@ -19,7 +19,7 @@ pub use issuance::{
 pub use owner::Owner;
 pub use payment::{EventOutcome, ParsedEvent, PaymentEvent, PaymentStatus, Refund};
 pub use quantity::Quantity;
-pub use scope::Scope;
+pub use scope::{AccountGrant, Scope};
 pub use token::{TokenId, TokenStatus};
 
 /// One rejected input field, as listed in a 422 answer.

@@ -12,7 +12,7 @@ use subtle::ConstantTimeEq;
 
 use super::AppState;
 use super::error::ApiError;
-use crate::domain::{AccountId, Scope};
+use crate::domain::{AccountGrant, PaymentKey, Scope};
 use crate::settings::ApiKeySettings;
 
 /// The authenticated caller of a request.
@@ -21,7 +21,7 @@ pub struct Principal {
     /// The configured key id: safe to log, unlike the key.
     pub key_id: String,
     scopes: Vec<Scope>,
-    accounts: Option<Vec<String>>,
+    accounts: Option<Vec<AccountGrant>>,
 }
 
 impl Principal {
@@ -44,25 +44,27 @@ impl Principal {
     }
 
     /// The accounts the key is limited to; `None` when it sees all.
-    pub fn accounts(&self) -> Option<&[String]> {
+    pub fn accounts(&self) -> Option<&[AccountGrant]> {
         self.accounts.as_deref()
     }
 
-    /// Whether the key may see data of `account`; keys without an account list see all.
-    pub fn can_see(&self, account: &str) -> bool {
+    /// Whether the key may see data of `account` at `provider`: keys without an account
+    /// list see all, others what one of their entries covers.
+    pub fn can_see(&self, provider: &str, account: &str) -> bool {
         self.accounts
             .as_ref()
-            .is_none_or(|accounts| accounts.iter().any(|a| a == account))
+            .is_none_or(|grants| grants.iter().any(|g| g.covers(provider, account)))
     }
 
-    /// 403 when the key may not act on `account` (used where the client names the
-    /// account itself, e.g. in a POST body; reads of foreign data answer 404 instead).
-    pub fn require_account(&self, account: &AccountId) -> Result<(), ApiError> {
-        if self.can_see(account.as_str()) {
+    /// 403 when the key may not act on the payment's account (used where the client names
+    /// the account itself, e.g. in a POST body; reads of foreign data answer 404 instead).
+    pub fn require_account(&self, key: &PaymentKey) -> Result<(), ApiError> {
+        if self.can_see(key.provider.as_str(), key.account_id.as_str()) {
             Ok(())
         } else {
             Err(ApiError::Forbidden(format!(
-                "This API key is not allowed for account `{account}`."
+                "This API key is not allowed for account `{}` at provider `{}`.",
+                key.account_id, key.provider
             )))
         }
     }
@@ -84,7 +86,13 @@ impl ApiKeys {
                 let principal = Principal {
                     key_id: key.id.clone(),
                     scopes: key.scopes.iter().filter_map(|s| Scope::parse(s)).collect(),
-                    accounts: key.accounts.clone(),
+                    // Validated at startup, as the scopes are.
+                    accounts: key.accounts.as_ref().map(|entries| {
+                        entries
+                            .iter()
+                            .filter_map(|entry| AccountGrant::parse(entry).ok())
+                            .collect()
+                    }),
                 };
                 (hash, Arc::new(principal))
             })
@@ -204,7 +212,8 @@ mod tests {
     fn accounts_limit_visibility() {
         let (key, keys) = registry();
         let principal = keys.authenticate(&key).unwrap();
-        assert!(principal.can_see("acct_1"));
-        assert!(!principal.can_see("acct_2"));
+        assert!(principal.can_see("stripe", "acct_1"));
+        assert!(principal.can_see("paddle", "acct_1"));
+        assert!(!principal.can_see("stripe", "acct_2"));
     }
 }

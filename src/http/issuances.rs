@@ -301,7 +301,7 @@ pub async fn create_issuance(
         state.issuer.default_mode(),
         Actor::api_key(&principal.key_id),
     )?;
-    principal.require_account(&request.key.account_id)?;
+    principal.require_account(&request.key)?;
     let answer = state
         .issuer
         .issue_waiting(caller, &request, preferred_wait(&headers))

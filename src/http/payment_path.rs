@@ -42,7 +42,9 @@ impl PaymentPath {
         );
         errors.finish().map_err(ApiError::Validation)?;
         match key {
-            Some(key) if principal.can_see(key.account_id.as_str()) => Ok(key),
+            Some(key) if principal.can_see(key.provider.as_str(), key.account_id.as_str()) => {
+                Ok(key)
+            }
             _ => Err(ApiError::NotFound(not_found.to_owned())),
         }
     }

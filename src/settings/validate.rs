@@ -3,7 +3,7 @@
 
 use super::errors::invalid;
 use super::{MAX_QUANTITY, ProviderSettings, Settings, SettingsError, WebhookScheme};
-use crate::domain::Provider;
+use crate::domain::{AccountGrant, Provider};
 use crate::webhooks::signature::check_secret;
 
 impl Settings {
@@ -54,6 +54,20 @@ impl Settings {
                 return Err(invalid(key, "must be greater than 0"));
             }
         }
+        // A refund that raced an atomic issuance happened at most one request before the
+        // commit, and the next sweep of a surviving instance runs at most one interval
+        // after it: a shorter window (0 disables it) lets that sweep miss the refund.
+        let lookback_floor = self
+            .repair
+            .interval_ms
+            .saturating_add(self.server.request_timeout_ms);
+        if self.repair.withdrawal_lookback_ms < lookback_floor {
+            return Err(invalid(
+                "repair.withdrawal_lookback_ms",
+                "must be at least repair.interval_ms + server.request_timeout_ms (a sweep must \
+                 still see a refund that raced an issuance)",
+            ));
+        }
         if self.issuance.max_quantity > MAX_QUANTITY {
             return Err(invalid(
                 "issuance.max_quantity",
@@ -100,6 +114,11 @@ impl Settings {
             for (j, scope) in key.scopes.iter().enumerate() {
                 if crate::domain::Scope::parse(scope).is_none() {
                     return Err(invalid(format!("{at}.scopes[{j}]"), "is not a known scope"));
+                }
+            }
+            for (j, entry) in key.accounts.iter().flatten().enumerate() {
+                if let Err(rule) = AccountGrant::parse(entry) {
+                    return Err(invalid(format!("{at}.accounts[{j}]"), rule));
                 }
             }
         }
@@ -244,6 +263,23 @@ mod tests {
     }
 
     #[test]
+    fn the_withdrawal_lookback_covers_a_sweep_interval_and_a_request() {
+        for lookback in [0, 39_999] {
+            let toml = format!(
+                "[server]\nrequest_timeout_ms = 30000\n[repair]\ninterval_ms = 10000\nwithdrawal_lookback_ms = {lookback}"
+            );
+            let err = refused(&[&toml], "`repair.withdrawal_lookback_ms`", &["39999"]);
+            assert!(
+                err.contains("at least repair.interval_ms + server.request_timeout_ms"),
+                "{err}"
+            );
+        }
+        let toml = "[server]\nrequest_timeout_ms = 30000\n[repair]\ninterval_ms = 10000\nwithdrawal_lookback_ms = 40000";
+        let settings = Settings::with_overrides(&[toml]).expect("exactly the minimum");
+        assert_eq!(settings.repair.withdrawal_lookback_ms, 40_000);
+    }
+
+    #[test]
     fn bad_key_hash_is_named() {
         let toml = "[[auth.keys]]\nid = \"a\"\nsha256 = \"zz\"\nscopes = [\"admin\"]";
         let err = Settings::with_overrides(&[toml]).unwrap_err();
@@ -339,6 +375,23 @@ mod tests {
             "a".repeat(64)
         );
         refused(&[&toml], "auth.keys[0].scopes[1]", &["s3cr3t-scope"]);
+    }
+
+    #[test]
+    fn an_account_entry_must_be_an_account_or_provider_slash_account() {
+        let key = |accounts: &str| {
+            format!(
+                "[[auth.keys]]\nid = \"a\"\nsha256 = \"{}\"\nscopes = [\"read\"]\naccounts = {accounts}",
+                "a".repeat(64)
+            )
+        };
+        Settings::with_overrides(&[&key(r#"["acct_1", "stripe/acct_2"]"#)]).expect("both forms");
+        let err = refused(
+            &[&key(r#"["acct_1", "S3cret/acct_2"]"#)],
+            "`auth.keys[0].accounts[1]`",
+            &["S3cret"],
+        );
+        assert!(err.contains("provider/account"), "{err}");
     }
 
     #[test]

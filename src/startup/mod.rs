@@ -22,7 +22,7 @@ use crate::http::{AppState, router};
 use crate::issuing::{FulfilmentWatch, Issuer, IssuingConfig, WaitingConfig, spawn_repair};
 use crate::server::{Limits, ShuttingDown};
 use crate::settings::Settings;
-use crate::store::{RetryPolicy, Store, StoreConfig};
+use crate::store::{ConnectError, RetryPolicy, Store, StoreConfig};
 use keys::api_keys;
 pub use keys::{DEV_KEY_FILE, dev_key_path, read_dev_key};
 
@@ -89,7 +89,11 @@ async fn open_store(
             if let Some(embedded) = embedded {
                 embedded.stop().await;
             }
-            Err(err).context("invalid mongo.uri")
+            // Asking for less durability is a configuration error like any other.
+            Err(match err {
+                ConnectError::LessDurable(_) => anyhow::anyhow!("invalid configuration: {err}"),
+                ConnectError::Invalid(_) => anyhow::Error::new(err).context("invalid mongo.uri"),
+            })
         }
     }
 }

@@ -23,7 +23,7 @@ use std::time::Duration;
 use mongodb::ClientSession;
 use mongodb::bson::{DateTime, RawDocumentBuf, oid::ObjectId};
 use mongodb::error::{Error, UNKNOWN_TRANSACTION_COMMIT_RESULT};
-use mongodb::options::{Acknowledgment, ReadConcern, WriteConcern};
+use mongodb::options::ReadConcern;
 
 use super::documents::{IssuanceDoc, TokenSummary, fresh_tokens, new_token};
 use super::error::{
@@ -160,7 +160,7 @@ impl Store {
         session
             .start_transaction()
             .read_concern(ReadConcern::snapshot())
-            .write_concern(WriteConcern::builder().w(Acknowledgment::Majority).build())
+            // The commit inherits the client's pinned `w: majority`, journaled (`durability`).
             .await?;
         // The plan's read and the token writes go together; the records, which the plan
         // decides, follow both.

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use futures::TryStreamExt;
 use mongodb::bson::{DateTime, Document, RawDocumentBuf, doc, oid::ObjectId};
 use mongodb::error::{Error, ErrorKind, IndexedWriteError};
-use mongodb::options::{Acknowledgment, CollectionOptions, ReadConcern, WriteConcern};
+use mongodb::options::{Acknowledgment, CollectionOptions, WriteConcern};
 
 use super::documents::{IssuanceDoc, TokenSummary, new_token, token_summary_projection};
 use super::error::{
@@ -41,21 +41,18 @@ pub enum TokenInsert {
     Failed(StoreError),
 }
 
-/// Acknowledged by the primary alone. Used for writes whose loss in a failover costs
-/// nothing: on a replica set a record is made durable by the `w: majority` token insert
-/// that follows it (the majority commit point covers everything before it in the oplog;
-/// on a sharded cluster the two may live on different shards, so records are written
-/// `w: majority` there), and a lost `issued` mark only sends the record back to
-/// self-repair, which marks it again.
-pub(super) fn primary_only() -> WriteConcern {
+/// Acknowledged by the primary alone: the one exception to the client's pinned majority
+/// (`durability`), for a batch's records on a replica set. Nothing answers from a record
+/// before the `w: majority` token insert that follows it, and that insert's majority
+/// commit point covers everything before it in the one oplog; a read at majority before
+/// then does not see the record, and the writes that decide on it (claim, upsert) do.
+/// On a sharded cluster the two may live on different shards, so records are written
+/// with the client's majority there.
+fn primary_only() -> WriteConcern {
     WriteConcern::builder()
         .w(Acknowledgment::Nodes(1))
         .journal(false)
         .build()
-}
-
-fn majority() -> WriteConcern {
-    WriteConcern::builder().w(Acknowledgment::Majority).build()
 }
 
 impl Store {
@@ -66,22 +63,17 @@ impl Store {
     ) -> Result<Vec<RecordInsert>, StoreError> {
         let mut results: Vec<RecordInsert> =
             records.iter().map(|_| RecordInsert::Inserted).collect();
-        let write_concern = if self.is_sharded().await? {
-            majority()
+        let records_collection = if self.is_sharded().await? {
+            self.records()
         } else {
-            primary_only()
-        };
-        let outcome = self
-            .db
-            .collection_with_options::<IssuanceDoc>(
+            self.db.collection_with_options::<IssuanceDoc>(
                 ISSUANCES,
                 CollectionOptions::builder()
-                    .write_concern(write_concern)
+                    .write_concern(primary_only())
                     .build(),
             )
-            .insert_many(records)
-            .ordered(false)
-            .await;
+        };
+        let outcome = records_collection.insert_many(records).ordered(false).await;
         for (index, error) in per_item_errors(outcome)? {
             if let Some(slot) = results.get_mut(index) {
                 *slot = if is_duplicate_on(&error, ISSUANCES_PAYMENT_INDEX) {
@@ -94,7 +86,7 @@ impl Store {
         Ok(results)
     }
 
-    /// Inserts the tokens of every set (unordered, `w: majority`), with `_id`s chosen here
+    /// Inserts the tokens of every set (unordered, the client's `w: majority`), with `_id`s chosen here
     /// so that the answers name them without a read-back.
     pub async fn insert_token_sets(
         &self,
@@ -128,12 +120,7 @@ impl Store {
         if !documents.is_empty() {
             let outcome = self
                 .db
-                .collection_with_options::<RawDocumentBuf>(
-                    TOKENS,
-                    CollectionOptions::builder()
-                        .write_concern(majority())
-                        .build(),
-                )
+                .collection::<RawDocumentBuf>(TOKENS)
                 .insert_many(&documents)
                 .ordered(false)
                 .await;
@@ -165,20 +152,14 @@ impl Store {
 
     /// Marks these `issuing` records `issued` (their sets are complete and settled), in
     /// one command, but for any a refund held meanwhile (`hold_place`); returns how many
-    /// it marked (`records_by_id` tells which it left). Primary-only like `mark_issued`: a lost mark sends the record back to
-    /// self-repair, which settles and marks it again.
+    /// it marked (`records_by_id` tells which it left). Majority like `mark_issued`: the
+    /// next read of the records, at majority, must see the mark.
     pub async fn mark_settled(&self, ids: &[ObjectId]) -> Result<u64, StoreError> {
         if ids.is_empty() {
             return Ok(0);
         }
         let marked = self
-            .db
-            .collection_with_options::<Document>(
-                ISSUANCES,
-                CollectionOptions::builder()
-                    .write_concern(primary_only())
-                    .build(),
-            )
+            .collection(ISSUANCES)
             .update_many(
                 doc! {
                     "_id": { "$in": ids },
@@ -245,14 +226,10 @@ impl Store {
         if keys.is_empty() {
             return Ok(sets);
         }
-        let majority = CollectionOptions::builder()
-            .read_concern(ReadConcern::majority())
-            .build();
         let mut projection = token_summary_projection();
         projection.insert("origin", 1);
         let rows: Vec<Document> = self
-            .db
-            .collection_with_options::<Document>(TOKENS, majority)
+            .collection(TOKENS)
             .find(payments_tokens_filter(keys))
             .projection(projection)
             .sort(doc! { "tokenIndex": 1 })

@@ -6,7 +6,7 @@
 
 use futures::TryStreamExt;
 use mongodb::bson::{DateTime, Document, doc, oid::ObjectId};
-use mongodb::options::{CollectionOptions, ReadConcern, ReturnDocument};
+use mongodb::options::ReturnDocument;
 
 use super::documents::{IssuanceDoc, TokenSummary, token_summary_projection};
 use super::error::{ISSUANCES_PAYMENT_INDEX, StoreError};
@@ -88,15 +88,11 @@ impl Store {
     }
 
     /// Marks an `issuing` record `issued`: its set is complete and checked against the
-    /// payment. Idempotent; false when it was not `issuing` any more. Acknowledged by the
-    /// primary alone: a mark lost in a failover sends the record back to self-repair.
+    /// payment. Idempotent; false when it was not `issuing` any more. Majority like every
+    /// write (`durability`): the next read of the record, at majority, must see the mark.
     pub async fn mark_issued(&self, id: ObjectId) -> Result<bool, StoreError> {
-        let primary_only = CollectionOptions::builder()
-            .write_concern(super::batch::primary_only())
-            .build();
         let result = self
-            .db
-            .collection_with_options::<Document>(ISSUANCES, primary_only)
+            .collection(ISSUANCES)
             .update_one(
                 doc! { "_id": id, "status": IssuanceStatus::Issuing.as_str() },
                 doc! { "$set": { "status": IssuanceStatus::Issued.as_str() }, "$unset": { "repairLeaseUntil": "" } },
@@ -135,16 +131,13 @@ impl Store {
 
     /// The payment's tokens in tokenIndex order (served by the unique index's prefix).
     pub async fn payment_tokens(&self, key: &PaymentKey) -> Result<Vec<TokenSummary>, StoreError> {
-        // Majority read: a replay must not acknowledge tokens a concurrent request wrote
-        // but that are not yet replicated (a failover could still roll them back). Fewer
-        // visible tokens send the replay through the completing bulk, whose `w: majority`
-        // makes them durable before the answer.
-        let majority = CollectionOptions::builder()
-            .read_concern(ReadConcern::majority())
-            .build();
+        // A majority read, as every read (`durability`): a replay must not acknowledge
+        // tokens a concurrent request wrote but that are not yet replicated (a failover
+        // could still roll them back). Fewer visible tokens send the replay through the
+        // completing bulk, whose `w: majority` makes them durable before the answer.
         let cursor = self
             .db
-            .collection_with_options::<TokenSummary>(TOKENS, majority)
+            .collection::<TokenSummary>(TOKENS)
             .find(payment_tokens_filter(key))
             .projection(token_summary_projection())
             .sort(doc! { "tokenIndex": 1 })

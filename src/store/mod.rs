@@ -8,6 +8,7 @@ mod batch;
 pub mod builders;
 mod changes;
 mod documents;
+mod durability;
 mod error;
 mod filters;
 mod indexes;
@@ -31,6 +32,7 @@ use tokio::sync::OnceCell;
 pub use atomic::{AtomicInsert, AtomicPlan, AtomicSetsInsert};
 pub use batch::{RecordInsert, TokenInsert};
 pub use documents::{IssuanceDoc, Origin, TokenDoc, TokenSummary, chrono_time, fresh_tokens};
+pub use durability::ConnectError;
 pub use error::{
     ISSUANCES_PAYMENT_INDEX, StoreError, TOKENS_PAYMENT_INDEX, duplicate_key_index, is_unavailable,
 };
@@ -83,16 +85,19 @@ struct Deployment {
 }
 
 impl Store {
-    /// Builds a client for `uri`. Connecting is lazy: a down database shows up as
-    /// `StoreError::Unavailable` on use (after `server_selection_timeout`), not here.
+    /// Builds a client for `uri`, its writes pinned to majority and the journal, its reads
+    /// to read concern majority on the primary (`durability`): a URI asking for less is
+    /// refused. Connecting is lazy: a down database shows up as `StoreError::Unavailable`
+    /// on use (after `server_selection_timeout`), not here.
     pub async fn connect(
         uri: &str,
         database: &str,
         server_selection_timeout: Duration,
         max_pool_size: u32,
         config: StoreConfig,
-    ) -> Result<Self, StoreError> {
+    ) -> Result<Self, ConnectError> {
         let mut options = ClientOptions::parse(uri).await?;
+        durability::pin_durability(&mut options)?;
         // An `appName` in the URI names this instance in mongod's logs and `currentOp`
         // (and lets a test aim a failpoint at one instance); otherwise "tokenmint".
         options

@@ -84,7 +84,8 @@ pub fn bulk_command(issuance: &NewIssuance, now: DateTime) -> RawDocumentBuf {
         "update": TOKENS,
         "updates": updates,
         "ordered": false,
-        "writeConcern": { "w": "majority" },
+        // A command is sent as written: the client's pinned write concern is not added.
+        "writeConcern": super::durability::durable_command_writes(),
     }
 }
 

@@ -8,7 +8,7 @@ use mongodb::options::ReturnDocument;
 
 use super::documents::{TokenDoc, from_document};
 use super::{Store, StoreError, TOKENS};
-use crate::domain::{Owner, TokenId, TokenStatus, TokenType};
+use crate::domain::{AccountGrant, Owner, TokenId, TokenStatus, TokenType};
 
 /// Filters of a token listing; `accounts` restricts to a key's accounts.
 #[derive(Debug, Default, Clone)]
@@ -16,7 +16,7 @@ pub struct TokenQuery {
     pub owner: Option<Owner>,
     pub token_type: Option<TokenType>,
     pub status: Option<TokenStatus>,
-    pub accounts: Option<Vec<String>>,
+    pub accounts: Option<Vec<AccountGrant>>,
     /// Only tokens with `_id` greater than this (the cursor).
     pub after: Option<ObjectId>,
 }
@@ -48,8 +48,8 @@ impl Store {
         if let Some(status) = query.status {
             filter.insert("status", status.as_str());
         }
-        if let Some(accounts) = &query.accounts {
-            filter.insert("origin.accountId", doc! { "$in": accounts.clone() });
+        if let Some(grants) = &query.accounts {
+            filter.insert("$or", accounts_filter(grants));
         }
         if let Some(after) = query.after {
             filter.insert("_id", doc! { "$gt": after });
@@ -104,4 +104,25 @@ impl Store {
             .await?;
         written.map(from_document).transpose()
     }
+}
+
+/// The `$or` clauses of a key's accounts: one for the account ids it has at every
+/// provider (always present: an empty `$in` matches nothing, an empty `$or` is refused),
+/// one per account it has at one provider.
+fn accounts_filter(grants: &[AccountGrant]) -> Vec<Document> {
+    let anywhere: Vec<&str> = grants
+        .iter()
+        .filter(|g| g.provider().is_none())
+        .map(|g| g.account().as_str())
+        .collect();
+    let mut clauses = vec![doc! { "origin.accountId": { "$in": anywhere } }];
+    for grant in grants {
+        if let Some(provider) = grant.provider() {
+            clauses.push(doc! {
+                "origin.provider": provider.as_str(),
+                "origin.accountId": grant.account().as_str(),
+            });
+        }
+    }
+    clauses
 }

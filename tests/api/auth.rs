@@ -348,3 +348,72 @@ async fn a_sane_request_id_is_echoed_and_others_are_replaced() {
     }
     assert_nothing_written(&app).await;
 }
+
+/// A key limited to `stripe/acct_1`: the account at that provider only.
+const STRIPE_ACCT1_KEY: &str = "test-stripe-acct1-key";
+
+#[tokio::test]
+async fn an_account_entry_with_a_provider_covers_that_provider_only() {
+    let keys = format!(
+        "[[auth.keys]]\nid = \"admin\"\nsha256 = \"{}\"\nscopes = [\"admin\"]\n\
+         [[auth.keys]]\nid = \"stripe-acct1\"\nsha256 = \"{}\"\nscopes = [\"admin\"]\naccounts = [\"stripe/acct_1\"]\n\
+         [[auth.keys]]\nid = \"acct1\"\nsha256 = \"{}\"\nscopes = [\"read\"]\naccounts = [\"acct_1\"]\n",
+        tokenmint::http::auth::key_hash(ADMIN_KEY),
+        tokenmint::http::auth::key_hash(STRIPE_ACCT1_KEY),
+        tokenmint::http::auth::key_hash(ACCOUNT1_KEY),
+    );
+    let app = spawn_app_with(&keys).await;
+    let stripe = app.issue_tokens("pi_scoped", 1).await;
+    let mut paddle_body = issuance_body("pi_scoped", 1);
+    paddle_body["provider"] = json!("paddle");
+    let paddle = token_ids(&json(app.issue(ADMIN_KEY, &paddle_body).await).await);
+    assert_eq!(paddle.len(), 1);
+
+    // The same account id at another provider is foreign: 404, as for another account.
+    for path in [
+        "/v1/issuances/paddle/acct_1/pi_scoped".to_owned(),
+        format!("/v1/tokens/{}", paddle[0]),
+    ] {
+        assert_problem(app.get(STRIPE_ACCT1_KEY, &path).await, 404, "not_found").await;
+    }
+    let redeem = app
+        .http
+        .post(app.url(&format!("/v1/tokens/{}/redeem", paddle[0])))
+        .bearer_auth(STRIPE_ACCT1_KEY)
+        .send()
+        .await
+        .unwrap();
+    assert_problem(redeem, 404, "not_found").await;
+    assert_eq!(
+        app.stored_token(&paddle[0]).await.get_str("status"),
+        Ok("active")
+    );
+    let mut other = issuance_body("pi_scoped_2", 1);
+    other["provider"] = json!("paddle");
+    assert_problem(app.issue(STRIPE_ACCT1_KEY, &other).await, 403, "forbidden").await;
+    assert_eq!(
+        app.count("issuances", doc! { "paymentIntentId": "pi_scoped_2" })
+            .await,
+        0
+    );
+
+    // Its own provider's account works, and the listing holds only those tokens.
+    let path = "/v1/issuances/stripe/acct_1/pi_scoped";
+    assert_eq!(app.get(STRIPE_ACCT1_KEY, path).await.status(), 200);
+    let listed = json(app.get(STRIPE_ACCT1_KEY, "/v1/tokens").await).await;
+    let listed: Vec<&str> = listed["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(listed, vec![stripe[0].as_str()]);
+    other["provider"] = json!("stripe");
+    assert_eq!(app.issue(STRIPE_ACCT1_KEY, &other).await.status(), 201);
+
+    // A plain entry still means the account at every provider.
+    let paddle_path = "/v1/issuances/paddle/acct_1/pi_scoped";
+    assert_eq!(app.get(ACCOUNT1_KEY, paddle_path).await.status(), 200);
+    let listed = json(app.get(ACCOUNT1_KEY, "/v1/tokens").await).await;
+    assert_eq!(listed["items"].as_array().unwrap().len(), 3);
+}

@@ -7,6 +7,7 @@ mod auth;
 mod batch_reads;
 mod chargebacks;
 mod checkout;
+mod durability;
 mod faults;
 mod hardening;
 mod helpers;

@@ -68,7 +68,7 @@ fn keys_new_prints_a_key_once_and_a_pasteable_entry() {
         "--scopes",
         "read,issuances:write",
         "--accounts",
-        "acct_1,acct_2",
+        "acct_1,stripe/acct_2",
     ];
     let (code, stdout, stderr) = run(tokenmint(&config, dir.path(), &args));
     assert_eq!(code, 0, "{stderr}");
@@ -90,12 +90,13 @@ fn keys_new_prints_a_key_once_and_a_pasteable_entry() {
     assert_eq!(entry.scopes, ["read", "issuances:write"]);
     assert_eq!(
         entry.accounts.as_deref(),
-        Some(&["acct_1".to_owned(), "acct_2".to_owned()][..])
+        Some(&["acct_1".to_owned(), "stripe/acct_2".to_owned()][..])
     );
     let principal = ApiKeys::from_settings(&settings.auth.keys)
         .authenticate(&key)
         .expect("the printed key matches its entry");
-    assert!(principal.can_see("acct_2") && !principal.can_see("acct_3"));
+    assert!(principal.can_see("paddle", "acct_1") && principal.can_see("stripe", "acct_2"));
+    assert!(!principal.can_see("paddle", "acct_2") && !principal.can_see("stripe", "acct_3"));
 
     // Defaults: a generated id, admin; a fresh key every time.
     let (code, again, stderr) = run(tokenmint(&config, dir.path(), &["keys", "new"]));

@@ -83,7 +83,7 @@ async fn apply(
                     .store()
                     .find_token(id)
                     .await?
-                    .filter(|t| principal.can_see(&t.origin.account_id))
+                    .filter(|t| principal.can_see(&t.origin.provider, &t.origin.account_id))
                     .ok_or_else(not_found)?;
                 if !condition.matches(current.version) {
                     record_version_rejection(&transition);
@@ -100,7 +100,7 @@ async fn apply(
             &transition,
             gate,
             &Actor::api_key(&principal.key_id),
-            |t| principal.can_see(&t.origin.account_id),
+            |t| principal.can_see(&t.origin.provider, &t.origin.account_id),
         )
         .await?;
     match outcome {

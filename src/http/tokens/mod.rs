@@ -161,7 +161,7 @@ pub async fn get_token(
         .store()
         .find_token(id)
         .await?
-        .filter(|t| principal.can_see(&t.origin.account_id))
+        .filter(|t| principal.can_see(&t.origin.provider, &t.origin.account_id))
         .ok_or_else(not_found)?;
     Ok(token_response(token))
 }
@@ -196,7 +196,9 @@ pub async fn list_tokens(
         query.map_err(|_| ApiError::validation("query", "is not a valid query string"))?;
     let (filter, limit) = parse_list_query(&pairs)?;
     let filter = TokenQuery {
-        accounts: principal.accounts().map(<[String]>::to_vec),
+        accounts: principal
+            .accounts()
+            .map(<[crate::domain::AccountGrant]>::to_vec),
         ..filter
     };
     let (tokens, next) = state.issuer.store().list_tokens(&filter, limit).await?;

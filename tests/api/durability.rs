@@ -1,0 +1,155 @@
+//! Durability does not rest on what `mongo.uri` or the server default says: a URI asking
+//! for less than majority writes, majority reads or the primary is refused at startup,
+//! naming the option, and the commands the service sends carry `w: "majority"` (journaled)
+//! and read concern `majority` whatever the URI says — as mongod's profiler records them.
+
+use futures::TryStreamExt;
+use mongodb::bson::{Document, doc};
+use tokenmint::startup::Application;
+
+use crate::helpers::*;
+
+/// `mongo_uri()` with `option` appended.
+fn uri_with(option: &str) -> String {
+    let uri = mongo_uri();
+    let separator = if uri.contains('?') { '&' } else { '?' };
+    format!("{uri}{separator}{option}")
+}
+
+/// The error `Application::build` answers for a URI with `option`.
+async fn refusal(uri: &str) -> String {
+    let db = format!("tokenmint_test_{}", uuid::Uuid::new_v4().simple());
+    match Application::build(&test_settings_at(uri, &db, "")).await {
+        Ok(_) => panic!("a URI with less durability started: {uri}"),
+        Err(err) => format!("{err:#}"),
+    }
+}
+
+#[tokio::test]
+async fn a_uri_asking_for_less_is_refused_naming_the_option() {
+    for (option, named, needed) in [
+        ("w=1", "w=1", "w=majority"),
+        ("w=0", "w=0", "w=majority"),
+        ("w=2", "w=2", "w=majority"),
+        ("w=dataCenters", "w=dataCenters", "w=majority"),
+        ("journal=false", "journal=false", "journal"),
+        ("w=majority&journal=false", "journal=false", "journal"),
+        (
+            "readPreference=primaryPreferred",
+            "readPreference=primaryPreferred",
+            "readPreference=primary",
+        ),
+        (
+            "readPreference=secondary",
+            "readPreference=secondary",
+            "readPreference=primary",
+        ),
+        (
+            "readPreference=nearest",
+            "readPreference=nearest",
+            "readPreference=primary",
+        ),
+        (
+            "readConcernLevel=local",
+            "readConcernLevel=local",
+            "readConcernLevel=majority",
+        ),
+        (
+            "readConcernLevel=available",
+            "readConcernLevel=available",
+            "readConcernLevel=majority",
+        ),
+    ] {
+        let err = refusal(&uri_with(option)).await;
+        assert!(err.contains("`mongo.uri`"), "{option}: {err}");
+        assert!(err.contains(named), "{option} not named: {err}");
+        assert!(
+            err.contains(needed),
+            "{option}: what is needed not said: {err}"
+        );
+        assert!(
+            !err.contains("127.0.0.1"),
+            "{option}: the URI echoed: {err}"
+        );
+    }
+    // The credentials of a URI are never printed (the host is never reached).
+    let err = refusal("mongodb://tokenmint:S3cretPassw0rd@127.0.0.1:1/?w=1").await;
+    assert!(err.contains("w=1"), "{err}");
+    assert!(!err.contains("S3cret"), "{err}");
+}
+
+#[tokio::test]
+async fn a_uri_asking_for_what_tokenmint_does_anyway_is_accepted() {
+    let uri = uri_with(
+        "w=majority&journal=true&wtimeoutMS=10000&readConcernLevel=majority&readPreference=primary",
+    );
+    let db_name = format!("tokenmint_test_{}", uuid::Uuid::new_v4().simple());
+    let app = spawn_app_from(&test_settings_at(&uri, &db_name, "")).await;
+    let ids = app.issue_tokens("pi_durable_uri", 1).await;
+    assert_eq!(ids.len(), 1);
+    app.db.drop().await.unwrap();
+}
+
+/// The profiler's entries of `command` (its name, e.g. `findAndModify`) on `collection`
+/// that the service sent (its client is named `tokenmint`; the test's own is not).
+async fn profiled(app: &TestApp, command: &str, collection: &str) -> Vec<Document> {
+    app.db
+        .collection::<Document>("system.profile")
+        .find(doc! { format!("command.{command}"): collection, "appName": "tokenmint" })
+        .await
+        .unwrap()
+        .try_collect()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn commands_carry_majority_whatever_the_uri_says() {
+    // The test URI says nothing of write concern, read concern or read preference.
+    let app = spawn_app().await;
+    app.db.run_command(doc! { "profile": 2 }).await.unwrap();
+    let ids = app.issue_tokens("pi_durable_commands", 2).await;
+    let redeem = app
+        .http
+        .post(app.url(&format!("/v1/tokens/{}/redeem", ids[0])))
+        .bearer_auth(ADMIN_KEY)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(redeem.status(), 200);
+    let read = app.get(ADMIN_KEY, &format!("/v1/tokens/{}", ids[1])).await;
+    assert_eq!(read.status(), 200);
+    app.db.run_command(doc! { "profile": 0 }).await.unwrap();
+    assert_eq!(
+        app.stored_token(&ids[0]).await.get_str("status"),
+        Ok("redeemed")
+    );
+
+    // mongod records the concern it applied and where it came from: the client must have
+    // supplied it (not mongod's implicit default, which a replica set may set to `w: 1`).
+    // The redeem's version-gated write: majority, journaled.
+    let writes = profiled(&app, "findAndModify", "tokens").await;
+    assert!(!writes.is_empty(), "no findAndModify profiled");
+    for write in &writes {
+        let concern = write.get_document("writeConcern").expect("a write concern");
+        assert_eq!(concern.get_str("w"), Ok("majority"), "{write}");
+        assert_eq!(concern.get_bool("j"), Ok(true), "{write}");
+        assert_eq!(
+            concern.get_str("provenance"),
+            Ok("clientSupplied"),
+            "{write}"
+        );
+    }
+    // Every read of tokens (the redeem's read, GET /v1/tokens/{id}): read concern majority.
+    let reads = profiled(&app, "find", "tokens").await;
+    assert!(reads.len() >= 2, "{reads:?}");
+    for read in &reads {
+        let concern = read.get_document("readConcern").expect("a read concern");
+        assert_eq!(concern.get_str("level"), Ok("majority"), "{read}");
+        assert_eq!(
+            concern.get_str("provenance"),
+            Ok("clientSupplied"),
+            "{read}"
+        );
+    }
+}
