@@ -6,19 +6,17 @@
 
 use std::time::{Duration, Instant};
 
-use mongodb::bson::doc;
+use mongodb::bson::{DateTime, doc};
 use serde_json::json;
 
 use crate::helpers::*;
 use crate::provider_events::*;
 
 /// No repair on the faulty instance (its sweep's reads would meet the failpoint too, and
-/// it would heal what the test wants to see healed by another instance); a lookback the
-/// test outlasts.
-const NO_REPAIR: &str = "[repair]\nenabled = false\nwithdrawal_lookback_ms = 1000\n";
+/// it would heal what the test wants to see healed by another instance).
+const NO_REPAIR: &str = "[repair]\nenabled = false\n";
 /// The instance that heals: sweeps every 200 ms, a record older than 500 ms is abandoned.
-const REPAIRER: &str =
-    "[repair]\ninterval_ms = 200\nmin_age_ms = 500\nwithdrawal_lookback_ms = 1000\n";
+const REPAIRER: &str = "[repair]\ninterval_ms = 200\nmin_age_ms = 500\n";
 
 /// A payment of 1000 partly refunded (250) long ago: its placeholder expired, and the
 /// lookback of the sweep of recent withdrawals has passed.
@@ -32,7 +30,16 @@ async fn refunded_long_ago(app: &TestApp, payment: &str) {
         .await
         .unwrap();
     assert_eq!(removed.deleted_count, 1, "the refund left a placeholder");
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // Recorded two hours ago: far beyond the sweep of recent withdrawals' lookback.
+    let long_ago = DateTime::from_millis(DateTime::now().timestamp_millis() - 7_200_000);
+    app.db
+        .collection::<mongodb::bson::Document>("payments")
+        .update_one(
+            doc! { "paymentIntentId": payment },
+            doc! { "$set": { "updatedAt": long_ago } },
+        )
+        .await
+        .unwrap();
 }
 
 /// Active token indexes of `payment`, once they are `want` (or whatever they are after

@@ -4,7 +4,8 @@
 
 use std::time::Duration;
 
-use mongodb::bson::doc;
+use mongodb::Client;
+use mongodb::bson::{Document, doc};
 
 use crate::helpers::*;
 use crate::provider_events::*;
@@ -16,9 +17,21 @@ async fn a_set_a_refund_held_is_never_answered_unsettled_when_the_mark_fails() {
     let webhooks = spawn_app_on(&issuer.db_name, PROVIDERS).await;
     let payment = "pi_held_mark_fails";
 
-    // The record goes in; the tokens' insert is held up, long enough for a refund to be
-    // delivered meanwhile on a busy machine.
-    let held_up = FailPoint::after_first(&name, &["insert"], Fault::Block { millis: 6000 }).await;
+    // Another transaction holds the key of the payment's first token: the batch's token
+    // insert waits for it (a write never overtakes an uncommitted one of the same key).
+    let client = Client::with_uri_str(mongo_uri()).await.unwrap();
+    let mut holder = client.start_session().await.unwrap();
+    holder.start_transaction().await.unwrap();
+    client
+        .database(&issuer.db_name)
+        .collection::<Document>("tokens")
+        .insert_one(doc! {
+            "origin": { "provider": "stripe", "accountId": "acct_1", "paymentIntentId": payment },
+            "tokenIndex": 0_i64,
+        })
+        .session(&mut holder)
+        .await
+        .unwrap();
     let issuance = {
         let (http, url) = (issuer.http.clone(), issuer.url("/v1/issuances"));
         tokio::spawn(async move {
@@ -30,24 +43,35 @@ async fn a_set_a_refund_held_is_never_answered_unsettled_when_the_mark_fails() {
                 .unwrap()
         })
     };
-    assert!(held_up.fired_within(1, Duration::from_secs(10)).await);
+    // The record is in; the tokens are on their way.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while issuer
+        .count_records(doc! { "paymentIntentId": payment, "status": "issuing" })
+        .await
+        == 0
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the record never went in"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     // Meanwhile the payment is refunded in full: the refund holds the `issuing` record
-    // and finds no token to revoke yet.
+    // and finds no token to revoke yet. Then the tokens go in, and the mark fails.
     let refund = refund_event("evt_hmf_r", payment, now());
     assert_eq!(deliver_stripe(&webhooks, &refund).await.status(), 200);
-    // Then the mark fails.
-    let mark_fails = held_up
-        .replace(&name, &["update"], Fault::error(91), 1)
-        .await;
+    let mark_fails = FailPoint::set(&name, &["update"], Fault::error(91), 1).await;
+    holder.abort_transaction().await.unwrap();
 
     let answer = issuance.await.unwrap();
     let states = issuer.token_states(payment).await;
-    assert!(mark_fails.off().await >= 1, "the mark never failed");
+    assert_eq!(mark_fails.off().await, 1, "the mark never failed");
     assert_eq!(
         answer.status(),
         409,
         "answered with the refunded payment's tokens: {states:?}"
     );
+    assert_eq!(states.len(), 4);
     assert!(
         states.iter().all(|(_, status)| status == "revoked"),
         "{states:?}"
