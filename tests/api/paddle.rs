@@ -272,6 +272,14 @@ async fn refunds_of(app: &TestApp, txn: &str) -> (String, i64, usize) {
     )
 }
 
+/// Whether every token of `payment` is revoked.
+async fn all_revoked(app: &TestApp, payment: &str) -> bool {
+    app.token_states(payment)
+        .await
+        .iter()
+        .all(|(_, status)| status == "revoked")
+}
+
 #[tokio::test]
 async fn a_full_chargeback_revokes_every_token_and_refunds_the_payment() {
     let app = app().await;
@@ -279,12 +287,7 @@ async fn a_full_chargeback_revokes_every_token_and_refunds_the_payment() {
     let receipt = send(&app, &chargeback("evt_cb", "adj_cb", "txn_1", "full", 1000)).await;
     assert_eq!(receipt["outcome"], "revoked", "{receipt}");
     assert_eq!(receipt["tokensRevoked"], 4, "{receipt}");
-    assert!(
-        app.token_states("txn_1")
-            .await
-            .iter()
-            .all(|(_, status)| status == "revoked")
-    );
+    assert!(all_revoked(&app, "txn_1").await);
     assert_eq!(
         refunds_of(&app, "txn_1").await,
         ("refunded".to_owned(), 1000, 1)
@@ -344,12 +347,7 @@ async fn partial_refunds_adding_up_to_the_total_refund_the_payment() {
     let second = send(&app, &refund("evt_r2", "adj_2", "txn_1", "partial", 500)).await;
     assert_eq!(second["outcome"], "revoked", "{second}");
     assert_eq!(second["tokensRevoked"], 2, "{second}");
-    assert!(
-        app.token_states("txn_1")
-            .await
-            .iter()
-            .all(|(_, status)| status == "revoked")
-    );
+    assert!(all_revoked(&app, "txn_1").await);
     assert_eq!(
         refunds_of(&app, "txn_1").await,
         ("refunded".to_owned(), 1000, 2)

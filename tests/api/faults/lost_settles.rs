@@ -67,9 +67,33 @@ fn trusted_issuance(payment: &str, mode: &str) -> serde_json::Value {
     body
 }
 
+/// Tokens 0..7 of `payment`: what 10 tokens of a payment refunded 250 of 1000 keep.
+fn standing() -> Vec<i64> {
+    (0..8).collect()
+}
+
+/// Whatever the faulty instance answered, the service (another instance here, as after a
+/// restart) settles what was written on its own: the refunded share ends revoked, the
+/// record `issued`.
+async fn healed_by_the_service(faulty: &TestApp, payment: &str) {
+    let repairer = spawn_app_on(&faulty.db_name, &format!("{PROVIDERS}{REPAIRER}")).await;
+    let active = active_once(&repairer, payment, &standing(), Duration::from_secs(20)).await;
+    assert_eq!(active, standing(), "tokens 8 and 9 were refunded");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let record = faulty
+            .find_stored("issuances", doc! { "paymentIntentId": payment })
+            .await;
+        if record.get_str("status") == Ok("issued") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "still not issued: {record}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// Issues 10 tokens of `payment` in `mode` while `commands` fail twice (the driver's own
-/// retry included), then lets another instance run: the refunded share (2 of 10) ends
-/// revoked and the record `issued`.
+/// retry included), then lets the service heal it.
 async fn a_lost_settle_is_redone(mode: &str, payment: &str, commands: &[&str], fault: Fault) {
     let name = unique_app_name();
     let faulty = spawn_app_named(&name, &format!("{PROVIDERS}{NO_REPAIR}")).await;
@@ -79,75 +103,27 @@ async fn a_lost_settle_is_redone(mode: &str, payment: &str, commands: &[&str], f
     let answer = faulty
         .issue(WRITER_KEY, &trusted_issuance(payment, mode))
         .await;
-    let fired = failpoint.off().await;
-    assert!(fired > 0, "the fault never happened");
+    assert!(failpoint.off().await > 0, "the fault never happened");
     let status = answer.status().as_u16();
-    assert!(
-        [201, 503].contains(&status),
-        "{status}: {}",
-        answer.text().await.unwrap()
-    );
+    assert!([201, 503].contains(&status), "{status}");
     if status == 201 {
-        // The settle was done in the request after all: the answer says so.
-        let active = active_once(
-            &faulty,
-            payment,
-            &(0..8).collect::<Vec<_>>(),
-            Duration::ZERO,
-        )
-        .await;
-        assert_eq!(active, (0..8).collect::<Vec<_>>());
+        // The settle was done in the request after all: the answer's tokens say so.
+        let active = active_once(&faulty, payment, &standing(), Duration::ZERO).await;
+        assert_eq!(active, standing());
     }
-    // Whatever the answer, tokens were written; the service (another instance here)
-    // settles them on its own.
-    let repairer = spawn_app_on(&faulty.db_name, &format!("{PROVIDERS}{REPAIRER}")).await;
-    let active = active_once(
-        &repairer,
-        payment,
-        &(0..8).collect::<Vec<_>>(),
-        Duration::from_secs(20),
-    )
-    .await;
-    assert_eq!(
-        active,
-        (0..8).collect::<Vec<_>>(),
-        "tokens 8 and 9 were refunded"
-    );
-    let record = faulty
-        .find_stored("issuances", doc! { "paymentIntentId": payment })
-        .await;
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let mut record = record;
-    while record.get_str("status") != Ok("issued") && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        record = faulty
-            .find_stored("issuances", doc! { "paymentIntentId": payment })
-            .await;
-    }
-    assert_eq!(record.get_str("status"), Ok("issued"), "{record}");
-    drop(repairer);
+    healed_by_the_service(&faulty, payment).await;
 }
 
 #[tokio::test]
 async fn an_atomic_issuance_whose_revoke_fails_is_settled_by_the_service() {
-    a_lost_settle_is_redone(
-        "atomic",
-        "pi_lost_atomic_revoke",
-        &["update"],
-        Fault::error(91),
-    )
-    .await;
+    let payment = "pi_lost_atomic_revoke";
+    a_lost_settle_is_redone("atomic", payment, &["update"], Fault::error(91)).await;
 }
 
 #[tokio::test]
 async fn an_upsert_issuance_whose_revoke_fails_is_settled_by_the_service() {
-    a_lost_settle_is_redone(
-        "upsert",
-        "pi_lost_upsert_revoke",
-        &["update"],
-        Fault::error(91),
-    )
-    .await;
+    let payment = "pi_lost_upsert_revoke";
+    a_lost_settle_is_redone("upsert", payment, &["update"], Fault::error(91)).await;
 }
 
 #[tokio::test]
@@ -163,22 +139,7 @@ async fn an_upsert_issuance_whose_settle_read_is_cut_off_is_settled_by_the_servi
         .issue(WRITER_KEY, &trusted_issuance(payment, "upsert"))
         .await;
     failpoint.off().await;
-    assert!(
-        [201, 503].contains(&answer.status().as_u16()),
-        "{}",
-        answer.status()
-    );
-    let repairer = spawn_app_on(&faulty.db_name, &format!("{PROVIDERS}{REPAIRER}")).await;
-    let active = active_once(
-        &repairer,
-        payment,
-        &(0..8).collect::<Vec<_>>(),
-        Duration::from_secs(20),
-    )
-    .await;
-    assert_eq!(
-        active,
-        (0..8).collect::<Vec<_>>(),
-        "tokens 8 and 9 were refunded"
-    );
+    let status = answer.status().as_u16();
+    assert!([201, 503].contains(&status), "{status}");
+    healed_by_the_service(&faulty, payment).await;
 }
