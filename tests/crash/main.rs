@@ -35,6 +35,11 @@
 //! scenario; timing is not replayed). `TOKENMINT_CRASH_VERBOSE=1` prints the restarted
 //! service's log tail after each iteration.
 //!
+//! A fifth (`settle_kill.rs`, once per mode, not ignored: one kill each) kills the
+//! process at the one step where a settle could be lost — its tokens written, the revoke
+//! of a share refunded long ago held up by a failpoint — and the restarted service must
+//! settle the set on its own.
+//!
 //! Files: `retries.rs` holds the first two scenarios (upsert and atomic), `self_repair.rs`
 //! and `group_commit.rs` (with its requests and checks) the others; what they share is in
 //! `kill.rs` (when to kill, a load ended by SIGKILL, the checks of what it left) and
@@ -45,6 +50,7 @@ mod kill;
 mod requests;
 mod retries;
 mod self_repair;
+mod settle_kill;
 
 use std::time::Duration;
 
@@ -103,4 +109,14 @@ async fn crash_group_commit_upsert_mixed_retries_exactly_once() {
 #[ignore = "fault injection: scripts/reliability.sh"]
 async fn crash_group_commit_atomic_mixed_retries_exactly_once() {
     group_commit::scenario("atomic").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kill_between_the_tokens_and_their_settle_upsert() {
+    settle_kill::scenario("upsert").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kill_between_the_tokens_and_their_settle_atomic() {
+    settle_kill::scenario("atomic").await;
 }

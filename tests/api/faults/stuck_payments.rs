@@ -9,11 +9,20 @@ use mongodb::bson::{DateTime, doc, oid::ObjectId};
 use crate::helpers::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn an_orphaned_transaction_fails_its_own_payment_only() {
+async fn an_orphaned_transaction_fails_its_own_payment_only_atomic() {
+    an_orphaned_transaction_fails_its_own_payment_only("atomic").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_orphaned_transaction_fails_its_own_payment_only_upsert() {
+    an_orphaned_transaction_fails_its_own_payment_only("upsert").await;
+}
+
+async fn an_orphaned_transaction_fails_its_own_payment_only(mode: &str) {
     let name = unique_app_name();
     let app = spawn_app_named(
         &name,
-        "[issuance]\ndefault_mode = \"atomic\"\n[repair]\nenabled = false\n",
+        &format!("[issuance]\ndefault_mode = \"{mode}\"\n[repair]\nenabled = false\n"),
     )
     .await;
     // An instance began an atomic issuance of `pi_stuck` and died before committing:
