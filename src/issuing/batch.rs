@@ -26,11 +26,11 @@
 //! done: a settle that fails (or a process that dies) leaves it to self-repair, which
 //! settles it however long ago the refund was.
 //!
-//! Atomic mode writes the batch's tokens and records in one transaction instead of steps
+//! Atomic mode writes the batch's records and tokens in one transaction instead of steps
 //! 2–3, so each issuance still commits whole; step 1's read runs while the transaction
-//! writes the tokens, a refusal aborts it before commit, and the records follow the read:
-//! `issued` when the payment stands whole, `issuing` when the read shows a share to take
-//! back, so that the settle of step 4 cannot be lost. A refund recorded after the read
+//! writes, a refusal aborts it before commit, and the records commit as the read says:
+//! `issued` when the payment stands whole, `issuing` when it shows a share to take back,
+//! so that the settle of step 4 cannot be lost. A refund recorded after the read
 //! holds the place too, which either waits for the commit (and then revokes the tokens)
 //! or, by a placeholder, stops the transaction. A refused payment, or one whose place was
 //! taken already, aborts the transaction, which leaves nothing: the next one goes without
@@ -233,7 +233,7 @@ impl Issuer {
         }
         let keys: Vec<&PaymentKey> = batch.iter().map(|q| &q.request.key).collect();
         let payments = self.store.find_payments(&keys).await?;
-        let refused = refusals_of(batch, &payments);
+        let refused = refusals_of(batch.iter().map(|q| &q.request), &payments);
         Ok((payments, refused))
     }
 
@@ -506,13 +506,15 @@ impl Issuer {
     }
 }
 
-/// The requests of `batch` whose payment is known not to stand, by `payments`.
-fn refusals_of(batch: &[Queued], payments: &Payments) -> Option<Refusals> {
-    let refused: Refusals = batch
-        .iter()
+/// The requests whose payment is known not to stand, by `payments`: (position, refusal).
+fn refusals_of<'a>(
+    requests: impl Iterator<Item = &'a NewIssuance>,
+    payments: &Payments,
+) -> Option<Refusals> {
+    let refused: Refusals = requests
         .enumerate()
-        .filter_map(|(i, q)| {
-            refuse_unless_standing(payments.get(&q.request.key))
+        .filter_map(|(i, request)| {
+            refuse_unless_standing(payments.get(&request.key))
                 .err()
                 .map(|refusal| (i, refusal))
         })

@@ -4,24 +4,24 @@
 //!
 //! One transaction may carry several issuances (group commit in atomic mode): each one's
 //! record and tokens still commit together, and its batch-mates commit with them. The
-//! tokens go first, in one `insert`, while the caller's plan reads what it needs to
-//! decide the records (their status depends on the payments' state); then the records,
-//! in one ordered `insert`. A duplicate key on either unique index means a payment's
-//! place is taken (a record and tokens someone else committed, or a refund's
-//! placeholder): the transaction is abandoned, nothing is written, and the caller finds
-//! out which payment it was.
+//! records go first, in one ordered `insert`, then the tokens, while the caller's plan
+//! reads what it needs; the plan may name records that commit `issuing` instead (one more
+//! update inside the transaction, only then). A duplicate key on either unique index
+//! means a payment's place is taken (a record and tokens someone else committed, or a
+//! refund's placeholder): the transaction is abandoned, nothing is written, and the
+//! caller finds out which payment it was.
 //! Concurrent first writers collide as write conflicts (TransientTransactionError); the
 //! loser retries and then runs into the winner's record.
 //!
-//! The plan — the caller's read and decision — runs while the transaction writes the
-//! tokens, so its round trip costs no time of its own; a refusal aborts the transaction,
-//! and an aborted transaction leaves nothing.
+//! The plan — the caller's read and decision — runs while the transaction writes, so its
+//! round trip costs no time of its own; a refusal aborts the transaction, and an aborted
+//! transaction leaves nothing.
 
 use std::future::Future;
 use std::time::Duration;
 
 use mongodb::ClientSession;
-use mongodb::bson::{DateTime, RawDocumentBuf, oid::ObjectId};
+use mongodb::bson::{DateTime, RawDocumentBuf, doc, oid::ObjectId};
 use mongodb::error::{Error, UNKNOWN_TRANSACTION_COMMIT_RESULT};
 use mongodb::options::ReadConcern;
 
@@ -32,7 +32,7 @@ use super::error::{
 };
 use super::placeholder::Existing;
 use super::{Store, TOKENS};
-use crate::domain::NewIssuance;
+use crate::domain::{IssuanceStatus, NewIssuance};
 use crate::telemetry::metric;
 
 /// Transient transaction errors are retried this many times before giving up.
@@ -60,9 +60,12 @@ pub enum AtomicSetsInsert<R = std::convert::Infallible> {
     Refused(R),
 }
 
-/// What a transaction's plan decides once it has read what it needs: the records to
-/// commit, one per request in order, or a refusal.
-pub type AtomicPlan<R> = Result<Vec<IssuanceDoc>, R>;
+/// What a transaction's plan decides once it has read what it needs: which of the
+/// records (by `_id`) commit `issuing` rather than as given, or a refusal.
+pub type AtomicPlan<R> = Result<Vec<ObjectId>, R>;
+
+/// One issuance of an atomic insert: its record and what it issues.
+pub type AtomicSet<'a> = (&'a IssuanceDoc, &'a NewIssuance);
 
 impl Store {
     /// Inserts `record` and the tokens of `request` in one transaction, unless the
@@ -72,8 +75,10 @@ impl Store {
         record: &IssuanceDoc,
         request: &NewIssuance,
     ) -> Result<AtomicInsert, StoreError> {
-        let plan = async { Ok(Ok(vec![record.clone()])) };
-        let inserted: AtomicSetsInsert = self.insert_sets_atomically(&[request], plan).await?;
+        let plan = async { Ok(Ok(Vec::new())) };
+        let inserted: AtomicSetsInsert = self
+            .insert_sets_atomically(&[(record, request)], plan)
+            .await?;
         match inserted {
             AtomicSetsInsert::Committed(mut sets) => Ok(AtomicInsert::Committed(
                 sets.pop().map(|(_, tokens)| tokens).unwrap_or_default(),
@@ -85,14 +90,15 @@ impl Store {
         }
     }
 
-    /// Inserts the tokens of every request, and the records `plan` decides, in one
-    /// transaction, unless one of the payments' places is taken or `plan` refuses.
-    /// `plan` is awaited once, while the first attempt writes the tokens; the records go
-    /// after it. The payments must differ (the caller's job: a second record of the same
-    /// payment would only ever find the first).
+    /// Inserts every record and its tokens in one transaction, unless one of the
+    /// payments' places is taken or `plan` refuses; the records `plan` names commit
+    /// `issuing` (one more update inside the transaction, only when it names any).
+    /// `plan` is awaited once, while the first attempt writes. The payments must differ
+    /// (the caller's job: a second record of the same payment would only ever find the
+    /// first).
     pub async fn insert_sets_atomically<R>(
         &self,
-        requests: &[&NewIssuance],
+        sets: &[AtomicSet<'_>],
         plan: impl Future<Output = Result<AtomicPlan<R>, StoreError>> + Send,
     ) -> Result<AtomicSetsInsert<R>, StoreError> {
         if !self.supports_transactions().await? {
@@ -102,19 +108,25 @@ impl Store {
         let mut plan = Plan::Pending(Box::pin(plan));
         let mut attempt = 1;
         loop {
-            match self
-                .try_transaction(&mut session, requests, &mut plan)
-                .await
-            {
+            match self.try_transaction(&mut session, sets, &mut plan).await {
                 Ok(Attempt::Committed(token_sets)) => {
-                    let Plan::Answered(Ok(records)) = plan else {
+                    let Plan::Answered(Ok(issuing)) = plan else {
                         return Err(StoreError::Internal(
-                            "a committed transaction without its records".to_owned(),
+                            "a committed transaction without its plan".to_owned(),
                         ));
                     };
-                    return Ok(AtomicSetsInsert::Committed(
-                        records.into_iter().zip(token_sets).collect(),
-                    ));
+                    let committed = sets
+                        .iter()
+                        .zip(token_sets)
+                        .map(|((record, _), tokens)| {
+                            let mut record = (*record).clone();
+                            if issuing.contains(&record.id) {
+                                record.status = IssuanceStatus::Issuing;
+                            }
+                            (record, tokens)
+                        })
+                        .collect();
+                    return Ok(AtomicSetsInsert::Committed(committed));
                 }
                 Ok(Attempt::RecordExists) => return Ok(AtomicSetsInsert::RecordExists),
                 Ok(Attempt::Refused) => {
@@ -154,7 +166,7 @@ impl Store {
     async fn try_transaction<R>(
         &self,
         session: &mut ClientSession,
-        requests: &[&NewIssuance],
+        sets: &[AtomicSet<'_>],
         plan: &mut Plan<'_, R>,
     ) -> Result<Attempt, TransactionError> {
         session
@@ -162,12 +174,11 @@ impl Store {
             .read_concern(ReadConcern::snapshot())
             // The commit inherits the client's pinned `w: majority`, journaled (`durability`).
             .await?;
-        // The plan's read and the token writes go together; the records, which the plan
-        // decides, follow both.
+        // The plan's read and the writes go together; both answer before commit.
         let (written, planned) =
-            tokio::join!(self.insert_tokens_in(session, requests), plan.answer());
-        let records = match planned {
-            Ok(Some(records)) => records,
+            tokio::join!(self.write_in_transaction(session, sets), plan.answer());
+        let issuing = match planned {
+            Ok(Some(issuing)) => issuing,
             Ok(None) => {
                 // A refusal outranks whatever the writes did: the caller answers it first.
                 let _ = session.abort_transaction().await;
@@ -181,18 +192,19 @@ impl Store {
         let Some(inserted) = written? else {
             return Ok(Attempt::RecordExists);
         };
-        if let Err(err) = self
-            .records()
-            .insert_many(records)
-            .session(&mut *session)
-            .await
-        {
-            // Leave the session clean for the next attempt; the abort's own failure is moot.
-            let _ = session.abort_transaction().await;
-            if duplicate_key_index(&err).as_deref() == Some(ISSUANCES_PAYMENT_INDEX) {
-                return Ok(Attempt::RecordExists);
+        if !issuing.is_empty() {
+            let downgraded = self
+                .records()
+                .update_many(
+                    doc! { "_id": { "$in": issuing } },
+                    doc! { "$set": { "status": IssuanceStatus::Issuing.as_str() } },
+                )
+                .session(&mut *session)
+                .await;
+            if let Err(err) = downgraded {
+                let _ = session.abort_transaction().await;
+                return Err(err.into());
             }
-            return Err(err.into());
         }
         commit_with_retry(session).await?;
         let created: usize = inserted.iter().map(Vec::len).sum();
@@ -202,18 +214,35 @@ impl Store {
         ))
     }
 
-    /// The tokens of every request, inside the session's transaction; aborted on
-    /// failure. `None` when a payment's tokens exist already (its place is taken).
-    async fn insert_tokens_in(
+    /// The records, then the tokens, inside the session's transaction; aborted on
+    /// failure. `None` when a payment's place is taken (a record or placeholder in
+    /// `issuances`, or tokens).
+    async fn write_in_transaction(
         &self,
         session: &mut ClientSession,
-        requests: &[&NewIssuance],
+        sets: &[AtomicSet<'_>],
     ) -> Result<Option<Vec<Vec<(i64, ObjectId)>>>, Error> {
+        let taken = |err: &Error, index: &str| duplicate_key_index(err).as_deref() == Some(index);
+        let records = sets.iter().map(|(record, _)| *record);
+        if let Err(err) = self
+            .records()
+            .insert_many(records)
+            .session(&mut *session)
+            .await
+        {
+            // Leave the session clean for the next attempt; the abort's own failure is moot.
+            let _ = session.abort_transaction().await;
+            return if taken(&err, ISSUANCES_PAYMENT_INDEX) {
+                Ok(None)
+            } else {
+                Err(err)
+            };
+        }
         let now = DateTime::now();
         let mut documents = Vec::new();
-        let inserted = requests
+        let inserted = sets
             .iter()
-            .map(|request| token_documents(request, now, &mut documents))
+            .map(|(_, request)| token_documents(request, now, &mut documents))
             .collect();
         if let Err(err) = self
             .database()
@@ -223,10 +252,11 @@ impl Store {
             .await
         {
             let _ = session.abort_transaction().await;
-            if duplicate_key_index(&err).as_deref() == Some(TOKENS_PAYMENT_INDEX) {
-                return Ok(None);
-            }
-            return Err(err);
+            return if taken(&err, TOKENS_PAYMENT_INDEX) {
+                Ok(None)
+            } else {
+                Err(err)
+            };
         }
         Ok(Some(inserted))
     }
@@ -260,13 +290,14 @@ enum Plan<'a, R> {
 }
 
 impl<R> Plan<'_, R> {
-    /// The records to commit, or `None` for a refusal (awaiting the plan the first time).
-    async fn answer(&mut self) -> Result<Option<&[IssuanceDoc]>, StoreError> {
+    /// The records to commit `issuing`, or `None` for a refusal (awaiting the plan the
+    /// first time).
+    async fn answer(&mut self) -> Result<Option<Vec<ObjectId>>, StoreError> {
         if let Self::Pending(pending) = self {
             *self = Self::Answered(pending.await?);
         }
         match self {
-            Self::Answered(Ok(records)) => Ok(Some(records)),
+            Self::Answered(Ok(issuing)) => Ok(Some(issuing.clone())),
             _ => Ok(None),
         }
     }

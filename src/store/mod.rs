@@ -29,7 +29,7 @@ use mongodb::options::{ClientOptions, ReturnDocument, UpdateModifications};
 use mongodb::{Client, Collection, Database};
 use tokio::sync::OnceCell;
 
-pub use atomic::{AtomicInsert, AtomicPlan, AtomicSetsInsert};
+pub use atomic::{AtomicInsert, AtomicPlan, AtomicSet, AtomicSetsInsert};
 pub use batch::{RecordInsert, TokenInsert};
 pub use documents::{IssuanceDoc, Origin, TokenDoc, TokenSummary, chrono_time, fresh_tokens};
 pub use durability::ConnectError;

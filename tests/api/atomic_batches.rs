@@ -9,18 +9,15 @@ use futures::future::join_all;
 use mongodb::bson::{DateTime, Document, doc, oid::ObjectId};
 use serde_json::{Value, json};
 use tokenmint::domain::IssuanceStatus;
-use tokenmint::domain::NewIssuance;
-use tokenmint::store::{AtomicSetsInsert, IssuanceDoc, Store};
+use tokenmint::store::{AtomicSet, AtomicSetsInsert, IssuanceDoc, Store};
 
 use crate::helpers::*;
 use crate::provider_events::app;
 
 /// The shared transaction of `sets`, with a plan that commits their records as given.
-async fn insert_in_one(store: &Store, sets: &[(&IssuanceDoc, &NewIssuance)]) -> AtomicSetsInsert {
-    let requests: Vec<&NewIssuance> = sets.iter().map(|(_, request)| *request).collect();
-    let records: Vec<IssuanceDoc> = sets.iter().map(|(record, _)| (*record).clone()).collect();
+async fn insert_in_one(store: &Store, sets: &[AtomicSet<'_>]) -> AtomicSetsInsert {
     store
-        .insert_sets_atomically(&requests, async { Ok(Ok(records)) })
+        .insert_sets_atomically(sets, async { Ok(Ok(Vec::new())) })
         .await
         .unwrap()
 }
@@ -49,12 +46,12 @@ async fn a_shared_transaction_that_meets_a_record_writes_nothing_and_the_rest_co
         .iter()
         .map(|r| IssuanceDoc::new(r, IssuanceStatus::Issued))
         .collect();
-    let sets: Vec<(&IssuanceDoc, &NewIssuance)> = records.iter().zip(&requests).collect();
+    let sets: Vec<AtomicSet<'_>> = records.iter().zip(&requests).collect();
 
     // A plan that refuses, answered while the transaction wrote: nothing stays.
     let refused = store
-        .insert_sets_atomically(&[&requests[0], &requests[2]], async {
-            Ok(Err::<Vec<IssuanceDoc>, _>("refused"))
+        .insert_sets_atomically(&[sets[0], sets[2]], async {
+            Ok(Err::<Vec<ObjectId>, _>("refused"))
         })
         .await
         .unwrap();

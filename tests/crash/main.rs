@@ -37,7 +37,7 @@
 //!
 //! A fifth (`settle_kill.rs`, once per mode, not ignored: one kill each) kills the
 //! process at the one step where a settle could be lost — its tokens written, the revoke
-//! of a share refunded long ago held up by a failpoint — and the restarted service must
+//! of a share refunded long ago cut off by a failpoint — and the restarted service must
 //! settle the set on its own.
 //!
 //! Files: `retries.rs` holds the first two scenarios (upsert and atomic), `self_repair.rs`

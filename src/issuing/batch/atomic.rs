@@ -1,6 +1,6 @@
-//! Group commit in atomic mode: the batch's tokens and records in one transaction, so
-//! each issuance still commits whole, while step 1 reads the payments; the records follow
-//! the read (`issued`, or `issuing` where it shows a share to take back). A payment known
+//! Group commit in atomic mode: the batch's records and tokens in one transaction, so
+//! each issuance still commits whole, while step 1 reads the payments; the records commit
+//! as the read says (`issued`, or `issuing` where it shows a share to take back). A payment known
 //! not to stand, or one whose place was taken already, aborts the transaction (which
 //! leaves nothing) and the next one goes without those requests; then the settle and the
 //! mark of the `issuing` ones (step 4), then the replays (step 5).
@@ -13,10 +13,12 @@ use tokio::time::Instant;
 use super::{
     Claimed, FirstRead, Payments, Queued, Refusals, Written, answer_refused, fail_all, refusals_of,
 };
-use crate::domain::{IssuanceStatus, NewIssuance, PaymentKey};
+use crate::domain::{IssuanceStatus, PaymentKey};
 use crate::issuing::Issuer;
 use crate::issuing::standing::takes_back;
-use crate::store::{AtomicPlan, AtomicSetsInsert, IssuanceDoc, StoreError, TokenSummary};
+use crate::store::{
+    AtomicPlan, AtomicSet, AtomicSetsInsert, IssuanceDoc, StoreError, TokenSummary,
+};
 
 /// Transactions per batch: one that the payments' state refuses, or that runs into an
 /// existing record (then a read finds which), is followed by one without those requests,
@@ -34,9 +36,17 @@ impl Issuer {
             if firsts.is_empty() {
                 break;
             }
-            let requests: Vec<&NewIssuance> = firsts.iter().map(|q| &q.request).collect();
-            let plan = self.plan_records(&firsts, &first_read);
-            match self.store.insert_sets_atomically(&requests, plan).await {
+            let records: Vec<IssuanceDoc> = firsts
+                .iter()
+                .map(|q| IssuanceDoc::new(&q.request, IssuanceStatus::Issued))
+                .collect();
+            let sets: Vec<AtomicSet<'_>> = records
+                .iter()
+                .zip(&firsts)
+                .map(|(record, q)| (record, &q.request))
+                .collect();
+            let plan = self.plan_records(&sets, &first_read);
+            match self.store.insert_sets_atomically(&sets, plan).await {
                 Ok(AtomicSetsInsert::Committed(sets)) => {
                     written = claims(std::mem::take(&mut firsts), sets);
                 }
@@ -80,34 +90,30 @@ impl Issuer {
     }
 
     /// A transaction's plan: step 1's read (made once per batch, on the first attempt),
-    /// its refusals, and the records to commit. A record whose payment the read shows
-    /// partly taken back commits `issuing`, so that its settle, which comes after the
-    /// commit, is never lost: until it is done, self-repair sees the record.
+    /// its refusals, and the records that commit `issuing`: those whose payment the read
+    /// shows partly taken back, so that their settle, which comes after the commit, is
+    /// never lost (until it is done, self-repair sees the record).
     async fn plan_records(
         &self,
-        batch: &[Queued],
+        sets: &[AtomicSet<'_>],
         first_read: &OnceCell<FirstRead>,
     ) -> Result<AtomicPlan<Refusals>, StoreError> {
         let read = first_read
             .get_or_try_init(|| async {
                 let at = Instant::now();
-                let keys: Vec<&PaymentKey> = batch.iter().map(|q| &q.request.key).collect();
+                let keys: Vec<&PaymentKey> = sets.iter().map(|(_, request)| &request.key).collect();
                 let payments = self.store.find_payments(&keys).await?;
                 Ok::<_, StoreError>(FirstRead { payments, at })
             })
             .await?;
-        if let Some(refused) = refusals_of(batch, &read.payments) {
+        let requests = sets.iter().map(|(_, request)| *request);
+        if let Some(refused) = refusals_of(requests, &read.payments) {
             return Ok(Err(refused));
         }
-        Ok(Ok(batch
+        Ok(Ok(sets
             .iter()
-            .map(|q| {
-                let status = match read.payments.get(&q.request.key) {
-                    Some(payment) if takes_back(payment) => IssuanceStatus::Issuing,
-                    _ => IssuanceStatus::Issued,
-                };
-                IssuanceDoc::new(&q.request, status)
-            })
+            .filter(|(_, request)| read.payments.get(&request.key).is_some_and(takes_back))
+            .map(|(record, _)| record.id)
             .collect()))
     }
 
