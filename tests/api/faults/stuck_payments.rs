@@ -13,10 +13,9 @@ async fn an_orphaned_transaction_fails_its_own_payment_only_atomic() {
     an_orphaned_transaction_fails_its_own_payment_only("atomic").await;
 }
 
-/// Not yet: in upsert mode the batch's one record insert waits on the key the orphan
-/// holds, and its batch-mates fail with it (503). Run with `--ignored` to see it.
+/// The batch's one record insert waits on the key the orphan holds; past its patience the
+/// records are inserted one by one, and only the stuck one keeps waiting.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "upsert mode does not isolate a stuck payment yet"]
 async fn an_orphaned_transaction_fails_its_own_payment_only_upsert() {
     an_orphaned_transaction_fails_its_own_payment_only("upsert").await;
 }
