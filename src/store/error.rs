@@ -40,6 +40,12 @@ impl From<Error> for StoreError {
 /// Server codes meaning "this node cannot take the write now" (failover, shutdown).
 pub(super) const NOT_PRIMARY_CODES: [i32; 8] = [91, 189, 10107, 11600, 11602, 13435, 13436, 262];
 
+/// Server codes meaning "a node behind this one could not be reached" (HostUnreachable,
+/// HostNotFound, NetworkTimeout, SocketException, FailedToSatisfyReadPreference): what a
+/// router answers while a shard elects. The driver labels such errors retryable only on
+/// the commands it retries itself; a command written by hand is classified by code.
+const UNREACHABLE_CODES: [i32; 5] = [6, 7, 89, 9001, 133];
+
 /// True when the error means MongoDB is (perhaps briefly) unreachable or electing.
 pub fn is_unavailable(err: &Error) -> bool {
     match err.kind.as_ref() {
@@ -47,7 +53,9 @@ pub fn is_unavailable(err: &Error) -> bool {
         | ErrorKind::Io(_)
         | ErrorKind::ConnectionPoolCleared { .. }
         | ErrorKind::Shutdown => true,
-        ErrorKind::Command(cmd) => NOT_PRIMARY_CODES.contains(&cmd.code),
+        ErrorKind::Command(cmd) => {
+            NOT_PRIMARY_CODES.contains(&cmd.code) || UNREACHABLE_CODES.contains(&cmd.code)
+        }
         ErrorKind::Write(WriteFailure::WriteConcernError(wce)) => {
             NOT_PRIMARY_CODES.contains(&wce.code)
         }

@@ -3,8 +3,9 @@
 //! issuances that share its batch are answered as if it were not there.
 
 use futures::future::join_all;
-use mongodb::Client;
-use mongodb::bson::{DateTime, doc, oid::ObjectId};
+use mongodb::bson::{DateTime, Document, doc, oid::ObjectId};
+use mongodb::{Client, ClientSession};
+use tokenmint::store::{IssuanceDoc, RecordInsert, StoreError};
 
 use crate::helpers::*;
 
@@ -27,23 +28,7 @@ async fn an_orphaned_transaction_fails_its_own_payment_only(mode: &str) {
         &format!("[issuance]\ndefault_mode = \"{mode}\"\n[repair]\nenabled = false\n"),
     )
     .await;
-    // An instance began an atomic issuance of `pi_stuck` and died before committing:
-    // its transaction holds the payment's record key.
-    let client = Client::with_uri_str(mongo_uri()).await.unwrap();
-    let mut orphan = client.start_session().await.unwrap();
-    orphan.start_transaction().await.unwrap();
-    client
-        .database(&app.db_name)
-        .collection("issuances")
-        .insert_one(doc! {
-            "_id": ObjectId::new(), "provider": "stripe", "accountId": "acct_1",
-            "paymentIntentId": "pi_stuck", "owner": ObjectId::parse_str(OWNER).unwrap(),
-            "tokenType": "standard", "quantity": 2_i64, "paymentDate": DateTime::now(),
-            "mode": "atomic", "status": "issued", "createdAt": DateTime::now(),
-        })
-        .session(&mut orphan)
-        .await
-        .unwrap();
+    let mut orphan = orphan_holding(&app, "pi_stuck").await;
 
     // Both writer tasks are busy with a batch each (their payment reads held up), so
     // that what queues meanwhile goes out as one batch.
@@ -103,4 +88,70 @@ async fn an_orphaned_transaction_fails_its_own_payment_only(mode: &str) {
     let retried = app.issue(WRITER_KEY, &issuance_body("pi_stuck", 2)).await;
     assert_eq!(retried.status(), 201);
     assert_eq!(app.token_indexes("pi_stuck").await, vec![0, 1]);
+}
+
+/// One command's records around a held one: the server stops the command, and alone each
+/// record goes in but the held one — the first, which the stopped command had written
+/// already, as its own (one record, its `_id`), not as another writer's.
+#[tokio::test]
+async fn a_stopped_records_insert_keeps_what_it_wrote_and_fails_only_the_held_record() {
+    let app = spawn_app().await;
+    let mut orphan = orphan_holding(&app, "pi_stuck").await;
+    let records: Vec<IssuanceDoc> = ["pi_before", "pi_stuck", "pi_after"]
+        .map(|payment| mongodb::bson::from_document(record(payment, "upsert", "issuing")).unwrap())
+        .into();
+    let results = app.store().await.insert_records(&records).await.unwrap();
+    assert!(
+        matches!(
+            results.as_slice(),
+            [
+                RecordInsert::Inserted,
+                RecordInsert::Failed(StoreError::Contended(_)),
+                RecordInsert::Inserted
+            ]
+        ),
+        "{results:?}"
+    );
+    for record in [&records[0], &records[2]] {
+        let stored = app
+            .count(
+                "issuances",
+                doc! { "paymentIntentId": &record.payment_intent_id },
+            )
+            .await;
+        assert_eq!(stored, 1, "{}", record.payment_intent_id);
+        assert_eq!(app.count("issuances", doc! { "_id": record.id }).await, 1);
+    }
+    orphan.abort_transaction().await.unwrap();
+    assert_eq!(
+        app.count("issuances", doc! { "paymentIntentId": "pi_stuck" })
+            .await,
+        0
+    );
+}
+
+/// An instance began an atomic issuance of `payment` and died before committing: its
+/// transaction, left open, holds the payment's record key until it is aborted.
+async fn orphan_holding(app: &TestApp, payment: &str) -> ClientSession {
+    let client = Client::with_uri_str(mongo_uri()).await.unwrap();
+    let mut orphan = client.start_session().await.unwrap();
+    orphan.start_transaction().await.unwrap();
+    client
+        .database(&app.db_name)
+        .collection("issuances")
+        .insert_one(record(payment, "atomic", "issued"))
+        .session(&mut orphan)
+        .await
+        .unwrap();
+    orphan
+}
+
+/// An issuance record of stripe/acct_1 `payment`, as stored.
+fn record(payment: &str, mode: &str, status: &str) -> Document {
+    doc! {
+        "_id": ObjectId::new(), "provider": "stripe", "accountId": "acct_1",
+        "paymentIntentId": payment, "owner": ObjectId::parse_str(OWNER).unwrap(),
+        "tokenType": "standard", "quantity": 2_i64, "paymentDate": DateTime::now(),
+        "mode": mode, "status": status, "createdAt": DateTime::now(),
+    }
 }
