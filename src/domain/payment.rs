@@ -104,6 +104,15 @@ impl ParsedEvent {
             Self::Ignored { event_type, .. } => event_type,
         }
     }
+
+    /// The same event, ignored for `reason` whatever it reported.
+    pub fn ignored(self, reason: &str) -> Self {
+        Self::Ignored {
+            event_id: self.event_id().to_owned(),
+            event_type: self.event_type().to_owned(),
+            reason: reason.to_owned(),
+        }
+    }
 }
 
 impl PaymentStatus {
