@@ -4,6 +4,7 @@
 //! example payloads, trimmed to the fields tokenmint reads plus a few it must ignore.
 
 mod livemode;
+mod stripe_checkout;
 
 use mongodb::bson::doc;
 use serde_json::Value;
