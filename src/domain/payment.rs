@@ -116,10 +116,14 @@ impl ParsedEvent {
 }
 
 impl PaymentStatus {
+    /// The states in which the provider has taken the payment back or never took it.
+    pub const ENTITLED_TO_NOTHING: [Self; 3] = [Self::Failed, Self::Canceled, Self::Refunded];
+
     /// Whether the provider has taken the payment back or never took it: no token of it
-    /// may be issued, and any it has are revoked (refunded, canceled) or never owed (failed).
+    /// may be issued, and any it has are revoked — refunded, canceled, or failed (a
+    /// capture the card scheme rejected after the payment was reported paid).
     pub fn forbids_issuance(self) -> bool {
-        matches!(self, Self::Failed | Self::Canceled | Self::Refunded)
+        Self::ENTITLED_TO_NOTHING.contains(&self)
     }
 }
 

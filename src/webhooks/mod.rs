@@ -22,7 +22,7 @@ pub use standard::parse_standard;
 pub use stripe::parse_stripe;
 
 use crate::domain::{ParsedEvent, Provider};
-use crate::settings::{ProviderSettings, WebhookScheme};
+use crate::settings::{Capture, ProviderSettings, WebhookScheme};
 
 /// One configured provider.
 pub struct ProviderConfig {
@@ -34,6 +34,8 @@ pub struct ProviderConfig {
     basic_auth: Option<BasicCredentials>,
     /// The mode whose events count (`true` live, `false` test); `None`: both.
     livemode: Option<bool>,
+    /// When an Adyen payment is paid.
+    capture: Capture,
 }
 
 /// The configured providers, by name.
@@ -60,6 +62,7 @@ impl Providers {
                             .zip(settings.basic_auth_password.as_ref())
                             .map(|(user, password)| BasicCredentials::new(user, password)),
                         livemode: settings.livemode,
+                        capture: settings.capture.unwrap_or_default(),
                     };
                     Some((name.clone(), config))
                 })
@@ -171,7 +174,8 @@ impl ProviderConfig {
             }
             WebhookScheme::Paddle => paddle::parse_paddle(&self.name, body, max_quantity)?,
             WebhookScheme::Adyen => {
-                return adyen::parse_adyen(&self.name, body, max_quantity).map(Delivery::Batch);
+                return adyen::parse_adyen(&self.name, body, max_quantity, self.capture)
+                    .map(Delivery::Batch);
             }
         };
         Ok(Delivery::Single(Box::new(single)))

@@ -3,6 +3,7 @@
 //! [`adyen_capture`] (manual capture). The bodies follow the providers' documented
 //! example payloads, trimmed to the fields tokenmint reads plus a few it must ignore.
 
+mod adyen_capture;
 mod livemode;
 mod stripe_checkout;
 
