@@ -17,33 +17,6 @@ fn token_metadata(quantity: i64) -> Value {
         "tokenmint_quantity": quantity.to_string(), "order": "A-1001" })
 }
 
-/// A Checkout Session event as Stripe documents it (an `event` whose object is the
-/// `checkout.session`), trimmed: `kind` is `completed`, `async_payment_succeeded`, …
-fn session_event(
-    event_id: &str,
-    kind: &str,
-    payment: &str,
-    payment_status: &str,
-    created: i64,
-    metadata: Value,
-) -> Value {
-    json!({
-        "id": event_id, "object": "event", "api_version": "2025-06-30.basil",
-        "created": created, "livemode": false, "pending_webhooks": 1,
-        "request": { "id": null, "idempotency_key": null },
-        "type": format!("checkout.session.{kind}"), "account": "acct_1",
-        "data": { "object": {
-            "id": format!("cs_test_{payment}"), "object": "checkout.session",
-            "amount_subtotal": 1000, "amount_total": 1000, "currency": "eur",
-            "customer_details": { "email": "jenny@example.com", "name": "Jenny Rosen" },
-            "livemode": false, "metadata": metadata, "mode": "payment",
-            "payment_intent": payment, "payment_status": payment_status,
-            "status": if kind == "expired" { "expired" } else { "complete" },
-            "success_url": "https://example.com/success",
-        } },
-    })
-}
-
 /// A `payment_intent.<kind>` event with `metadata` (which may name no tokens).
 fn intent_with(event_id: &str, kind: &str, payment: &str, created: i64, metadata: Value) -> Value {
     let mut event = intent_event(event_id, kind, payment, created, "1");
