@@ -107,11 +107,13 @@ impl Issuer {
             return Ok(refused);
         }
         let mut outcome = self.apply_state(event, &state).await?;
-        let failed_paid = event.status == PaymentStatus::Failed
+        // A failure that took tokens back (a capture rejected after the payment was
+        // reported paid) is a withdrawal too.
+        let failure_took_back = event.status == PaymentStatus::Failed
             && state.status == PaymentStatus::Failed
             && outcome.tokens_revoked.unwrap_or(0) > 0;
-        if (event.status == PaymentStatus::Refunded && outcome.outcome != "conflict") || failed_paid
-        {
+        let refund = event.status == PaymentStatus::Refunded && outcome.outcome != "conflict";
+        if refund || failure_took_back {
             outcome.outcome = "revoked".to_owned();
         } else if state.version > event.version && outcome.tokens_created.unwrap_or(0) == 0 {
             // Older than what is known: it carried no news (its effects, re-derived from
