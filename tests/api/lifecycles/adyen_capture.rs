@@ -127,6 +127,26 @@ async fn a_failed_capture_takes_the_tokens_back() {
         "payment_not_succeeded",
     )
     .await;
+
+    // `verify` holds a failed payment to none: clean now, and a token made active behind
+    // the service's back is reported.
+    let store = app.store().await;
+    let report = store.verify().await.unwrap();
+    assert!(report.is_clean(), "{report}");
+    app.db
+        .collection::<mongodb::bson::Document>("tokens")
+        .update_one(
+            doc! { "origin.paymentIntentId": "PSP_F", "tokenIndex": 0 },
+            doc! { "$set": { "status": "active" } },
+        )
+        .await
+        .unwrap();
+    let report = store.verify().await.unwrap();
+    let samples = report.unbacked_active_tokens.samples.join("\n");
+    assert!(
+        samples.contains("adyen/TestMerchant/PSP_F (failed): 1 active token(s)"),
+        "{report}"
+    );
 }
 
 #[tokio::test]
