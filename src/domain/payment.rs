@@ -104,13 +104,26 @@ impl ParsedEvent {
             Self::Ignored { event_type, .. } => event_type,
         }
     }
+
+    /// The same event, ignored for `reason` whatever it reported.
+    pub fn ignored(self, reason: &str) -> Self {
+        Self::Ignored {
+            event_id: self.event_id().to_owned(),
+            event_type: self.event_type().to_owned(),
+            reason: reason.to_owned(),
+        }
+    }
 }
 
 impl PaymentStatus {
+    /// The states in which the provider has taken the payment back or never took it.
+    pub const ENTITLED_TO_NOTHING: [Self; 3] = [Self::Failed, Self::Canceled, Self::Refunded];
+
     /// Whether the provider has taken the payment back or never took it: no token of it
-    /// may be issued, and any it has are revoked (refunded, canceled) or never owed (failed).
+    /// may be issued, and any it has are revoked — refunded, canceled, or failed (a
+    /// capture the card scheme rejected after the payment was reported paid).
     pub fn forbids_issuance(self) -> bool {
-        matches!(self, Self::Failed | Self::Canceled | Self::Refunded)
+        Self::ENTITLED_TO_NOTHING.contains(&self)
     }
 }
 

@@ -52,9 +52,11 @@ pub struct WebhookReceipt {
 /// never overwrites a newer one), a canceled or refunded payment never stands again
 /// (`terminal`), and a payment's token parameters are the first success's
 /// (`metadata_conflict`). A succeeded payment issues the tokens its metadata
-/// names; a refund, chargeback or cancellation revokes the payment's active tokens, a
-/// partial refund the refunded share (highest tokenIndex first; redeemed ones are
-/// reported as `shortfall`). An Adyen batch is answered `[accepted]` (text/plain), as
+/// names; a refund, chargeback, cancellation or failed capture revokes the payment's
+/// active tokens, a partial refund the refunded share (highest tokenIndex first; redeemed
+/// ones are reported as `shortfall`). Events of the other mode than the provider's
+/// `livemode` (Stripe's `livemode`, an Adyen batch's `live`) are recorded `ignored`,
+/// `livemode_mismatch`. An Adyen batch is answered `[accepted]` (text/plain), as
 /// Adyen requires; every other delivery with the JSON receipt.
 #[utoipa::path(
     post, path = "/v1/webhooks/{provider}", tag = "webhooks",

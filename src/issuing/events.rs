@@ -5,7 +5,9 @@
 //! - succeeded → issue the tokens its metadata names (taking over a pending checkout
 //!   request), then settle any partial refund;
 //! - refunded, canceled, or a partial refund → settle: revoke what no longer stands;
-//! - processing, failed → recorded only.
+//! - failed → recorded, and settled like a withdrawal: a payment whose money failed
+//!   after its success (a capture the card scheme rejected) keeps no token;
+//! - processing → recorded only.
 //!
 //! Two rules hold whatever the versions say, so that a correctly signed event replayed
 //! with unsigned fields changed (a later date, other metadata) after its dedupe record
@@ -105,7 +107,13 @@ impl Issuer {
             return Ok(refused);
         }
         let mut outcome = self.apply_state(event, &state).await?;
-        if event.status == PaymentStatus::Refunded && outcome.outcome != "conflict" {
+        // A failure that took tokens back (a capture rejected after the payment was
+        // reported paid) is a withdrawal too.
+        let failure_took_back = event.status == PaymentStatus::Failed
+            && state.status == PaymentStatus::Failed
+            && outcome.tokens_revoked.unwrap_or(0) > 0;
+        let refund = event.status == PaymentStatus::Refunded && outcome.outcome != "conflict";
+        if refund || failure_took_back {
             outcome.outcome = "revoked".to_owned();
         } else if state.version > event.version && outcome.tokens_created.unwrap_or(0) == 0 {
             // Older than what is known: it carried no news (its effects, re-derived from

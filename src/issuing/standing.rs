@@ -50,7 +50,13 @@ pub fn entitlement(payment: Option<&PaymentDoc>, quantity: i64) -> Entitlement {
             keep: 0,
             reason: "canceled",
         },
-        PaymentStatus::Processing | PaymentStatus::Failed | PaymentStatus::Succeeded => {
+        // Only reachable with tokens when the money failed after a success (Adyen's
+        // CAPTURE_FAILED): none of them were paid for.
+        PaymentStatus::Failed => Entitlement::Keep {
+            keep: 0,
+            reason: "failed",
+        },
+        PaymentStatus::Processing | PaymentStatus::Succeeded => {
             match (payment.amount_refunded, payment.amount) {
                 (None | Some(0), _) => Entitlement::All,
                 (Some(refunded), Some(amount)) if amount > 0 => {
@@ -76,20 +82,16 @@ pub fn entitlement(payment: Option<&PaymentDoc>, quantity: i64) -> Entitlement {
     }
 }
 
-/// Whether `payment`'s state takes any tokens back: refunded, canceled, or partly
+/// Whether `payment`'s state takes any tokens back: refunded, canceled, failed, or partly
 /// refunded (the same payments `verify` and the sweeps look at).
 pub fn takes_back(payment: &PaymentDoc) -> bool {
-    matches!(
-        payment.status,
-        PaymentStatus::Refunded | PaymentStatus::Canceled
-    ) || payment.amount_refunded.is_some_and(|refunded| refunded > 0)
+    payment.status.forbids_issuance()
+        || payment.amount_refunded.is_some_and(|refunded| refunded > 0)
 }
 
-/// The payment's state when it is refunded or canceled: none of its tokens stand.
+/// The payment's state when it is refunded, canceled or failed: none of its tokens stand.
 fn withdrawn(payment: Option<&PaymentDoc>) -> Option<PaymentStatus> {
-    payment
-        .map(|p| p.status)
-        .filter(|s| matches!(s, PaymentStatus::Refunded | PaymentStatus::Canceled))
+    payment.map(|p| p.status).filter(|s| s.forbids_issuance())
 }
 
 /// What settling did.
@@ -99,7 +101,7 @@ pub struct Settlement {
     pub revoked: u64,
     /// Tokens of the refunded share that were already redeemed (they stay redeemed).
     pub shortfall: u64,
-    /// The payment is refunded or canceled: none of its tokens stand.
+    /// The payment is refunded, canceled or failed: none of its tokens stand.
     pub withdrawn: Option<PaymentStatus>,
 }
 
@@ -217,7 +219,7 @@ mod tests {
             (None, 10, ALL),
             (Some((Succeeded, Some(1000), None)), 10, ALL),
             (Some((Processing, None, None)), 10, ALL),
-            (Some((Failed, Some(1000), None)), 10, ALL),
+            (Some((Failed, Some(1000), None)), 10, keep(0, "failed")),
             (Some((Succeeded, Some(1000), Some(0))), 10, ALL),
             // Withdrawn payments keep nothing, whatever the amounts say.
             (Some((Refunded, Some(1000), None)), 10, keep(0, "refunded")),
@@ -266,7 +268,11 @@ mod tests {
             ),
             // A refund of unknown proportion (no amount, or an amount of 0) is a full one.
             (Some((Succeeded, None, Some(10))), 10, keep(0, "refunded")),
-            (Some((Failed, Some(0), Some(10))), 10, keep(0, "refunded")),
+            (
+                Some((Processing, Some(0), Some(10))),
+                10,
+                keep(0, "refunded"),
+            ),
         ];
         for (state, quantity, expected) in table {
             let doc = state.map(|(status, amount, refunded)| payment(status, amount, refunded));

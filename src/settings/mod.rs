@@ -164,6 +164,27 @@ pub struct ProviderSettings {
     /// Its password. From the environment, never a committed file.
     #[serde(default)]
     pub basic_auth_password: Option<SecretString>,
+    /// Which mode's events count (schemes `stripe` and `adyen`, whose events say whether
+    /// they are live): `true` live ones only, `false` test ones only; the other mode's
+    /// are ignored. Unset, both count — except in production, where loading fills in
+    /// `true` (`Settings::resolve`): a test payment must never mint real tokens.
+    #[serde(default)]
+    pub livemode: Option<bool>,
+    /// When an Adyen payment is paid (scheme `adyen` only; unset is `auto`).
+    #[serde(default)]
+    pub capture: Option<Capture>,
+}
+
+/// How an Adyen merchant account captures its payments.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Capture {
+    /// Captured with the authorisation: `AUTHORISATION` is the success.
+    #[default]
+    Auto,
+    /// Captured later by the merchant: `AUTHORISATION` is processing, `CAPTURE` the
+    /// success.
+    Manual,
 }
 
 fn default_tolerance() -> u64 {
@@ -178,6 +199,13 @@ pub enum WebhookScheme {
     StandardWebhooks,
     Paddle,
     Adyen,
+}
+
+impl WebhookScheme {
+    /// Whether the scheme's events say if they are live or test (`livemode`).
+    pub fn marks_livemode(self) -> bool {
+        matches!(self, Self::Stripe | Self::Adyen)
+    }
 }
 
 impl std::fmt::Display for WebhookScheme {
@@ -266,7 +294,19 @@ impl Settings {
             .map_err(|error| load_error(&figment, error))?;
         settings.environment = environment;
         settings.validate()?;
+        settings.resolve();
         Ok(settings)
+    }
+
+    /// Fills in what an unset setting means in this environment, once, after validation:
+    /// in production a provider whose events mark their mode accepts live ones only.
+    fn resolve(&mut self) {
+        let production = self.is_production();
+        for provider in self.providers.values_mut() {
+            if production && provider.scheme.marks_livemode() {
+                provider.livemode.get_or_insert(true);
+            }
+        }
     }
 
     /// The compiled-in defaults with `layers` (TOML texts, later ones winning) on top;
@@ -302,6 +342,32 @@ mod tests {
         assert_eq!(settings.issuance.max_quantity, 1000);
         assert_eq!(settings.issuance.max_waiters, 1000);
         assert_eq!(settings.issuance.default_mode, IssuanceMode::Upsert);
+    }
+
+    #[test]
+    fn production_without_livemode_means_live_only() {
+        let provider = |livemode: &str| {
+            format!(
+                "[providers.stripe]\nscheme = \"stripe\"\nsecrets = [\"whsec_0123456789abcdefghij\"]\n{livemode}"
+            )
+        };
+        let load = |environment: &str, livemode: &str| {
+            let figment = Figment::new()
+                .merge(Toml::string(DEFAULT_TOML))
+                .merge(Toml::string(&provider(livemode)));
+            Settings::from_figment(figment, environment.to_owned())
+                .unwrap()
+                .providers["stripe"]
+                .livemode
+        };
+        assert_eq!(load("production", ""), Some(true));
+        assert_eq!(load("production", "livemode = false"), Some(false));
+        assert_eq!(
+            load("development", ""),
+            None,
+            "both modes outside production"
+        );
+        assert_eq!(load("development", "livemode = true"), Some(true));
     }
 
     #[test]

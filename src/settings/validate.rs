@@ -156,6 +156,21 @@ impl Settings {
                 ));
             }
             self.validate_basic_auth(name, provider)?;
+            let whose = format!("(provider `{name}`, scheme `{}`)", provider.scheme);
+            if provider.livemode.is_some() && !provider.scheme.marks_livemode() {
+                return Err(invalid(
+                    format!("{at}.livemode"),
+                    format!(
+                        "{whose} is only for schemes `stripe` and `adyen`, whose events say whether they are live"
+                    ),
+                ));
+            }
+            if provider.capture.is_some() && provider.scheme != WebhookScheme::Adyen {
+                return Err(invalid(
+                    format!("{at}.capture"),
+                    format!("{whose} is only for scheme `adyen`"),
+                ));
+            }
         }
         Ok(())
     }

@@ -43,7 +43,7 @@ pub const BUILD_INFO: &str = "tokenmint_build_info";
 /// `outcome` values of `ISSUANCES_TOTAL`.
 pub const ISSUANCE_OUTCOMES: &[&str] = &["created", "replayed", "pending", "conflict"];
 /// `reason` values of `TOKENS_REVOKED_TOTAL`.
-pub const REVOCATION_REASONS: &[&str] = &["refunded", "canceled", "partial_refund"];
+pub const REVOCATION_REASONS: &[&str] = &["refunded", "canceled", "failed", "partial_refund"];
 /// `outcome` values of `REPAIRS_TOTAL`.
 pub const REPAIR_OUTCOMES: &[&str] = &["completed", "revoked", "failed"];
 /// `operation` values of `VERSION_GATE_REJECTIONS_TOTAL` on `tokens`.

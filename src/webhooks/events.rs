@@ -58,6 +58,18 @@ pub(super) fn tokenmint_params(
     ))
 }
 
+/// The mode a delivery says it is of, from its top-level `field` (Stripe's `livemode`, a
+/// boolean; an Adyen batch's `live`, the string `"true"` or `"false"`, either form
+/// read); `None` when it says nothing readable.
+pub(super) fn delivery_mode(body: &[u8], field: &str) -> Option<bool> {
+    let value: Value = serde_json::from_slice(body).ok()?;
+    match value.get(field)? {
+        Value::Bool(live) => Some(*live),
+        Value::String(live) => live.parse().ok(),
+        _ => None,
+    }
+}
+
 pub(super) fn payment_key(
     provider: &Provider,
     account: &str,

@@ -22,7 +22,7 @@ pub use standard::parse_standard;
 pub use stripe::parse_stripe;
 
 use crate::domain::{ParsedEvent, Provider};
-use crate::settings::{ProviderSettings, WebhookScheme};
+use crate::settings::{Capture, ProviderSettings, WebhookScheme};
 
 /// One configured provider.
 pub struct ProviderConfig {
@@ -32,6 +32,10 @@ pub struct ProviderConfig {
     tolerance_secs: u64,
     /// The HTTP Basic credentials every delivery must carry, when configured.
     basic_auth: Option<BasicCredentials>,
+    /// The mode whose events count (`true` live, `false` test); `None`: both.
+    livemode: Option<bool>,
+    /// When an Adyen payment is paid.
+    capture: Capture,
 }
 
 /// The configured providers, by name.
@@ -57,6 +61,8 @@ impl Providers {
                             .as_deref()
                             .zip(settings.basic_auth_password.as_ref())
                             .map(|(user, password)| BasicCredentials::new(user, password)),
+                        livemode: settings.livemode,
+                        capture: settings.capture.unwrap_or_default(),
                     };
                     Some((name.clone(), config))
                 })
@@ -82,6 +88,21 @@ pub enum Delivery {
     /// A batch of events (Adyen), each processed on its own, answered `[accepted]`.
     Batch(Vec<ParsedEvent>),
 }
+
+impl Delivery {
+    /// Every event of the delivery, ignored for `reason`.
+    fn ignored(self, reason: &str) -> Self {
+        match self {
+            Self::Single(event) => Self::Single(Box::new(event.ignored(reason))),
+            Self::Batch(events) => {
+                Self::Batch(events.into_iter().map(|e| e.ignored(reason)).collect())
+            }
+        }
+    }
+}
+
+/// Why the events of a delivery of the other mode than the provider's are ignored.
+pub const LIVEMODE_MISMATCH: &str = "livemode_mismatch";
 
 /// A test delivery signed with a provider's secret: the headers to send, and the body
 /// (the one given, except for Adyen, whose signatures go inside it).
@@ -117,8 +138,29 @@ impl ProviderConfig {
     }
 
     /// Parses a delivery whose signature [`verify`](Self::verify) accepted; nothing is
-    /// parsed before that. `Err` is a body that is not an event (400).
+    /// parsed before that. `Err` is a body that is not an event (400). A delivery of the
+    /// other mode than the provider's `livemode` (or one that does not say its mode, when
+    /// a mode is configured) is read as its events ignored, `livemode_mismatch`: signed
+    /// alike, a test payment must not mint tokens on a live endpoint.
     pub fn parse(
+        &self,
+        headers: &SignatureHeaders<'_>,
+        body: &[u8],
+        max_quantity: u32,
+    ) -> Result<Delivery, EventError> {
+        let delivery = self.parse_events(headers, body, max_quantity)?;
+        let mode = match self.scheme {
+            WebhookScheme::Stripe => events::delivery_mode(body, "livemode"),
+            WebhookScheme::Adyen => events::delivery_mode(body, "live"),
+            WebhookScheme::StandardWebhooks | WebhookScheme::Paddle => return Ok(delivery),
+        };
+        Ok(match self.livemode {
+            Some(expected) if mode != Some(expected) => delivery.ignored(LIVEMODE_MISMATCH),
+            _ => delivery,
+        })
+    }
+
+    fn parse_events(
         &self,
         headers: &SignatureHeaders<'_>,
         body: &[u8],
@@ -132,7 +174,8 @@ impl ProviderConfig {
             }
             WebhookScheme::Paddle => paddle::parse_paddle(&self.name, body, max_quantity)?,
             WebhookScheme::Adyen => {
-                return adyen::parse_adyen(&self.name, body, max_quantity).map(Delivery::Batch);
+                return adyen::parse_adyen(&self.name, body, max_quantity, self.capture)
+                    .map(Delivery::Batch);
             }
         };
         Ok(Delivery::Single(Box::new(single)))

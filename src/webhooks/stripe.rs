@@ -1,6 +1,7 @@
 //! Stripe: `Stripe-Signature: t=<unix>,v1=<hex>[,v1=<hex>…]`, HMAC-SHA256 of
 //! `"{t}.{raw body}"` keyed with the whole secret string, and its events: PaymentIntents,
-//! refunded charges and disputes whose funds were withdrawn (chargebacks).
+//! the Checkout Sessions that report them, refunded charges and disputes whose funds
+//! were withdrawn (chargebacks).
 
 use chrono::DateTime;
 use secrecy::SecretString;
@@ -87,32 +88,53 @@ pub fn parse_stripe(
         })
     };
     let object = &event.data.object;
+    let id = |field: &str| object.get(field).and_then(Value::as_str);
+    let session = event.event_type.starts_with("checkout.session.");
     let (status, payment_id) = match event.event_type.as_str() {
-        "payment_intent.processing" => (PaymentStatus::Processing, object.get("id")),
-        "payment_intent.succeeded" => (PaymentStatus::Succeeded, object.get("id")),
-        "payment_intent.payment_failed" => (PaymentStatus::Failed, object.get("id")),
-        "payment_intent.canceled" => (PaymentStatus::Canceled, object.get("id")),
+        "payment_intent.processing" => (PaymentStatus::Processing, id("id")),
+        "payment_intent.succeeded" => (PaymentStatus::Succeeded, id("id")),
+        "payment_intent.payment_failed" => (PaymentStatus::Failed, id("id")),
+        "payment_intent.canceled" => (PaymentStatus::Canceled, id("id")),
         "charge.refunded" | "charge.dispute.funds_withdrawn" => {
-            (PaymentStatus::Refunded, object.get("payment_intent"))
+            (PaymentStatus::Refunded, id("payment_intent"))
         }
+        _ if session => match session_status(&event.event_type, object) {
+            Ok(status) => match session_payment_intent(object) {
+                Some(intent) => (status, Some(intent)),
+                None => return ignored("a session without a payment_intent"),
+            },
+            Err(reason) => return ignored(reason),
+        },
         _ => return ignored("unhandled event type"),
     };
     let account = event.account.as_deref().unwrap_or("default");
-    let Some(key) = payment_key(provider, account, payment_id.and_then(Value::as_str)) else {
+    let Some(key) = payment_key(provider, account, payment_id) else {
         return ignored("invalid account or payment id");
     };
-    let token_params = object
-        .get("metadata")
-        .and_then(Value::as_object)
-        .and_then(|metadata| tokenmint_params(metadata, "", max_quantity));
+    let metadata = |object: &Map<String, Value>| {
+        object
+            .get("metadata")
+            .and_then(Value::as_object)
+            .and_then(|metadata| tokenmint_params(metadata, "", max_quantity))
+    };
+    // A session's own metadata first, else its PaymentIntent's when the event carries it
+    // expanded; without either, the PaymentIntent's events bring them.
+    let token_params = metadata(object).or_else(|| {
+        object
+            .get("payment_intent")
+            .and_then(Value::as_object)
+            .filter(|_| session)
+            .and_then(metadata)
+    });
     let payment_date = object
         .get("created")
         .and_then(Value::as_i64)
         .or(Some(event.created))
         .and_then(|secs| DateTime::from_timestamp(secs, 0));
     let number = |field: &str| object.get(field).and_then(Value::as_i64);
-    let object_id = object.get("id").and_then(Value::as_str).unwrap_or_default();
-    let mut amount = number("amount");
+    let object_id = id("id").unwrap_or_default();
+    // A session's amount is its `amount_total`, what the PaymentIntent is for.
+    let mut amount = number(if session { "amount_total" } else { "amount" });
     let (refund, rank) = match event.event_type.as_str() {
         // A charge fully refunded says `refunded: true`; otherwise `amount_refunded` of its
         // `amount` is its refunds so far (a running total, so it is kept per charge). A
@@ -168,6 +190,38 @@ pub fn parse_stripe(
         payment_date,
         refund,
     }))
+}
+
+/// What a Checkout Session event says of its payment, or why it says nothing: only
+/// sessions of `mode: "payment"` are payments (subscriptions and setups are not), and
+/// `completed` is a success only once `payment_status` is `paid` (an asynchronous method
+/// completes `unpaid`, then reports `async_payment_succeeded` or `_failed`). An expired
+/// session's PaymentIntent is canceled with it.
+fn session_status(
+    event_type: &str,
+    session: &Map<String, Value>,
+) -> Result<PaymentStatus, &'static str> {
+    if session.get("mode").and_then(Value::as_str) != Some("payment") {
+        return Err("not a session of mode payment");
+    }
+    let payment_status = session.get("payment_status").and_then(Value::as_str);
+    match (event_type, payment_status) {
+        ("checkout.session.completed", Some("paid")) => Ok(PaymentStatus::Succeeded),
+        ("checkout.session.completed", Some("unpaid")) => Ok(PaymentStatus::Processing),
+        ("checkout.session.completed", _) => Err("a completed session without a payment"),
+        ("checkout.session.async_payment_succeeded", _) => Ok(PaymentStatus::Succeeded),
+        ("checkout.session.async_payment_failed", _) => Ok(PaymentStatus::Failed),
+        ("checkout.session.expired", _) => Ok(PaymentStatus::Canceled),
+        _ => Err("unhandled event type"),
+    }
+}
+
+/// The PaymentIntent a session names: its id, or the id of the object when expanded.
+fn session_payment_intent(session: &Map<String, Value>) -> Option<&str> {
+    let intent = session.get("payment_intent")?;
+    intent
+        .as_str()
+        .or_else(|| intent.get("id").and_then(Value::as_str))
 }
 
 #[cfg(test)]
@@ -330,6 +384,91 @@ mod tests {
                 "{created}"
             );
         }
+    }
+
+    #[test]
+    fn checkout_sessions_report_their_payment_intent() {
+        let session = |event_type: &str, mode: &str, payment_status: &str, intent: Value| {
+            let body = json!({"id": "evt_cs", "type": event_type, "created": 5,
+                "data": {"object": {"id": "cs_1", "object": "checkout.session", "mode": mode,
+                "payment_intent": intent, "payment_status": payment_status,
+                "amount_total": 800, "currency": "eur", "metadata": {}}}});
+            parse_stripe(&stripe(), body.to_string().as_bytes(), 10).unwrap()
+        };
+        let status = |event: ParsedEvent| match event {
+            ParsedEvent::Payment(event) => {
+                assert_eq!(event.key.payment_intent_id.as_str(), "pi_1");
+                assert_eq!(event.amount, Some(800), "amount_total");
+                Some(event.status)
+            }
+            ParsedEvent::Ignored { .. } => None,
+        };
+        use PaymentStatus::*;
+        let pi = json!("pi_1");
+        let cases = [
+            (
+                "checkout.session.completed",
+                "payment",
+                "paid",
+                Some(Succeeded),
+            ),
+            (
+                "checkout.session.completed",
+                "payment",
+                "unpaid",
+                Some(Processing),
+            ),
+            (
+                "checkout.session.completed",
+                "payment",
+                "no_payment_required",
+                None,
+            ),
+            (
+                "checkout.session.async_payment_succeeded",
+                "payment",
+                "paid",
+                Some(Succeeded),
+            ),
+            (
+                "checkout.session.async_payment_failed",
+                "payment",
+                "unpaid",
+                Some(Failed),
+            ),
+            (
+                "checkout.session.expired",
+                "payment",
+                "unpaid",
+                Some(Canceled),
+            ),
+            ("checkout.session.completed", "subscription", "paid", None),
+            (
+                "checkout.session.completed",
+                "setup",
+                "no_payment_required",
+                None,
+            ),
+        ];
+        for (event_type, mode, paid, expected) in cases {
+            assert_eq!(
+                status(session(event_type, mode, paid, pi.clone())),
+                expected,
+                "{event_type} {mode} {paid}"
+            );
+        }
+        let expanded = json!({"id": "pi_1", "metadata": {"tokenmint_owner": "65f1a0c2b3d4e5f601234567",
+            "tokenmint_token_type": "standard", "tokenmint_quantity": "3"}});
+        let ParsedEvent::Payment(event) =
+            session("checkout.session.completed", "payment", "paid", expanded)
+        else {
+            panic!("an expanded PaymentIntent names the payment")
+        };
+        assert_eq!(event.token_params.unwrap().unwrap().quantity.get(), 3);
+        assert!(matches!(
+            session("checkout.session.expired", "payment", "unpaid", Value::Null),
+            ParsedEvent::Ignored { .. }
+        ));
     }
 
     #[test]

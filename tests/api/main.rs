@@ -14,6 +14,7 @@ mod helpers;
 mod http_conventions;
 mod issuance_races;
 mod issuances;
+mod lifecycles;
 mod migrations;
 mod migrations_load;
 mod money;

@@ -46,6 +46,33 @@ pub fn intent_event(
     })
 }
 
+/// A Checkout Session event as Stripe documents it (an `event` whose object is the
+/// `checkout.session`), trimmed: `kind` is `completed`, `async_payment_succeeded`, …
+pub fn session_event(
+    event_id: &str,
+    kind: &str,
+    payment: &str,
+    payment_status: &str,
+    created: i64,
+    metadata: Value,
+) -> Value {
+    json!({
+        "id": event_id, "object": "event", "api_version": "2025-06-30.basil",
+        "created": created, "livemode": false, "pending_webhooks": 1,
+        "request": { "id": null, "idempotency_key": null },
+        "type": format!("checkout.session.{kind}"), "account": "acct_1",
+        "data": { "object": {
+            "id": format!("cs_test_{payment}"), "object": "checkout.session",
+            "amount_subtotal": 1000, "amount_total": 1000, "currency": "eur",
+            "customer_details": { "email": "jenny@example.com", "name": "Jenny Rosen" },
+            "livemode": false, "metadata": metadata, "mode": "payment",
+            "payment_intent": payment, "payment_status": payment_status,
+            "status": if kind == "expired" { "expired" } else { "complete" },
+            "success_url": "https://example.com/success",
+        } },
+    })
+}
+
 pub fn refund_event(event_id: &str, payment: &str, created: i64) -> Value {
     json!({
         "id": event_id, "type": "charge.refunded", "created": created, "account": "acct_1",

@@ -13,6 +13,7 @@ use proptest::prelude::*;
 use serde_json::{Map, Value, json};
 
 use tokenmint::domain::{ParsedEvent, Provider};
+use tokenmint::settings::Capture;
 use tokenmint::webhooks::adyen::{SIGNED_FIELDS, parse_adyen, sign_adyen, verify_adyen};
 use tokenmint::webhooks::signature::{SignatureError, SignatureHeaders};
 
@@ -42,6 +43,8 @@ fn adyen_item() -> impl Strategy<Value = Value> {
         Just("REFUND"),
         Just("CANCEL_OR_REFUND"),
         Just("CHARGEBACK"),
+        Just("CAPTURE"),
+        Just("CAPTURE_FAILED"),
         Just("REPORT_AVAILABLE"),
     ];
     let event_date = prop_oneof![
@@ -179,7 +182,9 @@ proptest! {
         let provider = Provider::parse("adyen").unwrap();
         for body in [body, serde_json::to_vec(&value).unwrap()] {
             let _ = adyen(&body, &[&key]);
-            let _ = parse_adyen(&provider, &body, max);
+            for capture in [Capture::Auto, Capture::Manual] {
+                let _ = parse_adyen(&provider, &body, max, capture);
+            }
             let _ = sign_adyen(&key, &body);
         }
     }
@@ -188,13 +193,15 @@ proptest! {
     fn adyen_items_parse_to_valid_keys(
         items in prop::collection::vec(field(adyen_item()), 0..4),
         max in 1u32..=1000,
+        manual in any::<bool>(),
     ) {
         let provider = Provider::parse("adyen").unwrap();
+        let capture = if manual { Capture::Manual } else { Capture::Auto };
         let items: Vec<Value> =
             items.into_iter().map(|item| json!({ "NotificationRequestItem": item })).collect();
         let body = serde_json::to_vec(&json!({ "notificationItems": items })).unwrap();
         // A batch is read whole or refused whole; each of its items parses on its own.
-        if let Ok(events) = parse_adyen(&provider, &body, max) {
+        if let Ok(events) = parse_adyen(&provider, &body, max, capture) {
             prop_assert_eq!(events.len(), items.len());
             for event in events {
                 if let ParsedEvent::Payment(parsed) = event {

@@ -4,6 +4,7 @@
 use mongodb::bson::{Document, doc};
 
 use super::{Finding, key_text};
+use crate::domain::PaymentStatus;
 use crate::store::payments::PAYMENTS;
 use crate::store::placeholder::PLACEHOLDER;
 use crate::store::{ISSUANCES, Store, StoreError, TOKENS};
@@ -53,12 +54,12 @@ impl Store {
 
     pub(super) async fn unbacked_active_tokens(&self) -> Result<Finding, StoreError> {
         // The entitlement rule of `issuing::entitlement`, in the aggregation language:
-        // keep = 0 when refunded or canceled (or refunded with no amount known), else
+        // keep = 0 when refunded, canceled or failed (or refunded with no amount known), else
         // quantity - floor(quantity × min(refunded, amount) ÷ amount).
         let quantity = doc! { "$toLong": { "$ifNull": [ { "$first": "$issuance.quantity" }, 0 ] } };
         let keep = doc! { "$cond": [
             { "$or": [
-                { "$in": ["$status", ["refunded", "canceled"]] },
+                { "$in": ["$status", entitled_to_nothing()] },
                 { "$lte": [ { "$ifNull": ["$amount", 0] }, 0 ] },
             ] },
             0,
@@ -136,10 +137,18 @@ pub(super) fn same_payment(
     } }
 }
 
+/// The statuses whose payments keep no token (`PaymentStatus::ENTITLED_TO_NOTHING`).
+fn entitled_to_nothing() -> Vec<&'static str> {
+    PaymentStatus::ENTITLED_TO_NOTHING
+        .iter()
+        .map(|s| s.as_str())
+        .collect()
+}
+
 /// Payments whose state takes tokens back.
 pub(super) fn taking_back_filter() -> Document {
     doc! { "$or": [
-        { "status": { "$in": ["refunded", "canceled"] } },
+        { "status": { "$in": entitled_to_nothing() } },
         { "amountRefunded": { "$gt": 0 } },
     ] }
 }

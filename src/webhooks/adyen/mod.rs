@@ -18,6 +18,7 @@ use serde_json::{Map, Value};
 use super::events::{EventError, payment_key, ranked_version, tokenmint_params};
 use super::signature::{SignatureError, SignatureHeaders, any_signature_matches, mac};
 use crate::domain::{ParsedEvent, PaymentEvent, PaymentStatus, Provider, Refund};
+use crate::settings::Capture;
 
 /// The fields an item's signature covers, in their order.
 pub const SIGNED_FIELDS: [&str; 8] = [
@@ -179,19 +180,27 @@ pub(super) fn check_secret(secret: &str) -> Result<(), &'static str> {
 
 /// Parses a verified batch into one event per item, in the batch's order. Each item's
 /// event id is `eventCode:pspReference:success`; its account is `merchantAccountCode`.
+/// `capture` says which item is the payment's success: the `AUTHORISATION` (automatic
+/// capture) or the `CAPTURE` (manual capture, the authorisation only processing).
 pub fn parse_adyen(
     provider: &Provider,
     body: &[u8],
     max_quantity: u32,
+    capture: Capture,
 ) -> Result<Vec<ParsedEvent>, EventError> {
     let items = batch(body).map_err(|e| EventError(format!("not an Adyen batch: {e}")))?;
     Ok(items
         .iter()
-        .map(|item| parse_item(provider, item, max_quantity))
+        .map(|item| parse_item(provider, item, max_quantity, capture))
         .collect())
 }
 
-fn parse_item(provider: &Provider, item: &Map<String, Value>, max_quantity: u32) -> ParsedEvent {
+fn parse_item(
+    provider: &Provider,
+    item: &Map<String, Value>,
+    max_quantity: u32,
+    capture: Capture,
+) -> ParsedEvent {
     let code = field(item, "eventCode");
     let psp = field(item, "pspReference");
     let succeeded = field(item, "success") == "true";
@@ -211,9 +220,18 @@ fn parse_item(provider: &Provider, item: &Map<String, Value>, max_quantity: u32)
         amount: value,
         full,
     };
+    let manual = capture == Capture::Manual;
     let (status, payment, refund) = match (code.as_str(), succeeded) {
+        ("AUTHORISATION", true) if manual => (PaymentStatus::Processing, &psp, None),
         ("AUTHORISATION", true) => (PaymentStatus::Succeeded, &psp, None),
         ("AUTHORISATION", false) => (PaymentStatus::Failed, &psp, None),
+        ("CAPTURE", true) if manual => (PaymentStatus::Succeeded, &original, None),
+        ("CAPTURE", true) => {
+            return ignored("captured automatically: the AUTHORISATION was the success");
+        }
+        // The card scheme rejected the capture, after a CAPTURE that succeeded (manual
+        // capture) or an AUTHORISATION (automatic): the money never came.
+        ("CAPTURE_FAILED", _) => (PaymentStatus::Failed, &original, None),
         ("CANCELLATION", true) => (PaymentStatus::Canceled, &original, None),
         // The amount decides whether a refund is partial.
         ("REFUND", true) => (
@@ -240,13 +258,21 @@ fn parse_item(provider: &Provider, item: &Map<String, Value>, max_quantity: u32)
     let Some(key) = payment_key(provider, &account, Some(payment)) else {
         return ignored("invalid merchantAccountCode or payment reference");
     };
+    // A failed capture ranks with the success it undoes, so the later of the two (by
+    // eventDate) stands: the failure after its capture, a re-capture after the failure.
+    let rank = match code.as_str() {
+        "CAPTURE_FAILED" => PaymentStatus::Succeeded.rank(),
+        _ => status.rank(),
+    };
     let Some((version, date)) = DateTime::parse_from_rfc3339(&field(item, "eventDate"))
         .ok()
-        .and_then(|date| Some((ranked_version(status.rank(), date.timestamp())?, date)))
+        .and_then(|date| Some((ranked_version(rank, date.timestamp())?, date)))
     else {
         return ignored("eventDate is missing or not an ISO 8601 time");
     };
-    let authorised = status == PaymentStatus::Succeeded;
+    // The token parameters and the payment's date are the authorisation's, also under
+    // manual capture, where the payment keeps them until its CAPTURE.
+    let authorised = code == "AUTHORISATION" && succeeded;
     ParsedEvent::Payment(PaymentEvent {
         event_id: event_id.clone(),
         event_type: code.clone(),

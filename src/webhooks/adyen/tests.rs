@@ -121,7 +121,13 @@ fn items_become_events() {
         "originalReference": "7914073381342284", "merchantAccountCode": "TestMerchant",
         "amount": { "value": 500, "currency": "EUR" }, "eventDate": "2026-11-30T09:00:00Z" });
     let report = json!({ "eventCode": "REPORT_AVAILABLE", "success": "true", "pspReference": "X" });
-    let events = parse_adyen(&provider, &batch_of(&[authorised, refund, report]), 100).unwrap();
+    let events = parse_adyen(
+        &provider,
+        &batch_of(&[authorised, refund, report]),
+        100,
+        Capture::Auto,
+    )
+    .unwrap();
     let ParsedEvent::Payment(first) = &events[0] else {
         panic!("{events:?}")
     };
@@ -178,7 +184,7 @@ fn chargebacks_and_cancel_or_refund_take_everything_back() {
         item("CHARGEBACK", "false"),
         item("CANCEL_OR_REFUND", "true"),
     ];
-    for event in parse_adyen(&provider, &batch_of(&items), 100).unwrap() {
+    for event in parse_adyen(&provider, &batch_of(&items), 100, Capture::Auto).unwrap() {
         let ParsedEvent::Payment(event) = event else {
             panic!("{event:?}")
         };
@@ -186,4 +192,57 @@ fn chargebacks_and_cancel_or_refund_take_everything_back() {
         let refund = event.refund.as_ref().unwrap();
         assert_eq!(refund.full, Some(true), "{}", event.event_id);
     }
+}
+
+#[test]
+fn the_capture_setting_decides_which_item_is_the_success() {
+    let provider = Provider::parse("adyen").unwrap();
+    let mut authorised = library_item(None);
+    authorised["additionalData"] = json!({
+        "metadata.tokenmint_owner": "65f1a0c2b3d4e5f601234567",
+        "metadata.tokenmint_token_type": "standard",
+        "metadata.tokenmint_quantity": "3",
+    });
+    let modification = |code: &str, date: &str| {
+        json!({ "eventCode": code, "success": "true", "pspReference": "C1",
+            "originalReference": "7914073381342284", "merchantAccountCode": "TestMerchant",
+            "amount": { "value": 1130, "currency": "EUR" }, "eventDate": date })
+    };
+    let items = [
+        authorised,
+        modification("CAPTURE", "2026-11-30T11:00:00Z"),
+        modification("CAPTURE_FAILED", "2026-12-02T11:00:00Z"),
+    ];
+    let parse = |capture| parse_adyen(&provider, &batch_of(&items), 100, capture).unwrap();
+    let payment = |event: &ParsedEvent| match event {
+        ParsedEvent::Payment(event) => Some(event.clone()),
+        ParsedEvent::Ignored { .. } => None,
+    };
+    let manual = parse(Capture::Manual);
+    let (auth, capture, failed) = (
+        payment(&manual[0]).unwrap(),
+        payment(&manual[1]).unwrap(),
+        payment(&manual[2]).unwrap(),
+    );
+    assert_eq!(auth.status, PaymentStatus::Processing);
+    assert_eq!(auth.token_params.unwrap().unwrap().quantity.get(), 3);
+    assert!(auth.payment_date.is_some());
+    assert_eq!(capture.status, PaymentStatus::Succeeded);
+    assert_eq!(capture.key.payment_intent_id.as_str(), "7914073381342284");
+    assert!(
+        capture.token_params.is_none(),
+        "the authorisation's are kept"
+    );
+    assert_eq!(failed.status, PaymentStatus::Failed);
+    assert!(
+        failed.version > capture.version,
+        "a later failed capture outranks its capture"
+    );
+    let auto = parse(Capture::Auto);
+    assert_eq!(payment(&auto[0]).unwrap().status, PaymentStatus::Succeeded);
+    assert!(
+        payment(&auto[1]).is_none(),
+        "CAPTURE is no news under automatic capture"
+    );
+    assert_eq!(payment(&auto[2]).unwrap().status, PaymentStatus::Failed);
 }

@@ -52,7 +52,7 @@ pub(super) async fn check_payment(
             _ if answer.status >= 500 && faults == Faults::Injected => {
                 is_generic_server_error(&answer.body)
             }
-            Action::Success | Action::Refund => answer.status == 200,
+            Action::Success | Action::Session | Action::Refund => answer.status == 200,
             Action::Writer | Action::Checkout => match answer.status {
                 200 | 201 => true,
                 // A trusted key never waits for the payment.
@@ -93,9 +93,9 @@ pub(super) async fn check_payment(
     // only its refunded amount, no status ("?").
     let expected_state = match scenario.refund {
         Refund::Full => Some("refunded"),
-        Refund::Partial(_) if scenario.success_deliveries > 0 => Some("succeeded"),
+        Refund::Partial(_) if scenario.succeeds() => Some("succeeded"),
         Refund::Partial(_) => Some("?"),
-        Refund::None if scenario.success_deliveries > 0 => Some("succeeded"),
+        Refund::None if scenario.succeeds() => Some("succeeded"),
         Refund::None => None,
     };
     if payment_state.as_deref() != expected_state {

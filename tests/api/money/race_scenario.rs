@@ -1,5 +1,6 @@
 //! What one payment goes through in a round of the seeded races: its quantity, its refund,
-//! how many success deliveries, backend retries and checkout requests race, the seeded
+//! how many success deliveries (of its PaymentIntent's event and of its Checkout
+//! Session's), backend retries and checkout requests race, the seeded
 //! order and timing of those requests, and the HTTP answer each of them got.
 
 use std::collections::BTreeMap;
@@ -33,6 +34,9 @@ pub(super) struct Scenario {
     pub(super) refund: Refund,
     /// Deliveries of the (one) success event: 0, 1, or 2 (a duplicate).
     pub(super) success_deliveries: u32,
+    /// Deliveries of the payment's Checkout Session completing paid (the same success,
+    /// reported through the session, with the same metadata): 0, 1, or 2.
+    pub(super) session_deliveries: u32,
     pub(super) writer_retries: u32,
     pub(super) checkout: bool,
     /// `created` of the success event; the refund's is later.
@@ -55,17 +59,22 @@ impl Scenario {
         } else {
             Refund::None
         };
-        let success_deliveries = if rng.random_bool(0.8) {
-            if rng.random_bool(0.3) { 2 } else { 1 }
-        } else {
-            0
+        let deliveries = |rng: &mut StdRng, p: f64| {
+            if rng.random_bool(p) {
+                if rng.random_bool(0.3) { 2 } else { 1 }
+            } else {
+                0
+            }
         };
+        let success_deliveries = deliveries(rng, 0.8);
+        let session_deliveries = deliveries(rng, 0.4);
         let success_created = base - rng.random_range(0..=600);
         Scenario {
             payment: format!("pi_money_r{round}_p{p}"),
             quantity,
             refund,
             success_deliveries,
+            session_deliveries,
             writer_retries: rng.random_range(1..=3),
             checkout: rng.random_bool(0.5),
             success_created,
@@ -82,6 +91,7 @@ impl Scenario {
     pub(super) fn refund_long_before(&mut self, rng: &mut StdRng) {
         self.refund = Refund::Partial(rng.random_range(AMOUNT / 3..AMOUNT));
         self.success_deliveries = 0;
+        self.session_deliveries = 0;
         self.refunded_before = true;
     }
 
@@ -104,6 +114,26 @@ impl Scenario {
         )
     }
 
+    /// Whether a success is reported in the round, by the PaymentIntent or the session.
+    pub(super) fn succeeds(&self) -> bool {
+        self.success_deliveries + self.session_deliveries > 0
+    }
+
+    /// The session's `checkout.session.completed`, paid, a second after the
+    /// PaymentIntent's success, with the same token metadata.
+    fn session_event(&self) -> Value {
+        let metadata = serde_json::json!({ "tokenmint_owner": OWNER,
+            "tokenmint_token_type": "standard", "tokenmint_quantity": self.quantity.to_string() });
+        session_event(
+            &format!("evt_cs_{}", self.payment),
+            "completed",
+            &self.payment,
+            "paid",
+            self.success_created + 1,
+            metadata,
+        )
+    }
+
     pub(super) fn refund_event(&self) -> Option<Value> {
         let id = format!("evt_r_{}", self.payment);
         match self.refund {
@@ -123,6 +153,8 @@ impl Scenario {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Action {
     Success,
+    /// The success reported by the payment's Checkout Session.
+    Session,
     Refund,
     Writer,
     Checkout,
@@ -142,6 +174,9 @@ pub(super) fn round_actions(
         };
         for _ in 0..s.success_deliveries {
             push(Action::Success, rng);
+        }
+        for _ in 0..s.session_deliveries {
+            push(Action::Session, rng);
         }
         if s.refund != Refund::None && !s.refunded_before {
             push(Action::Refund, rng);
@@ -178,6 +213,7 @@ pub(super) async fn run(
     tokio::time::sleep(Duration::from_millis(delay_ms)).await;
     let response = match action {
         Action::Success => deliver_stripe(app, &scenario.success_event()).await,
+        Action::Session => deliver_stripe(app, &scenario.session_event()).await,
         Action::Refund => {
             let event = scenario.refund_event().expect("a refund scenario");
             deliver_stripe(app, &event).await

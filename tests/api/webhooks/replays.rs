@@ -101,3 +101,31 @@ async fn a_later_success_naming_other_parameters_changes_nothing() {
         .await;
     assert_eq!(stored.get_str("tokenParamsFixedBy").unwrap(), "evt_1");
 }
+
+#[tokio::test]
+async fn a_failed_payment_keeps_no_token_and_its_retry_does_not_revive_them() {
+    let app = app().await;
+    send_acme(&app, "msg_p", &acme_event("processing", "pay_v", 1)).await;
+    // A trusted backend vouched for the processing payment.
+    let mut body = issuance_body("pay_v", 2);
+    body["provider"] = serde_json::json!("acme");
+    body["accountId"] = serde_json::json!("default");
+    assert_eq!(app.issue(ADMIN_KEY, &body).await.status(), 201);
+    let failed = json(send_acme(&app, "msg_f", &acme_event("failed", "pay_v", 2)).await).await;
+    assert_eq!(failed["outcome"], "revoked", "{failed}");
+    assert_eq!(failed["tokensRevoked"], 2, "{failed}");
+    let revoked = vec![(0, "revoked".to_owned()), (1, "revoked".to_owned())];
+    assert_eq!(app.token_states("pay_v").await, revoked);
+    for token in app.tokens_of("pay_v").await {
+        assert_eq!(token.get_str("revocationReason").unwrap(), "failed");
+    }
+    // The customer retries and pays: the payment stands again, its tokens stay revoked.
+    let retried = json(send_acme(&app, "msg_s", &acme_event("succeeded", "pay_v", 3)).await).await;
+    assert_eq!(retried["outcome"], "already_issued", "{retried}");
+    assert_eq!(payment_status(&app, "pay_v").await.0, "succeeded");
+    assert_eq!(app.token_states("pay_v").await, revoked);
+    assert_eq!(
+        app.count_records(doc! { "paymentIntentId": "pay_v" }).await,
+        1
+    );
+}

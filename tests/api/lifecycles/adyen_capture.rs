@@ -1,0 +1,209 @@
+//! `providers.<name>.capture`: under manual capture an Adyen `AUTHORISATION` only makes
+//! the payment processing (its token parameters kept on the payment) and the `CAPTURE`
+//! is the success that issues them; a `CAPTURE_FAILED` fails the payment and takes back
+//! whatever was issued, under either setting.
+
+use mongodb::bson::doc;
+use serde_json::{Value, json};
+
+use crate::adyen::{ADYEN, active, authorisation, modification, send};
+use crate::helpers::*;
+use crate::provider_events::payment_status;
+
+fn manual() -> String {
+    format!("{ADYEN}capture = \"manual\"\n")
+}
+
+/// An item `code` against `original`, at `date`.
+fn at(code: &str, psp: &str, original: &str, date: &str) -> Value {
+    let mut item = modification(code, psp, original, 1000);
+    item["eventDate"] = json!(date);
+    item
+}
+
+async fn outcome(app: &TestApp, event_id: &str) -> String {
+    app.find_stored("webhook_events", doc! { "eventId": event_id })
+        .await
+        .get_str("outcome")
+        .unwrap()
+        .to_owned()
+}
+
+#[tokio::test]
+async fn under_manual_capture_the_capture_issues_the_authorisations_tokens() {
+    let app = spawn_app_with(&manual()).await;
+    send(&app, &[authorisation("PSP_M", 3)]).await;
+    assert_eq!(payment_status(&app, "PSP_M").await.0, "processing");
+    assert_eq!(
+        app.count("tokens", doc! {}).await,
+        0,
+        "authorised, not paid"
+    );
+    let payment = app
+        .find_stored("payments", doc! { "paymentIntentId": "PSP_M" })
+        .await;
+    assert_eq!(
+        stored_int(payment.get_document("tokenParams").unwrap(), "quantity"),
+        Some(3)
+    );
+
+    let capture = at("CAPTURE", "CAP_1", "PSP_M", "2026-11-30T15:00:00Z");
+    send(&app, std::slice::from_ref(&capture)).await;
+    assert_eq!(outcome(&app, "CAPTURE:CAP_1:true").await, "issued");
+    assert_eq!(active(&app, "PSP_M").await, vec![0, 1, 2]);
+    assert_eq!(payment_status(&app, "PSP_M").await.0, "succeeded");
+    // Redelivered, both change nothing.
+    send(&app, &[authorisation("PSP_M", 3), capture]).await;
+    assert_eq!(app.count_records(doc! {}).await, 1);
+    assert_eq!(app.token_indexes("PSP_M").await, vec![0, 1, 2]);
+}
+
+#[tokio::test]
+async fn a_capture_before_its_authorisation_issues_once_the_parameters_arrive() {
+    let app = spawn_app_with(&manual()).await;
+    send(
+        &app,
+        &[at("CAPTURE", "CAP_1", "PSP_O", "2026-11-30T15:00:00Z")],
+    )
+    .await;
+    assert_eq!(outcome(&app, "CAPTURE:CAP_1:true").await, "no_metadata");
+    assert_eq!(app.count("tokens", doc! {}).await, 0);
+    send(&app, &[authorisation("PSP_O", 2)]).await;
+    assert_eq!(outcome(&app, "AUTHORISATION:PSP_O:true").await, "issued");
+    assert_eq!(active(&app, "PSP_O").await, vec![0, 1]);
+    assert_eq!(
+        payment_status(&app, "PSP_O").await.0,
+        "succeeded",
+        "never back to processing"
+    );
+}
+
+#[tokio::test]
+async fn a_failed_capture_takes_the_tokens_back() {
+    let app = spawn_app_with(&manual()).await;
+    send(&app, &[authorisation("PSP_F", 3)]).await;
+    send(
+        &app,
+        &[at("CAPTURE", "CAP_1", "PSP_F", "2026-11-30T15:00:00Z")],
+    )
+    .await;
+    assert_eq!(active(&app, "PSP_F").await, vec![0, 1, 2]);
+    // Days later the card scheme rejects the capture.
+    send(
+        &app,
+        &[at(
+            "CAPTURE_FAILED",
+            "CAP_1",
+            "PSP_F",
+            "2026-12-02T08:00:00Z",
+        )],
+    )
+    .await;
+    assert_eq!(outcome(&app, "CAPTURE_FAILED:CAP_1:true").await, "revoked");
+    assert!(active(&app, "PSP_F").await.is_empty());
+    for token in app.tokens_of("PSP_F").await {
+        assert_eq!(token.get_str("revocationReason").unwrap(), "failed");
+    }
+    assert_eq!(payment_status(&app, "PSP_F").await.0, "failed");
+    // A capture redelivered (its older date) does not make it paid again.
+    app.db
+        .collection::<mongodb::bson::Document>("webhook_events")
+        .delete_one(doc! { "eventId": "CAPTURE:CAP_1:true" })
+        .await
+        .unwrap();
+    send(
+        &app,
+        &[at("CAPTURE", "CAP_1", "PSP_F", "2026-11-30T15:00:00Z")],
+    )
+    .await;
+    assert!(active(&app, "PSP_F").await.is_empty());
+    assert_eq!(payment_status(&app, "PSP_F").await.0, "failed");
+    let mut body = issuance_body("PSP_F", 3);
+    body["provider"] = json!("adyen");
+    body["accountId"] = json!("TestMerchant");
+    assert_problem(
+        app.issue(ADMIN_KEY, &body).await,
+        409,
+        "payment_not_succeeded",
+    )
+    .await;
+
+    // `verify` holds a failed payment to none: clean now, and a token made active behind
+    // the service's back is reported.
+    let store = app.store().await;
+    let report = store.verify().await.unwrap();
+    assert!(report.is_clean(), "{report}");
+    app.db
+        .collection::<mongodb::bson::Document>("tokens")
+        .update_one(
+            doc! { "origin.paymentIntentId": "PSP_F", "tokenIndex": 0 },
+            doc! { "$set": { "status": "active" } },
+        )
+        .await
+        .unwrap();
+    let report = store.verify().await.unwrap();
+    let samples = report.unbacked_active_tokens.samples.join("\n");
+    assert!(
+        samples.contains("adyen/TestMerchant/PSP_F (failed): 1 active token(s)"),
+        "{report}"
+    );
+}
+
+#[tokio::test]
+async fn an_authorisation_canceled_before_its_capture_issues_nothing() {
+    let app = spawn_app_with(&manual()).await;
+    send(&app, &[authorisation("PSP_C", 2)]).await;
+    send(
+        &app,
+        &[at("CANCELLATION", "CAN_1", "PSP_C", "2026-11-30T12:00:00Z")],
+    )
+    .await;
+    assert_eq!(payment_status(&app, "PSP_C").await.0, "canceled");
+    send(
+        &app,
+        &[at("CAPTURE", "CAP_1", "PSP_C", "2026-11-30T15:00:00Z")],
+    )
+    .await;
+    assert_eq!(outcome(&app, "CAPTURE:CAP_1:true").await, "terminal");
+    assert_eq!(app.count("tokens", doc! {}).await, 0);
+}
+
+#[tokio::test]
+async fn under_automatic_capture_a_capture_is_no_news_and_a_failed_one_revokes() {
+    let app = spawn_app_with(ADYEN).await;
+    send(&app, &[authorisation("PSP_A", 2)]).await;
+    assert_eq!(active(&app, "PSP_A").await, vec![0, 1]);
+    send(
+        &app,
+        &[at("CAPTURE", "CAP_1", "PSP_A", "2026-11-30T15:00:00Z")],
+    )
+    .await;
+    assert_eq!(outcome(&app, "CAPTURE:CAP_1:true").await, "ignored");
+    assert_eq!(active(&app, "PSP_A").await, vec![0, 1]);
+    send(
+        &app,
+        &[at(
+            "CAPTURE_FAILED",
+            "CAP_1",
+            "PSP_A",
+            "2026-12-02T08:00:00Z",
+        )],
+    )
+    .await;
+    assert!(active(&app, "PSP_A").await.is_empty());
+    assert_eq!(payment_status(&app, "PSP_A").await.0, "failed");
+}
+
+#[test]
+fn capture_is_an_adyen_setting_and_only_auto_or_manual() {
+    let refused = |config: &str| {
+        tokenmint::settings::Settings::with_overrides(&[config])
+            .unwrap_err()
+            .to_string()
+    };
+    let stripe = "[providers.stripe]\nscheme = \"stripe\"\nsecrets = [\"whsec_test_new_secret_0123456789\"]\ncapture = \"manual\"\n";
+    let err = refused(stripe);
+    assert!(err.contains("providers.stripe.capture"), "{err}");
+    let err = refused(&format!("{ADYEN}capture = \"later\"\n"));
+    assert!(err.contains("capture"), "{err}");
+}

@@ -1,0 +1,122 @@
+//! `providers.<name>.livemode`: Stripe's event `livemode` and an Adyen batch's `live`
+//! are checked against the provider's mode. An event of the other mode (or one that does
+//! not say) is answered 200, recorded `ignored` with `detail: "livemode_mismatch"`, and
+//! writes nothing of the payment; unset (outside production) both modes count.
+
+use serde_json::{Value, json};
+use tokenmint::webhooks::adyen::sign_adyen;
+
+use super::{nothing_written, receipt_outcome, recorded};
+use crate::adyen::{self, ADYEN_NEW, authorisation};
+use crate::helpers::*;
+use crate::provider_events::*;
+
+fn stripe_with(livemode: &str) -> String {
+    format!("[providers.stripe]\nscheme = \"stripe\"\nsecrets = [\"{STRIPE_NEW}\"]\n{livemode}\n")
+}
+
+/// A succeeded PaymentIntent event for 2 tokens, marked `livemode` (or not at all).
+fn succeeded(event_id: &str, payment: &str, livemode: Option<bool>) -> Value {
+    let mut event = intent_event(event_id, "succeeded", payment, now(), "2");
+    if let Some(live) = livemode {
+        event["livemode"] = json!(live);
+        event["data"]["object"]["livemode"] = json!(live);
+    }
+    event
+}
+
+const MISMATCH: (&str, Option<&str>) = ("ignored", Some("livemode_mismatch"));
+
+async fn assert_ignored(app: &TestApp, event: &Value) {
+    let receipt = json(deliver_stripe(app, event).await).await;
+    let (outcome, detail) = receipt_outcome(&receipt);
+    assert_eq!((outcome.as_str(), detail.as_deref()), MISMATCH, "{receipt}");
+    let id = event["id"].as_str().unwrap();
+    let (outcome, detail) = recorded(app, id).await;
+    assert_eq!((outcome.as_str(), detail.as_deref()), MISMATCH);
+}
+
+#[tokio::test]
+async fn a_live_stripe_endpoint_ignores_test_events_and_unmarked_ones() {
+    let app = spawn_app_with(&stripe_with("livemode = true")).await;
+    assert_ignored(&app, &succeeded("evt_test", "pi_test", Some(false))).await;
+    assert_ignored(&app, &succeeded("evt_unmarked", "pi_unmarked", None)).await;
+    nothing_written(&app).await;
+    // The same payment reported live is issued: the ignored events fixed nothing.
+    let live = succeeded("evt_live", "pi_test", Some(true));
+    let receipt = json(deliver_stripe(&app, &live).await).await;
+    assert_eq!(receipt["outcome"], "issued", "{receipt}");
+    assert_eq!(app.token_indexes("pi_test").await, vec![0, 1]);
+    // A withdrawal of the other mode takes nothing back.
+    let mut refund = refund_event("evt_refund_test", "pi_test", now());
+    refund["livemode"] = json!(false);
+    let receipt = json(deliver_stripe(&app, &refund).await).await;
+    assert_eq!(receipt["detail"], "livemode_mismatch", "{receipt}");
+    assert_eq!(
+        app.token_states("pi_test").await,
+        vec![(0, "active".to_owned()), (1, "active".to_owned())]
+    );
+    assert_eq!(payment_status(&app, "pi_test").await.0, "succeeded");
+}
+
+#[tokio::test]
+async fn a_test_stripe_endpoint_ignores_live_events() {
+    let app = spawn_app_with(&stripe_with("livemode = false")).await;
+    assert_ignored(&app, &succeeded("evt_live", "pi_live", Some(true))).await;
+    nothing_written(&app).await;
+    let test = succeeded("evt_test", "pi_test", Some(false));
+    assert_eq!(
+        json(deliver_stripe(&app, &test).await).await["outcome"],
+        "issued"
+    );
+    assert_eq!(app.token_indexes("pi_test").await, vec![0, 1]);
+}
+
+#[tokio::test]
+async fn unset_outside_production_both_modes_count() {
+    let app = spawn_app_with(&stripe_with("")).await;
+    for (id, payment, live) in [("evt_l", "pi_l", true), ("evt_t", "pi_t", false)] {
+        let receipt = json(deliver_stripe(&app, &succeeded(id, payment, Some(live))).await).await;
+        assert_eq!(receipt["outcome"], "issued", "{receipt}");
+        assert_eq!(app.token_indexes(payment).await, vec![0, 1]);
+    }
+}
+
+/// A batch of `items` marked `live`, signed with the current key.
+fn adyen_batch(items: &[Value], live: &str) -> Vec<u8> {
+    let items: Vec<Value> = items
+        .iter()
+        .map(|item| json!({ "NotificationRequestItem": item }))
+        .collect();
+    let batch = json!({ "live": live, "notificationItems": items });
+    sign_adyen(ADYEN_NEW, batch.to_string().as_bytes()).unwrap()
+}
+
+#[tokio::test]
+async fn a_live_adyen_endpoint_ignores_every_item_of_a_test_batch() {
+    let app = spawn_app_with(&format!("{}livemode = true\n", adyen::ADYEN)).await;
+    let items = [authorisation("PSP_A", 2), authorisation("PSP_B", 1)];
+    let answer = adyen::post_batch(&app, adyen_batch(&items, "false")).await;
+    assert_eq!(answer.status(), 200);
+    assert_eq!(answer.text().await.unwrap(), "[accepted]");
+    nothing_written(&app).await;
+    for id in ["AUTHORISATION:PSP_A:true", "AUTHORISATION:PSP_B:true"] {
+        let (outcome, detail) = recorded(&app, id).await;
+        assert_eq!((outcome.as_str(), detail.as_deref()), MISMATCH, "{id}");
+    }
+    let live = [authorisation("PSP_C", 2)];
+    let answer = adyen::post_batch(&app, adyen_batch(&live, "true")).await;
+    assert_eq!(answer.status(), 200);
+    assert_eq!(adyen::active(&app, "PSP_C").await, vec![0, 1]);
+}
+
+#[test]
+fn livemode_is_refused_for_schemes_whose_events_do_not_say() {
+    let config = format!(
+        "[providers.acme]\nscheme = \"standard-webhooks\"\nsecrets = [\"{ACME_SECRET}\"]\nlivemode = true\n"
+    );
+    let err = tokenmint::settings::Settings::with_overrides(&[&config])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("providers.acme.livemode"), "{err}");
+}

@@ -1,0 +1,39 @@
+//! Payment lifecycles as teams run them: [`livemode`] (live and test events on one
+//! endpoint), [`stripe_checkout`] (Checkout Sessions beside PaymentIntents) and
+//! [`adyen_capture`] (manual capture). The bodies follow the providers' documented
+//! example payloads, trimmed to the fields tokenmint reads plus a few it must ignore.
+
+mod adyen_capture;
+mod livemode;
+mod stripe_checkout;
+
+use mongodb::bson::doc;
+use serde_json::Value;
+
+use crate::helpers::*;
+
+/// Nothing of any payment was written: what an ignored event must leave.
+pub async fn nothing_written(app: &TestApp) {
+    for collection in ["payments", "issuances", "tokens"] {
+        assert_eq!(app.count(collection, doc! {}).await, 0, "{collection}");
+    }
+}
+
+/// The `webhook_events` record of `event_id`: (outcome, detail).
+pub async fn recorded(app: &TestApp, event_id: &str) -> (String, Option<String>) {
+    let record = app
+        .find_stored("webhook_events", doc! { "eventId": event_id })
+        .await;
+    (
+        record.get_str("outcome").unwrap().to_owned(),
+        record.get_str("detail").ok().map(str::to_owned),
+    )
+}
+
+/// The receipt's (outcome, detail).
+pub fn receipt_outcome(receipt: &Value) -> (String, Option<String>) {
+    (
+        receipt["outcome"].as_str().unwrap_or_default().to_owned(),
+        receipt["detail"].as_str().map(str::to_owned),
+    )
+}
