@@ -33,6 +33,7 @@ const SHARDED: &[(&str, &[&str])] = &[
     ("issuances", &["provider", "accountId", "paymentIntentId"]),
     ("payments", &["provider", "accountId", "paymentIntentId"]),
     ("webhook_events", &["provider", "eventId"]),
+    ("idempotency_keys", &["keyId", "key"]),
 ];
 
 /// Collections that stay unsharded (on the database's primary shard): no constraint.

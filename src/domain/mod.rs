@@ -3,6 +3,7 @@
 //! field value can never turn into a MongoDB operator or field path.
 
 mod actor;
+mod idempotency;
 mod identifiers;
 mod issuance;
 mod owner;
@@ -12,6 +13,7 @@ mod scope;
 mod token;
 
 pub use actor::Actor;
+pub use idempotency::IdempotencyKey;
 pub use identifiers::{AccountId, OBJECT_ID_PATTERN, PaymentIntentId, Provider, TokenType};
 pub use issuance::{
     IssuanceMode, IssuanceParams, IssuanceStatus, Mismatch, NewIssuance, PaymentKey,

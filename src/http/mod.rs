@@ -3,6 +3,7 @@
 pub mod auth;
 pub mod error;
 mod extract;
+mod idempotency;
 mod issuances;
 mod middleware;
 mod openapi;
@@ -58,7 +59,7 @@ impl AppState {
 pub fn router(state: AppState, settings: &Settings) -> Router {
     let routes = Router::new()
         .merge(issuances::router())
-        .merge(tokens::router())
+        .merge(tokens::router(&state))
         .merge(payments::router())
         .merge(webhooks::router())
         .merge(ops::router())

@@ -97,6 +97,10 @@ problem_codes! {
         "The path exists but does not support the request's method. The `Allow` header lists the methods it supports.";
     IdempotencyConflict = "idempotency_conflict", CONFLICT, "Idempotency conflict",
         "The payment was already issued with other parameters; `mismatches` lists the fields that differ. A payment's tokens are issued exactly once, so this request is never applied.";
+    IdempotencyKeyReused = "idempotency_key_reused", UNPROCESSABLE_ENTITY, "Idempotency key reused",
+        "The `Idempotency-Key` was used before, by this API key, for another request (another method, path or body). A key names one request: send a new request with a new key, or this one again unchanged.";
+    RequestInProgress = "request_in_progress", CONFLICT, "Request in progress",
+        "The first request with this `Idempotency-Key` is still running. Retry after `Retry-After` seconds: once it is answered, a retry gets its answer.";
     StateConflict = "state_conflict", CONFLICT, "State conflict",
         "The resource's state forbids the change (e.g. redeeming a redeemed or revoked token), or the token kept changing while the request ran. `currentStatus`, when present, says where it is; re-read before deciding again.";
     PaymentNotSucceeded = "payment_not_succeeded", CONFLICT, "Payment not succeeded",

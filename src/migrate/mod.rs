@@ -56,6 +56,10 @@ const FILES: &[(&str, &str)] = &[
         "0009_payments_recent_changes",
         include_str!("../../migrations/0009_payments_recent_changes.json"),
     ),
+    (
+        "0010_idempotency_keys_indexes",
+        include_str!("../../migrations/0010_idempotency_keys_indexes.json"),
+    ),
 ];
 
 /// One parsed migration file.

@@ -11,6 +11,7 @@ mod documents;
 mod durability;
 mod error;
 mod filters;
+mod idempotency;
 mod indexes;
 mod issuance;
 mod payments;
@@ -36,6 +37,7 @@ pub use durability::ConnectError;
 pub use error::{
     ISSUANCES_PAYMENT_INDEX, StoreError, TOKENS_PAYMENT_INDEX, duplicate_key_index, is_unavailable,
 };
+pub use idempotency::{IDEMPOTENCY_KEYS, IdempotencyDoc, StoredAnswer, StoredHeader};
 pub use payments::{PAYMENTS, PaymentDoc, ProjectionGate, TokenParamsDoc};
 pub use placeholder::{Existing, PLACEHOLDER_LIFETIME};
 pub use retry::{Backoff, RetryPolicy};

@@ -12,6 +12,7 @@ mod faults;
 mod hardening;
 mod helpers;
 mod http_conventions;
+mod idempotency;
 mod issuance_races;
 mod issuances;
 mod migrations;

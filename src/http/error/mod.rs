@@ -12,7 +12,7 @@ use crate::domain::{FieldError, Mismatch, TokenStatus};
 use crate::issuing::IssueError;
 use crate::store::StoreError;
 
-/// Seconds a client should wait before retrying a 503.
+/// Seconds a client should wait before retrying a 503 or a request still in progress.
 const RETRY_AFTER_UNAVAILABLE: &str = "1";
 
 /// The realm of the API-key challenge (`WWW-Authenticate: Bearer realm="tokenmint"`).
@@ -50,6 +50,10 @@ pub enum ApiError {
     MethodNotAllowed,
     #[error("idempotency conflict")]
     IdempotencyConflict(Vec<Mismatch>),
+    #[error("idempotency key reused")]
+    IdempotencyKeyReused,
+    #[error("request in progress")]
+    RequestInProgress,
     #[error("state conflict: {detail}")]
     StateConflict {
         detail: String,
@@ -133,6 +137,8 @@ impl ApiError {
             Self::NotFound(_) => ProblemCode::NotFound,
             Self::MethodNotAllowed => ProblemCode::MethodNotAllowed,
             Self::IdempotencyConflict(_) => ProblemCode::IdempotencyConflict,
+            Self::IdempotencyKeyReused => ProblemCode::IdempotencyKeyReused,
+            Self::RequestInProgress => ProblemCode::RequestInProgress,
             Self::StateConflict { .. } => ProblemCode::StateConflict,
             Self::PaymentNotSucceeded(_) => ProblemCode::PaymentNotSucceeded,
             Self::VersionConflict { .. } => ProblemCode::VersionConflict,
@@ -186,6 +192,12 @@ impl ApiError {
                 "This path does not support the request's method; see the Allow header.".to_owned()
             }
             Self::StateConflict { detail, .. } => detail.clone(),
+            Self::IdempotencyKeyReused => {
+                "This Idempotency-Key was used for another request; use a new key for a new request.".to_owned()
+            }
+            Self::RequestInProgress => {
+                "The first request with this Idempotency-Key is still running; retry shortly.".to_owned()
+            }
             Self::IdempotencyConflict(_) => {
                 "This payment was already issued with other parameters; see mismatches.".to_owned()
             }
@@ -295,7 +307,7 @@ impl IntoResponse for ApiError {
             Self::RateLimited { retry_after_secs } => {
                 headers.insert(header::RETRY_AFTER, HeaderValue::from(*retry_after_secs));
             }
-            Self::DatabaseUnavailable | Self::Timeout => {
+            Self::DatabaseUnavailable | Self::Timeout | Self::RequestInProgress => {
                 headers.insert(
                     header::RETRY_AFTER,
                     HeaderValue::from_static(RETRY_AFTER_UNAVAILABLE),
