@@ -1,6 +1,7 @@
 //! The HTTP surface: one route table, one error envelope, one OpenAPI document.
 
 pub mod auth;
+mod balances;
 pub mod error;
 mod extract;
 mod idempotency;
@@ -60,6 +61,7 @@ pub fn router(state: AppState, settings: &Settings) -> Router {
     let routes = Router::new()
         .merge(issuances::router())
         .merge(tokens::router(&state))
+        .merge(balances::router())
         .merge(payments::router())
         .merge(webhooks::router())
         .merge(ops::router())

@@ -60,6 +60,10 @@ const FILES: &[(&str, &str)] = &[
         "0010_idempotency_keys_indexes",
         include_str!("../../migrations/0010_idempotency_keys_indexes.json"),
     ),
+    (
+        "0011_tokens_owner_balance_index",
+        include_str!("../../migrations/0011_tokens_owner_balance_index.json"),
+    ),
 ];
 
 /// One parsed migration file.

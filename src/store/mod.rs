@@ -4,6 +4,7 @@
 //! classifies driver errors, duplicate keys by index name included.
 
 mod atomic;
+mod balances;
 mod batch;
 pub mod builders;
 mod changes;
@@ -31,6 +32,7 @@ use mongodb::{Client, Collection, Database};
 use tokio::sync::OnceCell;
 
 pub use atomic::{AtomicInsert, AtomicPlan, AtomicSet, AtomicSetsInsert};
+pub use balances::BalanceRow;
 pub use batch::{RecordInsert, TokenInsert};
 pub use documents::{IssuanceDoc, Origin, TokenDoc, TokenSummary, chrono_time, fresh_tokens};
 pub use durability::ConnectError;

@@ -4,6 +4,7 @@ mod adyen;
 mod atomic_batches;
 mod audit;
 mod auth;
+mod balances;
 mod batch_reads;
 mod chargebacks;
 mod checkout;
