@@ -34,6 +34,7 @@ const SHARDED: &[(&str, &[&str])] = &[
     ("payments", &["provider", "accountId", "paymentIntentId"]),
     ("webhook_events", &["provider", "eventId"]),
     ("idempotency_keys", &["keyId", "key"]),
+    ("redemptions", &["owner", "reference"]),
 ];
 
 /// Collections that stay unsharded (on the database's primary shard): no constraint.

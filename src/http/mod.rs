@@ -14,6 +14,7 @@ mod payments;
 mod prefer;
 mod problems;
 mod rate_limit;
+mod redemptions;
 mod tokens;
 mod webhooks;
 
@@ -62,6 +63,7 @@ pub fn router(state: AppState, settings: &Settings) -> Router {
         .merge(issuances::router())
         .merge(tokens::router(&state))
         .merge(balances::router())
+        .merge(redemptions::router(&state))
         .merge(payments::router())
         .merge(webhooks::router())
         .merge(ops::router())

@@ -8,6 +8,8 @@
 //! - provider metadata outranks a checkout's pending request;
 //! - refunds, partial refunds and cancellations revoke (`standing`, `events`);
 //! - the token state machine behind redeem, revoke and transfer (`tokens`);
+//! - spending by amount: redemptions, all or nothing, oldest tokens first, named by
+//!   their reference (`redemptions`);
 //! - which attempt of a request with an `Idempotency-Key` runs, and what its retries are
 //!   answered (`idempotency`);
 //! - self-repair of token sets a crash left short (`repair`);
@@ -21,6 +23,7 @@ mod batch;
 mod events;
 mod idempotency;
 mod issue;
+mod redemptions;
 mod repair;
 mod standing;
 mod tokens;
@@ -32,6 +35,7 @@ use std::time::Duration;
 
 pub use events::Processed;
 pub use idempotency::{Answer, Attempt, Begun, IdempotentRequest};
+pub use redemptions::{Redeemed, RedemptionError, RedemptionOutcome};
 pub use repair::{RepairReport, spawn_repair};
 pub use standing::{Entitlement, Settlement, entitlement};
 pub use tokens::{Gate, Transition, TransitionOutcome};

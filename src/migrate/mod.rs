@@ -64,6 +64,10 @@ const FILES: &[(&str, &str)] = &[
         "0011_tokens_owner_balance_index",
         include_str!("../../migrations/0011_tokens_owner_balance_index.json"),
     ),
+    (
+        "0012_redemptions_unique_reference",
+        include_str!("../../migrations/0012_redemptions_unique_reference.json"),
+    ),
 ];
 
 /// One parsed migration file.

@@ -12,6 +12,8 @@ pub const ISSUANCES_PAYMENT_INDEX: &str = "uniq_issuance_payment";
 pub const PAYMENTS_INDEX: &str = "uniq_payment";
 /// The unique index on `idempotency_keys` (keyId, key).
 pub const IDEMPOTENCY_KEY_INDEX: &str = "uniq_idempotency_key";
+/// The unique index on `redemptions` (owner, reference).
+pub const REDEMPTIONS_REFERENCE_INDEX: &str = "uniq_redemption_reference";
 /// The TTL index on `webhook_events`. Not a migration's: created at startup, because its
 /// expiry follows `webhooks.retention_days`, which an operator may change.
 pub const WEBHOOK_EVENTS_TTL_INDEX: &str = "webhook_events_ttl";
@@ -22,6 +24,7 @@ mod tests {
     use crate::migrate::{Step, migrations};
     use crate::store::idempotency::IDEMPOTENCY_KEYS;
     use crate::store::payments::PAYMENTS;
+    use crate::store::redemptions::REDEMPTIONS;
     use crate::store::{ISSUANCES, TOKENS};
 
     #[test]
@@ -40,6 +43,7 @@ mod tests {
             (ISSUANCES, ISSUANCES_PAYMENT_INDEX),
             (PAYMENTS, PAYMENTS_INDEX),
             (IDEMPOTENCY_KEYS, IDEMPOTENCY_KEY_INDEX),
+            (REDEMPTIONS, REDEMPTIONS_REFERENCE_INDEX),
         ] {
             assert!(
                 created.contains(&(collection.to_owned(), name.to_owned(), true)),

@@ -17,6 +17,7 @@ mod indexes;
 mod issuance;
 mod payments;
 mod placeholder;
+mod redemptions;
 mod retry;
 mod token_bulk;
 mod tokens;
@@ -42,6 +43,7 @@ pub use error::{
 pub use idempotency::{IDEMPOTENCY_KEYS, IdempotencyDoc, StoredAnswer, StoredHeader};
 pub use payments::{PAYMENTS, PaymentDoc, ProjectionGate, TokenParamsDoc};
 pub use placeholder::{Existing, PLACEHOLDER_LIFETIME};
+pub use redemptions::{REDEMPTIONS, RedemptionAttempt, RedemptionDoc};
 pub use retry::{Backoff, RetryPolicy};
 pub use token_bulk::BulkResult;
 pub use tokens::TokenQuery;

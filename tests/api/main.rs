@@ -23,6 +23,7 @@ mod ops;
 mod paddle;
 mod prefer_wait;
 mod provider_events;
+mod redemptions;
 mod refunds;
 mod repair;
 mod sign_command;

@@ -96,6 +96,17 @@ pub struct TokenView {
     pub last_changed_by: Option<String>,
 }
 
+impl From<crate::store::Origin> for OriginView {
+    fn from(origin: crate::store::Origin) -> Self {
+        Self {
+            provider: origin.provider,
+            account_id: origin.account_id,
+            payment_intent_id: origin.payment_intent_id,
+            date: chrono_time(origin.date),
+        }
+    }
+}
+
 impl From<TokenDoc> for TokenView {
     fn from(t: TokenDoc) -> Self {
         Self {
@@ -105,12 +116,7 @@ impl From<TokenDoc> for TokenView {
             token_index: t.token_index,
             status: t.status,
             version: t.version,
-            origin: OriginView {
-                provider: t.origin.provider,
-                account_id: t.origin.account_id,
-                payment_intent_id: t.origin.payment_intent_id,
-                date: chrono_time(t.origin.date),
-            },
+            origin: OriginView::from(t.origin),
             created_at: chrono_time(t.created_at),
             updated_at: chrono_time(t.updated_at),
             redeemed_at: t.redeemed_at.map(chrono_time),
