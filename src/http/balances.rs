@@ -95,7 +95,10 @@ pub async fn get_balances(
         }
     }
     errors.finish().map_err(ApiError::Validation)?;
-    let owner = owner.expect("checked above");
+    // Unreachable: a bad owner recorded an error above.
+    let Some(owner) = owner else {
+        return Err(ApiError::Internal);
+    };
     let rows = state
         .issuer
         .store()
