@@ -310,3 +310,65 @@ async fn the_key_indexes_come_from_the_migrations() {
     assert_eq!(ttl.get_document("key").unwrap(), &doc! { "expiresAt": 1 });
     assert_eq!(ttl.get_i32("expireAfterSeconds"), Ok(0));
 }
+
+#[tokio::test]
+async fn another_instance_answers_the_retry() {
+    let first = spawn_app().await;
+    let second = spawn_app_on(&first.db_name, "").await;
+    let id = first.issue_tokens("pi_key_instances", 1).await.remove(0);
+    let path = format!("/v1/tokens/{id}/redeem");
+    let answered =
+        seen(post(&first, ADMIN_KEY, &path, Some("two-instances"), None, None).await).await;
+    assert_eq!((answered.status, answered.replayed), (200, false));
+    // The retry reaches the other instance, which has never seen the request: the record
+    // in MongoDB answers it.
+    let retried =
+        seen(post(&second, ADMIN_KEY, &path, Some("two-instances"), None, None).await).await;
+    assert!(retried.replayed);
+    assert_eq!(
+        (retried.status, &retried.body),
+        (answered.status, &answered.body)
+    );
+    assert_eq!(
+        stored_int(&first.stored_token(&id).await, "_version"),
+        Some(1)
+    );
+}
+
+#[tokio::test]
+async fn a_5xx_is_not_kept_and_the_retry_runs_again() {
+    let name = unique_app_name();
+    let app = spawn_app_named(&name, "").await;
+    let id = app.issue_tokens("pi_key_5xx", 1).await.remove(0);
+    let path = format!("/v1/tokens/{id}/redeem");
+    // The redeem's write fails with an error that is no outage: 500, nothing written.
+    let failpoint = FailPoint::set(&name, &["findAndModify"], Fault::error(2), 1).await;
+    let failed = post(&app, ADMIN_KEY, &path, Some("after-5xx"), None, None).await;
+    assert_problem(failed, 500, "internal_error").await;
+    assert!(
+        failpoint
+            .fired_within(1, std::time::Duration::from_secs(5))
+            .await
+    );
+    drop(failpoint);
+    assert_eq!(
+        app.count("idempotency_keys", doc! {}).await,
+        0,
+        "the key was released"
+    );
+    assert_eq!(
+        app.stored_token(&id).await.get_str("status").unwrap(),
+        "active"
+    );
+
+    let retried = seen(post(&app, ADMIN_KEY, &path, Some("after-5xx"), None, None).await).await;
+    assert_eq!(
+        (retried.status, retried.replayed),
+        (200, false),
+        "the retry ran"
+    );
+    assert_eq!(
+        app.stored_token(&id).await.get_str("status").unwrap(),
+        "redeemed"
+    );
+}
