@@ -4,6 +4,7 @@
 
 mod races;
 mod requests;
+mod spending_race;
 
 use mongodb::bson::{Document, doc, oid::ObjectId};
 use serde_json::{Value, json};
