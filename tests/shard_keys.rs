@@ -33,6 +33,8 @@ const SHARDED: &[(&str, &[&str])] = &[
     ("issuances", &["provider", "accountId", "paymentIntentId"]),
     ("payments", &["provider", "accountId", "paymentIntentId"]),
     ("webhook_events", &["provider", "eventId"]),
+    ("idempotency_keys", &["keyId", "key"]),
+    ("redemptions", &["owner", "reference"]),
 ];
 
 /// Collections that stay unsharded (on the database's primary shard): no constraint.

@@ -69,6 +69,13 @@ identifier!(
     TokenType,
     r"^[a-z0-9][a-z0-9_.-]{0,63}$"
 );
+identifier!(
+    /// The client's reference of a redemption by amount (an order id, a session id): the
+    /// redemption's idempotency key, unique per owner. The payment id alphabet, since it
+    /// names the redemption in a URL path.
+    RedemptionReference,
+    r"^[A-Za-z0-9_.:-]{1,128}$"
+);
 
 /// An ObjectId as clients write it (owners, token ids, cursors): 24 hex characters,
 /// exactly what `ObjectId::parse_str` accepts.

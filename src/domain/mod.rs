@@ -3,22 +3,28 @@
 //! field value can never turn into a MongoDB operator or field path.
 
 mod actor;
+mod idempotency;
 mod identifiers;
 mod issuance;
 mod owner;
 mod payment;
 mod quantity;
+mod redemption;
 mod scope;
 mod token;
 
 pub use actor::Actor;
-pub use identifiers::{AccountId, OBJECT_ID_PATTERN, PaymentIntentId, Provider, TokenType};
+pub use idempotency::IdempotencyKey;
+pub use identifiers::{
+    AccountId, OBJECT_ID_PATTERN, PaymentIntentId, Provider, RedemptionReference, TokenType,
+};
 pub use issuance::{
     IssuanceMode, IssuanceParams, IssuanceStatus, Mismatch, NewIssuance, PaymentKey,
 };
 pub use owner::Owner;
 pub use payment::{EventOutcome, ParsedEvent, PaymentEvent, PaymentStatus, Refund};
 pub use quantity::Quantity;
+pub use redemption::NewRedemption;
 pub use scope::{AccountGrant, Scope};
 pub use token::{TokenId, TokenStatus};
 

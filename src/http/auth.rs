@@ -158,6 +158,11 @@ impl FromRequestParts<AppState> for Arc<Principal> {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        // Authenticated already by a layer that needed the caller first (idempotency
+        // keys are scoped per API key): once per request, so once against the rate limit.
+        if let Some(principal) = parts.extensions.get::<Arc<Principal>>() {
+            return Ok(principal.clone());
+        }
         let header = parts
             .headers
             .get(AUTHORIZATION)

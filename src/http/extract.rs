@@ -70,7 +70,8 @@ fn require_json_content_type(req: &Request) -> Result<(), ApiError> {
     }
 }
 
-async fn read_body<S: Send + Sync>(req: Request, state: &S) -> Result<Bytes, ApiError> {
+/// The body's bytes, within `server.body_limit_bytes` (413 past it).
+pub(super) async fn read_body<S: Send + Sync>(req: Request, state: &S) -> Result<Bytes, ApiError> {
     Bytes::from_request(req, state)
         .await
         .map_err(|rejection: BytesRejection| {

@@ -18,6 +18,7 @@ use super::AppState;
 use super::auth::Principal;
 use super::error::{ApiError, Problem};
 use super::extract::JsonBody;
+use super::idempotency::IDEMPOTENT_REPLAYED;
 use super::openapi::KeyedErrors;
 use super::payment_path::PaymentPath;
 use super::prefer::{PREFERENCE_APPLIED, preferred_wait};
@@ -338,7 +339,7 @@ fn issued_response(outcome: IssueOutcome) -> Response {
         headers.insert(header::LOCATION, location);
     }
     if status == StatusCode::OK {
-        headers.insert("idempotent-replayed", HeaderValue::from_static("true"));
+        headers.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
     }
     (status, headers, axum::Json(body)).into_response()
 }

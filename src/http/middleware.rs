@@ -14,6 +14,7 @@ use tower_http::cors::{AllowOrigin, CorsLayer};
 use tracing::Instrument;
 
 use super::error::ApiError;
+use super::idempotency::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
 use super::issuances::ISSUANCES_PATH;
 use super::prefer::{PREFER, PREFERENCE_APPLIED, preferred_wait};
 use crate::issuing::longest_wait;
@@ -132,6 +133,7 @@ fn cors(origins: &[String]) -> CorsLayer {
             header::AUTHORIZATION,
             header::CONTENT_TYPE,
             header::IF_MATCH,
+            IDEMPOTENCY_KEY,
             PREFER,
             REQUEST_ID,
         ])
@@ -140,7 +142,7 @@ fn cors(origins: &[String]) -> CorsLayer {
             header::LOCATION,
             header::RETRY_AFTER,
             REQUEST_ID,
-            HeaderName::from_static("idempotent-replayed"),
+            IDEMPOTENT_REPLAYED,
             HeaderName::from_static(PREFERENCE_APPLIED),
         ])
         .max_age(Duration::from_secs(600))

@@ -1,8 +1,10 @@
 //! The HTTP surface: one route table, one error envelope, one OpenAPI document.
 
 pub mod auth;
+mod balances;
 pub mod error;
 mod extract;
+mod idempotency;
 mod issuances;
 mod middleware;
 mod openapi;
@@ -12,6 +14,7 @@ mod payments;
 mod prefer;
 mod problems;
 mod rate_limit;
+mod redemptions;
 mod tokens;
 mod webhooks;
 
@@ -58,7 +61,9 @@ impl AppState {
 pub fn router(state: AppState, settings: &Settings) -> Router {
     let routes = Router::new()
         .merge(issuances::router())
-        .merge(tokens::router())
+        .merge(tokens::router(&state))
+        .merge(balances::router())
+        .merge(redemptions::router(&state))
         .merge(payments::router())
         .merge(webhooks::router())
         .merge(ops::router())

@@ -12,7 +12,7 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{ContentBuilder, HeaderBuilder, Ref, RefOr};
 use utoipa::{IntoResponses, OpenApi};
 
-use super::{error, issuances, ops, payments, problems, tokens, webhooks};
+use super::{balances, error, issuances, ops, payments, problems, redemptions, tokens, webhooks};
 use crate::domain::{AccountId, OBJECT_ID_PATTERN, PaymentIntentId, Provider, TokenType};
 
 /// The OpenAPI document, generated from the handlers' annotations.
@@ -44,6 +44,9 @@ version of an existing token, a list matches if any entry does.\n\
         tokens::redeem_token,
         tokens::revoke_token,
         tokens::transfer_token,
+        balances::get_balances,
+        redemptions::create_redemption,
+        redemptions::get_redemption,
         payments::get_payment,
         webhooks::receive_webhook,
         ops::healthz,
@@ -55,6 +58,7 @@ version of an existing token, a list matches if any entry does.\n\
     tags(
         (name = "issuances", description = "Issue a payment's tokens exactly once"),
         (name = "tokens", description = "Read tokens and change their state through the version gate"),
+        (name = "balances", description = "How many of an owner's tokens are spendable, and spending them by amount"),
         (name = "payments", description = "Payment state as reported by providers"),
         (name = "webhooks", description = "Deliveries from payment providers"),
         (name = "operations", description = "Health, readiness, metrics"),
@@ -300,6 +304,6 @@ mod tests {
                 }
             }
         }
-        assert_eq!(keyed, 8, "operations behind an API key");
+        assert_eq!(keyed, 11, "operations behind an API key");
     }
 }

@@ -96,7 +96,13 @@ problem_codes! {
     MethodNotAllowed = "method_not_allowed", METHOD_NOT_ALLOWED, "Method not allowed",
         "The path exists but does not support the request's method. The `Allow` header lists the methods it supports.";
     IdempotencyConflict = "idempotency_conflict", CONFLICT, "Idempotency conflict",
-        "The payment was already issued with other parameters; `mismatches` lists the fields that differ. A payment's tokens are issued exactly once, so this request is never applied.";
+        "The payment was already issued with other parameters, or the owner's redemption `reference` was used with other parameters; `mismatches` lists the fields that differ. A payment's tokens are issued exactly once and a reference names one redemption, so this request is never applied.";
+    InsufficientBalance = "insufficient_balance", CONFLICT, "Insufficient balance",
+        "The owner has fewer active tokens of the type (within the account, and the key's accounts) than the redemption asks for; `available` says how many. Nothing was redeemed.";
+    IdempotencyKeyReused = "idempotency_key_reused", UNPROCESSABLE_ENTITY, "Idempotency key reused",
+        "The `Idempotency-Key` was used before, by this API key, for another request (another method, path or body). A key names one request: send a new request with a new key, or this one again unchanged.";
+    RequestInProgress = "request_in_progress", CONFLICT, "Request in progress",
+        "The first request with this `Idempotency-Key` is still running. Retry after `Retry-After` seconds: once it is answered, a retry gets its answer.";
     StateConflict = "state_conflict", CONFLICT, "State conflict",
         "The resource's state forbids the change (e.g. redeeming a redeemed or revoked token), or the token kept changing while the request ran. `currentStatus`, when present, says where it is; re-read before deciding again.";
     PaymentNotSucceeded = "payment_not_succeeded", CONFLICT, "Payment not succeeded",
@@ -116,7 +122,7 @@ problem_codes! {
     DatabaseUnavailable = "database_unavailable", SERVICE_UNAVAILABLE, "Database unavailable",
         "MongoDB did not answer. Nothing is half-done: retry the same request after `Retry-After` seconds.";
     TransactionsUnavailable = "transactions_unavailable", SERVICE_UNAVAILABLE, "Transactions unavailable",
-        "Atomic issuance needs MongoDB transactions (a replica set) and this deployment has none; issue in mode `upsert` instead.";
+        "Atomic issuance and redemptions by amount need MongoDB transactions (a replica set) and this deployment has none; issue in mode `upsert` instead.";
     RequestTimeout = "request_timeout", SERVICE_UNAVAILABLE, "Request timed out",
         "The request did not complete within `server.request_timeout_ms`. Retry the same request after `Retry-After` seconds: issuance is idempotent.";
     InternalError = "internal_error", INTERNAL_SERVER_ERROR, "Internal error",

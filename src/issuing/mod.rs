@@ -8,6 +8,10 @@
 //! - provider metadata outranks a checkout's pending request;
 //! - refunds, partial refunds and cancellations revoke (`standing`, `events`);
 //! - the token state machine behind redeem, revoke and transfer (`tokens`);
+//! - spending by amount: redemptions, all or nothing, oldest tokens first, named by
+//!   their reference (`redemptions`);
+//! - which attempt of a request with an `Idempotency-Key` runs, and what its retries are
+//!   answered (`idempotency`);
 //! - self-repair of token sets a crash left short (`repair`);
 //! - who may wait for a payment's event before being answered, and for how long
 //!   (`waiting`).
@@ -17,7 +21,9 @@
 
 mod batch;
 mod events;
+mod idempotency;
 mod issue;
+mod redemptions;
 mod repair;
 mod standing;
 mod tokens;
@@ -28,6 +34,8 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 pub use events::Processed;
+pub use idempotency::{Answer, Attempt, Begun, IdempotentRequest};
+pub use redemptions::{Redeemed, RedemptionError, RedemptionOutcome};
 pub use repair::{RepairReport, spawn_repair};
 pub use standing::{Entitlement, Settlement, entitlement};
 pub use tokens::{Gate, Transition, TransitionOutcome};
@@ -45,6 +53,18 @@ pub struct IssuingConfig {
     pub providers: HashSet<String>,
     /// How long a checkout's pending request waits for the payment's success.
     pub pending_ttl: Duration,
+    /// How `Idempotency-Key`s are held and kept.
+    pub idempotency: IdempotencyConfig,
+}
+
+/// How `Idempotency-Key`s are held and kept.
+#[derive(Debug, Clone, Copy)]
+pub struct IdempotencyConfig {
+    /// How long a key and its answer are kept (`idempotency.retention_hours`).
+    pub retention: Duration,
+    /// How long the first attempt holds its key before a retry may take it over: the
+    /// longest a request may run (`server.request_timeout_ms`).
+    pub lease: Duration,
 }
 
 /// Who asks for an issuance, which decides what it may do.

@@ -21,6 +21,23 @@ pub enum Transition {
 }
 
 impl Transition {
+    /// Whether `token` is what this transition made of it already, so that asking again
+    /// is a retry: a redeem whose non-empty `reference` the redeemed token carries (a
+    /// redemption's tokens carry its reference too). Another or no reference says
+    /// nothing of who redeemed it.
+    pub fn is_replayed_by(&self, token: &TokenDoc) -> bool {
+        match self {
+            Self::Redeem {
+                reference: Some(reference),
+            } => {
+                token.status == TokenStatus::Redeemed
+                    && !reference.is_empty()
+                    && token.redemption_ref.as_deref() == Some(reference.as_str())
+            }
+            _ => false,
+        }
+    }
+
     /// The operation label used in metrics and messages.
     pub fn operation(&self) -> &'static str {
         match self {
@@ -50,6 +67,9 @@ pub enum TransitionOutcome {
     StateConflict(TokenDoc),
     /// `If-Match` named another version.
     VersionConflict(TokenDoc),
+    /// A retried redeem: the token was redeemed with this request's `reference`
+    /// already; nothing written.
+    Replayed(TokenDoc),
     /// Kept losing races until the retry policy ran out.
     Contended(TokenDoc),
     NotFound,
@@ -110,6 +130,11 @@ impl Issuer {
             let Some(current) = self.store.find_token(id).await?.filter(|t| visible(t)) else {
                 return Ok(TransitionOutcome::NotFound);
             };
+            // Before the version: a retry's If-Match names the version before its own
+            // first attempt, and it is answered as that attempt was.
+            if transition.is_replayed_by(&current) {
+                return Ok(TransitionOutcome::Replayed(current));
+            }
             if let Gate::IfMatch(expected) = gate
                 && expected != current.version
             {
@@ -245,5 +270,46 @@ mod tests {
             3 * 3,
             "the table names every (status, transition) pair"
         );
+    }
+
+    #[test]
+    fn only_a_redeem_with_the_tokens_own_reference_is_a_replay() {
+        let now = DateTime::from_millis(1_700_000_000_000);
+        let token = |status, redemption_ref: Option<&str>| TokenDoc {
+            id: ObjectId::new(),
+            owner: ObjectId::new(),
+            token_type: "standard".to_owned(),
+            token_index: 0,
+            origin: crate::store::Origin {
+                provider: "stripe".to_owned(),
+                account_id: "acct_1".to_owned(),
+                payment_intent_id: "pi_1".to_owned(),
+                date: now,
+            },
+            status,
+            version: 1,
+            created_at: now,
+            updated_at: now,
+            redeemed_at: None,
+            redemption_ref: redemption_ref.map(str::to_owned),
+            revoked_at: None,
+            revocation_reason: None,
+            last_changed_by: None,
+        };
+        let redeem = |reference: Option<&str>| Transition::Redeem {
+            reference: reference.map(str::to_owned),
+        };
+        let redeemed = token(TokenStatus::Redeemed, Some("order-7"));
+        assert!(redeem(Some("order-7")).is_replayed_by(&redeemed));
+        assert!(!redeem(Some("order-8")).is_replayed_by(&redeemed));
+        assert!(!redeem(None).is_replayed_by(&redeemed));
+        assert!(!redeem(Some("")).is_replayed_by(&token(TokenStatus::Redeemed, Some(""))));
+        assert!(!redeem(None).is_replayed_by(&token(TokenStatus::Redeemed, None)));
+        // A revoked token that was never redeemed is no replay, whatever it carries.
+        assert!(
+            !redeem(Some("order-7")).is_replayed_by(&token(TokenStatus::Revoked, Some("order-7")))
+        );
+        let revoke = Transition::Revoke { reason: None };
+        assert!(!revoke.is_replayed_by(&redeemed));
     }
 }

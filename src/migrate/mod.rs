@@ -56,6 +56,18 @@ const FILES: &[(&str, &str)] = &[
         "0009_payments_recent_changes",
         include_str!("../../migrations/0009_payments_recent_changes.json"),
     ),
+    (
+        "0010_idempotency_keys_indexes",
+        include_str!("../../migrations/0010_idempotency_keys_indexes.json"),
+    ),
+    (
+        "0011_tokens_owner_balance_index",
+        include_str!("../../migrations/0011_tokens_owner_balance_index.json"),
+    ),
+    (
+        "0012_redemptions_unique_reference",
+        include_str!("../../migrations/0012_redemptions_unique_reference.json"),
+    ),
 ];
 
 /// One parsed migration file.

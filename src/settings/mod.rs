@@ -42,6 +42,7 @@ pub struct Settings {
     #[serde(default)]
     pub providers: BTreeMap<String, ProviderSettings>,
     pub webhooks: WebhookSettings,
+    pub idempotency: IdempotencySettings,
     pub repair: RepairSettings,
     pub rate_limit: RateLimitSettings,
     pub log: LogSettings,
@@ -225,6 +226,24 @@ pub struct WebhookSettings {
     pub retention_days: u32,
 }
 
+/// `Idempotency-Key`s of token actions and redemptions.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IdempotencySettings {
+    /// How long a key and its answer are kept (`retention_hours`, at least 1).
+    #[serde(rename = "retention_hours", deserialize_with = "hours")]
+    pub retention: Duration,
+}
+
+/// A whole number of hours, as a `Duration`; 0 is refused here, naming the key.
+fn hours<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {
+    let hours = u64::deserialize(deserializer)?;
+    if hours == 0 {
+        return Err(serde::de::Error::custom("must be at least 1"));
+    }
+    Ok(Duration::from_secs(hours.saturating_mul(3600)))
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RateLimitSettings {
@@ -342,6 +361,23 @@ mod tests {
         assert_eq!(settings.issuance.max_quantity, 1000);
         assert_eq!(settings.issuance.max_waiters, 1000);
         assert_eq!(settings.issuance.default_mode, IssuanceMode::Upsert);
+        assert_eq!(
+            settings.idempotency.retention,
+            Duration::from_secs(24 * 3600)
+        );
+    }
+
+    #[test]
+    fn idempotency_retention_is_whole_positive_hours() {
+        let err = Settings::with_overrides(&["[idempotency]\nretention_hours = 0"]).unwrap_err();
+        assert!(err.to_string().contains("retention_hours"), "{err}");
+        let err = Settings::with_overrides(&["[idempotency]\nretention_hours = 1.5"]).unwrap_err();
+        assert!(err.to_string().contains("retention_hours"), "{err}");
+        let settings = Settings::with_overrides(&["[idempotency]\nretention_hours = 48"]).unwrap();
+        assert_eq!(
+            settings.idempotency.retention,
+            Duration::from_secs(48 * 3600)
+        );
     }
 
     #[test]

@@ -19,7 +19,9 @@ use tokio::net::TcpListener;
 
 use crate::embedded::EmbeddedMongo;
 use crate::http::{AppState, router};
-use crate::issuing::{FulfilmentWatch, Issuer, IssuingConfig, WaitingConfig, spawn_repair};
+use crate::issuing::{
+    FulfilmentWatch, IdempotencyConfig, Issuer, IssuingConfig, WaitingConfig, spawn_repair,
+};
 use crate::server::{Limits, ShuttingDown};
 use crate::settings::Settings;
 use crate::store::{ConnectError, RetryPolicy, Store, StoreConfig};
@@ -254,6 +256,10 @@ pub fn issuer(settings: &Settings, store: Store) -> Issuer {
             pending_ttl: Duration::from_secs(
                 u64::from(settings.issuance.pending_ttl_days) * 86_400,
             ),
+            idempotency: IdempotencyConfig {
+                retention: settings.idempotency.retention,
+                lease: settings.request_timeout(),
+            },
         },
     )
     .with_waiting(WaitingConfig {

@@ -304,7 +304,7 @@ impl<R> Plan<'_, R> {
 }
 
 /// Commits, retrying while the outcome is unknown (the commit is idempotent).
-async fn commit_with_retry(session: &mut ClientSession) -> Result<(), Error> {
+pub(super) async fn commit_with_retry(session: &mut ClientSession) -> Result<(), Error> {
     let mut attempt = 0;
     loop {
         match session.commit_transaction().await {

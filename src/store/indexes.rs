@@ -10,6 +10,10 @@ pub const TOKENS_PAYMENT_INDEX: &str = "uniq_token_payment_index";
 pub const ISSUANCES_PAYMENT_INDEX: &str = "uniq_issuance_payment";
 /// The unique index on `payments` (provider, accountId, paymentIntentId).
 pub const PAYMENTS_INDEX: &str = "uniq_payment";
+/// The unique index on `idempotency_keys` (keyId, key).
+pub const IDEMPOTENCY_KEY_INDEX: &str = "uniq_idempotency_key";
+/// The unique index on `redemptions` (owner, reference).
+pub const REDEMPTIONS_REFERENCE_INDEX: &str = "uniq_redemption_reference";
 /// The TTL index on `webhook_events`. Not a migration's: created at startup, because its
 /// expiry follows `webhooks.retention_days`, which an operator may change.
 pub const WEBHOOK_EVENTS_TTL_INDEX: &str = "webhook_events_ttl";
@@ -18,7 +22,9 @@ pub const WEBHOOK_EVENTS_TTL_INDEX: &str = "webhook_events_ttl";
 mod tests {
     use super::*;
     use crate::migrate::{Step, migrations};
+    use crate::store::idempotency::IDEMPOTENCY_KEYS;
     use crate::store::payments::PAYMENTS;
+    use crate::store::redemptions::REDEMPTIONS;
     use crate::store::{ISSUANCES, TOKENS};
 
     #[test]
@@ -36,6 +42,8 @@ mod tests {
             (TOKENS, TOKENS_PAYMENT_INDEX),
             (ISSUANCES, ISSUANCES_PAYMENT_INDEX),
             (PAYMENTS, PAYMENTS_INDEX),
+            (IDEMPOTENCY_KEYS, IDEMPOTENCY_KEY_INDEX),
+            (REDEMPTIONS, REDEMPTIONS_REFERENCE_INDEX),
         ] {
             assert!(
                 created.contains(&(collection.to_owned(), name.to_owned(), true)),

@@ -4,6 +4,7 @@
 //! classifies driver errors, duplicate keys by index name included.
 
 mod atomic;
+mod balances;
 mod batch;
 pub mod builders;
 mod changes;
@@ -11,10 +12,12 @@ mod documents;
 mod durability;
 mod error;
 mod filters;
+mod idempotency;
 mod indexes;
 mod issuance;
 mod payments;
 mod placeholder;
+mod redemptions;
 mod retry;
 mod token_bulk;
 mod tokens;
@@ -30,14 +33,17 @@ use mongodb::{Client, Collection, Database};
 use tokio::sync::OnceCell;
 
 pub use atomic::{AtomicInsert, AtomicPlan, AtomicSet, AtomicSetsInsert};
+pub use balances::BalanceRow;
 pub use batch::{RecordInsert, TokenInsert};
 pub use documents::{IssuanceDoc, Origin, TokenDoc, TokenSummary, chrono_time, fresh_tokens};
 pub use durability::ConnectError;
 pub use error::{
     ISSUANCES_PAYMENT_INDEX, StoreError, TOKENS_PAYMENT_INDEX, duplicate_key_index, is_unavailable,
 };
+pub use idempotency::{IDEMPOTENCY_KEYS, IdempotencyDoc, StoredAnswer, StoredHeader};
 pub use payments::{PAYMENTS, PaymentDoc, ProjectionGate, TokenParamsDoc};
 pub use placeholder::{Existing, PLACEHOLDER_LIFETIME};
+pub use redemptions::{REDEMPTIONS, RedemptionAttempt, RedemptionDoc};
 pub use retry::{Backoff, RetryPolicy};
 pub use token_bulk::BulkResult;
 pub use tokens::TokenQuery;

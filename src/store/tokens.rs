@@ -109,7 +109,7 @@ impl Store {
 /// The `$or` clauses of a key's accounts: one for the account ids it has at every
 /// provider (always present: an empty `$in` matches nothing, an empty `$or` is refused),
 /// one per account it has at one provider.
-fn accounts_filter(grants: &[AccountGrant]) -> Vec<Document> {
+pub(super) fn accounts_filter(grants: &[AccountGrant]) -> Vec<Document> {
     let anywhere: Vec<&str> = grants
         .iter()
         .filter(|g| g.provider().is_none())

@@ -40,6 +40,10 @@
 //! of a share refunded long ago cut off by a failpoint — and the restarted service must
 //! settle the set on its own.
 //!
+//! A sixth (`redemption_kill.rs`, not ignored: one kill) kills a redemption by amount with
+//! its commit cut off: nothing of it may be visible, and the retry after the restart
+//! redeems once and replays the same ids.
+//!
 //! Files: `retries.rs` holds the first two scenarios (upsert and atomic), `self_repair.rs`
 //! and `group_commit.rs` (with its requests and checks) the others; what they share is in
 //! `kill.rs` (when to kill, a load ended by SIGKILL, the checks of what it left) and
@@ -47,6 +51,7 @@
 
 mod group_commit;
 mod kill;
+mod redemption_kill;
 mod requests;
 mod retries;
 mod self_repair;
@@ -119,4 +124,9 @@ async fn a_kill_between_the_tokens_and_their_settle_upsert() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kill_between_the_tokens_and_their_settle_atomic() {
     settle_kill::scenario("atomic").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kill_mid_redemption_leaves_nothing_and_the_retry_redeems_once() {
+    redemption_kill::scenario().await;
 }

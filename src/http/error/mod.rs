@@ -9,10 +9,10 @@ use utoipa::ToSchema;
 
 use super::problems::ProblemCode;
 use crate::domain::{FieldError, Mismatch, TokenStatus};
-use crate::issuing::IssueError;
+use crate::issuing::{IssueError, RedemptionError};
 use crate::store::StoreError;
 
-/// Seconds a client should wait before retrying a 503.
+/// Seconds a client should wait before retrying a 503 or a request still in progress.
 const RETRY_AFTER_UNAVAILABLE: &str = "1";
 
 /// The realm of the API-key challenge (`WWW-Authenticate: Bearer realm="tokenmint"`).
@@ -50,6 +50,14 @@ pub enum ApiError {
     MethodNotAllowed,
     #[error("idempotency conflict")]
     IdempotencyConflict(Vec<Mismatch>),
+    #[error("redemption conflict")]
+    RedemptionConflict(Vec<Mismatch>),
+    #[error("insufficient balance")]
+    InsufficientBalance { available: u64 },
+    #[error("idempotency key reused")]
+    IdempotencyKeyReused,
+    #[error("request in progress")]
+    RequestInProgress,
     #[error("state conflict: {detail}")]
     StateConflict {
         detail: String,
@@ -103,6 +111,9 @@ pub struct Problem {
     pub current_version: Option<i64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub current_status: Option<TokenStatus>,
+    /// `insufficient_balance`: how many active tokens there are.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub available: Option<u64>,
 }
 
 impl ApiError {
@@ -133,6 +144,10 @@ impl ApiError {
             Self::NotFound(_) => ProblemCode::NotFound,
             Self::MethodNotAllowed => ProblemCode::MethodNotAllowed,
             Self::IdempotencyConflict(_) => ProblemCode::IdempotencyConflict,
+            Self::RedemptionConflict(_) => ProblemCode::IdempotencyConflict,
+            Self::InsufficientBalance { .. } => ProblemCode::InsufficientBalance,
+            Self::IdempotencyKeyReused => ProblemCode::IdempotencyKeyReused,
+            Self::RequestInProgress => ProblemCode::RequestInProgress,
             Self::StateConflict { .. } => ProblemCode::StateConflict,
             Self::PaymentNotSucceeded(_) => ProblemCode::PaymentNotSucceeded,
             Self::VersionConflict { .. } => ProblemCode::VersionConflict,
@@ -186,6 +201,18 @@ impl ApiError {
                 "This path does not support the request's method; see the Allow header.".to_owned()
             }
             Self::StateConflict { detail, .. } => detail.clone(),
+            Self::RedemptionConflict(_) => {
+                "This reference names a redemption with other parameters; see mismatches.".to_owned()
+            }
+            Self::InsufficientBalance { available } => {
+                format!("Only {available} active tokens are available; nothing was redeemed.")
+            }
+            Self::IdempotencyKeyReused => {
+                "This Idempotency-Key was used for another request; use a new key for a new request.".to_owned()
+            }
+            Self::RequestInProgress => {
+                "The first request with this Idempotency-Key is still running; retry shortly.".to_owned()
+            }
             Self::IdempotencyConflict(_) => {
                 "This payment was already issued with other parameters; see mismatches.".to_owned()
             }
@@ -201,7 +228,7 @@ impl ApiError {
             }
             Self::DatabaseUnavailable => "The database is unavailable; retry later.".to_owned(),
             Self::TransactionsUnavailable => {
-                "Atomic mode needs MongoDB transactions (a replica set); this deployment has none. Use mode \"upsert\".".to_owned()
+                "Atomic issuance and redemptions need MongoDB transactions (a replica set); this deployment has none. Issue in mode \"upsert\".".to_owned()
             }
             Self::Timeout => "The request did not complete in time; retry later.".to_owned(),
             Self::Internal => "An internal error occurred.".to_owned(),
@@ -221,10 +248,14 @@ impl ApiError {
             mismatches: None,
             current_version: None,
             current_status: None,
+            available: None,
         };
         match self {
             Self::Validation(errors) => problem.errors = Some(errors.clone()),
-            Self::IdempotencyConflict(mismatches) => problem.mismatches = Some(mismatches.clone()),
+            Self::IdempotencyConflict(mismatches) | Self::RedemptionConflict(mismatches) => {
+                problem.mismatches = Some(mismatches.clone())
+            }
+            Self::InsufficientBalance { available } => problem.available = Some(*available),
             Self::VersionConflict {
                 current_version,
                 status,
@@ -281,6 +312,21 @@ impl From<IssueError> for ApiError {
     }
 }
 
+impl From<RedemptionError> for ApiError {
+    fn from(err: RedemptionError) -> Self {
+        match err {
+            RedemptionError::Conflict(mismatches) => Self::RedemptionConflict(mismatches),
+            RedemptionError::Insufficient { available } => Self::InsufficientBalance { available },
+            // Lost races for the tokens all along: retry later, as for an outage.
+            RedemptionError::Contended => {
+                tracing::warn!("a redemption kept losing races for its tokens");
+                Self::DatabaseUnavailable
+            }
+            RedemptionError::Store(err) => err.into(),
+        }
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.status();
@@ -295,7 +341,7 @@ impl IntoResponse for ApiError {
             Self::RateLimited { retry_after_secs } => {
                 headers.insert(header::RETRY_AFTER, HeaderValue::from(*retry_after_secs));
             }
-            Self::DatabaseUnavailable | Self::Timeout => {
+            Self::DatabaseUnavailable | Self::Timeout | Self::RequestInProgress => {
                 headers.insert(
                     header::RETRY_AFTER,
                     HeaderValue::from_static(RETRY_AFTER_UNAVAILABLE),

@@ -16,6 +16,10 @@ fn every_error() -> Vec<ApiError> {
         ApiError::NotFound("x".to_owned()),
         ApiError::MethodNotAllowed,
         ApiError::IdempotencyConflict(Vec::new()),
+        ApiError::RedemptionConflict(Vec::new()),
+        ApiError::InsufficientBalance { available: 2 },
+        ApiError::IdempotencyKeyReused,
+        ApiError::RequestInProgress,
         ApiError::StateConflict {
             detail: "x".to_owned(),
             status: None,

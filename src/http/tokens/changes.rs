@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use axum::extract::{Path, State};
-use axum::http::HeaderMap;
+use axum::http::{HeaderMap, HeaderValue};
 use axum::response::Response;
 use serde::Deserialize;
 use utoipa::ToSchema;
@@ -16,6 +16,7 @@ use crate::http::AppState;
 use crate::http::auth::Principal;
 use crate::http::error::{ApiError, Problem};
 use crate::http::extract::{JsonBody, OptionalJsonBody};
+use crate::http::idempotency::IDEMPOTENT_REPLAYED;
 use crate::http::openapi::KeyedErrors;
 use crate::issuing::{Gate, Transition, TransitionOutcome};
 use crate::store::{TOKENS, TokenDoc};
@@ -85,7 +86,7 @@ async fn apply(
                     .await?
                     .filter(|t| principal.can_see(&t.origin.provider, &t.origin.account_id))
                     .ok_or_else(not_found)?;
-                if !condition.matches(current.version) {
+                if !condition.matches(current.version) && !transition.is_replayed_by(&current) {
                     record_version_rejection(&transition);
                     return Err(version_conflict(&current));
                 }
@@ -106,6 +107,13 @@ async fn apply(
     match outcome {
         TransitionOutcome::Applied(token) | TransitionOutcome::AlreadyDone(token) => {
             Ok(token_response(token))
+        }
+        TransitionOutcome::Replayed(token) => {
+            let mut response = token_response(token);
+            response
+                .headers_mut()
+                .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+            Ok(response)
         }
         TransitionOutcome::NotFound => Err(not_found()),
         TransitionOutcome::VersionConflict(token) => Err(version_conflict(&token)),
@@ -148,24 +156,30 @@ fn record_version_rejection(transition: &Transition) {
 /// strong comparison: `W/"3"` never matches; `*` matches any version of an existing token
 /// (the write then gates on the version just read); a list matches if any entry does.
 /// Without it the server re-reads and retries a lost race with backoff, then answers 409.
-/// Redeeming a redeemed or revoked token is 409 `state_conflict`.
+/// Redeeming a redeemed or revoked token is 409 `state_conflict` — unless it was redeemed
+/// with this request's non-empty `reference`: a retry, answered 200 with
+/// `Idempotent-Replayed: true` and nothing written, whatever `If-Match` says.
 #[utoipa::path(
     post, path = "/v1/tokens/{tokenId}/redeem", tag = "tokens",
     params(
         ("tokenId" = String, Path, description = "24-hex token id"),
         ("If-Match" = Option<String>, Header, description = "The version the change is based on, e.g. \"3\"; or `*` (any version: the write gates on the version read), or a list (`\"1\", \"3\"`) of which any may match. Compared strongly: a weak tag (`W/\"3\"`) never matches (412)", nullable = false),
+        ("Idempotency-Key" = Option<String>, Header, description = "1–255 visible ASCII characters naming this request, scoped to the API key: a retry with the same key, path and body is answered as the first request was (`Idempotent-Replayed: true`), for `idempotency.retention_hours`", nullable = false),
     ),
     request_body(content = Option<RedeemRequest>, description = "Optional; an empty body is fine"),
     security(("bearer" = ["tokens:redeem"])),
     responses(
-        (status = 200, description = "Redeemed", body = TokenView, headers(("ETag" = String, description = "The new version"))),
+        (status = 200, description = "Redeemed, or a replay: redeemed already with this `reference`, or an Idempotency-Key's retry", body = TokenView, headers(
+            ("ETag" = String, description = "The new version"),
+            ("Idempotent-Replayed" = String, description = "`true` on a replay"))),
         (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such token", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "`state_conflict`: not active, or kept changing", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`state_conflict`: not active (or redeemed with another reference), or kept changing; `request_in_progress`: the first request with this Idempotency-Key is still running (`Retry-After`)", body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = u64, description = "With `request_in_progress`"))),
         (status = 412, description = "`version_conflict`: If-Match is stale; the body has currentVersion and currentStatus", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "A body that is not application/json", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Bad token id, body or If-Match", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "`validation_failed`: bad token id, body, If-Match or Idempotency-Key; `idempotency_key_reused`: the Idempotency-Key named another request", body = Problem, content_type = "application/problem+json"),
         KeyedErrors,
     )
 )]
@@ -199,18 +213,22 @@ pub async fn redeem_token(
     params(
         ("tokenId" = String, Path, description = "24-hex token id"),
         ("If-Match" = Option<String>, Header, description = "The version the change is based on, e.g. \"3\"; or `*` (any version: the write gates on the version read), or a list (`\"1\", \"3\"`) of which any may match. Compared strongly: a weak tag (`W/\"3\"`) never matches (412)", nullable = false),
+        ("Idempotency-Key" = Option<String>, Header, description = "1–255 visible ASCII characters naming this request, scoped to the API key: a retry with the same key, path and body is answered as the first request was (`Idempotent-Replayed: true`), for `idempotency.retention_hours`", nullable = false),
     ),
     request_body(content = Option<RevokeRequest>, description = "Optional; an empty body is fine"),
     security(("bearer" = ["tokens:revoke"])),
     responses(
-        (status = 200, description = "Revoked (or already revoked)", body = TokenView, headers(("ETag" = String, description = "The version"))),
+        (status = 200, description = "Revoked (or already revoked)", body = TokenView, headers(
+            ("ETag" = String, description = "The version"),
+            ("Idempotent-Replayed" = String, description = "`true` on an Idempotency-Key's retry"))),
         (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such token", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "`state_conflict`: redeemed, or kept changing", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`state_conflict`: redeemed, or kept changing; `request_in_progress`: the first request with this Idempotency-Key is still running (`Retry-After`)", body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = u64, description = "With `request_in_progress`"))),
         (status = 412, description = "`version_conflict`", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "A body that is not application/json", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Bad token id, body or If-Match", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "`validation_failed`: bad token id, body, If-Match or Idempotency-Key; `idempotency_key_reused`: the Idempotency-Key named another request", body = Problem, content_type = "application/problem+json"),
         KeyedErrors,
     )
 )]
@@ -241,18 +259,22 @@ pub async fn revoke_token(
     params(
         ("tokenId" = String, Path, description = "24-hex token id"),
         ("If-Match" = String, Header, description = "The version the transfer is based on, e.g. \"3\"; or `*`, or a list, as for redeem. Compared strongly: a weak tag (`W/\"3\"`) never matches (412)"),
+        ("Idempotency-Key" = Option<String>, Header, description = "1–255 visible ASCII characters naming this request, scoped to the API key: a retry with the same key, path and body is answered as the first request was (`Idempotent-Replayed: true`), for `idempotency.retention_hours`", nullable = false),
     ),
     request_body = TransferRequest,
     security(("bearer" = ["tokens:transfer"])),
     responses(
-        (status = 200, description = "Transferred", body = TokenView, headers(("ETag" = String, description = "The new version"))),
+        (status = 200, description = "Transferred", body = TokenView, headers(
+            ("ETag" = String, description = "The new version"),
+            ("Idempotent-Replayed" = String, description = "`true` on an Idempotency-Key's retry"))),
         (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such token", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "`state_conflict`: not active", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`state_conflict`: not active; `request_in_progress`: the first request with this Idempotency-Key is still running (`Retry-After`)", body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = u64, description = "With `request_in_progress`"))),
         (status = 412, description = "`version_conflict`", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "A body that is not application/json", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Bad token id, newOwner or If-Match", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "`validation_failed`: bad token id, newOwner, If-Match or Idempotency-Key; `idempotency_key_reused`: the Idempotency-Key named another request", body = Problem, content_type = "application/problem+json"),
         (status = 428, description = "`precondition_required`: If-Match missing", body = Problem, content_type = "application/problem+json"),
         KeyedErrors,
     )

@@ -11,6 +11,7 @@ use axum::Router;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, header};
+use axum::middleware::from_fn_with_state;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use chrono::{DateTime, Utc};
@@ -27,6 +28,7 @@ pub use changes::{
 use super::AppState;
 use super::auth::Principal;
 use super::error::{ApiError, Problem};
+use super::idempotency::idempotent;
 use super::openapi::KeyedErrors;
 use crate::domain::{FieldErrors, Owner, Scope, TokenId, TokenStatus, TokenType};
 use crate::store::{TokenDoc, TokenQuery, chrono_time};
@@ -35,13 +37,24 @@ use crate::store::{TokenDoc, TokenQuery, chrono_time};
 const DEFAULT_LIMIT: u32 = 50;
 const MAX_LIMIT: u32 = 500;
 
-pub fn router() -> Router<AppState> {
+/// The routes; the state changes answer retries that carry an `Idempotency-Key`.
+pub fn router(state: &AppState) -> Router<AppState> {
+    let idempotent = || from_fn_with_state(state.clone(), idempotent);
     Router::new()
         .route("/v1/tokens", get(list_tokens))
         .route("/v1/tokens/{tokenId}", get(get_token))
-        .route("/v1/tokens/{tokenId}/redeem", post(redeem_token))
-        .route("/v1/tokens/{tokenId}/revoke", post(revoke_token))
-        .route("/v1/tokens/{tokenId}/transfer", post(transfer_token))
+        .route(
+            "/v1/tokens/{tokenId}/redeem",
+            post(redeem_token).layer(idempotent()),
+        )
+        .route(
+            "/v1/tokens/{tokenId}/revoke",
+            post(revoke_token).layer(idempotent()),
+        )
+        .route(
+            "/v1/tokens/{tokenId}/transfer",
+            post(transfer_token).layer(idempotent()),
+        )
 }
 
 /// The payment a token was issued for.
@@ -83,6 +96,17 @@ pub struct TokenView {
     pub last_changed_by: Option<String>,
 }
 
+impl From<crate::store::Origin> for OriginView {
+    fn from(origin: crate::store::Origin) -> Self {
+        Self {
+            provider: origin.provider,
+            account_id: origin.account_id,
+            payment_intent_id: origin.payment_intent_id,
+            date: chrono_time(origin.date),
+        }
+    }
+}
+
 impl From<TokenDoc> for TokenView {
     fn from(t: TokenDoc) -> Self {
         Self {
@@ -92,12 +116,7 @@ impl From<TokenDoc> for TokenView {
             token_index: t.token_index,
             status: t.status,
             version: t.version,
-            origin: OriginView {
-                provider: t.origin.provider,
-                account_id: t.origin.account_id,
-                payment_intent_id: t.origin.payment_intent_id,
-                date: chrono_time(t.origin.date),
-            },
+            origin: OriginView::from(t.origin),
             created_at: chrono_time(t.created_at),
             updated_at: chrono_time(t.updated_at),
             redeemed_at: t.redeemed_at.map(chrono_time),

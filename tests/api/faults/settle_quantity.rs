@@ -7,7 +7,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use tokenmint::domain::IssuanceMode;
-use tokenmint::issuing::{Issuer, IssuingConfig};
+use tokenmint::issuing::{IdempotencyConfig, Issuer, IssuingConfig};
 
 use crate::helpers::*;
 use crate::provider_events::*;
@@ -31,6 +31,10 @@ async fn a_sweep_that_read_a_pending_record_revokes_by_the_set_taken_over_since(
             default_mode: IssuanceMode::Upsert,
             providers: HashSet::from(["stripe".to_owned()]),
             pending_ttl: Duration::from_secs(3600),
+            idempotency: IdempotencyConfig {
+                retention: Duration::from_secs(3600),
+                lease: Duration::from_secs(30),
+            },
         },
     );
     let failpoint = FailPoint::set(&name, &["update"], Fault::Block { millis: 6000 }, 1).await;

@@ -10,7 +10,7 @@
 
 mod fault_race;
 mod placeholders;
-mod race_check;
+pub(crate) mod race_check;
 mod race_scenario;
 mod refund_race;
 mod seeded_race;

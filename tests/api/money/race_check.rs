@@ -17,7 +17,7 @@ pub(super) enum Faults {
 }
 
 /// `var` (a u64), or a new random seed.
-pub(super) fn seed(var: &str) -> u64 {
+pub(crate) fn seed(var: &str) -> u64 {
     std::env::var(var)
         .ok()
         .map(|s| s.parse().unwrap_or_else(|_| panic!("{var} is a u64")))
@@ -25,7 +25,7 @@ pub(super) fn seed(var: &str) -> u64 {
 }
 
 /// `var` (a number of rounds), or `default`.
-pub(super) fn rounds(var: &str, default: u32) -> u32 {
+pub(crate) fn rounds(var: &str, default: u32) -> u32 {
     std::env::var(var)
         .ok()
         .map(|s| s.parse().unwrap_or_else(|_| panic!("{var} is a number")))

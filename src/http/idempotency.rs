@@ -1,0 +1,129 @@
+//! The `Idempotency-Key` header on redeem, revoke, transfer and redemptions: a layer
+//! around those handlers that reads the caller and the body first, asks the issuing
+//! service whether this attempt runs, and either runs the handler and hands its answer
+//! back to be kept, or answers from the key's first request (`Idempotent-Replayed:
+//! true`). The rules are `issuing::idempotency`'s; this only translates.
+
+use std::sync::Arc;
+
+use axum::body::{Body, to_bytes};
+use axum::extract::{FromRequestParts, Request, State};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+use super::AppState;
+use super::auth::Principal;
+use super::error::ApiError;
+use super::extract::read_body;
+use crate::domain::IdempotencyKey;
+use crate::issuing::{Answer, Begun, IdempotentRequest};
+
+/// The request header.
+pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+/// The header of an answer that repeats an earlier one.
+pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+
+/// The headers of an answer that are kept with it and replayed: what describes the body
+/// and the resource, nothing about this connection or this request (`x-request-id`).
+const KEPT_HEADERS: [HeaderName; 4] = [
+    header::CONTENT_TYPE,
+    header::ETAG,
+    header::LOCATION,
+    IDEMPOTENT_REPLAYED,
+];
+
+/// The layer (`axum::middleware::from_fn_with_state`): requests without the header pass
+/// straight through.
+pub async fn idempotent(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    if !req.headers().contains_key(&IDEMPOTENCY_KEY) {
+        return next.run(req).await;
+    }
+    run(&state, req, next)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn run(state: &AppState, req: Request, next: Next) -> Result<Response, ApiError> {
+    let key = parse_key(req.headers())?;
+    let (mut parts, body) = req.into_parts();
+    let principal = Arc::<Principal>::from_request_parts(&mut parts, state).await?;
+    parts.extensions.insert(principal.clone());
+    // Read with the route's body limit, which travels in the extensions.
+    let mut reading = Request::new(body);
+    *reading.extensions_mut() = parts.extensions.clone();
+    let bytes = read_body(reading, state).await?;
+    let method = parts.method.to_string();
+    let path = parts.uri.path().to_owned();
+    let request = IdempotentRequest {
+        key_id: &principal.key_id,
+        key: &key,
+        method: &method,
+        path: &path,
+        body: &bytes,
+    };
+    let attempt = match state.issuer.begin_idempotent(&request).await? {
+        Begun::Proceed(attempt) => attempt,
+        Begun::Replay(answer) => return Ok(replay(answer)),
+        Begun::Reused => return Err(ApiError::IdempotencyKeyReused),
+        Begun::InProgress => return Err(ApiError::RequestInProgress),
+    };
+    let response = next
+        .run(Request::from_parts(parts, Body::from(bytes)))
+        .await;
+    let (parts, body) = response.into_parts();
+    let body = to_bytes(body, usize::MAX)
+        .await
+        .map_err(|_| ApiError::Internal)?;
+    let answer = Answer {
+        status: parts.status.as_u16(),
+        headers: KEPT_HEADERS
+            .iter()
+            .filter_map(|name| {
+                let value = parts.headers.get(name)?.to_str().ok()?;
+                Some((name.as_str().to_owned(), value.to_owned()))
+            })
+            .collect(),
+        body: body.to_vec(),
+    };
+    // The action is done whatever happens to its record: answer it. A record left
+    // unanswered is taken over by a retry once its lease ends.
+    if let Err(err) = state.issuer.finish_idempotent(attempt, &answer).await {
+        tracing::warn!(error = %err, "could not keep the answer of an idempotency key");
+    }
+    Ok(Response::from_parts(parts, Body::from(body)))
+}
+
+/// The one `Idempotency-Key` of the request, valid.
+fn parse_key(headers: &HeaderMap) -> Result<IdempotencyKey, ApiError> {
+    let mut values = headers.get_all(&IDEMPOTENCY_KEY).iter();
+    let (Some(value), None) = (values.next(), values.next()) else {
+        return Err(ApiError::validation(
+            "Idempotency-Key",
+            "must be given at most once",
+        ));
+    };
+    value
+        .to_str()
+        .map_err(|_| IdempotencyKey::RULE.to_owned())
+        .and_then(IdempotencyKey::parse)
+        .map_err(|rule| ApiError::validation("Idempotency-Key", rule))
+}
+
+/// The kept answer, marked as a replay.
+fn replay(answer: Answer) -> Response {
+    let status = StatusCode::from_u16(answer.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let mut response = (status, answer.body).into_response();
+    let headers = response.headers_mut();
+    headers.remove(header::CONTENT_TYPE);
+    for (name, value) in answer.headers {
+        if let (Ok(name), Ok(value)) = (
+            HeaderName::from_bytes(name.as_bytes()),
+            HeaderValue::from_str(&value),
+        ) {
+            headers.insert(name, value);
+        }
+    }
+    headers.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    response
+}

@@ -1,0 +1,231 @@
+//! Spending by amount: a redemption of `quantity` of an owner's active tokens of one
+//! type, oldest first, all or nothing, named by the client's `reference` (seed 004's
+//! pattern: the unique (owner, reference) index is the arbiter, the request's content is
+//! bound to it).
+//!
+//! - The same reference again with the same tokenType and quantity is a replay: the same
+//!   tokens, nothing written. Another tokenType or quantity is a conflict.
+//! - Fewer active tokens than asked: refused with how many there are, nothing redeemed.
+//! - Everything happens in one transaction (`Store::redeem_in_transaction`): a crash
+//!   leaves either no trace or the whole redemption, and a retry finds the latter.
+//! - Concurrent writers of the same tokens — other redemptions, a refund's revoke, single
+//!   redeems — conflict inside the transaction: it is retried from a fresh read, so no
+//!   token is redeemed twice, and a token a refund revoked is never redeemed (a token a
+//!   redemption committed first is the refund's shortfall).
+
+use std::time::{Duration, Instant};
+
+use mongodb::bson::oid::ObjectId;
+use rand::RngExt;
+use serde_json::{Value, json};
+
+use super::Issuer;
+use crate::domain::{AccountGrant, Mismatch, NewRedemption};
+use crate::store::{RedemptionAttempt, RedemptionDoc, StoreError, TokenDoc};
+use crate::telemetry::metric;
+
+/// How long one request keeps retrying a redemption that loses races: below the default
+/// `server.request_timeout_ms`, so a request that cannot get through hears "retry" (503)
+/// rather than a timeout. Each lost race means another redemption committed, so under
+/// contention this bounds the wait, not the progress.
+const CONFLICT_BUDGET: Duration = Duration::from_secs(5);
+/// The longest pause between two attempts, in milliseconds.
+const MAX_PAUSE_MS: u64 = 25;
+
+/// A redemption and its tokens, in the order they were chosen (oldest first).
+#[derive(Debug, Clone)]
+pub struct Redeemed {
+    pub record: RedemptionDoc,
+    pub tokens: Vec<TokenDoc>,
+}
+
+/// What a redemption request did.
+#[derive(Debug)]
+pub enum RedemptionOutcome {
+    /// Redeemed now.
+    Created(Redeemed),
+    /// The owner's redemption of this reference, with the same parameters, existed.
+    Replayed(Redeemed),
+}
+
+/// Why a redemption was refused. Nothing was written for any of these.
+#[derive(Debug, thiserror::Error)]
+pub enum RedemptionError {
+    /// The reference was used with other parameters (for a key that may not see that
+    /// redemption, only `reference`, without the existing value).
+    #[error("the reference names a redemption with other parameters")]
+    Conflict(Vec<Mismatch>),
+    /// Fewer active tokens than asked.
+    #[error("only {available} active tokens")]
+    Insufficient { available: u64 },
+    /// Lost races for longer than the budget.
+    #[error("the tokens kept changing")]
+    Contended,
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl Issuer {
+    /// Redeems `request.quantity` of the owner's active tokens of its type, within its
+    /// account and `grants` (the key's accounts) when given. `visible` says whether the
+    /// caller may see a token: an existing redemption of the reference with tokens it
+    /// may not see is a conflict whose values are not shown.
+    pub async fn redeem_amount(
+        &self,
+        request: &NewRedemption,
+        grants: Option<&[AccountGrant]>,
+        visible: impl Fn(&TokenDoc) -> bool,
+    ) -> Result<RedemptionOutcome, RedemptionError> {
+        let started = Instant::now();
+        let wanted = request.quantity.get() as usize;
+        let mut attempt: u64 = 0;
+        loop {
+            let existing = self
+                .store
+                .find_redemption(request.owner.object_id(), request.reference.as_str())
+                .await?;
+            if let Some(existing) = existing {
+                return self.replay(existing, request, &visible).await;
+            }
+            let enough = |found: &[TokenDoc]| {
+                if found.len() < wanted {
+                    Err(found.len() as u64)
+                } else {
+                    Ok(())
+                }
+            };
+            match self
+                .store
+                .redeem_in_transaction(request, grants, enough)
+                .await?
+            {
+                RedemptionAttempt::Committed(record, tokens) => {
+                    return Ok(RedemptionOutcome::Created(Redeemed { record, tokens }));
+                }
+                RedemptionAttempt::Refused(available) => {
+                    return Err(RedemptionError::Insufficient { available });
+                }
+                // Someone else's commit is in the way; the next read sees it (a record
+                // of this reference included, then answered as a replay or conflict).
+                RedemptionAttempt::Conflict | RedemptionAttempt::ReferenceTaken => {
+                    metrics::counter!(metric::TRANSACTION_RETRIES_TOTAL).increment(1);
+                    attempt += 1;
+                    if started.elapsed() > CONFLICT_BUDGET {
+                        return Err(RedemptionError::Contended);
+                    }
+                    let ceiling = (attempt * 2).min(MAX_PAUSE_MS);
+                    let pause = rand::rng().random_range(1..=ceiling.max(1));
+                    tokio::time::sleep(Duration::from_millis(pause)).await;
+                }
+            }
+        }
+    }
+
+    /// The owner's redemption of `reference` and its tokens, if the caller may see all
+    /// of them.
+    pub async fn find_redemption(
+        &self,
+        owner: ObjectId,
+        reference: &str,
+        visible: impl Fn(&TokenDoc) -> bool,
+    ) -> Result<Option<Redeemed>, StoreError> {
+        let Some(record) = self.store.find_redemption(owner, reference).await? else {
+            return Ok(None);
+        };
+        let tokens = self.store.tokens_by_ids(&record.token_ids).await?;
+        Ok(tokens
+            .iter()
+            .all(visible)
+            .then_some(Redeemed { record, tokens }))
+    }
+
+    /// Answers a request whose reference has a redemption: a replay when the parameters
+    /// match, else a conflict listing the differing ones.
+    async fn replay(
+        &self,
+        existing: RedemptionDoc,
+        request: &NewRedemption,
+        visible: &impl Fn(&TokenDoc) -> bool,
+    ) -> Result<RedemptionOutcome, RedemptionError> {
+        let tokens = self.store.tokens_by_ids(&existing.token_ids).await?;
+        if !tokens.iter().all(visible) {
+            return Err(RedemptionError::Conflict(vec![Mismatch {
+                field: "reference".to_owned(),
+                existing: None,
+                requested: json!(request.reference.as_str()),
+            }]));
+        }
+        let mismatches = mismatches(&existing, request);
+        if !mismatches.is_empty() {
+            return Err(RedemptionError::Conflict(mismatches));
+        }
+        Ok(RedemptionOutcome::Replayed(Redeemed {
+            record: existing,
+            tokens,
+        }))
+    }
+}
+
+/// The compared parameters that differ: tokenType and quantity. The owner and reference
+/// are the key; `accountId` only narrows where the tokens came from.
+fn mismatches(existing: &RedemptionDoc, request: &NewRedemption) -> Vec<Mismatch> {
+    let compared: [(&str, Value, Value); 2] = [
+        (
+            "tokenType",
+            json!(existing.token_type),
+            json!(request.token_type.as_str()),
+        ),
+        (
+            "quantity",
+            json!(existing.quantity),
+            json!(request.quantity.get()),
+        ),
+    ];
+    compared
+        .into_iter()
+        .filter(|(_, existing, requested)| existing != requested)
+        .map(|(field, existing, requested)| Mismatch {
+            field: field.to_owned(),
+            existing: Some(existing),
+            requested,
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use mongodb::bson::DateTime;
+
+    use super::*;
+    use crate::domain::{Actor, Owner, Quantity, RedemptionReference, TokenType};
+
+    #[test]
+    fn only_token_type_and_quantity_are_compared() {
+        let owner = ObjectId::new();
+        let existing = RedemptionDoc {
+            id: ObjectId::new(),
+            owner,
+            reference: "order-1".to_owned(),
+            token_type: "standard".to_owned(),
+            quantity: 3,
+            account_id: Some("acct_1".to_owned()),
+            token_ids: Vec::new(),
+            created_at: DateTime::now(),
+            requested_by: "key:a".to_owned(),
+        };
+        let request = |token_type: &str, quantity: i64| NewRedemption {
+            owner: Owner::from_object_id(owner),
+            token_type: TokenType::parse(token_type).unwrap(),
+            quantity: Quantity::from_i64(quantity, 1000).unwrap(),
+            reference: RedemptionReference::parse("order-1").unwrap(),
+            account_id: None,
+            requested_by: Actor::api_key("b"),
+        };
+        assert!(mismatches(&existing, &request("standard", 3)).is_empty());
+        let both = mismatches(&existing, &request("premium", 4));
+        let fields: Vec<&str> = both.iter().map(|m| m.field.as_str()).collect();
+        assert_eq!(fields, ["tokenType", "quantity"]);
+        assert_eq!(both[1].existing, Some(json!(3)));
+        assert_eq!(both[1].requested, json!(4));
+    }
+}

@@ -1,0 +1,374 @@
+//! `Idempotency-Key` on redeem, revoke and transfer: a retry answers the first request's
+//! status and body, whatever happened to the token since; the key names one request of
+//! one API key; a request still running holds its key.
+
+use futures::future::join_all;
+use mongodb::bson::{DateTime, doc};
+use serde_json::json;
+use sha2::{Digest, Sha256};
+
+use super::{key_records, post, seen};
+use crate::helpers::*;
+
+#[tokio::test]
+async fn retried_redeem_transfer_and_revoke_answer_as_the_first_and_change_once() {
+    let app = spawn_app().await;
+    let ids = app.issue_tokens("pi_key_retries", 3).await;
+    let transfer = json!({ "newOwner": OTHER_OWNER });
+    let revoke = json!({ "reason": "fraud" });
+    let cases = [
+        ("redeem", &ids[0], None, None),
+        ("transfer", &ids[1], Some("\"0\""), Some(&transfer)),
+        ("revoke", &ids[2], None, Some(&revoke)),
+    ];
+    for (operation, id, if_match, body) in cases {
+        let path = format!("/v1/tokens/{id}/{operation}");
+        let key = format!("retry-{operation}");
+        let first = seen(post(&app, ADMIN_KEY, &path, Some(&key), if_match, body).await).await;
+        assert_eq!(first.status, 200, "{operation}");
+        assert!(!first.replayed, "{operation}");
+        let stored = app.stored_token(id).await;
+        assert_eq!(stored_int(&stored, "_version"), Some(1), "{operation}");
+
+        // The answer was lost: the client sends the same request again, twice.
+        for _ in 0..2 {
+            let retry = seen(post(&app, ADMIN_KEY, &path, Some(&key), if_match, body).await).await;
+            assert!(retry.replayed, "{operation}");
+            assert_eq!(
+                (retry.status, &retry.etag, &retry.body),
+                (first.status, &first.etag, &first.body),
+                "{operation}: the retry answers exactly as the first attempt did"
+            );
+        }
+        assert_eq!(
+            app.stored_token(id).await,
+            stored,
+            "{operation}: one change"
+        );
+    }
+    let records = key_records(&app, "admin").await;
+    assert_eq!(records.len(), 3);
+    for record in &records {
+        assert!(record.get_document("answer").is_ok(), "{record}");
+        let kept = record.get_datetime("expiresAt").unwrap().timestamp_millis()
+            - record.get_datetime("createdAt").unwrap().timestamp_millis();
+        assert_eq!(kept, 24 * 3600 * 1000, "idempotency.retention_hours");
+    }
+}
+
+#[tokio::test]
+async fn a_key_used_for_another_path_or_body_is_refused_and_writes_nothing() {
+    let app = spawn_app().await;
+    let ids = app.issue_tokens("pi_key_reused", 2).await;
+    let redeem = |id: &str| format!("/v1/tokens/{id}/redeem");
+    let first = post(&app, ADMIN_KEY, &redeem(&ids[0]), Some("k1"), None, None).await;
+    assert_eq!(first.status(), 200);
+
+    // Another path (another token) with the same key.
+    let other_path = post(&app, ADMIN_KEY, &redeem(&ids[1]), Some("k1"), None, None).await;
+    assert_problem(other_path, 422, "idempotency_key_reused").await;
+    // The same path with another body.
+    let body = json!({ "reference": "order-9" });
+    let other_body = post(
+        &app,
+        ADMIN_KEY,
+        &redeem(&ids[0]),
+        Some("k1"),
+        None,
+        Some(&body),
+    )
+    .await;
+    assert_problem(other_body, 422, "idempotency_key_reused").await;
+    // A transfer's key reused for another new owner.
+    let path = format!("/v1/tokens/{}/transfer", ids[1]);
+    let to = |owner: &str| json!({ "newOwner": owner });
+    let moved = post(
+        &app,
+        ADMIN_KEY,
+        &path,
+        Some("k2"),
+        Some("\"0\""),
+        Some(&to(OTHER_OWNER)),
+    )
+    .await;
+    assert_eq!(moved.status(), 200);
+    let elsewhere = "65f1a0c2b3d4e5f60123456a";
+    let again = post(
+        &app,
+        ADMIN_KEY,
+        &path,
+        Some("k2"),
+        Some("\"1\""),
+        Some(&to(elsewhere)),
+    )
+    .await;
+    assert_problem(again, 422, "idempotency_key_reused").await;
+
+    let second = app.stored_token(&ids[1]).await;
+    assert_eq!(second.get_str("status").unwrap(), "active");
+    assert_eq!(second.get_object_id("owner").unwrap().to_hex(), OTHER_OWNER);
+    assert_eq!(stored_int(&second, "_version"), Some(1));
+    assert_eq!(key_records(&app, "admin").await.len(), 2);
+}
+
+#[tokio::test]
+async fn keys_are_scoped_per_api_key() {
+    let app = spawn_app().await;
+    let ids = app.issue_tokens("pi_key_scoped", 2).await;
+    let admin = seen(
+        post(
+            &app,
+            ADMIN_KEY,
+            &format!("/v1/tokens/{}/redeem", ids[0]),
+            Some("shared"),
+            None,
+            None,
+        )
+        .await,
+    )
+    .await;
+    // Another API key with the same Idempotency-Key: its own request, not a reuse of
+    // the admin's nor a replay of its answer.
+    let other = seen(
+        post(
+            &app,
+            ACCOUNT1_KEY,
+            &format!("/v1/tokens/{}/redeem", ids[1]),
+            Some("shared"),
+            None,
+            None,
+        )
+        .await,
+    )
+    .await;
+    assert_eq!((admin.status, other.status), (200, 200));
+    assert!(!other.replayed);
+    assert_ne!(admin.body, other.body);
+    for id in &ids {
+        assert_eq!(
+            app.stored_token(id).await.get_str("status").unwrap(),
+            "redeemed"
+        );
+    }
+    for key_id in ["admin", "acct1"] {
+        let records = key_records(&app, key_id).await;
+        assert_eq!(records.len(), 1, "{key_id}");
+        assert_eq!(records[0].get_str("key").unwrap(), "shared");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_requests_with_one_key_run_once() {
+    let app = spawn_app().await;
+    let id = app.issue_tokens("pi_key_concurrent", 1).await.remove(0);
+    let path = format!("/v1/tokens/{id}/redeem");
+    let answers = join_all((0..16).map(|_| async {
+        seen(post(&app, ADMIN_KEY, &path, Some("together"), None, None).await).await
+    }))
+    .await;
+    // Without the key, all but one would be 409 state_conflict; with it exactly one
+    // runs, and each other is its replay or told the first is still running.
+    let ran: Vec<&super::Seen> = answers
+        .iter()
+        .filter(|a| a.status == 200 && !a.replayed)
+        .collect();
+    assert_eq!(ran.len(), 1, "{answers:?}");
+    for answer in &answers {
+        match (answer.status, answer.replayed) {
+            (200, _) => assert_eq!(answer.body, ran[0].body),
+            (409, false) => {
+                let problem: serde_json::Value = serde_json::from_slice(&answer.body).unwrap();
+                assert_eq!(problem["code"], "request_in_progress", "{problem}");
+            }
+            other => panic!("unexpected answer {other:?}"),
+        }
+    }
+    let token = app.stored_token(&id).await;
+    assert_eq!(stored_int(&token, "_version"), Some(1), "redeemed once");
+    let retry = seen(post(&app, ADMIN_KEY, &path, Some("together"), None, None).await).await;
+    assert!(retry.replayed);
+    assert_eq!(retry.body, ran[0].body);
+}
+
+/// A record held by an attempt whose lease is running answers 409 with `Retry-After`;
+/// one whose lease ended (its instance died mid-request) is taken over by the retry,
+/// which runs the action.
+#[tokio::test]
+async fn a_running_key_is_held_until_its_lease_ends() {
+    let app = spawn_app().await;
+    let ids = app.issue_tokens("pi_key_lease", 2).await;
+    let empty_body = hex::encode(Sha256::digest(b""));
+    let now = DateTime::now().timestamp_millis();
+    for (id, key, lease_until) in [
+        (&ids[0], "running", now + 60_000),
+        (&ids[1], "abandoned", now - 1),
+    ] {
+        app.db
+            .collection::<mongodb::bson::Document>("idempotency_keys")
+            .insert_one(doc! {
+                "keyId": "admin", "key": key, "method": "POST",
+                "path": format!("/v1/tokens/{id}/redeem"), "bodySha256": &empty_body,
+                "attempt": mongodb::bson::oid::ObjectId::new(),
+                "leaseUntil": DateTime::from_millis(lease_until),
+                "createdAt": DateTime::from_millis(now), "expiresAt": DateTime::from_millis(now + 3_600_000),
+            })
+            .await
+            .unwrap();
+    }
+    let running = post(
+        &app,
+        ADMIN_KEY,
+        &format!("/v1/tokens/{}/redeem", ids[0]),
+        Some("running"),
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(running.headers()["retry-after"], "1");
+    assert_problem(running, 409, "request_in_progress").await;
+    assert_eq!(
+        app.stored_token(&ids[0]).await.get_str("status").unwrap(),
+        "active"
+    );
+
+    let taken_over = seen(
+        post(
+            &app,
+            ADMIN_KEY,
+            &format!("/v1/tokens/{}/redeem", ids[1]),
+            Some("abandoned"),
+            None,
+            None,
+        )
+        .await,
+    )
+    .await;
+    assert_eq!((taken_over.status, taken_over.replayed), (200, false));
+    assert_eq!(
+        app.stored_token(&ids[1]).await.get_str("status").unwrap(),
+        "redeemed"
+    );
+    let record = app
+        .find_stored("idempotency_keys", doc! { "key": "abandoned" })
+        .await;
+    assert_eq!(
+        record
+            .get_document("answer")
+            .unwrap()
+            .get_i32("status")
+            .unwrap(),
+        200
+    );
+}
+
+#[tokio::test]
+async fn a_malformed_key_is_refused_naming_the_header_and_writes_nothing() {
+    let app = spawn_app().await;
+    let id = app.issue_tokens("pi_key_malformed", 1).await.remove(0);
+    let path = format!("/v1/tokens/{id}/redeem");
+    for bad in [String::new(), "k".repeat(256), "two words".to_owned()] {
+        let response = post(&app, ADMIN_KEY, &path, Some(&bad), None, None).await;
+        let problem = assert_problem(response, 422, "validation_failed").await;
+        assert_eq!(problem["errors"][0]["field"], "Idempotency-Key", "{bad:?}");
+    }
+    assert_eq!(
+        app.stored_token(&id).await.get_str("status").unwrap(),
+        "active"
+    );
+    assert_eq!(app.count("idempotency_keys", doc! {}).await, 0);
+}
+
+#[tokio::test]
+async fn the_key_indexes_come_from_the_migrations() {
+    let app = spawn_app().await;
+    let indexes: Vec<mongodb::bson::Document> = {
+        use futures::TryStreamExt;
+        app.db
+            .collection::<mongodb::bson::Document>("idempotency_keys")
+            .list_indexes()
+            .await
+            .unwrap()
+            .map_ok(|model| mongodb::bson::to_document(&model).unwrap())
+            .try_collect()
+            .await
+            .unwrap()
+    };
+    let named = |name: &str| {
+        indexes
+            .iter()
+            .find(|i| i.get_str("name").ok() == Some(name))
+            .unwrap_or_else(|| panic!("no index {name}: {indexes:?}"))
+            .clone()
+    };
+    let unique = named("uniq_idempotency_key");
+    assert_eq!(
+        unique.get_document("key").unwrap(),
+        &doc! { "keyId": 1, "key": 1 }
+    );
+    assert_eq!(unique.get_bool("unique"), Ok(true));
+    let ttl = named("idempotency_keys_expiry");
+    assert_eq!(ttl.get_document("key").unwrap(), &doc! { "expiresAt": 1 });
+    assert_eq!(ttl.get_i32("expireAfterSeconds"), Ok(0));
+}
+
+#[tokio::test]
+async fn another_instance_answers_the_retry() {
+    let first = spawn_app().await;
+    let second = spawn_app_on(&first.db_name, "").await;
+    let id = first.issue_tokens("pi_key_instances", 1).await.remove(0);
+    let path = format!("/v1/tokens/{id}/redeem");
+    let answered =
+        seen(post(&first, ADMIN_KEY, &path, Some("two-instances"), None, None).await).await;
+    assert_eq!((answered.status, answered.replayed), (200, false));
+    // The retry reaches the other instance, which has never seen the request: the record
+    // in MongoDB answers it.
+    let retried =
+        seen(post(&second, ADMIN_KEY, &path, Some("two-instances"), None, None).await).await;
+    assert!(retried.replayed);
+    assert_eq!(
+        (retried.status, &retried.body),
+        (answered.status, &answered.body)
+    );
+    assert_eq!(
+        stored_int(&first.stored_token(&id).await, "_version"),
+        Some(1)
+    );
+}
+
+#[tokio::test]
+async fn a_5xx_is_not_kept_and_the_retry_runs_again() {
+    let name = unique_app_name();
+    let app = spawn_app_named(&name, "").await;
+    let id = app.issue_tokens("pi_key_5xx", 1).await.remove(0);
+    let path = format!("/v1/tokens/{id}/redeem");
+    // The redeem's write fails with an error that is no outage: 500, nothing written.
+    let failpoint = FailPoint::set(&name, &["findAndModify"], Fault::error(2), 1).await;
+    let failed = post(&app, ADMIN_KEY, &path, Some("after-5xx"), None, None).await;
+    assert_problem(failed, 500, "internal_error").await;
+    assert!(
+        failpoint
+            .fired_within(1, std::time::Duration::from_secs(5))
+            .await
+    );
+    drop(failpoint);
+    assert_eq!(
+        app.count("idempotency_keys", doc! {}).await,
+        0,
+        "the key was released"
+    );
+    assert_eq!(
+        app.stored_token(&id).await.get_str("status").unwrap(),
+        "active"
+    );
+
+    let retried = seen(post(&app, ADMIN_KEY, &path, Some("after-5xx"), None, None).await).await;
+    assert_eq!(
+        (retried.status, retried.replayed),
+        (200, false),
+        "the retry ran"
+    );
+    assert_eq!(
+        app.stored_token(&id).await.get_str("status").unwrap(),
+        "redeemed"
+    );
+}
