@@ -1,5 +1,5 @@
-//! Retry-safe actions through an `Idempotency-Key` (seed 004's pattern: a unique key bound
-//! to the request's content, the database as the arbiter). The first attempt of a key
+//! Retry-safe actions through an `Idempotency-Key` (the pattern issuance is built on: a
+//! unique key bound to the request's content, the database as the arbiter). The first attempt of a key
 //! inserts its record into `idempotency_keys`, whose unique index on (API key id, key)
 //! lets exactly one attempt in, on whichever instance; it runs the action and stores the
 //! answer there. Every later request with that key is told, from the record alone:

@@ -1,5 +1,5 @@
 //! Spending by amount: a redemption of `quantity` of an owner's active tokens of one
-//! type, oldest first, all or nothing, named by the client's `reference` (seed 004's
+//! type, oldest first, all or nothing, named by the client's `reference` (issuance's
 //! pattern: the unique (owner, reference) index is the arbiter, the request's content is
 //! bound to it).
 //!
