@@ -1,8 +1,8 @@
 //! Retry-safe actions through an `Idempotency-Key` (the pattern issuance is built on: a
-//! unique key bound to the request's content, the database as the arbiter). The first attempt of a key
-//! inserts its record into `idempotency_keys`, whose unique index on (API key id, key)
-//! lets exactly one attempt in, on whichever instance; it runs the action and stores the
-//! answer there. Every later request with that key is told, from the record alone:
+//! unique key bound to the request's content, the database as the arbiter). The first
+//! attempt of a key inserts its record into `idempotency_keys`, whose unique index on
+//! (API key id, key) lets exactly one attempt in, on whichever instance; it runs the
+//! action and stores the answer there. Every later request with that key is told, from the record alone:
 //!
 //! - another method, path or body → `Reused` (the key names another request);
 //! - an answer stored → `Replay` of it, status and body as the first attempt had them;
@@ -11,8 +11,10 @@
 //!   dropped or timed out) → this attempt takes the key over and runs the action.
 //!
 //! A 5xx says nothing of what happened, so it is not kept: the key is released and a
-//! retry runs the action again, which is safe for the actions that offer keys (a redeem
-//! with its `reference` replays; revoking again is a no-op).
+//! retry runs the action again. That re-run (like the one after a take-over) is answered
+//! as the first attempt only where the action itself recognises its own effect (a redeem
+//! with its `reference` replays); a transfer or a revoke with an exact `If-Match` answers
+//! 412 instead, and a transfer with `If-Match: *` is applied again.
 
 use mongodb::bson::{Binary, DateTime, oid::ObjectId, spec::BinarySubtype};
 use sha2::{Digest, Sha256};
