@@ -56,6 +56,20 @@ pub struct PaymentEvent {
     pub payment_date: Option<DateTime<Utc>>,
     /// The refund or chargeback a refund event reports; `None` for other events.
     pub refund: Option<Refund>,
+    /// An authorisation the provider will capture later (Adyen under manual capture): not
+    /// the payment's success, but the event whose parameters the capture issues, so its
+    /// parameters are fixed like a success's.
+    pub authorises_capture: bool,
+}
+
+impl PaymentEvent {
+    /// Whether this event fixes the payment's token parameters: the first success that
+    /// names valid ones does, and so does an authorisation that a capture will turn into
+    /// the success (the capture names none).
+    pub fn fixes_params(&self) -> bool {
+        (self.status == PaymentStatus::Succeeded || self.authorises_capture)
+            && matches!(self.token_params, Some(Ok(_)))
+    }
 }
 
 /// One refund (or chargeback) of a payment, as a refund event reports it.

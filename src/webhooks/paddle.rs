@@ -168,6 +168,7 @@ pub fn parse_paddle(
             .and_then(|custom| tokenmint_params(custom, "", max_quantity)),
         payment_date: (status == PaymentStatus::Succeeded).then_some(occurred),
         refund,
+        authorises_capture: false,
     }))
 }
 

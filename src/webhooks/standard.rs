@@ -169,6 +169,7 @@ pub fn parse_standard(
                 full: refunded.is_none().then_some(true),
             }
         }),
+        authorises_capture: false,
     }))
 }
 

@@ -189,6 +189,7 @@ pub fn parse_stripe(
         token_params,
         payment_date,
         refund,
+        authorises_capture: false,
     }))
 }
 

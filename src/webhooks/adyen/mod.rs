@@ -289,6 +289,7 @@ fn parse_item(
             .and_then(|data| tokenmint_params(data, "metadata.", max_quantity)),
         payment_date: authorised.then(|| date.to_utc()),
         refund,
+        authorises_capture: authorised && status == PaymentStatus::Processing,
     })
 }
 

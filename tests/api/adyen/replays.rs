@@ -100,3 +100,29 @@ async fn an_authorisation_replayed_with_other_metadata_is_a_metadata_conflict() 
     }
     assert_eq!(app.count("tokens", doc! {}).await, 2);
 }
+
+/// Under manual capture the AUTHORISATION carries the parameters and the CAPTURE names
+/// none: the authorisation fixes them, so a replay of it with other metadata (after its
+/// dedupe record expired, before the capture) cannot choose what the capture issues.
+#[tokio::test]
+async fn under_manual_capture_a_replayed_authorisation_cannot_change_what_the_capture_issues() {
+    let app = spawn_app_with(&format!("{ADYEN}capture = \"manual\"\n")).await;
+    let signed = signed_batch(&[authorisation("PSP_R", 3)], ADYEN_NEW);
+    accepted(&app, signed.clone()).await;
+    expire(&app, "AUTHORISATION:PSP_R:true").await;
+    accepted(&app, tampered(&signed, "2026-11-30T12:00:00+01:00", 9)).await;
+    assert_eq!(
+        recorded_outcome(&app, "AUTHORISATION:PSP_R:true").await,
+        "metadata_conflict"
+    );
+
+    send(&app, &[modification("CAPTURE", "CAP_R", "PSP_R", 1000)]).await;
+    assert_eq!(app.token_indexes("PSP_R").await, vec![0, 1, 2]);
+    let payment = app
+        .find_stored("payments", doc! { "paymentIntentId": "PSP_R" })
+        .await;
+    assert_eq!(
+        stored_int(payment.get_document("tokenParams").unwrap(), "quantity"),
+        Some(3)
+    );
+}
