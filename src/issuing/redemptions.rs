@@ -166,10 +166,12 @@ impl Issuer {
     }
 }
 
-/// The compared parameters that differ: tokenType and quantity. The owner and reference
-/// are the key; `accountId` only narrows where the tokens came from.
+/// The compared parameters that differ: tokenType, quantity and accountId (the request's
+/// whole content is bound to its reference: a retry that names another account, or none,
+/// must not be answered with the tokens spent from the first one). The owner and
+/// reference are the key.
 fn mismatches(existing: &RedemptionDoc, request: &NewRedemption) -> Vec<Mismatch> {
-    let compared: [(&str, Value, Value); 2] = [
+    let compared: [(&str, Value, Value); 3] = [
         (
             "tokenType",
             json!(existing.token_type),
@@ -179,6 +181,11 @@ fn mismatches(existing: &RedemptionDoc, request: &NewRedemption) -> Vec<Mismatch
             "quantity",
             json!(existing.quantity),
             json!(request.quantity.get()),
+        ),
+        (
+            "accountId",
+            json!(existing.account_id),
+            json!(request.account_id.as_ref().map(|a| a.as_str())),
         ),
     ];
     compared
@@ -197,10 +204,10 @@ mod tests {
     use mongodb::bson::DateTime;
 
     use super::*;
-    use crate::domain::{Actor, Owner, Quantity, RedemptionReference, TokenType};
+    use crate::domain::{AccountId, Actor, Owner, Quantity, RedemptionReference, TokenType};
 
     #[test]
-    fn only_token_type_and_quantity_are_compared() {
+    fn token_type_quantity_and_account_are_compared() {
         let owner = ObjectId::new();
         let existing = RedemptionDoc {
             id: ObjectId::new(),
@@ -213,16 +220,21 @@ mod tests {
             created_at: DateTime::now(),
             requested_by: "key:a".to_owned(),
         };
-        let request = |token_type: &str, quantity: i64| NewRedemption {
+        let request = |token_type: &str, quantity: i64, account: Option<&str>| NewRedemption {
             owner: Owner::from_object_id(owner),
             token_type: TokenType::parse(token_type).unwrap(),
             quantity: Quantity::from_i64(quantity, 1000).unwrap(),
             reference: RedemptionReference::parse("order-1").unwrap(),
-            account_id: None,
+            account_id: account.map(|a| AccountId::parse(a).unwrap()),
             requested_by: Actor::api_key("b"),
         };
-        assert!(mismatches(&existing, &request("standard", 3)).is_empty());
-        let both = mismatches(&existing, &request("premium", 4));
+        assert!(mismatches(&existing, &request("standard", 3, Some("acct_1"))).is_empty());
+        for other_account in [Some("acct_2"), None] {
+            let found = mismatches(&existing, &request("standard", 3, other_account));
+            let fields: Vec<&str> = found.iter().map(|m| m.field.as_str()).collect();
+            assert_eq!(fields, ["accountId"], "{other_account:?}");
+        }
+        let both = mismatches(&existing, &request("premium", 4, Some("acct_1")));
         let fields: Vec<&str> = both.iter().map(|m| m.field.as_str()).collect();
         assert_eq!(fields, ["tokenType", "quantity"]);
         assert_eq!(both[1].existing, Some(json!(3)));
