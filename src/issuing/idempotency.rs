@@ -11,7 +11,9 @@
 //!   dropped or timed out) → this attempt takes the key over and runs the action.
 //!
 //! A 5xx says nothing of what happened, so it is not kept: the key is released and a
-//! retry runs the action again. That re-run (like the one after a take-over) is answered
+//! retry runs the action again. Nor is a refusal of the request itself (a bad body, a
+//! missing `If-Match`, the key's scope, the rate limit): the action never ran, and the
+//! corrected request may use the same key. That re-run (like the one after a take-over) is answered
 //! as the first attempt only where the action itself recognises its own effect (a redeem
 //! with its `reference` replays); a transfer or a revoke with an exact `If-Match` answers
 //! 412 instead, and a transfer with `If-Match: *` is applied again.
@@ -22,6 +24,18 @@ use sha2::{Digest, Sha256};
 use super::Issuer;
 use crate::domain::IdempotencyKey;
 use crate::store::{IdempotencyDoc, StoreError, StoredAnswer, StoredHeader};
+
+/// Answers that refuse the request before its action could run (400 malformed, 403
+/// scope, 413 too large, 415 not JSON, 422 invalid, 428 no `If-Match`, 429 rate
+/// limited). They are not kept: nothing happened, so the corrected request may reuse the
+/// key (payment APIs save no result for a request that failed validation either). The
+/// action's own refusals (404, 409, 412) are kept: they are what happened to it.
+const REFUSED_BEFORE_THE_ACTION: [u16; 7] = [400, 403, 413, 415, 422, 428, 429];
+
+/// Whether an answer of `status` is kept for the key's retries.
+fn is_kept(status: u16) -> bool {
+    status < 500 && !REFUSED_BEFORE_THE_ACTION.contains(&status)
+}
 
 /// How often one request looks again when the record it collided with vanished before it
 /// could be read (expired, or released by an attempt that failed with a 5xx).
@@ -135,13 +149,14 @@ impl Issuer {
     }
 
     /// Keeps `answer` for the key's retries, or releases the key when the answer is a 5xx
-    /// (nothing is known of what happened, so a retry must run the action again).
+    /// (nothing is known of what happened, so a retry must run the action again) or a
+    /// refusal of the request itself (`REFUSED_BEFORE_THE_ACTION`).
     pub async fn finish_idempotent(
         &self,
         attempt: Attempt,
         answer: &Answer,
     ) -> Result<(), StoreError> {
-        if answer.status >= 500 {
+        if !is_kept(answer.status) {
             return self
                 .store
                 .release_idempotency_record(attempt.record, attempt.attempt)

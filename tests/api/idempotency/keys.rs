@@ -372,3 +372,51 @@ async fn a_5xx_is_not_kept_and_the_retry_runs_again() {
         "redeemed"
     );
 }
+
+/// A refusal of the request itself (here 428: a transfer without `If-Match`) is not kept:
+/// the action never ran, so the corrected request with the same key runs, once.
+#[tokio::test]
+async fn a_request_refused_before_its_action_leaves_the_key_for_the_corrected_one() {
+    let app = spawn_app().await;
+    let id = app.issue_tokens("pi_key_428", 1).await.remove(0);
+    let path = format!("/v1/tokens/{id}/transfer");
+    let body = json!({ "newOwner": OTHER_OWNER });
+    let refused = post(&app, ADMIN_KEY, &path, Some("fix-me"), None, Some(&body)).await;
+    assert_eq!(refused.status(), 428);
+    assert_eq!(app.count("idempotency_keys", doc! {}).await, 0, "released");
+    assert_eq!(
+        stored_int(&app.stored_token(&id).await, "_version"),
+        Some(0)
+    );
+
+    let corrected = seen(
+        post(
+            &app,
+            ADMIN_KEY,
+            &path,
+            Some("fix-me"),
+            Some("\"0\""),
+            Some(&body),
+        )
+        .await,
+    )
+    .await;
+    assert_eq!((corrected.status, corrected.replayed), (200, false));
+    let retried = seen(
+        post(
+            &app,
+            ADMIN_KEY,
+            &path,
+            Some("fix-me"),
+            Some("\"0\""),
+            Some(&body),
+        )
+        .await,
+    )
+    .await;
+    assert_eq!((retried.status, retried.replayed), (200, true));
+    assert_eq!(retried.body, corrected.body);
+    let stored = app.stored_token(&id).await;
+    assert_eq!(stored.get_object_id("owner").unwrap().to_hex(), OTHER_OWNER);
+    assert_eq!(stored_int(&stored, "_version"), Some(1), "transferred once");
+}
