@@ -227,7 +227,9 @@ async fn ctrl_c_to_the_process_group_drains_before_mongod_stops() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    // ...and a second later, mongod still runs: the SIGINT did not reach it.
+    // ...and a second later, mongod still runs: the SIGINT did not reach it. A pid alone
+    // would not show it (an exited, unreaped mongod still answers kill(pid, 0)): it still
+    // holds its data directory and accepts connections.
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert!(
         alive(mongod),
@@ -238,6 +240,11 @@ async fn ctrl_c_to_the_process_group_drains_before_mongod_stops() {
         lock_pid(&data_dir),
         Some(mongod),
         "mongod still holds its data"
+    );
+    let mongod_address = std::net::SocketAddr::from(([127, 0, 0, 1], mongod_port(&data_dir)));
+    assert!(
+        std::net::TcpStream::connect_timeout(&mongod_address, Duration::from_secs(2)).is_ok(),
+        "mongod no longer accepts connections while tokenmint drains"
     );
     assert!(
         server.child.try_wait().unwrap().is_none(),
