@@ -1,11 +1,15 @@
-//! The command line: `tokenmint serve | migrate [--dry-run] | duplicates | verify
-//! [--repair] | keys new|dev | openapi | healthcheck [--url URL] | webhooks sign`. Exit status, for every command: 0 done and
+//! The command line: `tokenmint serve | migrate [--dry-run] | duplicates [--json] | verify
+//! [--repair] [--json] | keys new|dev | openapi | healthcheck [--url URL] | webhooks sign`. Exit status, for every command: 0 done and
 //! clean, 1 the command ran and found something (violations, duplicates), 2 it could not
-//! run (bad configuration or usage, database unreachable, a failed start).
+//! run (bad configuration or usage, database unreachable, a failed start). `--json`
+//! prints one JSON document instead of the text (the shapes are `report`'s), with the same
+//! exit status.
 //!
 //! With the embedded database, the operator commands (migrate, duplicates, verify) use
 //! the mongod a running `tokenmint serve` has on the same data directory, and leave it
 //! running; with none running they start their own and stop it when done.
+
+mod report;
 
 use std::path::PathBuf;
 
@@ -43,7 +47,11 @@ pub enum Command {
         dry_run: bool,
     },
     /// List documents that violate (or would violate) tokenmint's unique indexes.
-    Duplicates,
+    Duplicates {
+        /// Print one JSON document instead of text (same exit status).
+        #[arg(long)]
+        json: bool,
+    },
     /// Check the invariants (exactly tokenIndex 0..quantity-1 per payment, tokens matching
     /// their issuance, no duplicates or orphans, every token versioned, no stranded pending
     /// issuance, no active token of a refunded or canceled payment); exit 1 on violations.
@@ -52,6 +60,9 @@ pub enum Command {
         /// tokens of refunded or canceled payments. Then check, and report the rest.
         #[arg(long)]
         repair: bool,
+        /// Print one JSON document instead of text (same exit status).
+        #[arg(long)]
+        json: bool,
     },
     /// API keys: make a new one, or print the development key again.
     Keys {
@@ -154,7 +165,7 @@ impl Cli {
             }
             Command::Migrate { dry_run } => migrate(&settings, dry_run).await,
             Command::Healthcheck { url } => healthcheck(&settings, url.as_deref()).await,
-            Command::Duplicates => duplicates(&settings).await,
+            Command::Duplicates { json } => duplicates(&settings, json).await,
             Command::Webhooks {
                 command: WebhooksCommand::Sign { provider, file, id },
             } => {
@@ -166,7 +177,7 @@ impl Cli {
                 );
                 Ok(Finished::Clean)
             }
-            Command::Verify { repair } => verify(&settings, repair).await,
+            Command::Verify { repair, json } => verify(&settings, repair, json).await,
             Command::Keys {
                 command: KeysCommand::Dev,
             } => dev_key(&settings),
@@ -330,60 +341,75 @@ async fn migrate(settings: &Settings, dry_run: bool) -> anyhow::Result<Finished>
     Ok(Finished::Clean)
 }
 
-async fn duplicates(settings: &Settings) -> anyhow::Result<Finished> {
-    let (store, embedded) = connect(settings).await?;
-    let mut found = 0;
-    let mut result: anyhow::Result<()> = Ok(());
-    for index in crate::migrate::unique_indexes()? {
-        match crate::migrate::find_duplicates(&store, &index).await {
-            Ok(report) if report.groups.is_empty() => {
-                println!("{} on {}: no duplicates", index.name, index.collection)
-            }
-            Ok(report) => {
-                found += report.groups.len();
-                println!("{report}");
-            }
-            Err(err) => {
-                result = Err(err.into());
-                break;
-            }
-        }
-    }
-    if let Some(embedded) = embedded {
-        embedded.stop().await;
-    }
-    result?;
-    if found > 0 {
-        println!("{found} group(s) of duplicates found");
-        return Ok(Finished::Findings);
-    }
-    Ok(Finished::Clean)
-}
-
-async fn verify(settings: &Settings, repair: bool) -> anyhow::Result<Finished> {
+async fn duplicates(settings: &Settings, json: bool) -> anyhow::Result<Finished> {
     let (store, embedded) = connect(settings).await?;
     let result = async {
-        if repair {
-            let report = crate::startup::issuer(settings, store.clone())
-                .repair_all()
-                .await?;
-            println!(
-                "repaired: {} unfinished issuance(s) completed ({} re-opened), {} token(s) written, {} token(s) revoked, {} could not be repaired",
-                report.records_finished,
-                report.records_reopened,
-                report.tokens_created,
-                report.tokens_revoked,
-                report.failed
-            );
+        let mut reports = Vec::new();
+        for index in crate::migrate::unique_indexes()? {
+            reports.push(crate::migrate::find_duplicates(&store, &index).await?);
         }
-        store.verify().await
+        anyhow::Ok(reports)
     }
     .await;
     if let Some(embedded) = embedded {
         embedded.stop().await;
     }
-    let report = result?;
-    println!("{report}");
+    let reports = result?;
+    let found: usize = reports.iter().map(|r| r.groups.len()).sum();
+    if json {
+        println!("{}", report::duplicates(&reports));
+    } else {
+        for report in &reports {
+            if report.groups.is_empty() {
+                println!("{} on {}: no duplicates", report.index, report.collection);
+            } else {
+                println!("{report}");
+            }
+        }
+        if found > 0 {
+            println!("{found} group(s) of duplicates found");
+        }
+    }
+    Ok(if found > 0 {
+        Finished::Findings
+    } else {
+        Finished::Clean
+    })
+}
+
+async fn verify(settings: &Settings, repair: bool, json: bool) -> anyhow::Result<Finished> {
+    let (store, embedded) = connect(settings).await?;
+    let result = async {
+        let repaired = if repair {
+            let report = crate::startup::issuer(settings, store.clone())
+                .repair_all()
+                .await?;
+            if !json {
+                println!(
+                    "repaired: {} unfinished issuance(s) completed ({} re-opened), {} token(s) written, {} token(s) revoked, {} could not be repaired",
+                    report.records_finished,
+                    report.records_reopened,
+                    report.tokens_created,
+                    report.tokens_revoked,
+                    report.failed
+                );
+            }
+            Some(report)
+        } else {
+            None
+        };
+        Ok::<_, crate::store::StoreError>((repaired, store.verify().await?))
+    }
+    .await;
+    if let Some(embedded) = embedded {
+        embedded.stop().await;
+    }
+    let (repaired, report) = result?;
+    if json {
+        println!("{}", report::verify(&report, repaired.as_ref()));
+    } else {
+        println!("{report}");
+    }
     Ok(if report.is_clean() {
         Finished::Clean
     } else {

@@ -10,7 +10,8 @@
 //! (its pid is in `mongod.lock`), and operator commands (`attach_or_start`) use that
 //! mongod instead, after checking that the server on the remembered port is that very
 //! process, and never stop a mongod they did not start. mongod's stdout and stderr (what
-//! it prints before its log is open) go to its log file too.
+//! it prints before its log is open) go to its log file too. mongod runs in its own
+//! process group, so a terminal's Ctrl-C stops tokenmint first, never mongod under it.
 //!
 //! What the data directory records (the port, the live mongod's pid) is `data_dir`'s;
 //! signalling child processes is `process`'s.
@@ -189,6 +190,11 @@ impl EmbeddedMongo {
         // Not kill_on_drop: a dropped handle asks mongod to stop (SIGTERM, see Drop), it
         // never kills it.
         die_with_parent(command.as_std_mut(), libc::SIGTERM);
+        // Its own process group: a terminal's Ctrl-C (SIGINT to the foreground group)
+        // reaches tokenmint only, which drains its in-flight requests (they still need
+        // the database) and only then stops mongod.
+        #[cfg(unix)]
+        command.process_group(0);
         let child = command.spawn()?;
         let pid = child.id();
         tracing::info!(binary = %binary.display(), port, pid, data_dir = %data_dir.display(), "started embedded mongod");

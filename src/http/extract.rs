@@ -1,21 +1,30 @@
 //! Request-body extraction with tokenmint's error contract: wrong content type → 415,
 //! too large → 413, not JSON → 400, wrong shape or unknown field → 422 naming the field.
 //! axum's own `Json` answers these in plain text; clients get problem+json instead.
+//!
+//! Unknown fields do not end the checks: each is recorded and the body parsed without it,
+//! and the extractors hand the recorded errors to the handler, whose own field checks add
+//! to them, so one 422 names every bad field.
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{FromRequest, Request};
 use axum::http::{StatusCode, header};
 use serde::de::DeserializeOwned;
+use serde_json::Value;
+use serde_path_to_error::{Path, Segment};
 
 use super::error::ApiError;
+use crate::domain::FieldErrors;
 
-/// A JSON request body of type `T` (which should `deny_unknown_fields`).
-pub struct JsonBody<T>(pub T);
+/// A JSON request body of type `T` (which should `deny_unknown_fields`), and the errors
+/// already found in it (its unknown fields): the handler adds its own checks' errors and
+/// answers all of them together (`FieldErrors::finish`).
+pub struct JsonBody<T>(pub T, pub FieldErrors);
 
 /// Like `JsonBody`, but an empty body (or a JSON `null`) means `T::default()` (e.g. redeem's
 /// optional body).
-pub struct OptionalJsonBody<T>(pub T);
+pub struct OptionalJsonBody<T>(pub T, pub FieldErrors);
 
 impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
     type Rejection = ApiError;
@@ -23,7 +32,7 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
         require_json_content_type(&req)?;
         let bytes = read_body(req, state).await?;
-        parse_json(&bytes).map(JsonBody)
+        parse_json(&bytes).map(|(body, errors)| JsonBody(body, errors))
     }
 }
 
@@ -37,15 +46,15 @@ impl<S: Send + Sync, T: DeserializeOwned + Default> FromRequest<S> for OptionalJ
         }
         let bytes = read_body(req, state).await?;
         if bytes.iter().all(u8::is_ascii_whitespace) {
-            return Ok(OptionalJsonBody(T::default()));
+            return Ok(OptionalJsonBody(T::default(), FieldErrors::default()));
         }
         if !has_content_type {
             return Err(ApiError::UnsupportedMediaType);
         }
         if bytes.trim_ascii() == b"null" {
-            return Ok(OptionalJsonBody(T::default()));
+            return Ok(OptionalJsonBody(T::default(), FieldErrors::default()));
         }
-        parse_json(&bytes).map(OptionalJsonBody)
+        parse_json(&bytes).map(|(body, errors)| OptionalJsonBody(body, errors))
     }
 }
 
@@ -83,9 +92,11 @@ pub(super) async fn read_body<S: Send + Sync>(req: Request, state: &S) -> Result
         })
 }
 
-/// Parses `bytes` as a JSON object into `T`, mapping every failure to the contract.
-pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
-    let value = match serde_json::from_slice::<UniqueKeys>(bytes) {
+/// Parses `bytes` as a JSON object into `T`, mapping every failure to the contract. `Ok`
+/// carries the unknown fields found (as errors for the caller to report with its own);
+/// a body that still does not fit `T` without them is a 422 naming them and the misfit.
+pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<(T, FieldErrors), ApiError> {
+    let mut value = match serde_json::from_slice::<UniqueKeys>(bytes) {
         Ok(UniqueKeys(value)) => value,
         // The only data error a generic value can raise is our repeated key.
         Err(e) if e.is_data() => {
@@ -98,17 +109,62 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     if !value.is_object() {
         return Err(ApiError::validation("body", "must be a JSON object"));
     }
-    serde_path_to_error::deserialize(value).map_err(|err| {
-        let path = err.path().to_string();
+    let mut errors = FieldErrors::default();
+    // serde stops at the first unknown field: record it, take it out and parse again, so
+    // that the other fields are still judged. Every round removes a key, so this ends.
+    loop {
+        let err = match serde_path_to_error::deserialize(&value) {
+            Ok(body) => return Ok((body, errors)),
+            Err(err) => err,
+        };
         let message = err.inner().to_string();
+        if message.starts_with("unknown field")
+            && let Some(name) = quoted_name(&message)
+            && let Some(field) = remove_unknown(&mut value, err.path(), &name)
+        {
+            errors.push(&field, "is not a known field");
+            continue;
+        }
+        let path = err.path().to_string();
         let field = if path.is_empty() || path == "." {
-            // Unknown and missing fields are reported by serde on the parent object.
+            // Missing fields are reported by serde on the parent object.
             quoted_name(&message).unwrap_or_else(|| "body".to_owned())
         } else {
             path
         };
-        ApiError::validation(&field, clean_message(&message))
-    })
+        errors.push(&field, clean_message(&message));
+        return Err(errors
+            .finish()
+            .map_or_else(ApiError::Validation, |()| ApiError::Internal));
+    }
+}
+
+/// Removes the unknown key `name` that serde reported at `path` (the key's own path, or
+/// its object's) from `value`; the field's dotted name, or `None` if it is not there.
+fn remove_unknown(value: &mut Value, path: &Path, name: &str) -> Option<String> {
+    let mut segments: Vec<&Segment> = path.iter().collect();
+    if matches!(segments.last(), Some(Segment::Map { key }) if key == name) {
+        segments.pop();
+    }
+    let mut at = value;
+    let mut field = String::new();
+    for segment in segments {
+        at = match (segment, at) {
+            (Segment::Map { key }, Value::Object(map)) => {
+                field.push_str(key);
+                map.get_mut(key)?
+            }
+            (Segment::Seq { index }, Value::Array(items)) => {
+                field.push_str(&index.to_string());
+                items.get_mut(*index)?
+            }
+            _ => return None,
+        };
+        field.push('.');
+    }
+    at.as_object_mut()?.remove(name)?;
+    field.push_str(name);
+    Some(field)
 }
 
 /// A JSON value in which no object repeats a key. serde_json keeps the last of repeated
@@ -190,9 +246,7 @@ fn quoted_name(message: &str) -> Option<String> {
 }
 
 fn clean_message(message: &str) -> String {
-    if message.starts_with("unknown field") {
-        "is not a known field".to_owned()
-    } else if message.starts_with("missing field") {
+    if message.starts_with("missing field") {
         "is required".to_owned()
     } else {
         message.to_owned()
@@ -215,13 +269,34 @@ mod tests {
     fn errors(bytes: &str) -> Vec<FieldError> {
         match parse_json::<Body>(bytes.as_bytes()) {
             Err(ApiError::Validation(errors)) => errors,
-            other => panic!("expected 422, got {other:?}"),
+            Ok((_, found)) => match found.finish() {
+                Err(errors) => errors,
+                Ok(()) => panic!("expected 422, got a body"),
+            },
+            Err(other) => panic!("expected 422, got {other:?}"),
         }
+    }
+
+    fn fields(errors: &[FieldError]) -> Vec<&str> {
+        errors.iter().map(|e| e.field.as_str()).collect()
     }
 
     #[test]
     fn unknown_field_is_named() {
         assert_eq!(errors(r#"{"tokenTyp": "a"}"#)[0].field, "tokenTyp");
+    }
+
+    #[test]
+    fn every_unknown_field_is_named_with_the_other_faults() {
+        // The known fields still parse: the body comes back with the unknown ones listed.
+        let (body, found) = parse_json::<Body>(br#"{"a": 1, "tokenType": "x", "b": 2}"#).unwrap();
+        assert_eq!(body.token_type.as_deref(), Some("x"));
+        let found = found.finish().unwrap_err();
+        assert_eq!(fields(&found), ["a", "b"]);
+        assert!(found.iter().all(|e| e.message == "is not a known field"));
+        // A misfit of a known field is named beside them.
+        let found = errors(r#"{"a": 1, "count": "4", "b": 2}"#);
+        assert_eq!(fields(&found), ["a", "b", "count"]);
     }
 
     #[test]

@@ -74,14 +74,15 @@ pub struct IssuanceRequest {
 }
 
 impl IssuanceRequest {
-    /// Validates every field, reporting all bad ones together.
+    /// Validates every field, reporting all bad ones together with `errors` (the body's
+    /// unknown fields).
     fn into_domain(
         self,
+        mut errors: FieldErrors,
         max_quantity: u32,
         default_mode: IssuanceMode,
         requested_by: Actor,
     ) -> Result<NewIssuance, ApiError> {
-        let mut errors = FieldErrors::default();
         let provider = errors.required_text("provider", self.provider.as_ref(), Provider::parse);
         let account_id = errors
             .optional_text("accountId", self.account_id.as_ref(), AccountId::parse)
@@ -296,8 +297,9 @@ pub async fn create_issuance(
     };
     // The body is judged only once the caller may send one: a key without the scope
     // hears 403, whatever it sent.
-    let JsonBody(body) = body?;
+    let JsonBody(body, errors) = body?;
     let request = body.into_domain(
+        errors,
         state.max_quantity,
         state.issuer.default_mode(),
         Actor::api_key(&principal.key_id),

@@ -64,8 +64,14 @@ pub struct RedemptionRequest {
 }
 
 impl RedemptionRequest {
-    fn into_domain(self, max_quantity: u32, by: Actor) -> Result<NewRedemption, ApiError> {
-        let mut errors = FieldErrors::default();
+    /// Validates every field, reporting all bad ones together with `errors` (the body's
+    /// unknown fields).
+    fn into_domain(
+        self,
+        mut errors: FieldErrors,
+        max_quantity: u32,
+        by: Actor,
+    ) -> Result<NewRedemption, ApiError> {
         let owner = errors.required_text("owner", self.owner.as_ref(), Owner::parse);
         let token_type =
             errors.required_text("tokenType", self.token_type.as_ref(), TokenType::parse);
@@ -214,8 +220,12 @@ pub async fn create_redemption(
     body: Result<JsonBody<RedemptionRequest>, ApiError>,
 ) -> Result<Response, ApiError> {
     principal.require(Scope::TokensRedeem)?;
-    let JsonBody(body) = body?;
-    let request = body.into_domain(state.max_quantity, Actor::api_key(&principal.key_id))?;
+    let JsonBody(body, errors) = body?;
+    let request = body.into_domain(
+        errors,
+        state.max_quantity,
+        Actor::api_key(&principal.key_id),
+    )?;
     if let (Some(account), Some(grants)) = (&request.account_id, principal.accounts())
         && !grants.iter().any(|g| g.account() == account)
     {

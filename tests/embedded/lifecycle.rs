@@ -1,5 +1,7 @@
 //! Starting and stopping: the service survives a restart on its data directory, a failed
-//! start stops its mongod cleanly, and `/readyz` turns 503 the moment shutdown begins.
+//! start stops its mongod cleanly, `/readyz` turns 503 the moment shutdown begins, and a
+//! terminal's Ctrl-C (SIGINT to the whole foreground process group) drains the service's
+//! in-flight requests before mongod is stopped.
 
 use std::time::{Duration, Instant};
 
@@ -10,7 +12,8 @@ use tokenmint_test_support::token_ids;
 
 use super::KEY;
 use super::data_dir::{
-    assert_mongod_stopped, config_text, mongod_port, processes_naming, write_config,
+    alive, assert_mongod_stopped, config_text, lock_pid, mongod_port, processes_naming,
+    write_config, write_config_with,
 };
 use super::server::{Server, issuance, post_issuance, readyz, run, tokenmint, unpooled_client};
 
@@ -179,5 +182,99 @@ async fn readyz_turns_503_as_soon_as_shutdown_begins() {
         .unwrap()
         .unwrap()
         .unwrap();
+    assert_mongod_stopped(&data_dir);
+}
+
+/// Ctrl-C in a terminal signals the whole foreground process group. The real binary leads
+/// its own group here, as a shell's foreground job does; SIGINT to that group while a
+/// request is in flight must leave mongod running (it is in a group of its own) until the
+/// request has finished, then both exit cleanly and no mongod is left behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ctrl_c_to_the_process_group_drains_before_mongod_stops() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().join("data");
+    let config = write_config_with(dir.path(), &data_dir, "shutdown_grace_ms = 30000", true);
+    let http = unpooled_client();
+    let mut server =
+        tokio::task::block_in_place(|| Server::start_in_own_group(&config, dir.path()));
+    assert_eq!(readyz(&http, &server).await, 200, "{}", server.logs());
+    let mongod = lock_pid(&data_dir).expect("mongod holds its data directory");
+    assert!(alive(mongod));
+
+    // An issuance in flight: its headers and half of its body sent.
+    let body = issuance().to_string();
+    let (first, rest) = body.split_at(body.len() / 2);
+    let address = server.address.trim_start_matches("http://").to_owned();
+    let mut stream = tokio::net::TcpStream::connect(&address).await.unwrap();
+    let head = format!(
+        "POST /v1/issuances HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    stream.write_all(first.as_bytes()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    server.interrupt_group();
+    // Shutdown has begun (the service logs it, and no longer reports ready)...
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !server.logs().contains("shutting down") {
+        assert!(
+            Instant::now() < deadline,
+            "no shutdown began:\n{}",
+            server.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // ...and a second later, mongod still runs: the SIGINT did not reach it. A pid alone
+    // would not show it (an exited, unreaped mongod still answers kill(pid, 0)): it still
+    // holds its data directory and accepts connections.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        alive(mongod),
+        "mongod got the terminal's SIGINT:\n{}",
+        server.logs()
+    );
+    assert_eq!(
+        lock_pid(&data_dir),
+        Some(mongod),
+        "mongod still holds its data"
+    );
+    let mongod_address = std::net::SocketAddr::from(([127, 0, 0, 1], mongod_port(&data_dir)));
+    assert!(
+        std::net::TcpStream::connect_timeout(&mongod_address, Duration::from_secs(2)).is_ok(),
+        "mongod no longer accepts connections while tokenmint drains"
+    );
+    assert!(
+        server.child.try_wait().unwrap().is_none(),
+        "tokenmint waits for its request"
+    );
+
+    // The request completes against the still-running database.
+    stream.write_all(rest.as_bytes()).await.unwrap();
+    let mut response = String::new();
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        stream.read_to_string(&mut response),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert!(
+        response.starts_with("HTTP/1.1 201"),
+        "{response}\n{}",
+        server.logs()
+    );
+
+    // Then both exit cleanly, tokenmint stopping mongod itself.
+    let status = tokio::task::block_in_place(|| server.wait_for_exit(Duration::from_secs(60)));
+    assert!(status.success(), "exit {status:?}\n{}", server.logs());
+    assert!(
+        server.logs().contains("embedded mongod stopped"),
+        "mongod was not stopped by tokenmint:\n{}",
+        server.logs()
+    );
+    assert!(!alive(mongod), "mongod {mongod} left running");
     assert_mongod_stopped(&data_dir);
 }

@@ -4,7 +4,7 @@
 //! beside it use its mongod and leave it running; the development key survives restarts;
 //! `keys new` prints a usable entry; production refuses the embedded mongod; a failed
 //! start stops mongod cleanly; slow clients are cut off; `/readyz` turns 503 as soon as
-//! shutdown begins.
+//! shutdown begins; a Ctrl-C to the service's process group drains before mongod stops.
 //!
 //! The tests are in [`lifecycle`] (start, restart, stop), [`commands`] (operator commands
 //! beside a running service, production's refusal) and [`keys`]; the binary as they run

@@ -107,7 +107,22 @@ impl Server {
     /// Starts `tokenmint --config <config> serve` and waits (up to 120 s) for the
     /// "listening on http://ADDR" log line.
     pub(super) fn start(config: &Path, cwd: &Path) -> Server {
-        let mut child = tokenmint(config, cwd, &["serve"])
+        Self::spawn(tokenmint(config, cwd, &["serve"]))
+    }
+
+    /// [`Server::start`] as a terminal's foreground job: the service leads a new process
+    /// group (its pid is the group id), so a test can signal the whole group as Ctrl-C
+    /// does.
+    pub(super) fn start_in_own_group(config: &Path, cwd: &Path) -> Server {
+        use std::os::unix::process::CommandExt;
+        let mut command = tokenmint(config, cwd, &["serve"]);
+        command.process_group(0);
+        Self::spawn(command)
+    }
+
+    /// Spawns `command` (a `serve`) and waits (up to 120 s) for its listening address.
+    fn spawn(mut command: Command) -> Server {
+        let mut child = command
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -206,6 +221,20 @@ impl Server {
         // SAFETY: plain kill(2) on our own child's pid, which has not been reaped yet.
         let rc = unsafe { libc::kill(pid, libc::SIGTERM) };
         assert_eq!(rc, 0, "kill(SIGTERM)");
+        self.wait_for_exit(timeout)
+    }
+
+    /// Sends SIGINT to the service's whole process group, as a terminal's Ctrl-C does
+    /// (the service must have been started with [`Server::start_in_own_group`]).
+    pub(super) fn interrupt_group(&self) {
+        let group = libc::pid_t::try_from(self.child.id()).unwrap();
+        // SAFETY: kill(2) on the process group our unreaped child leads.
+        let rc = unsafe { libc::kill(-group, libc::SIGINT) };
+        assert_eq!(rc, 0, "kill(-pgid, SIGINT)");
+    }
+
+    /// Waits (up to `timeout`) for the exit.
+    pub(super) fn wait_for_exit(&mut self, timeout: Duration) -> ExitStatus {
         let deadline = Instant::now() + timeout;
         loop {
             if let Some(status) = self.child.try_wait().unwrap() {
@@ -213,7 +242,7 @@ impl Server {
             }
             if Instant::now() > deadline {
                 panic!(
-                    "tokenmint did not exit within {timeout:?} of SIGTERM:\n{}",
+                    "tokenmint did not exit within {timeout:?} of its signal:\n{}",
                     self.logs()
                 );
             }

@@ -11,7 +11,7 @@ use utoipa::ToSchema;
 
 use super::if_match::{IfMatch, if_match};
 use super::{TokenView, not_found, parse_token_id, token_response};
-use crate::domain::{Actor, Owner, Scope};
+use crate::domain::{Actor, FieldErrors, Owner, Scope};
 use crate::http::AppState;
 use crate::http::auth::Principal;
 use crate::http::error::{ApiError, Problem};
@@ -52,13 +52,14 @@ pub struct TransferRequest {
     pub new_owner: Option<String>,
 }
 
-fn note(field: &str, value: Option<String>) -> Result<Option<String>, ApiError> {
+/// `value` if it is short enough, else the error recorded in `errors` (and `None`).
+fn note(errors: &mut FieldErrors, field: &str, value: Option<String>) -> Option<String> {
     match value {
-        Some(text) if text.chars().count() > MAX_NOTE_LEN => Err(ApiError::validation(
-            field,
-            format!("must be at most {MAX_NOTE_LEN} characters"),
-        )),
-        other => Ok(other),
+        Some(text) if text.chars().count() > MAX_NOTE_LEN => {
+            errors.push(field, format!("must be at most {MAX_NOTE_LEN} characters"));
+            None
+        }
+        other => other,
     }
 }
 
@@ -191,9 +192,10 @@ pub async fn redeem_token(
     body: Result<OptionalJsonBody<RedeemRequest>, ApiError>,
 ) -> Result<Response, ApiError> {
     principal.require(Scope::TokensRedeem)?;
-    let OptionalJsonBody(body) = body?;
+    let OptionalJsonBody(body, mut errors) = body?;
+    let reference = note(&mut errors, "reference", body.reference);
+    errors.finish().map_err(ApiError::Validation)?;
     let condition = if_match(&headers)?;
-    let reference = note("reference", body.reference)?;
     apply(
         &state,
         &principal,
@@ -240,9 +242,10 @@ pub async fn revoke_token(
     body: Result<OptionalJsonBody<RevokeRequest>, ApiError>,
 ) -> Result<Response, ApiError> {
     principal.require(Scope::TokensRevoke)?;
-    let OptionalJsonBody(body) = body?;
+    let OptionalJsonBody(body, mut errors) = body?;
+    let reason = note(&mut errors, "reason", body.reason);
+    errors.finish().map_err(ApiError::Validation)?;
     let condition = if_match(&headers)?;
-    let reason = note("reason", body.reason)?;
     apply(
         &state,
         &principal,
@@ -287,11 +290,11 @@ pub async fn transfer_token(
     body: Result<JsonBody<TransferRequest>, ApiError>,
 ) -> Result<Response, ApiError> {
     principal.require(Scope::TokensTransfer)?;
-    let JsonBody(body) = body?;
-    let new_owner = match body.new_owner.as_deref() {
-        Some(owner) => Owner::parse(owner).map_err(|m| ApiError::validation("newOwner", m))?,
-        None => return Err(ApiError::validation("newOwner", "is required")),
-    };
+    let JsonBody(body, mut errors) = body?;
+    let new_owner = errors.required("newOwner", body.new_owner.as_deref().map(Owner::parse));
+    errors.finish().map_err(ApiError::Validation)?;
+    // Unreachable: a missing or bad owner recorded an error above.
+    let new_owner = new_owner.ok_or(ApiError::Internal)?;
     let condition = if_match(&headers)?.ok_or(ApiError::PreconditionRequired(
         "A transfer needs If-Match with the token's current ETag.",
     ))?;

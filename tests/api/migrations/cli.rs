@@ -1,5 +1,5 @@
 //! The `migrate` and `duplicates` commands of the real binary: exit codes and what they
-//! print.
+//! print, as text and as `duplicates --json`.
 
 use mongodb::bson::doc;
 
@@ -44,6 +44,11 @@ async fn cli_migrate_and_duplicates() {
     let (ok, out, err) = tokenmint(fresh.name(), &["duplicates"]).await;
     assert!(ok, "stdout: {out}\nstderr: {err}");
     assert!(out.contains("no duplicates"), "{out}");
+    let (ok, out, err) = tokenmint(fresh.name(), &["duplicates", "--json"]).await;
+    assert!(ok, "stdout: {out}\nstderr: {err}");
+    let report: serde_json::Value = serde_json::from_str(&out).expect("one JSON document");
+    assert_eq!(report["clean"], true, "{report}");
+    assert_eq!(report["groups"], 0, "{report}");
     assert_eq!(fresh.applied().await, rows, "duplicates changes nothing");
 }
 
@@ -65,6 +70,33 @@ async fn cli_reports_duplicates_and_refuses_to_migrate() {
     assert!(out.contains("pi_cli_dup"), "{out}");
     assert!(out.contains("2 x"), "the group and its size: {out}");
     assert!(out.contains("1 group(s) of duplicates"), "{out}");
+
+    // The same as one JSON document, with the same exit status.
+    let (ok, out, err) = tokenmint(fresh.name(), &["duplicates", "--json"]).await;
+    assert!(!ok, "stdout: {out}\nstderr: {err}");
+    let report: serde_json::Value =
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("one JSON document ({e}): {out}"));
+    assert_eq!(report["clean"], false, "{report}");
+    assert_eq!(report["groups"], 1, "{report}");
+    let indexes = report["indexes"].as_array().unwrap();
+    assert!(indexes.len() > 1, "every unique index is listed: {report}");
+    let blocked: Vec<&serde_json::Value> = indexes
+        .iter()
+        .filter(|i| !i["groups"].as_array().unwrap().is_empty())
+        .collect();
+    assert_eq!(blocked.len(), 1, "{report}");
+    assert_eq!(blocked[0]["index"], "uniq_token_payment_index", "{report}");
+    assert_eq!(blocked[0]["collection"], "tokens", "{report}");
+    let group = &blocked[0]["groups"][0];
+    assert_eq!(group["count"], 2, "{report}");
+    assert_eq!(
+        group["key"]["origin.paymentIntentId"], "pi_cli_dup",
+        "{report}"
+    );
+    assert_eq!(group["key"]["tokenIndex"], 0, "{report}");
+    let ids = group["sampleIds"].as_array().unwrap();
+    assert_eq!(ids.len(), 2, "{report}");
+    assert!(ids.iter().all(|id| id["$oid"].is_string()), "{report}");
 
     let (ok, out, err) = tokenmint(fresh.name(), &["migrate"]).await;
     assert!(!ok, "stdout: {out}\nstderr: {err}");

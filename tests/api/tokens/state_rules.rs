@@ -188,3 +188,34 @@ async fn a_stale_if_match_is_412_and_changes_nothing() {
         "{metrics}"
     );
 }
+
+/// The README's redeem walk-through, step by step as written: a redeem at the version
+/// read, its retry (a replay), a second redeem with another reference at the current
+/// version (409) and at the stale one (412), the token redeemed once throughout.
+#[tokio::test]
+async fn the_readme_redeem_walkthrough_answers_as_documented() {
+    let app = spawn_app().await;
+    let id = app.issue_tokens("pi_readme_redeem", 1).await.remove(0);
+    let order_42 = || Some(json!({"reference": "order-42"}));
+    let order_43 = || Some(json!({"reference": "order-43"}));
+
+    let first = change(&app, ADMIN_KEY, &id, "redeem", Some("\"0\""), order_42()).await;
+    assert_eq!(first.status(), 200);
+    assert_eq!(first.headers()["etag"], "\"1\"");
+
+    let retry = change(&app, ADMIN_KEY, &id, "redeem", Some("\"0\""), order_42()).await;
+    assert_eq!(retry.status(), 200);
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+
+    let again = change(&app, ADMIN_KEY, &id, "redeem", Some("\"1\""), order_43()).await;
+    assert_problem(again, 409, "state_conflict").await;
+
+    let stale = change(&app, ADMIN_KEY, &id, "redeem", Some("\"0\""), order_43()).await;
+    let problem = assert_problem(stale, 412, "version_conflict").await;
+    assert_eq!(problem["currentVersion"], 1);
+
+    let db = app.stored_token(&id).await;
+    assert_eq!(db.get_str("status").unwrap(), "redeemed");
+    assert_eq!(db.get_str("redemptionRef").unwrap(), "order-42");
+    assert_eq!(version_of(&db), 1);
+}

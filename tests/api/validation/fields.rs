@@ -210,6 +210,33 @@ async fn every_bad_field_is_listed_in_one_answer() {
     assert_nothing_written(&app).await;
 }
 
+/// The README's bad-input example, byte for byte: an unknown field (`quanity`) does not
+/// hide the other faults. One 422 names all four, each with its message, and nothing is
+/// written.
+#[tokio::test]
+async fn an_unknown_field_is_listed_with_every_other_fault() {
+    let app = spawn_app().await;
+    let body = r#"{"provider":"Stripe","paymentIntentId":"pi_1","owner":"nope","tokenType":"standard","quanity":4}"#;
+    let response = app.issue_raw("application/json", body).await;
+    let problem = assert_problem(response, 422, "validation_failed").await;
+    let errors: Vec<(&str, &str)> = problem["errors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["field"].as_str().unwrap(), e["message"].as_str().unwrap()))
+        .collect();
+    assert_eq!(errors.len(), 4, "{problem}");
+    assert_eq!(errors[0], ("quanity", "is not a known field"), "{problem}");
+    assert_eq!(errors[3], ("quantity", "is required"), "{problem}");
+    let fields: Vec<&str> = errors.iter().map(|(field, _)| *field).collect();
+    assert_eq!(
+        fields,
+        ["quanity", "provider", "owner", "quantity"],
+        "{problem}"
+    );
+    assert_nothing_written(&app).await;
+}
+
 #[tokio::test]
 async fn a_repeated_field_is_rejected_not_last_one_wins() {
     // `{"quantity": 1, "quantity": 3}` must not silently issue 3 (or 1): whatever

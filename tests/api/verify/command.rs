@@ -1,5 +1,6 @@
 //! The `verify` command of the real binary: exit code 0 when clean, 1 on violations, 2
-//! when it cannot run; `--repair` completes short sets and revokes unbacked tokens, once.
+//! when it cannot run; `--repair` completes short sets and revokes unbacked tokens, once;
+//! `--json` prints one document with the same findings and the same exit codes.
 
 use mongodb::bson::{DateTime, Document, doc, oid::ObjectId};
 
@@ -62,7 +63,7 @@ async fn verify_exits_0_when_clean_1_on_violations_2_when_it_cannot_run() {
         .unwrap()
         .port();
     let closed = format!("mongodb://127.0.0.1:{port}/?directConnection=true");
-    for args in [&[][..], &["--repair"][..]] {
+    for args in [&[][..], &["--repair"][..], &["--json"][..]] {
         let started = std::time::Instant::now();
         let output = run_command(
             &closed,
@@ -194,4 +195,76 @@ async fn verify_repair_completes_short_sets_and_revokes_unbacked_tokens() {
     assert_eq!(again.status.code(), Some(0), "{stdout}");
     assert!(stdout.contains("0 token(s) written"), "{stdout}");
     assert!(stdout.contains("0 token(s) revoked"), "{stdout}");
+}
+
+/// The `--json` document of a run: exactly one JSON value on stdout.
+fn json_report(output: &std::process::Output) -> serde_json::Value {
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("one JSON document ({e}): {stdout}"))
+}
+
+#[tokio::test]
+async fn verify_json_is_one_document_with_the_text_exit_codes() {
+    let app = spawn_app().await;
+    assert_eq!(
+        app.issue(WRITER_KEY, &issuance_body("pi_json", 2))
+            .await
+            .status(),
+        201
+    );
+    let clean = run_verify(&app, &["--json"]).await;
+    assert_eq!(clean.status.code(), Some(0));
+    let report = json_report(&clean);
+    assert_eq!(report["clean"], true, "{report}");
+    assert_eq!(report["violations"], 0, "{report}");
+    assert_eq!(report["issuancesChecked"], 1, "{report}");
+    assert_eq!(report["tokensChecked"], 2, "{report}");
+    assert!(report["repair"].is_null(), "{report}");
+    let kinds = [
+        "wrongTokenSets",
+        "duplicateTokens",
+        "orphanTokens",
+        "tokensWithoutVersion",
+        "strandedPending",
+        "foreignTokens",
+        "unbackedActiveTokens",
+    ];
+    let findings = report["findings"].as_object().unwrap();
+    let mut names: Vec<&str> = findings.keys().map(String::as_str).collect();
+    names.sort_unstable();
+    let mut expected = kinds.to_vec();
+    expected.sort_unstable();
+    assert_eq!(names, expected, "{report}");
+    for kind in kinds {
+        assert_eq!(findings[kind]["count"], 0, "{kind}: {report}");
+        assert_eq!(findings[kind]["samples"], serde_json::json!([]), "{kind}");
+    }
+
+    // A token lost: exit 1, the payment named under its kind.
+    app.db
+        .collection::<Document>("tokens")
+        .delete_one(doc! { "origin.paymentIntentId": "pi_json", "tokenIndex": 1 })
+        .await
+        .unwrap();
+    let found = run_verify(&app, &["--json"]).await;
+    assert_eq!(found.status.code(), Some(1));
+    let report = json_report(&found);
+    assert_eq!(report["clean"], false, "{report}");
+    assert_eq!(report["violations"], 1, "{report}");
+    let wrong = &report["findings"]["wrongTokenSets"];
+    assert_eq!(wrong["count"], 1, "{report}");
+    assert!(
+        wrong["samples"][0].as_str().unwrap().contains("pi_json"),
+        "{report}"
+    );
+
+    // With --repair: what was repaired, then a clean check, still one document.
+    let repaired = run_verify(&app, &["--repair", "--json"]).await;
+    assert_eq!(repaired.status.code(), Some(0));
+    let report = json_report(&repaired);
+    assert_eq!(report["clean"], true, "{report}");
+    assert_eq!(report["repair"]["tokensCreated"], 1, "{report}");
+    assert_eq!(report["repair"]["recordsReopened"], 1, "{report}");
+    assert_eq!(report["repair"]["failed"], 0, "{report}");
+    assert_eq!(app.token_indexes("pi_json").await, vec![0, 1]);
 }
