@@ -5,7 +5,8 @@
 //! Logging rules (enforced in review): ids go in fields, not in messages; never log an
 //! API key, a webhook secret, a full webhook body or a driver error in a response; a
 //! failure is logged once, where it is handled (`ApiError::from(StoreError)` for store
-//! failures), at `warn` when the caller can retry and `error` when it is a bug.
+//! failures), at `warn` when the caller can retry and `error` when it is a bug. Text a
+//! client or provider chose (a method, a path, an id) is logged through `Bounded`.
 
 pub mod metric;
 
@@ -18,6 +19,30 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tracing_subscriber::EnvFilter;
 
 use crate::settings::{LogFormat, LogSettings};
+
+/// Displays at most `Bounded::LIMIT` bytes of a client-chosen text, then how many bytes
+/// were left out: a 200 KB method token must not make a 200 KB log line (twice: the span
+/// is on the request's line and on its access log line).
+pub struct Bounded<'a>(pub &'a str);
+
+impl Bounded<'_> {
+    /// Bytes kept; more than any route template, payment id or method tokenmint knows.
+    pub const LIMIT: usize = 256;
+}
+
+impl std::fmt::Display for Bounded<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let text = self.0;
+        if text.len() <= Self::LIMIT {
+            return f.write_str(text);
+        }
+        let mut end = Self::LIMIT;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        write!(f, "{}…(+{} bytes)", &text[..end], text.len() - end)
+    }
+}
 
 /// Installs the global tracing subscriber (JSON or human-readable).
 pub fn init_logging(settings: &LogSettings) {
@@ -116,4 +141,25 @@ where
 /// 1 when MongoDB answered the last check (the probe's or readiness'), 0 otherwise.
 pub fn record_database_up(up: bool) {
     metrics::gauge!(metric::MONGODB_UP).set(if up { 1.0 } else { 0.0 });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Bounded;
+
+    #[test]
+    fn short_text_is_kept_whole() {
+        assert_eq!(Bounded("GET").to_string(), "GET");
+        let limit = "a".repeat(Bounded::LIMIT);
+        assert_eq!(Bounded(&limit).to_string(), limit);
+    }
+
+    #[test]
+    fn long_text_is_cut_on_a_char_boundary_and_says_how_much_is_left_out() {
+        let long = "é".repeat(100_000);
+        let shown = Bounded(&long).to_string();
+        assert!(shown.len() < Bounded::LIMIT + 32, "{}", shown.len());
+        assert!(shown.starts_with(&"é".repeat(Bounded::LIMIT / 2)));
+        assert!(shown.ends_with(&format!("…(+{} bytes)", long.len() - Bounded::LIMIT)));
+    }
 }

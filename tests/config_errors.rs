@@ -214,3 +214,32 @@ fn a_mongo_uri_asking_for_less_durability_is_refused_naming_the_option() {
         }
     }
 }
+
+#[test]
+fn a_key_listed_twice_is_refused_naming_the_setting() {
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("config-errors-keys-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let hash = "ab".repeat(32);
+    let key = |id: &str, hash: &str| {
+        format!("[[auth.keys]]\nid = \"{id}\"\nsha256 = \"{hash}\"\nscopes = [\"read\"]\n")
+    };
+    let run = |name: &str, toml: String| {
+        let file = dir.join(name);
+        std::fs::write(&file, toml).unwrap();
+        tokenmint(&["verify", "--config", file.to_str().unwrap()], &[])
+    };
+
+    let output = run(
+        "same-id.toml",
+        format!("{}{}", key("web", &hash), key("web", &"cd".repeat(32))),
+    );
+    refused(&output, &["`auth.keys[1].id`", "`auth.keys[0].id`"]);
+
+    let output = run(
+        "same-hash.toml",
+        format!("{}{}", key("web", &hash), key("backend", &hash)),
+    );
+    let stderr = refused(&output, &["`auth.keys[1].sha256`", "`auth.keys[0].sha256`"]);
+    assert!(!stderr.contains(&hash), "the hash was printed: {stderr}");
+}

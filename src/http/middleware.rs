@@ -1,6 +1,10 @@
 //! What wraps every request: a request id and the API key id (on every log line), an
 //! access log, HTTP metrics by route template, a per-request timeout answered as
 //! problem+json, a panic guard, and CORS for the configured checkout origins only.
+//!
+//! Anyone can send any method token and any path, with no key: metric labels come only
+//! from closed sets (`method_label`, route templates, status codes) and log fields carry
+//! at most `telemetry::Bounded::LIMIT` bytes of what the client wrote.
 
 use std::time::{Duration, Instant};
 
@@ -19,7 +23,7 @@ use super::issuances::ISSUANCES_PATH;
 use super::prefer::{PREFER, PREFERENCE_APPLIED, preferred_wait};
 use crate::issuing::longest_wait;
 use crate::settings::Settings;
-use crate::telemetry::metric;
+use crate::telemetry::{Bounded, metric};
 
 pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
@@ -56,8 +60,8 @@ async fn request_id(req: Request, next: Next) -> Response {
     let span = tracing::info_span!(
         "request",
         request_id = %id,
-        method = %req.method(),
-        path = %req.uri().path(),
+        method = %Bounded(req.method().as_str()),
+        path = %Bounded(req.uri().path()),
         key_id = tracing::field::Empty,
     );
     let started = Instant::now();
@@ -102,14 +106,15 @@ async fn with_timeout(timeout: Duration, req: Request, next: Next) -> Response {
 }
 
 /// Counts requests and observes latency by route template (never the raw path, whose
-/// ids would make unbounded label values).
+/// ids would make unbounded label values) and by `method_label` (never the raw method,
+/// which a client may make up).
 async fn record_metrics(req: Request, next: Next) -> Response {
     let route = req
         .extensions()
         .get::<MatchedPath>()
         .map(|p| p.as_str().to_owned())
         .unwrap_or_else(|| "unmatched".to_owned());
-    let method = req.method().to_string();
+    let method = method_label(req.method()).to_owned();
     let started = Instant::now();
     let response = next.run(req).await;
     let status = response.status().as_u16().to_string();
@@ -118,6 +123,24 @@ async fn record_metrics(req: Request, next: Next) -> Response {
     metrics::histogram!(metric::HTTP_REQUEST_DURATION_SECONDS, &labels)
         .record(started.elapsed().as_secs_f64());
     response
+}
+
+/// The `method` label: one of the nine methods of RFC 9110 and PATCH, else `other`. Each
+/// label value is a series kept for the process's life, so a made-up token (hyper accepts
+/// any, up to its header buffer) must not become one.
+pub fn method_label(method: &Method) -> &'static str {
+    match *method {
+        Method::GET => "GET",
+        Method::HEAD => "HEAD",
+        Method::POST => "POST",
+        Method::PUT => "PUT",
+        Method::DELETE => "DELETE",
+        Method::CONNECT => "CONNECT",
+        Method::OPTIONS => "OPTIONS",
+        Method::TRACE => "TRACE",
+        Method::PATCH => "PATCH",
+        _ => "other",
+    }
 }
 
 /// Browsers may call only from `origins`; others get no CORS headers at all.

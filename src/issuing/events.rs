@@ -33,7 +33,7 @@ use super::standing::takes_back;
 use super::{IssueError, IssueOutcome, Issuer, Settlement};
 use crate::domain::{Actor, EventOutcome, NewIssuance, ParsedEvent, PaymentEvent, PaymentStatus};
 use crate::store::{PaymentDoc, ProjectionGate, StoreError};
-use crate::telemetry::metric;
+use crate::telemetry::{Bounded, metric};
 
 /// The outcome of one delivery; `duplicate` when the event was processed before.
 pub struct Processed {
@@ -103,7 +103,7 @@ impl Issuer {
         if let Some(refused) = held_back(event, &gate, &state) {
             // Nothing of the payment changed, so there are no effects to derive: settling
             // again could only write (a placeholder) for an event that did nothing.
-            tracing::warn!(payment = %event.key.payment_intent_id, event = %event.event_id, outcome = %refused.outcome, "provider event held back");
+            tracing::warn!(payment = %Bounded(event.key.payment_intent_id.as_str()), event = %Bounded(&event.event_id), outcome = %refused.outcome, "provider event held back");
             return Ok(refused);
         }
         let mut outcome = self.apply_state(event, &state).await?;
@@ -203,7 +203,7 @@ impl Issuer {
     ) -> Result<EventOutcome, StoreError> {
         if let Some(reason) = &state.metadata_error {
             // Answered 200 all the same: the provider would retry a bad payload forever.
-            tracing::warn!(payment = %event.key.payment_intent_id, event = %event.event_id, %reason, "succeeded payment has invalid token metadata");
+            tracing::warn!(payment = %Bounded(event.key.payment_intent_id.as_str()), event = %Bounded(&event.event_id), %reason, "succeeded payment has invalid token metadata");
             return Ok(EventOutcome::with_detail(
                 "metadata_invalid",
                 reason.as_str(),
@@ -237,7 +237,7 @@ impl Issuer {
             },
             Err(IssueError::Conflict(mismatches)) => {
                 let fields: Vec<&str> = mismatches.iter().map(|m| m.field.as_str()).collect();
-                tracing::warn!(payment = %event.key.payment_intent_id, ?fields, "payment metadata conflicts with its issuance");
+                tracing::warn!(payment = %Bounded(event.key.payment_intent_id.as_str()), ?fields, "payment metadata conflicts with its issuance");
                 EventOutcome::with_detail(
                     "conflict",
                     format!(

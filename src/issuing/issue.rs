@@ -227,13 +227,10 @@ impl Issuer {
                 .await
                 .map(|set| Some(IssueOutcome::Replayed(set)));
         }
-        // A pending request carries no authority: the authorised parameters replace
-        // whatever the checkout asked for.
-        match self
-            .store
-            .take_over_pending(existing.id, &request.params, request.mode)
-            .await?
-        {
+        // A pending request carries no authority: the authorising request's record, all of
+        // it, replaces whatever the checkout asked for.
+        let record = IssuanceDoc::new(request, IssuanceStatus::Issuing);
+        match self.store.take_over_pending(existing.id, &record).await? {
             Some(taken) => self
                 .complete(taken)
                 .await

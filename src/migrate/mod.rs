@@ -68,6 +68,10 @@ const FILES: &[(&str, &str)] = &[
         "0012_redemptions_unique_reference",
         include_str!("../../migrations/0012_redemptions_unique_reference.json"),
     ),
+    (
+        "0013_tokens_account_listing_index",
+        include_str!("../../migrations/0013_tokens_account_listing_index.json"),
+    ),
 ];
 
 /// One parsed migration file.

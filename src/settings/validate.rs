@@ -122,6 +122,33 @@ impl Settings {
                 }
             }
         }
+        self.refuse_duplicate_keys()
+    }
+
+    /// Two entries with one id would share a rate-limit bucket and an audit name; two with
+    /// one hash are one key whose scopes depend on which entry matches first. Neither is
+    /// what the operator meant, so both are refused, naming the two entries (not the
+    /// values: a hash identifies a key).
+    fn refuse_duplicate_keys(&self) -> Result<(), SettingsError> {
+        let keys = &self.auth.keys;
+        for (i, key) in keys.iter().enumerate() {
+            for (first, earlier) in keys[..i].iter().enumerate() {
+                if earlier.id == key.id {
+                    return Err(invalid(
+                        format!("auth.keys[{i}].id"),
+                        format!("repeats `auth.keys[{first}].id`: every key needs its own id"),
+                    ));
+                }
+                if earlier.sha256.eq_ignore_ascii_case(&key.sha256) {
+                    return Err(invalid(
+                        format!("auth.keys[{i}].sha256"),
+                        format!(
+                            "repeats `auth.keys[{first}].sha256`: one key, one entry (give it every scope it needs there)"
+                        ),
+                    ));
+                }
+            }
+        }
         Ok(())
     }
 
@@ -268,6 +295,36 @@ fn check_origin(origin: &str) -> Result<(), &'static str> {
 mod tests {
     use super::*;
     use crate::settings::errors::tests::refused;
+
+    #[test]
+    fn a_repeated_key_id_or_hash_is_refused_naming_both_entries() {
+        let entry = |id: &str, hash: &str| {
+            format!("[[auth.keys]]\nid = \"{id}\"\nsha256 = \"{hash}\"\nscopes = [\"read\"]\n")
+        };
+        let (a, b) = ("a".repeat(64), "b".repeat(64));
+        let toml = format!("{}{}", entry("web", &a), entry("web", &b));
+        let err = Settings::with_overrides(&[&toml]).unwrap_err().to_string();
+        assert!(
+            err.contains("`auth.keys[1].id` repeats `auth.keys[0].id`"),
+            "{err}"
+        );
+
+        // The same hash in another case is the same key.
+        let toml = format!(
+            "{}{}",
+            entry("web", &a),
+            entry("backend", &a.to_uppercase())
+        );
+        let err = Settings::with_overrides(&[&toml]).unwrap_err().to_string();
+        assert!(
+            err.contains("`auth.keys[1].sha256` repeats `auth.keys[0].sha256`"),
+            "{err}"
+        );
+        assert!(!err.contains(&a), "the hash is not printed: {err}");
+
+        let toml = format!("{}{}", entry("web", &a), entry("backend", &b));
+        Settings::with_overrides(&[&toml]).expect("distinct keys are fine");
+    }
 
     #[test]
     fn zero_values_name_their_key() {

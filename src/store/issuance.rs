@@ -13,7 +13,7 @@ use super::error::{ISSUANCES_PAYMENT_INDEX, StoreError};
 use super::filters::{issuance_filter, payment_tokens_filter};
 use super::placeholder::{Existing, records_only};
 use super::{ISSUANCES, Store, TOKENS};
-use crate::domain::{IssuanceMode, IssuanceParams, IssuanceStatus, PaymentKey};
+use crate::domain::{IssuanceStatus, PaymentKey};
 
 /// Bounded retries when a concurrent first insert of the issuance record races ours.
 pub const RECORD_RACE_RETRIES: u32 = super::error::FIRST_INSERT_RETRIES;
@@ -59,29 +59,29 @@ impl Store {
         found.map(Existing::from_stored).transpose()
     }
 
-    /// Turns a `pending` record into an `issuing` one with `params` (which may differ from
-    /// what the pending request asked) and `mode`. Returns the record as it now is, or
-    /// `None` when it was no longer pending (someone else took it over, or it expired).
+    /// Turns a `pending` record into `record`, an `issuing` record of the request that
+    /// authorises the payment (a trusted backend's issuance or the provider's success),
+    /// keeping only the pending record's `_id`. Every other field is the authorising
+    /// request's: the pending one came from an anonymous checkout, so its owner, token
+    /// type, quantity, `paymentDate`, `requestedBy` and `createdAt` must not survive (the
+    /// tokens take their `origin.date` from `paymentDate`; self-repair, which takes
+    /// `issuing` records by `createdAt`, must see the take-over as new). Returns the
+    /// record as it now is, or `None` when it was no longer pending (someone else took it
+    /// over, or it expired).
     pub async fn take_over_pending(
         &self,
         id: ObjectId,
-        params: &IssuanceParams,
-        mode: IssuanceMode,
+        record: &IssuanceDoc,
     ) -> Result<Option<IssuanceDoc>, StoreError> {
+        let mut taken = record.clone();
+        taken.id = id;
+        taken.status = IssuanceStatus::Issuing;
+        taken.expires_at = None;
         Ok(self
             .records()
-            .find_one_and_update(
+            .find_one_and_replace(
                 doc! { "_id": id, "status": IssuanceStatus::Pending.as_str() },
-                doc! {
-                    "$set": {
-                        "status": IssuanceStatus::Issuing.as_str(),
-                        "owner": params.owner.object_id(),
-                        "tokenType": params.token_type.as_str(),
-                        "quantity": i64::from(params.quantity.get()),
-                        "mode": mode.as_str(),
-                    },
-                    "$unset": { "expiresAt": "" },
-                },
+                &taken,
             )
             .return_document(ReturnDocument::After)
             .await?)

@@ -337,3 +337,79 @@ async fn a_trusted_issuance_takes_over_a_pending_checkout_request_in_either_mode
         );
     }
 }
+
+/// The dates of `payment`'s record and of each of its tokens' `origin.date`.
+async fn recorded_dates(app: &TestApp, payment: &str) -> (Document, Vec<mongodb::bson::DateTime>) {
+    let record = record(app, payment).await.expect("the record");
+    let tokens: Vec<Document> = app
+        .db
+        .collection::<Document>("tokens")
+        .find(doc! { "origin.paymentIntentId": payment })
+        .await
+        .unwrap()
+        .try_collect()
+        .await
+        .unwrap();
+    let dates = tokens
+        .iter()
+        .map(|t| {
+            *t.get_document("origin")
+                .unwrap()
+                .get_datetime("date")
+                .unwrap()
+        })
+        .collect();
+    (record, dates)
+}
+
+/// The take-over of a pending record keeps nothing the anonymous checkout wrote: a
+/// trusted backend's issuance, or the provider's signed success, becomes the record's
+/// author (`requestedBy`) and its `paymentDate`, and so every token's `origin.date`.
+#[tokio::test]
+async fn a_take_over_records_the_authorising_request_not_the_checkouts() {
+    let app = app().await;
+    let forged = mongodb::bson::DateTime::parse_rfc3339_str("1999-01-01T00:00:00Z").unwrap();
+    let ask = |payment: &str| {
+        let mut body = issuance_body(payment, 1);
+        body["paymentDate"] = json!("1999-01-01T00:00:00Z");
+        body
+    };
+
+    // Taken over by the trusted backend, with its own date.
+    let asked = app.issue(REQUEST_KEY, &ask("pi_dated_trusted")).await;
+    assert_eq!(asked.status(), 202);
+    let pending = record(&app, "pi_dated_trusted").await.unwrap();
+    assert_eq!(pending.get_str("requestedBy").unwrap(), "key:checkout");
+    let mut trusted = issuance_body("pi_dated_trusted", 2);
+    trusted["paymentDate"] = json!("2026-11-30T10:00:00Z");
+    assert_eq!(app.issue(WRITER_KEY, &trusted).await.status(), 201);
+    let (record, dates) = recorded_dates(&app, "pi_dated_trusted").await;
+    let trusted_date = mongodb::bson::DateTime::parse_rfc3339_str("2026-11-30T10:00:00Z").unwrap();
+    assert_eq!(record.get_str("status").unwrap(), "issued");
+    assert_eq!(record.get_str("requestedBy").unwrap(), "key:writer");
+    assert_eq!(*record.get_datetime("paymentDate").unwrap(), trusted_date);
+    assert!(record.get("expiresAt").is_none(), "{record}");
+    assert_eq!(
+        record.get_object_id("_id").unwrap(),
+        pending.get_object_id("_id").unwrap()
+    );
+    assert_eq!(dates, vec![trusted_date; 2]);
+
+    // Taken over by the provider's signed success: the provider's date.
+    let asked = app.issue(REQUEST_KEY, &ask("pi_dated_provider")).await;
+    assert_eq!(asked.status(), 202);
+    let event = intent_event("evt_dated", "succeeded", "pi_dated_provider", now(), "3");
+    let delivered = deliver_stripe(&app, &event).await;
+    assert_eq!(delivered.status(), 200);
+    assert_eq!(json(delivered).await["outcome"], "issued");
+    let (record, dates) = recorded_dates(&app, "pi_dated_provider").await;
+    assert_eq!(record.get_str("requestedBy").unwrap(), "provider:stripe");
+    let date = *record.get_datetime("paymentDate").unwrap();
+    assert_ne!(date, forged);
+    let age = Utc::now().timestamp_millis() - date.timestamp_millis();
+    assert!(
+        (0..86_400_000).contains(&age),
+        "paymentDate {date} is not the event's"
+    );
+    assert_eq!(dates, vec![date; 3]);
+}

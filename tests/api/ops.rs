@@ -236,3 +236,69 @@ async fn an_in_flight_request_completes_after_shutdown_begins() {
     );
     db.drop().await.unwrap();
 }
+
+/// The `tokenmint_http_requests_total` series whose method is not a standard one.
+fn made_up_method_series(metrics: &str) -> Vec<String> {
+    const STANDARD: [&str; 9] = [
+        "GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH",
+    ];
+    metrics
+        .lines()
+        .filter(|line| line.starts_with("tokenmint_http_requests_total{"))
+        .filter(|line| {
+            !STANDARD
+                .iter()
+                .any(|m| line.contains(&format!("method=\"{m}\"")))
+        })
+        .map(|line| {
+            line.rsplit_once(' ')
+                .map_or(line, |(series, _)| series)
+                .to_owned()
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn made_up_methods_share_one_other_series_and_metrics_stay_small() {
+    let app = spawn_app().await;
+    let before = made_up_method_series(&app.metrics().await);
+    // A 200 KB token (hyper accepts it: it fits its header buffer) and several others,
+    // each of which used to become a label value kept forever.
+    let huge = format!("ZZPROBE{}", "X".repeat(200 * 1024));
+    let mut methods = vec![huge];
+    methods.extend((0..5).map(|i| format!("ZZPROBE{i}")));
+    for method in &methods {
+        let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
+        let response = app
+            .http
+            .request(method, app.url("/healthz"))
+            .send()
+            .await
+            .unwrap();
+        assert!(response.status().is_client_error(), "{}", response.status());
+    }
+    let metrics = app.metrics().await;
+    assert!(
+        !metrics.contains("ZZPROBE"),
+        "a made-up method became a label"
+    );
+    let after = made_up_method_series(&metrics);
+    assert!(!after.is_empty(), "the made-up methods were counted");
+    assert!(
+        after.iter().all(|s| s.contains("method=\"other\"")),
+        "{after:?}"
+    );
+    let added: Vec<_> = after.iter().filter(|s| !before.contains(s)).collect();
+    assert!(added.len() <= 1, "{added:?}");
+    assert!(
+        metrics.lines().all(|line| line.len() < 1024),
+        "a /metrics line grew with the request"
+    );
+    // Every app of this test binary records into the one recorder: small means far below
+    // what one 200 KB label would add, not an exact size.
+    assert!(
+        metrics.len() < 200 * 1024,
+        "/metrics is {} bytes",
+        metrics.len()
+    );
+}

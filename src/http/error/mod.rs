@@ -90,6 +90,10 @@ pub enum ApiError {
     Internal,
 }
 
+/// The most bad fields a `validation_failed` answer lists. A query of repeated parameters
+/// names one bad field per parameter: listed in full, an 8 KB query answered 100 KB.
+pub const MAX_LISTED_ERRORS: usize = 20;
+
 /// The problem document. Optional members appear only where they apply.
 #[derive(Debug, Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
@@ -103,8 +107,15 @@ pub struct Problem {
     pub detail: String,
     /// Stable, machine-readable: branch on this, not on `title` or `detail`.
     pub code: String,
+    /// `validation_failed`: the bad fields, the first 20 (`MAX_LISTED_ERRORS`) when there
+    /// are more.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub errors: Option<Vec<FieldError>>,
+    /// `validation_failed`: how many more bad fields there were than `errors` lists;
+    /// present only when some were left out.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1)]
+    pub errors_omitted: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mismatches: Option<Vec<Mismatch>>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -221,6 +232,10 @@ impl ApiError {
             }
             Self::PayloadTooLarge => "The request body exceeds the configured limit.".to_owned(),
             Self::UnsupportedMediaType => "Send the body as Content-Type: application/json.".to_owned(),
+            Self::Validation(errors) if errors.len() > MAX_LISTED_ERRORS => format!(
+                "{} fields are invalid; errors lists the first {MAX_LISTED_ERRORS}.",
+                errors.len()
+            ),
             Self::Validation(_) => "One or more fields are invalid; see errors.".to_owned(),
             Self::PreconditionRequired(detail) => (*detail).to_owned(),
             Self::RateLimited { retry_after_secs } => {
@@ -245,13 +260,18 @@ impl ApiError {
             detail: self.detail(),
             code: code.as_str().to_owned(),
             errors: None,
+            errors_omitted: None,
             mismatches: None,
             current_version: None,
             current_status: None,
             available: None,
         };
         match self {
-            Self::Validation(errors) => problem.errors = Some(errors.clone()),
+            Self::Validation(errors) => {
+                let listed = errors.len().min(MAX_LISTED_ERRORS);
+                problem.errors = Some(errors[..listed].to_vec());
+                problem.errors_omitted = Some((errors.len() - listed) as u64).filter(|&n| n > 0);
+            }
             Self::IdempotencyConflict(mismatches) | Self::RedemptionConflict(mismatches) => {
                 problem.mismatches = Some(mismatches.clone())
             }

@@ -124,3 +124,23 @@ fn every_401_carries_a_challenge_and_nothing_else_does() {
         "Basic realm=\"webhooks\", charset=\"UTF-8\""
     );
 }
+
+#[test]
+fn a_long_error_list_is_capped_and_counts_what_it_leaves_out() {
+    let errors = (0..500)
+        .map(|i| crate::domain::FieldError::new(format!("f{i}"), "bad"))
+        .collect();
+    let problem = ApiError::Validation(errors).problem();
+    let listed = problem.errors.unwrap();
+    assert_eq!(listed.len(), MAX_LISTED_ERRORS);
+    assert_eq!(listed[0].field, "f0");
+    assert_eq!(problem.errors_omitted, Some(500 - MAX_LISTED_ERRORS as u64));
+    assert!(problem.detail.contains("500"), "{}", problem.detail);
+
+    let short = ApiError::validation("x", "y").problem();
+    assert_eq!(short.errors.unwrap().len(), 1);
+    assert_eq!(
+        short.errors_omitted, None,
+        "absent when nothing is left out"
+    );
+}

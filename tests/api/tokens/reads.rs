@@ -221,3 +221,76 @@ async fn listing_filters_and_rejects_bad_parameters() {
         assert_eq!(problem["errors"][0]["field"], field, "{query}");
     }
 }
+
+/// A listing limited to a key's accounts (`origin.accountId`, at every provider or at one)
+/// is served by `tokens_account_id` (migration `0013`): its explain plan has no
+/// collection scan.
+#[tokio::test]
+async fn an_account_limited_listing_is_served_by_an_index() {
+    // The extra `[[auth.keys]]` replace the test keys: the ones this test uses again.
+    let mixed = "test-mixed-accounts-key";
+    let hash = tokenmint::http::auth::key_hash;
+    let app = spawn_app_with(&format!(
+        "[[auth.keys]]\nid = \"admin\"\nsha256 = \"{}\"\nscopes = [\"admin\"]\n\
+         [[auth.keys]]\nid = \"acct1\"\nsha256 = \"{}\"\nscopes = [\"read\"]\naccounts = [\"acct_1\"]\n\
+         [[auth.keys]]\nid = \"mixed\"\nsha256 = \"{}\"\nscopes = [\"read\"]\naccounts = [\"acct_1\", \"stripe/acct_2\"]\n",
+        hash(ADMIN_KEY),
+        hash(ACCOUNT1_KEY),
+        hash(mixed),
+    ))
+    .await;
+    for (payment, account) in [("pi_acct_plan_1", "acct_1"), ("pi_acct_plan_2", "acct_2")] {
+        let mut body = issuance_body(payment, 3);
+        body["accountId"] = json!(account);
+        assert_eq!(app.issue(ADMIN_KEY, &body).await.status(), 201);
+    }
+    app.db.run_command(doc! { "profile": 2 }).await.unwrap();
+    for (key, query) in [
+        (ACCOUNT1_KEY, ""),
+        (ACCOUNT1_KEY, "?tokenType=standard&limit=2"),
+        (mixed, ""),
+    ] {
+        let response = app.get(key, &format!("/v1/tokens{query}")).await;
+        assert_eq!(response.status(), 200, "{query}");
+    }
+    app.db.run_command(doc! { "profile": 0 }).await.unwrap();
+
+    let profiled: Vec<Document> = {
+        use futures::TryStreamExt;
+        app.db
+            .collection::<Document>("system.profile")
+            .find(doc! { "command.find": "tokens", "command.filter.$or": { "$exists": true } })
+            .await
+            .unwrap()
+            .try_collect()
+            .await
+            .unwrap()
+    };
+    assert_eq!(profiled.len(), 3, "one find per listing: {profiled:?}");
+    for entry in profiled {
+        let command = entry.get_document("command").unwrap();
+        let mut find = doc! { "find": "tokens" };
+        for field in ["filter", "sort", "limit"] {
+            if let Some(value) = command.get(field) {
+                find.insert(field, value.clone());
+            }
+        }
+        let explain = app
+            .db
+            .run_command(doc! { "explain": find, "verbosity": "queryPlanner" })
+            .await
+            .unwrap();
+        let plan = explain
+            .get_document("queryPlanner")
+            .and_then(|p| p.get_document("winningPlan"))
+            .map(|p| p.to_string())
+            .unwrap_or_else(|_| panic!("no winning plan: {explain}"));
+        assert!(!plan.contains("COLLSCAN"), "a collection scan: {plan}");
+        // Without the index the planner shows no COLLSCAN either: it walks all of `_id_`
+        // for the sort and filters every token, which is the same scan by another name.
+        assert!(
+            plan.contains("tokens_account_id"),
+            "not the account index: {plan}"
+        );
+    }
+}

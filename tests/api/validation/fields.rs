@@ -1,6 +1,6 @@
 //! Wrong fields: each bad value or missing field is a 422 naming it, all of a request's
-//! bad fields are listed in one answer, a repeated field is refused, and the quantity's
-//! limit is the configured one.
+//! bad fields are listed in one answer (at most 20, the rest counted), a repeated field is
+//! refused, and the quantity's limit is the configured one.
 
 use mongodb::bson::doc;
 use serde_json::{Value, json};
@@ -290,4 +290,23 @@ async fn max_quantity_is_configurable() {
     assert_eq!(json(response).await["created"], 5);
     assert_eq!(app.count("issuances", doc! {}).await, 1);
     assert_eq!(app.token_indexes("pi_max").await, vec![0, 1, 2, 3, 4]);
+}
+
+/// A query of repeated parameters names one bad field per parameter: the answer lists
+/// the first 20 and counts the rest, so its size does not grow with the query.
+#[tokio::test]
+async fn a_query_of_repeated_parameters_gets_a_capped_error_list() {
+    let app = spawn_app().await;
+    let query = vec!["zz=1"; 8 * 1024 / 5].join("&");
+    assert!(query.len() >= 8000);
+    let response = app.get(READER_KEY, &format!("/v1/tokens?{query}")).await;
+    let body = response.bytes().await.unwrap();
+    assert!(body.len() < 4 * 1024, "a {} byte 422", body.len());
+    let problem: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(problem["status"], 422);
+    assert_eq!(problem["code"], "validation_failed");
+    assert_eq!(problem["errors"].as_array().unwrap().len(), 20, "{problem}");
+    assert_eq!(problem["errors"][0]["field"], "zz");
+    let total = 8 * 1024 / 5;
+    assert_eq!(problem["errorsOmitted"], total - 20, "{problem}");
 }
