@@ -124,6 +124,24 @@ pub struct Mismatch {
     pub requested: serde_json::Value,
 }
 
+impl Mismatch {
+    /// The fields whose recorded value differs from the requested one, from
+    /// `(field, recorded, requested)` triples, in their order.
+    pub fn among<'a>(
+        fields: impl IntoIterator<Item = (&'a str, serde_json::Value, serde_json::Value)>,
+    ) -> Vec<Mismatch> {
+        fields
+            .into_iter()
+            .filter(|(_, existing, requested)| existing != requested)
+            .map(|(field, existing, requested)| Mismatch {
+                field: field.to_owned(),
+                existing: Some(existing),
+                requested,
+            })
+            .collect()
+    }
+}
+
 impl IssuanceParams {
     /// Every field in which `requested` differs from these (the recorded) parameters.
     /// paymentDate is set on first insert only and is deliberately not a parameter.
@@ -145,14 +163,6 @@ impl IssuanceParams {
                 requested.quantity.get().into(),
             ),
         ];
-        fields
-            .into_iter()
-            .filter(|(_, existing, requested)| existing != requested)
-            .map(|(field, existing, requested)| Mismatch {
-                field: field.to_owned(),
-                existing: Some(existing),
-                requested,
-            })
-            .collect()
+        Mismatch::among(fields)
     }
 }

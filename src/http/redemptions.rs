@@ -206,7 +206,7 @@ impl RedemptionResponse {
                 ("Location" = String, description = "The redemption's GET URL"),
                 ("Idempotent-Replayed" = String, description = "`true`"))),
         (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "`idempotency_conflict`: the reference was used with another tokenType or quantity (`mismatches`); `insufficient_balance`: fewer active tokens than asked (`available`); `request_in_progress`: the first request with this Idempotency-Key is still running (`Retry-After`)", body = Problem, content_type = "application/problem+json",
+        (status = 409, description = "`idempotency_conflict`: the reference was used with another tokenType, quantity or accountId (`mismatches`); `insufficient_balance`: fewer active tokens than asked (`available`); `request_in_progress`: the first request with this Idempotency-Key is still running (`Retry-After`)", body = Problem, content_type = "application/problem+json",
             headers(("Retry-After" = u64, description = "With `request_in_progress`"))),
         (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "Not application/json", body = Problem, content_type = "application/problem+json"),

@@ -188,15 +188,7 @@ fn mismatches(existing: &RedemptionDoc, request: &NewRedemption) -> Vec<Mismatch
             json!(request.account_id.as_ref().map(|a| a.as_str())),
         ),
     ];
-    compared
-        .into_iter()
-        .filter(|(_, existing, requested)| existing != requested)
-        .map(|(field, existing, requested)| Mismatch {
-            field: field.to_owned(),
-            existing: Some(existing),
-            requested,
-        })
-        .collect()
+    Mismatch::among(compared)
 }
 
 #[cfg(test)]
