@@ -243,3 +243,70 @@ fn a_key_listed_twice_is_refused_naming_the_setting() {
     let stderr = refused(&output, &["`auth.keys[1].sha256`", "`auth.keys[0].sha256`"]);
     assert!(!stderr.contains(&hash), "the hash was printed: {stderr}");
 }
+
+/// Writes `content` to a file of its own for one test and answers its path.
+fn secret_file(name: &str, content: &str) -> String {
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("secret-files-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(name);
+    std::fs::write(&path, content).unwrap();
+    path.display().to_string()
+}
+
+#[test]
+fn a_secret_from_a_file_is_checked_like_an_inline_one_and_never_printed() {
+    // The second line is too short for a Stripe secret.
+    let path = secret_file("short", "whsec_0123456789abcdefghij\nwhsec_N3verPrintMe\n");
+    let output = tokenmint(
+        &["verify"],
+        &[
+            ("TOKENMINT__PROVIDERS__STRIPE__SCHEME", "stripe"),
+            ("TOKENMINT__PROVIDERS__STRIPE__SECRETS_FILE", &path),
+        ],
+    );
+    refused(&output, &["`providers.stripe.secrets[1]`"]);
+}
+
+#[test]
+fn a_secret_file_that_cannot_be_read_or_that_repeats_a_key_is_named() {
+    let missing = secret_file("present", "x").replace("present", "absent");
+    let output = tokenmint(
+        &["verify"],
+        &[
+            ("TOKENMINT__PROVIDERS__STRIPE__SCHEME", "stripe"),
+            ("TOKENMINT__PROVIDERS__STRIPE__SECRETS_FILE", &missing),
+        ],
+    );
+    refused(
+        &output,
+        &[
+            "`providers.stripe.secrets_file`",
+            &missing,
+            "cannot be read",
+        ],
+    );
+
+    let uri = secret_file("uri", &format!("mongodb://u:{SECRET}@127.0.0.1:1/\n"));
+    // The harness sets `TOKENMINT__MONGO__URI`: with the file as well, that is two.
+    let output = tokenmint(&["verify"], &[("TOKENMINT__MONGO__URI_FILE", &uri)]);
+    refused(&output, &["`mongo.uri_file`", "`mongo.uri`", "set one"]);
+
+    let password = secret_file("password", SECRET);
+    let output = tokenmint(
+        &["verify"],
+        &[
+            ("TOKENMINT__PROVIDERS__PAY__SCHEME", "adyen"),
+            ("TOKENMINT__PROVIDERS__PAY__SECRETS", "[\"0011\"]"),
+            ("TOKENMINT__PROVIDERS__PAY__BASIC_AUTH_PASSWORD", SECRET),
+            (
+                "TOKENMINT__PROVIDERS__PAY__BASIC_AUTH_PASSWORD_FILE",
+                &password,
+            ),
+        ],
+    );
+    refused(
+        &output,
+        &["`providers.pay.basic_auth_password_file`", "set one"],
+    );
+}

@@ -271,7 +271,7 @@ pub(super) mod tests {
             .unwrap_err()
             .to_string();
         assert!(
-            err.contains("`providers.stripe.secrets` is required"),
+            err.contains("`providers.stripe.secrets` must hold at least one secret"),
             "{err}"
         );
     }

@@ -10,6 +10,7 @@
 //! `errors`, and the rules a loaded configuration must meet in `validate`.
 
 mod errors;
+mod secret_files;
 mod validate;
 
 use std::collections::BTreeMap;
@@ -73,6 +74,9 @@ pub struct ServerSettings {
 pub struct MongoSettings {
     /// Empty: start the embedded mongod.
     pub uri: String,
+    /// A file holding `uri` (it carries the database password); read at load.
+    #[serde(default)]
+    pub uri_file: Option<PathBuf>,
     pub database: String,
     pub server_selection_timeout_ms: u64,
     pub max_pool_size: u32,
@@ -154,17 +158,26 @@ pub struct ApiKeySettings {
 #[serde(deny_unknown_fields)]
 pub struct ProviderSettings {
     pub scheme: WebhookScheme,
-    /// Several at once during rotation. From the environment, never a committed file.
+    /// Several at once during rotation. From the environment or `secrets_file`, never a
+    /// committed file.
+    #[serde(default)]
     pub secrets: Vec<SecretString>,
+    /// A file holding `secrets`, one per line; read at load.
+    #[serde(default)]
+    pub secrets_file: Option<PathBuf>,
     #[serde(default = "default_tolerance")]
     pub tolerance_secs: u64,
     /// The HTTP Basic user name the provider sends with every delivery (scheme `adyen`
     /// only; required in production, with the password).
     #[serde(default)]
     pub basic_auth_username: Option<String>,
-    /// Its password. From the environment, never a committed file.
+    /// Its password. From the environment or `basic_auth_password_file`, never a
+    /// committed file.
     #[serde(default)]
     pub basic_auth_password: Option<SecretString>,
+    /// A file holding `basic_auth_password`; read at load.
+    #[serde(default)]
+    pub basic_auth_password_file: Option<PathBuf>,
     /// Which mode's events count (schemes `stripe` and `adyen`, whose events say whether
     /// they are live): `true` live ones only, `false` test ones only; the other mode's
     /// are ignored. Unset, both count — except in production, where loading fills in
@@ -312,6 +325,7 @@ impl Settings {
             .extract()
             .map_err(|error| load_error(&figment, error))?;
         settings.environment = environment;
+        settings.read_secret_files()?;
         settings.validate()?;
         settings.resolve();
         Ok(settings)

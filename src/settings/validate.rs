@@ -162,7 +162,7 @@ impl Settings {
             if provider.secrets.is_empty() {
                 return Err(invalid(
                     format!("{at}.secrets"),
-                    "must hold at least one secret",
+                    "must hold at least one secret (or name a file of them in `secrets_file`)",
                 ));
             }
             for (i, secret) in provider.secrets.iter().enumerate() {

@@ -112,3 +112,30 @@ async fn signatures_rotation_and_refusals() {
         .unwrap();
     assert_problem(bad, 401, "signature_invalid").await;
 }
+
+#[tokio::test]
+async fn secrets_read_from_a_file_verify_like_inline_ones() {
+    // As a mounted secret: one per line, the rotated-out one first, a trailing newline.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("stripe-secrets");
+    std::fs::write(&file, format!("{STRIPE_OLD}\n\n{STRIPE_NEW}\n")).unwrap();
+    let providers = format!(
+        "[providers.stripe]\nscheme = \"stripe\"\nsecrets_file = {:?}\n",
+        file.display().to_string()
+    );
+    let app = spawn_app_with(&providers).await;
+    for (secret, payment) in [(STRIPE_OLD, "pi_file_old"), (STRIPE_NEW, "pi_file_new")] {
+        let event = intent_event(&format!("evt_{payment}"), "succeeded", payment, now(), "2");
+        let answer = send_stripe(&app, &event, secret, now()).await;
+        assert_eq!(answer.status(), 200, "{secret}");
+        assert_eq!(app.token_states(payment).await.len(), 2, "{payment}");
+    }
+    let forged = intent_event("evt_forged", "succeeded", "pi_file_forged", now(), "2");
+    let answer = send_stripe(&app, &forged, "whsec_not_in_the_file_0123456789", now()).await;
+    assert_problem(answer, 401, "signature_invalid").await;
+    assert_eq!(
+        app.count("payments", doc! { "paymentIntentId": "pi_file_forged" })
+            .await,
+        0
+    );
+}
