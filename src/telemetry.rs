@@ -77,11 +77,14 @@ pub fn metrics_handle() -> PrometheusHandle {
             let handle = PrometheusBuilder::new()
                 .set_buckets_for_metric(
                     Matcher::Suffix("_seconds".to_owned()),
-                    &[
-                        0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
-                        10.0,
-                    ],
+                    metric::LATENCY_BUCKETS,
                 )
+                .and_then(|builder| {
+                    builder.set_buckets_for_metric(
+                        Matcher::Full(metric::ISSUANCE_BATCH_SIZE.to_owned()),
+                        metric::BATCH_SIZE_BUCKETS,
+                    )
+                })
                 .expect("static buckets are valid")
                 .install_recorder()
                 .expect("the metrics recorder is installed once");

@@ -252,3 +252,112 @@ async fn a_fresh_process_describes_every_family_and_counts_from_zero() {
     assert_eq!(rejected("acme"), Some(0.0), "{text}");
     drop(service);
 }
+
+#[tokio::test]
+async fn with_a_metrics_listener_the_public_port_serves_no_metrics() {
+    let scratch = ScratchDatabase::create("metrics_listener").await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("providers.toml");
+    std::fs::write(&config, PROVIDERS).unwrap();
+    let service = Service::start_with(
+        scratch.name(),
+        &[
+            ("TOKENMINT_CONFIG", config.to_str().unwrap()),
+            ("TOKENMINT__SERVER__METRICS_BIND", "127.0.0.1:0"),
+        ],
+    );
+    // The metrics listener's address is logged right after the public one.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let metrics_base = loop {
+        let log = service.recent_log();
+        if let Some(at) = log.find("metrics on http://") {
+            let rest = &log[at + "metrics on ".len()..];
+            break rest[..rest.find("/metrics").unwrap()].to_owned();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no metrics address logged:\n{log}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let http = reqwest::Client::new();
+    let public = http
+        .get(format!("{}/metrics", service.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(public.status(), 404);
+    let other = http
+        .get(format!("{metrics_base}/v1/tokens"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        other.status(),
+        404,
+        "the metrics listener serves /metrics only"
+    );
+
+    // One issuance and one signed webhook, then their histograms, with their buckets.
+    let issued = http
+        .post(format!("{}/v1/issuances", service.base))
+        .bearer_auth(SERVICE_KEY)
+        .json(&issuance_body("pi_metrics_listener", 2))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(issued.status(), 201);
+    let event = json!({
+        "id": "evt_metrics_listener", "type": "payment_intent.processing",
+        "created": chrono::Utc::now().timestamp(),
+        "data": { "object": { "id": "pi_metrics_webhook", "object": "payment_intent",
+            "status": "processing", "amount": 100, "currency": "eur", "metadata": {} } }
+    })
+    .to_string();
+    let signature = tokenmint::webhooks::signature::sign_stripe(
+        "whsec_test_old_secret_0123456789",
+        chrono::Utc::now().timestamp(),
+        event.as_bytes(),
+    );
+    let delivered = http
+        .post(format!("{}/v1/webhooks/stripe", service.base))
+        .header("stripe-signature", signature)
+        .header("content-type", "application/json")
+        .body(event)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        delivered.status(),
+        200,
+        "{}",
+        delivered.text().await.unwrap()
+    );
+
+    let (text, samples) = scrape(&http, &metrics_base).await;
+    let bucket = |name: &str, labels: &str| sample(&samples, name, labels);
+    assert_eq!(
+        bucket(
+            &format!("{}_bucket", metric::ISSUANCE_BATCH_SIZE),
+            "le=\"256\""
+        ),
+        Some(1.0),
+        "batch sizes in buckets:\n{text}"
+    );
+    assert_eq!(
+        bucket(
+            &format!("{}_bucket", metric::WEBHOOK_PROCESSING_DURATION_SECONDS),
+            "provider=\"stripe\",le=\"60\""
+        ),
+        Some(1.0),
+        "{text}"
+    );
+    assert!(
+        samples.iter().any(|(name, labels, _)| {
+            name == "tokenmint_http_request_duration_seconds_bucket"
+                && labels.ends_with("le=\"60\"")
+        }),
+        "latency buckets up to 60 s:\n{text}"
+    );
+    drop(service);
+}

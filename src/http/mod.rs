@@ -66,7 +66,7 @@ pub fn router(state: AppState, settings: &Settings) -> Router {
         .merge(redemptions::router(&state))
         .merge(payments::router())
         .merge(webhooks::router())
-        .merge(ops::router())
+        .merge(ops::router(settings))
         .merge(problems::router())
         .merge(swagger_ui())
         .fallback(|| async { ApiError::NotFound("No such resource.".to_owned()) })
@@ -76,6 +76,14 @@ pub fn router(state: AppState, settings: &Settings) -> Router {
         .layer(DefaultBodyLimit::max(settings.server.body_limit_bytes))
         .with_state(state);
     middleware::apply(routes, settings)
+}
+
+/// What the metrics listener (`server.metrics_bind`) serves: `/metrics`, and 404 for
+/// anything else. No middleware: it is for the scraper, not for clients.
+pub fn metrics_router(state: AppState) -> Router {
+    ops::metrics_router()
+        .fallback(|| async { ApiError::NotFound("Only /metrics is served here.".to_owned()) })
+        .with_state(state)
 }
 
 /// `/docs`, served entirely from this process: the online spec validator Swagger UI

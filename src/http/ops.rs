@@ -11,12 +11,23 @@ use utoipa::ToSchema;
 
 use super::AppState;
 use crate::server::ShuttingDown;
+use crate::settings::Settings;
 
-pub fn router() -> Router<AppState> {
-    Router::new()
+/// The probes, and `/metrics` unless it has a listener of its own (`metrics_bind`).
+pub fn router(settings: &Settings) -> Router<AppState> {
+    let probes = Router::new()
         .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
+        .route("/readyz", get(readyz));
+    if settings.server.metrics_bind.is_some() {
+        probes
+    } else {
+        probes.merge(metrics_router())
+    }
+}
+
+/// `/metrics` alone: what the metrics listener serves, when there is one.
+pub fn metrics_router() -> Router<AppState> {
+    Router::new().route("/metrics", get(metrics))
 }
 
 /// Liveness and readiness answers.

@@ -144,7 +144,7 @@ pub async fn receive_webhook(
         })?;
     match delivery {
         Delivery::Single(event) => {
-            let processed = state.issuer.apply_event(provider, &event).await?;
+            let processed = timed(provider, state.issuer.apply_event(provider, &event)).await?;
             Ok(axum::Json(WebhookReceipt {
                 received: true,
                 duplicate: processed.duplicate,
@@ -157,7 +157,7 @@ pub async fn receive_webhook(
         // the items already applied are duplicates then.
         Delivery::Batch(events) => {
             for event in &events {
-                state.issuer.apply_event(provider, event).await?;
+                timed(provider, state.issuer.apply_event(provider, event)).await?;
             }
             Ok((
                 [(CONTENT_TYPE, "text/plain; charset=utf-8")],
@@ -166,6 +166,16 @@ pub async fn receive_webhook(
                 .into_response())
         }
     }
+}
+
+/// Runs one event's processing, recording how long it took (failures too: a slow 503 is
+/// what an operator looks for).
+async fn timed<T>(provider: &str, processing: impl Future<Output = T>) -> T {
+    let started = std::time::Instant::now();
+    let result = processing.await;
+    metrics::histogram!(metric::WEBHOOK_PROCESSING_DURATION_SECONDS, "provider" => provider.to_owned())
+        .record(started.elapsed().as_secs_f64());
+    result
 }
 
 /// Counts a delivery refused before processing; `provider` is a configured name or `-`.

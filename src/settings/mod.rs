@@ -67,6 +67,10 @@ pub struct ServerSettings {
     pub header_read_timeout_ms: u64,
     /// Connections served at once; more wait in the listen backlog.
     pub max_connections: usize,
+    /// When set, `/metrics` is served on this address only (e.g. a port the load
+    /// balancer does not expose), and the public listener answers it 404.
+    #[serde(default)]
+    pub metrics_bind: Option<SocketAddr>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -18,7 +18,7 @@ use axum::{Extension, Router};
 use tokio::net::TcpListener;
 
 use crate::embedded::EmbeddedMongo;
-use crate::http::{AppState, router};
+use crate::http::{AppState, metrics_router, router};
 use crate::issuing::{
     FulfilmentWatch, IdempotencyConfig, Issuer, IssuingConfig, WaitingConfig, spawn_repair,
 };
@@ -35,6 +35,8 @@ const DATABASE_PROBE_EVERY: Duration = Duration::from_secs(2);
 pub struct Application {
     listener: TcpListener,
     router: Router,
+    /// `server.metrics_bind`'s listener and what it serves, when set.
+    metrics: Option<(TcpListener, Router)>,
     store: Store,
     embedded: Option<EmbeddedMongo>,
     grace: Duration,
@@ -120,13 +122,22 @@ impl Application {
         let (store, embedded) = open_store(settings, false).await?;
         let ready = async {
             prepare_database(settings, &store).await?;
-            TcpListener::bind(settings.server.bind)
+            let listener = TcpListener::bind(settings.server.bind)
                 .await
-                .with_context(|| format!("cannot bind server.bind {}", settings.server.bind))
+                .with_context(|| format!("cannot bind server.bind {}", settings.server.bind))?;
+            let metrics_listener = match settings.server.metrics_bind {
+                Some(address) => Some(
+                    TcpListener::bind(address)
+                        .await
+                        .with_context(|| format!("cannot bind server.metrics_bind {address}"))?,
+                ),
+                None => None,
+            };
+            anyhow::Ok((listener, metrics_listener))
         }
         .await;
-        let listener = match ready {
-            Ok(listener) => listener,
+        let (listener, metrics_listener) = match ready {
+            Ok(listeners) => listeners,
             Err(err) => {
                 if let Some(embedded) = embedded {
                     embedded.stop().await;
@@ -135,6 +146,12 @@ impl Application {
             }
         };
         tracing::info!("listening on http://{}", listener.local_addr()?);
+        if let Some(metrics_listener) = &metrics_listener {
+            tracing::info!(
+                "metrics on http://{}/metrics",
+                metrics_listener.local_addr()?
+            );
+        }
         let mut issuer = issuer(settings, store.clone());
         // Watching before the listener serves: no request can wait unwatched. Change
         // streams need a replica set (or mongos), as transactions do; a standalone mongod
@@ -160,6 +177,7 @@ impl Application {
         let shutting_down = ShuttingDown::default();
         Ok(Self {
             listener,
+            metrics: metrics_listener.map(|listener| (listener, metrics_router(state.clone()))),
             router: router(state, settings).layer(Extension(shutting_down.clone())),
             store,
             embedded,
@@ -177,6 +195,15 @@ impl Application {
         self.listener
             .local_addr()
             .expect("a bound listener has an address")
+    }
+
+    /// The metrics listener's address, when `server.metrics_bind` is set.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics.as_ref().map(|(listener, _)| {
+            listener
+                .local_addr()
+                .expect("a bound listener has an address")
+        })
     }
 
     pub fn store(&self) -> &Store {
@@ -197,6 +224,7 @@ impl Application {
     ) -> anyhow::Result<()> {
         let Self {
             listener,
+            metrics,
             router,
             store,
             embedded,
@@ -233,9 +261,16 @@ impl Application {
                 std::future::pending::<()>().await;
             }
         };
+        // Scraped until the end: the last requests' figures are still worth reading.
+        let metrics = metrics.map(|(listener, router)| {
+            tokio::spawn(async move { axum::serve(listener, router).await })
+        });
         tokio::select! {
             () = server => {}
             () = bounded => {}
+        }
+        if let Some(metrics) = metrics {
+            metrics.abort();
         }
         probe.abort();
         store.shutdown().await;

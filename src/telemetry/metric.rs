@@ -33,12 +33,25 @@ pub const VERSION_GATE_REJECTIONS_TOTAL: &str = "tokenmint_version_gate_rejectio
 /// Webhook deliveries by `provider` (a configured name, `-` for an unknown one) and
 /// `outcome`.
 pub const WEBHOOK_EVENTS_TOTAL: &str = "tokenmint_webhook_events_total";
+/// Time from a verified webhook's parse to its outcome (dedupe, apply, settle), by
+/// `provider` (a configured name); an Adyen batch counts each item.
+pub const WEBHOOK_PROCESSING_DURATION_SECONDS: &str =
+    "tokenmint_webhook_processing_duration_seconds";
 /// Requests refused by a rate limit.
 pub const RATE_LIMITED_TOTAL: &str = "tokenmint_rate_limited_total";
 /// 1 while MongoDB answers the background probe, 0 while it does not.
 pub const MONGODB_UP: &str = "tokenmint_mongodb_up";
 /// Always 1, labelled with the running `version`.
 pub const BUILD_INFO: &str = "tokenmint_build_info";
+
+/// Buckets of every `_seconds` histogram: 1 ms to 60 s, since a `Prefer: wait` request
+/// may be held 30 s and a request timeout can be set longer than the default 10 s.
+pub const LATENCY_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
+/// Buckets of `ISSUANCE_BATCH_SIZE`: powers of two up to the most one batch gathers
+/// (256 issuances).
+pub const BATCH_SIZE_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0];
 
 /// `outcome` values of `ISSUANCES_TOTAL`.
 pub const ISSUANCE_OUTCOMES: &[&str] = &["created", "replayed", "pending", "conflict"];
@@ -112,6 +125,11 @@ pub(super) fn describe() {
     describe_counter!(
         WEBHOOK_EVENTS_TOTAL,
         "Webhook deliveries by provider and outcome (signature_rejected counts forgeries per provider)"
+    );
+    describe_histogram!(
+        WEBHOOK_PROCESSING_DURATION_SECONDS,
+        Unit::Seconds,
+        "Time to apply a verified webhook event, by provider"
     );
     describe_counter!(RATE_LIMITED_TOTAL, "Requests refused by a rate limit");
     describe_gauge!(
