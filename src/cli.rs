@@ -156,36 +156,44 @@ impl Cli {
             _ => {}
         }
         let settings = Settings::load(self.config.as_deref())?;
-        crate::telemetry::init_logging(&settings.log);
-        match self.command {
-            Command::Serve => {
-                let app = Application::build(&settings).await?;
-                app.run_until_stopped(shutdown_signal()).await?;
-                Ok(Finished::Clean)
+        let traces = crate::telemetry::init(&settings.log, &settings.telemetry)?;
+        let finished = async {
+            match self.command {
+                Command::Serve => {
+                    let app = Application::build(&settings).await?;
+                    app.run_until_stopped(shutdown_signal()).await?;
+                    Ok(Finished::Clean)
+                }
+                Command::Migrate { dry_run } => migrate(&settings, dry_run).await,
+                Command::Healthcheck { url } => healthcheck(&settings, url.as_deref()).await,
+                Command::Duplicates { json } => duplicates(&settings, json).await,
+                Command::Webhooks {
+                    command: WebhooksCommand::Sign { provider, file, id },
+                } => {
+                    let body = std::fs::read(&file)
+                        .with_context(|| format!("cannot read {}", file.display()))?;
+                    print!(
+                        "{}",
+                        sign_webhook(&settings, &provider, &body, id.as_deref())?
+                    );
+                    Ok(Finished::Clean)
+                }
+                Command::Verify { repair, json } => verify(&settings, repair, json).await,
+                Command::Keys {
+                    command: KeysCommand::Dev,
+                } => dev_key(&settings),
+                Command::Openapi
+                | Command::Keys {
+                    command: KeysCommand::New { .. },
+                } => unreachable!("handled above"),
             }
-            Command::Migrate { dry_run } => migrate(&settings, dry_run).await,
-            Command::Healthcheck { url } => healthcheck(&settings, url.as_deref()).await,
-            Command::Duplicates { json } => duplicates(&settings, json).await,
-            Command::Webhooks {
-                command: WebhooksCommand::Sign { provider, file, id },
-            } => {
-                let body = std::fs::read(&file)
-                    .with_context(|| format!("cannot read {}", file.display()))?;
-                print!(
-                    "{}",
-                    sign_webhook(&settings, &provider, &body, id.as_deref())?
-                );
-                Ok(Finished::Clean)
-            }
-            Command::Verify { repair, json } => verify(&settings, repair, json).await,
-            Command::Keys {
-                command: KeysCommand::Dev,
-            } => dev_key(&settings),
-            Command::Openapi
-            | Command::Keys {
-                command: KeysCommand::New { .. },
-            } => unreachable!("handled above"),
         }
+        .await;
+        // The exporter's last batch: blocking, so off the runtime's threads.
+        if let Some(traces) = traces {
+            let _ = tokio::task::spawn_blocking(move || traces.shutdown()).await;
+        }
+        finished
     }
 }
 

@@ -1,4 +1,4 @@
-//! Logs and metrics. Every metric's name and help text is in `metric`; the process's
+//! Logs, traces (`traces`) and metrics. Every metric's name and help text is in `metric`; the process's
 //! own metrics (`process_*`: CPU, memory, file descriptors, threads) come from the
 //! `metrics-process` collector, sampled by the upkeep task.
 //!
@@ -9,6 +9,7 @@
 //! client or provider chose (a method, a path, an id) is logged through `Bounded`.
 
 pub mod metric;
+pub mod traces;
 
 use std::future::Future;
 use std::io::IsTerminal;
@@ -18,7 +19,9 @@ use std::time::Duration;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tracing_subscriber::EnvFilter;
 
-use crate::settings::{LogFormat, LogSettings};
+use crate::settings::{LogFormat, LogSettings, TelemetrySettings};
+use traces::Traces;
+use tracing_subscriber::Layer as _;
 
 /// Displays at most `Bounded::LIMIT` bytes of a client-chosen text, then how many bytes
 /// were left out: a 200 KB method token must not make a 200 KB log line (twice: the span
@@ -44,28 +47,43 @@ impl std::fmt::Display for Bounded<'_> {
     }
 }
 
-/// Installs the global tracing subscriber (JSON or human-readable).
-pub fn init_logging(settings: &LogSettings) {
+/// Installs the global tracing subscriber (JSON or human-readable logs, and spans to
+/// the OTLP collector when `telemetry.otlp_endpoint` is set). Keep the answer for as
+/// long as the process runs, then `Traces::shutdown` it: it exports what is buffered.
+pub fn init(log: &LogSettings, telemetry: &TelemetrySettings) -> anyhow::Result<Option<Traces>> {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+
     let filter = EnvFilter::try_from_default_env()
-        .or_else(|_| EnvFilter::try_new(&settings.level))
+        .or_else(|_| EnvFilter::try_new(&log.level))
         .unwrap_or_else(|_| EnvFilter::new("info"));
     // Colours only on a terminal (and not with NO_COLOR): a pipe or log file gets plain text.
     let ansi = std::io::stderr().is_terminal()
         && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let logs = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(ansi);
-    let result = match settings.format {
-        LogFormat::Json => builder
+    let logs = match log.format {
+        LogFormat::Json => logs
             .json()
             .flatten_event(true)
             .with_current_span(true)
-            .try_init(),
-        LogFormat::Pretty => builder.try_init(),
+            .boxed(),
+        LogFormat::Pretty => logs.boxed(),
     };
+    let traces = telemetry
+        .otlp_endpoint
+        .as_ref()
+        .map(Traces::export_to)
+        .transpose()?;
+    let result = tracing_subscriber::registry()
+        .with(filter)
+        .with(logs)
+        .with(traces.as_ref().map(Traces::layer))
+        .try_init();
     // A second init (tests build several apps in one process) keeps the first subscriber.
     drop(result);
+    Ok(traces)
 }
 
 /// The process-wide Prometheus recorder; installed on first use, with every metric

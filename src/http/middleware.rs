@@ -23,7 +23,7 @@ use super::issuances::ISSUANCES_PATH;
 use super::prefer::{PREFER, PREFERENCE_APPLIED, preferred_wait};
 use crate::issuing::longest_wait;
 use crate::settings::Settings;
-use crate::telemetry::{Bounded, metric};
+use crate::telemetry::{Bounded, metric, traces};
 
 pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
@@ -63,9 +63,13 @@ async fn request_id(req: Request, next: Next) -> Response {
         method = %Bounded(req.method().as_str()),
         path = %Bounded(req.uri().path()),
         key_id = tracing::field::Empty,
+        otel.kind = "server",
+        http.response.status_code = tracing::field::Empty,
     );
+    traces::continue_trace(&span, req.headers());
     let started = Instant::now();
     let mut response = next.run(req).instrument(span.clone()).await;
+    span.record("http.response.status_code", response.status().as_u16());
     span.in_scope(|| {
         tracing::info!(
             status = response.status().as_u16(),
@@ -115,6 +119,7 @@ async fn record_metrics(req: Request, next: Next) -> Response {
         .map(|p| p.as_str().to_owned())
         .unwrap_or_else(|| "unmatched".to_owned());
     let method = method_label(req.method()).to_owned();
+    traces::rename(&tracing::Span::current(), format!("{method} {route}"));
     let started = Instant::now();
     let response = next.run(req).await;
     let status = response.status().as_u16().to_string();

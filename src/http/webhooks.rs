@@ -13,6 +13,7 @@ use axum::http::header::CONTENT_TYPE;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use serde::Serialize;
+use tracing::Instrument;
 use utoipa::ToSchema;
 
 use super::AppState;
@@ -126,7 +127,9 @@ pub async fn receive_webhook(
     // The signature first: only the provider's own deliveries may spend its allowance,
     // so unsigned noise cannot delay its events. Failures are limited per remote address.
     let now = chrono::Utc::now().timestamp();
-    if let Err(refused) = config.verify(&signature_headers, &body, now) {
+    let verified = tracing::info_span!("webhook.verify", provider)
+        .in_scope(|| config.verify(&signature_headers, &body, now));
+    if let Err(refused) = verified {
         count(provider, "signature_rejected");
         state.rate_limits.check_failed_signature(remote.ip())?;
         return Err(ApiError::WebhookSignature(match refused {
@@ -168,11 +171,13 @@ pub async fn receive_webhook(
     }
 }
 
-/// Runs one event's processing, recording how long it took (failures too: a slow 503 is
-/// what an operator looks for).
+/// Runs one event's processing in a span of its own, recording how long it took
+/// (failures too: a slow 503 is what an operator looks for).
 async fn timed<T>(provider: &str, processing: impl Future<Output = T>) -> T {
     let started = std::time::Instant::now();
-    let result = processing.await;
+    let result = processing
+        .instrument(tracing::info_span!("webhook.process", provider))
+        .await;
     metrics::histogram!(metric::WEBHOOK_PROCESSING_DURATION_SECONDS, "provider" => provider.to_owned())
         .record(started.elapsed().as_secs_f64());
     result

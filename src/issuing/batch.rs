@@ -55,6 +55,7 @@ use futures::future::join_all;
 use mongodb::bson::oid::ObjectId;
 use tokio::sync::{Mutex, mpsc, oneshot};
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use super::issue::refuse_unless_standing;
 use super::standing::takes_back;
@@ -64,7 +65,7 @@ use crate::store::{
     IssuanceDoc, PLACEHOLDER_LIFETIME, PaymentDoc, RecordInsert, StoreError, TokenInsert,
     TokenSummary,
 };
-use crate::telemetry::metric;
+use crate::telemetry::{metric, traces};
 
 /// Writer tasks per mode: up to this many batches of a mode are in flight while the next
 /// ones gather. Two keep the database busy while the next batch gathers; more split the
@@ -85,6 +86,8 @@ type Answer = oneshot::Sender<Result<IssueOutcome, IssueError>>;
 struct Queued {
     request: NewIssuance,
     answer: Answer,
+    /// The request's span, which the batch's span links to.
+    span: tracing::Span,
 }
 
 /// The queues into the writer tasks, one per mode.
@@ -115,7 +118,11 @@ impl Committer {
             IssuanceMode::Atomic => &self.atomic,
         };
         queue
-            .send(Queued { request, answer })
+            .send(Queued {
+                request,
+                answer,
+                span: tracing::Span::current(),
+            })
             .await
             .map_err(|_| gone())?;
         answered.await.map_err(|_| gone())?
@@ -130,10 +137,17 @@ fn writers(issuer: &Issuer, mode: IssuanceMode) -> mpsc::Sender<Queued> {
         let (issuer, receiver) = (issuer.clone(), receiver.clone());
         tokio::spawn(async move {
             while let Some(batch) = next_batch(&receiver).await {
-                match mode {
-                    IssuanceMode::Upsert => issuer.commit_upserts(batch).await,
-                    IssuanceMode::Atomic => issuer.commit_atomically(batch).await,
-                }
+                // The batch's own span, its MongoDB commands inside it; it belongs to
+                // no one request's trace, and links to each.
+                let span = tracing::info_span!("batch", mode = mode.as_str(), size = batch.len());
+                traces::link_to(&span, batch.iter().map(|queued| queued.span.clone()));
+                let commit = async {
+                    match mode {
+                        IssuanceMode::Upsert => issuer.commit_upserts(batch).await,
+                        IssuanceMode::Atomic => issuer.commit_atomically(batch).await,
+                    }
+                };
+                commit.instrument(span).await;
             }
         });
     }

@@ -47,6 +47,8 @@ pub struct Settings {
     pub repair: RepairSettings,
     pub rate_limit: RateLimitSettings,
     pub log: LogSettings,
+    #[serde(default)]
+    pub telemetry: TelemetrySettings,
     /// `TOKENMINT_ENV` (default `development`); not read from files.
     #[serde(skip)]
     pub environment: String,
@@ -273,6 +275,49 @@ pub struct RateLimitSettings {
 pub struct LogSettings {
     pub format: LogFormat,
     pub level: String,
+}
+
+/// Traces.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TelemetrySettings {
+    /// The OpenTelemetry collector's OTLP/HTTP base URL; unset or empty: no traces.
+    #[serde(default, deserialize_with = "otlp_endpoint")]
+    pub otlp_endpoint: Option<OtlpEndpoint>,
+}
+
+/// An OTLP/HTTP collector's base URL: `http://host[:port][/path]`. Plain HTTP only —
+/// the exporter carries no TLS stack; a collector beside the service (a sidecar, a
+/// node agent) is the usual way, and it forwards over TLS.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OtlpEndpoint(String);
+
+impl OtlpEndpoint {
+    /// Where spans are posted: the base URL with `/v1/traces`, as the OTLP spec says.
+    pub fn traces_url(&self) -> String {
+        format!("{}/v1/traces", self.0.trim_end_matches('/'))
+    }
+}
+
+fn otlp_endpoint<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<OtlpEndpoint>, D::Error> {
+    let text = String::deserialize(deserializer)?;
+    if text.is_empty() {
+        return Ok(None);
+    }
+    let uri: axum::http::Uri = text
+        .parse()
+        .map_err(|_| serde::de::Error::custom("must be a URL such as http://collector:4318"))?;
+    match (uri.scheme_str(), uri.authority(), uri.query()) {
+        (Some("http"), Some(_), None) => Ok(Some(OtlpEndpoint(text))),
+        (Some("https"), ..) => Err(serde::de::Error::custom(
+            "must be plain http:// (send to a local collector, which forwards over TLS)",
+        )),
+        _ => Err(serde::de::Error::custom(
+            "must be a URL such as http://collector:4318, without a query",
+        )),
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]

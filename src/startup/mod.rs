@@ -84,6 +84,11 @@ async fn open_store(
         StoreConfig {
             duplicate_key_retries: settings.issuance.duplicate_key_retries,
             version_gate: version_gate_policy(settings),
+            command_events: settings
+                .telemetry
+                .otlp_endpoint
+                .is_some()
+                .then(crate::telemetry::traces::command_spans),
         },
     )
     .await;

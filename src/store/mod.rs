@@ -28,6 +28,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use mongodb::bson::{Document, doc};
+use mongodb::event::EventHandler;
+use mongodb::event::command::CommandEvent;
 use mongodb::options::{ClientOptions, ReturnDocument, UpdateModifications};
 use mongodb::{Client, Collection, Database};
 use tokio::sync::OnceCell;
@@ -61,6 +63,9 @@ pub struct StoreConfig {
     pub duplicate_key_retries: u32,
     /// Backoff of the `_version` gate when the client sent no `If-Match`.
     pub version_gate: RetryPolicy,
+    /// Told of every command sent and answered (a span per command, when traces are
+    /// exported); `None`: the driver builds no events at all.
+    pub command_events: Option<EventHandler<CommandEvent>>,
 }
 
 impl Store {
@@ -117,6 +122,7 @@ impl Store {
         // timeout, so requests fail fast with 503 instead of hanging.
         options.heartbeat_freq = Some(Duration::from_millis(1000));
         options.max_pool_size = Some(max_pool_size);
+        options.command_event_handler = config.command_events.clone();
         let client = Client::with_options(options)?;
         let db = client.database(database);
         Ok(Self {

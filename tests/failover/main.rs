@@ -79,7 +79,7 @@ async fn start_app(set: &ReplicaSet, database: &str) -> TestApp {
         database,
         "[mongo]\nserver_selection_timeout_ms = 5000\n[log]\nlevel = \"warn\"\n",
     );
-    tokenmint::telemetry::init_logging(&settings.log);
+    tokenmint::telemetry::init(&settings.log, &settings.telemetry).expect("logging starts");
     spawn_app_from(&settings).await
 }
 
