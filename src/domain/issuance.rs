@@ -114,8 +114,8 @@ impl PaymentKey {
 #[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct Mismatch {
     pub field: String,
-    /// The recorded value (a string or an integer, as the field is). Left out for
-    /// checkout keys: a public key must not learn who owns a payment's tokens.
+    /// The recorded value (a string or an integer, as the field is). Left out where the
+    /// caller may not read it (a redemption whose tokens are outside the key's accounts).
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Value>)]
     pub existing: Option<serde_json::Value>,

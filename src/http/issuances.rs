@@ -275,7 +275,7 @@ impl From<TokenSummary> for TokenRef {
                 ("Preference-Applied" = String, description = "`wait=N` when the request waited for the payment's event"),
             )),
         (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "`idempotency_conflict`: the payment was issued with other parameters (a checkout key is not shown the existing values); `payment_not_succeeded`: the provider reported the payment failed, canceled or refunded; `state_conflict`: a checkout key asked for a payment only a trusted backend can issue", body = Problem, content_type = "application/problem+json",
+        (status = 409, description = "`idempotency_conflict`: the payment was issued with other parameters (`mismatches` names the fields, with both values; a checkout key is told neither); `payment_not_succeeded`: the provider reported the payment failed, canceled or refunded; `state_conflict`: a checkout key asked for a payment only a trusted backend can issue", body = Problem, content_type = "application/problem+json",
             headers(("Preference-Applied" = String, description = "`wait=N` when the request waited for the payment's event"))),
         (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "Not application/json", body = Problem, content_type = "application/problem+json"),

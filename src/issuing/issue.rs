@@ -15,7 +15,7 @@ use mongodb::bson::DateTime;
 
 use super::standing::takes_back;
 use super::{Caller, IssueError, IssueOutcome, IssuedTokens, Issuer};
-use crate::domain::{IssuanceMode, IssuanceStatus, Mismatch, NewIssuance, PaymentStatus};
+use crate::domain::{IssuanceMode, IssuanceStatus, NewIssuance, PaymentStatus};
 use crate::store::{AtomicInsert, Existing, IssuanceDoc, PaymentDoc, StoreError, TokenSummary};
 
 /// A record that keeps changing under us (taken over, expired, re-created) is re-read
@@ -34,7 +34,7 @@ impl Issuer {
             Caller::Checkout => self
                 .request_from_checkout(request)
                 .await
-                .map_err(hide_existing_values),
+                .map_err(hide_mismatches),
         }
     }
 
@@ -312,19 +312,13 @@ pub(super) fn usable_metadata(payment: &PaymentDoc) -> Option<crate::domain::Iss
     payment.token_params.as_ref().and_then(|p| p.params())
 }
 
-/// A checkout key hears which fields differ, never the recorded values: they would tell
-/// a public key who owns a payment's tokens.
-fn hide_existing_values(err: IssueError) -> IssueError {
+/// A checkout key hears that its request conflicts, not where: the recorded values would
+/// tell a public key who owns a payment's tokens, and even the names of the fields that
+/// differ let anyone holding the key probe a payment's quantity and token type one guess
+/// at a time. The trusted backend, which may read, is told both.
+fn hide_mismatches(err: IssueError) -> IssueError {
     match err {
-        IssueError::Conflict(mismatches) => IssueError::Conflict(
-            mismatches
-                .into_iter()
-                .map(|m| Mismatch {
-                    existing: None,
-                    ..m
-                })
-                .collect(),
-        ),
+        IssueError::Conflict(_) => IssueError::Conflict(Vec::new()),
         other => other,
     }
 }

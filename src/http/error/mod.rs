@@ -224,6 +224,9 @@ impl ApiError {
             Self::RequestInProgress => {
                 "The first request with this Idempotency-Key is still running; retry shortly.".to_owned()
             }
+            Self::IdempotencyConflict(mismatches) if mismatches.is_empty() => {
+                "This payment was already issued or requested with other parameters.".to_owned()
+            }
             Self::IdempotencyConflict(_) => {
                 "This payment was already issued with other parameters; see mismatches.".to_owned()
             }
@@ -273,7 +276,7 @@ impl ApiError {
                 problem.errors_omitted = Some((errors.len() - listed) as u64).filter(|&n| n > 0);
             }
             Self::IdempotencyConflict(mismatches) | Self::RedemptionConflict(mismatches) => {
-                problem.mismatches = Some(mismatches.clone())
+                problem.mismatches = Some(mismatches.clone()).filter(|m| !m.is_empty())
             }
             Self::InsufficientBalance { available } => problem.available = Some(*available),
             Self::VersionConflict {

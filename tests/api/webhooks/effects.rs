@@ -140,13 +140,7 @@ async fn checkout_requests_wait_for_the_payment_then_complete_once() {
     )
     .await;
     let mut mismatch = issuance_body("pi_trust2", 5);
-    let conflict = assert_problem(
-        app.issue(REQUEST_KEY, &mismatch).await,
-        409,
-        "idempotency_conflict",
-    )
-    .await;
-    assert_eq!(conflict["mismatches"][0]["field"], "quantity");
+    assert_hidden_conflict(app.issue(REQUEST_KEY, &mismatch).await).await;
     mismatch["quantity"] = json!(2);
     assert_eq!(
         app.issue(REQUEST_KEY, &mismatch).await.status(),
@@ -205,5 +199,5 @@ async fn checkout_requests_wait_for_the_payment_then_complete_once() {
     assert_eq!(record.get_str("status").unwrap(), "issued");
     assert_eq!(record.get_i64("quantity").unwrap(), 2);
     assert!(!record.contains_key("expiresAt"), "no longer pending");
-    assert_hidden_conflict(app.issue(REQUEST_KEY, &asked).await, &["owner", "quantity"]).await;
+    assert_hidden_conflict(app.issue(REQUEST_KEY, &asked).await).await;
 }
