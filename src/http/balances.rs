@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::rejection::QueryRejection;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Query, State};
 use axum::routing::get;
 use serde::Serialize;
 use utoipa::ToSchema;
@@ -14,6 +14,7 @@ use utoipa::ToSchema;
 use super::AppState;
 use super::auth::Principal;
 use super::error::{ApiError, Problem};
+use super::extract::PathParams;
 use super::openapi::KeyedErrors;
 use crate::domain::{FieldErrors, Owner, Scope, TokenType};
 use crate::store::BalanceRow;
@@ -73,7 +74,7 @@ impl From<BalanceRow> for BalanceView {
 pub async fn get_balances(
     State(state): State<AppState>,
     principal: Arc<Principal>,
-    Path(owner): Path<String>,
+    PathParams(owner): PathParams<String>,
     query: Result<Query<Vec<(String, String)>>, QueryRejection>,
 ) -> Result<axum::Json<BalancesView>, ApiError> {
     principal.require(Scope::Read)?;

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use axum::Router;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -17,7 +17,7 @@ use utoipa::ToSchema;
 use super::AppState;
 use super::auth::Principal;
 use super::error::{ApiError, Problem};
-use super::extract::JsonBody;
+use super::extract::{JsonBody, PathParams};
 use super::idempotency::IDEMPOTENT_REPLAYED;
 use super::openapi::KeyedErrors;
 use super::payment_path::PaymentPath;
@@ -363,7 +363,7 @@ fn issued_response(outcome: IssueOutcome) -> Response {
 pub async fn get_issuance(
     State(state): State<AppState>,
     principal: Arc<Principal>,
-    Path(path): Path<PaymentPath>,
+    PathParams(path): PathParams<PaymentPath>,
 ) -> Result<axum::Json<IssuanceResponse>, ApiError> {
     principal.require(Scope::Read)?;
     let key = path.visible_key(&principal, "No issuance exists for this payment.")?;

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use axum::Router;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::routing::get;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -13,6 +13,7 @@ use utoipa::ToSchema;
 use super::AppState;
 use super::auth::Principal;
 use super::error::{ApiError, Problem};
+use super::extract::PathParams;
 use super::openapi::KeyedErrors;
 use super::payment_path::PaymentPath;
 use crate::domain::PaymentStatus;
@@ -93,7 +94,7 @@ impl From<PaymentDoc> for PaymentView {
 pub async fn get_payment(
     State(state): State<AppState>,
     principal: Arc<Principal>,
-    Path(path): Path<PaymentPath>,
+    PathParams(path): PathParams<PaymentPath>,
 ) -> Result<axum::Json<PaymentView>, ApiError> {
     principal.require(Scope::Read)?;
     let key = path.visible_key(&principal, "No event has been received for this payment.")?;

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use axum::Router;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::from_fn_with_state;
 use axum::response::{IntoResponse, Response};
@@ -18,7 +18,7 @@ use utoipa::ToSchema;
 use super::AppState;
 use super::auth::Principal;
 use super::error::{ApiError, Problem};
-use super::extract::JsonBody;
+use super::extract::{JsonBody, PathParams};
 use super::idempotency::{IDEMPOTENT_REPLAYED, idempotent};
 use super::openapi::KeyedErrors;
 use super::tokens::OriginView;
@@ -272,7 +272,7 @@ pub async fn create_redemption(
 pub async fn get_redemption(
     State(state): State<AppState>,
     principal: Arc<Principal>,
-    Path((owner, reference)): Path<(String, String)>,
+    PathParams((owner, reference)): PathParams<(String, String)>,
 ) -> Result<axum::Json<RedemptionResponse>, ApiError> {
     principal.require(Scope::Read)?;
     let mut errors = FieldErrors::default();

@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{ConnectInfo, Path, State};
+use axum::extract::{ConnectInfo, State};
 use axum::http::HeaderMap;
 use axum::http::header::CONTENT_TYPE;
 use axum::response::{IntoResponse, Response};
@@ -18,6 +18,7 @@ use utoipa::ToSchema;
 
 use super::AppState;
 use super::error::{ApiError, Problem};
+use super::extract::PathParams;
 use crate::domain::EventOutcome;
 use crate::telemetry::metric;
 use crate::webhooks::{Delivery, SignatureError, SignatureHeaders};
@@ -89,7 +90,7 @@ pub struct WebhookReceipt {
 pub async fn receive_webhook(
     State(state): State<AppState>,
     ConnectInfo(remote): ConnectInfo<SocketAddr>,
-    Path(provider): Path<String>,
+    PathParams(provider): PathParams<String>,
     headers: HeaderMap,
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Result<Response, ApiError> {

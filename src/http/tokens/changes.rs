@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue};
 use axum::response::Response;
 use serde::Deserialize;
@@ -15,7 +15,7 @@ use crate::domain::{Actor, FieldErrors, Owner, Scope};
 use crate::http::AppState;
 use crate::http::auth::Principal;
 use crate::http::error::{ApiError, Problem};
-use crate::http::extract::{JsonBody, OptionalJsonBody};
+use crate::http::extract::{JsonBody, OptionalJsonBody, PathParams};
 use crate::http::idempotency::IDEMPOTENT_REPLAYED;
 use crate::http::openapi::KeyedErrors;
 use crate::issuing::{Gate, Transition, TransitionOutcome};
@@ -187,7 +187,7 @@ fn record_version_rejection(transition: &Transition) {
 pub async fn redeem_token(
     State(state): State<AppState>,
     principal: Arc<Principal>,
-    Path(token_id): Path<String>,
+    PathParams(token_id): PathParams<String>,
     headers: HeaderMap,
     body: Result<OptionalJsonBody<RedeemRequest>, ApiError>,
 ) -> Result<Response, ApiError> {
@@ -237,7 +237,7 @@ pub async fn redeem_token(
 pub async fn revoke_token(
     State(state): State<AppState>,
     principal: Arc<Principal>,
-    Path(token_id): Path<String>,
+    PathParams(token_id): PathParams<String>,
     headers: HeaderMap,
     body: Result<OptionalJsonBody<RevokeRequest>, ApiError>,
 ) -> Result<Response, ApiError> {
@@ -285,7 +285,7 @@ pub async fn revoke_token(
 pub async fn transfer_token(
     State(state): State<AppState>,
     principal: Arc<Principal>,
-    Path(token_id): Path<String>,
+    PathParams(token_id): PathParams<String>,
     headers: HeaderMap,
     body: Result<JsonBody<TransferRequest>, ApiError>,
 ) -> Result<Response, ApiError> {

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::rejection::QueryRejection;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Query, State};
 use axum::http::{HeaderMap, HeaderValue, header};
 use axum::middleware::from_fn_with_state;
 use axum::response::{IntoResponse, Response};
@@ -31,6 +31,7 @@ use super::error::{ApiError, Problem};
 use super::idempotency::idempotent;
 use super::openapi::KeyedErrors;
 use crate::domain::{FieldErrors, Owner, Scope, TokenId, TokenStatus, TokenType};
+use crate::http::extract::PathParams;
 use crate::store::{TokenDoc, TokenQuery, chrono_time};
 
 /// Listing page size: default and maximum.
@@ -171,7 +172,7 @@ pub(super) fn not_found() -> ApiError {
 pub async fn get_token(
     State(state): State<AppState>,
     principal: Arc<Principal>,
-    Path(token_id): Path<String>,
+    PathParams(token_id): PathParams<String>,
 ) -> Result<Response, ApiError> {
     principal.require(Scope::Read)?;
     let id = parse_token_id(&token_id)?;

@@ -177,3 +177,24 @@ async fn retry_after_is_whole_seconds_rounded_up() {
     let problem = assert_problem(limited, 429, "rate_limited").await;
     assert_eq!(problem["detail"], "Rate limit exceeded; retry after 1 s.");
 }
+
+#[tokio::test]
+async fn a_path_segment_that_does_not_decode_is_a_problem_naming_it() {
+    let app = spawn_app().await;
+    // %FF decodes to a byte that is not UTF-8: axum's own extractor answers text/plain.
+    for (path, field) in [
+        ("/v1/tokens/%FF", "tokenId"),
+        ("/v1/balances/%C3%28", "owner"),
+        ("/v1/webhooks/%FE", "provider"),
+    ] {
+        let request = if path.starts_with("/v1/webhooks") {
+            app.http.post(app.url(path)).body("{}")
+        } else {
+            app.http.get(app.url(path)).bearer_auth(ADMIN_KEY)
+        };
+        let answer = request.send().await.unwrap();
+        assert!(answer.headers().contains_key("x-request-id"), "{path}");
+        let problem = assert_problem(answer, 422, "validation_failed").await;
+        assert_eq!(problem["errors"][0]["field"], field, "{path}: {problem}");
+    }
+}
