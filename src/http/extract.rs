@@ -253,6 +253,41 @@ fn clean_message(message: &str) -> String {
     }
 }
 
+/// Path parameters with tokenmint's error contract: a segment that does not decode (bad
+/// percent-encoding, invalid UTF-8) is a 422 naming the parameter, as problem+json —
+/// axum's own `Path` answers it in plain text.
+pub struct PathParams<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned + Send> axum::extract::FromRequestParts<S>
+    for PathParams<T>
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<Self, ApiError> {
+        use axum::extract::path::ErrorKind;
+        use axum::extract::rejection::PathRejection;
+        match axum::extract::Path::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Path(params)) => Ok(Self(params)),
+            Err(PathRejection::FailedToDeserializePathParams(failed)) => {
+                let field = match failed.kind() {
+                    ErrorKind::InvalidUtf8InPathParam { key }
+                    | ErrorKind::ParseErrorAtKey { key, .. } => key.clone(),
+                    _ => "path".to_owned(),
+                };
+                Err(ApiError::Validation(vec![crate::domain::FieldError::new(
+                    field,
+                    "must be a valid path segment (UTF-8, percent-encoded)",
+                )]))
+            }
+            // No parameters matched: a routing bug, not the client's.
+            Err(_) => Err(ApiError::Internal),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -425,41 +460,6 @@ mod tests {
                     other => prop_assert!(false, "expected 422, got {:?}", other),
                 }
             }
-        }
-    }
-}
-
-/// Path parameters with tokenmint's error contract: a segment that does not decode (bad
-/// percent-encoding, invalid UTF-8) is a 422 naming the parameter, as problem+json —
-/// axum's own `Path` answers it in plain text.
-pub struct PathParams<T>(pub T);
-
-impl<S: Send + Sync, T: DeserializeOwned + Send> axum::extract::FromRequestParts<S>
-    for PathParams<T>
-{
-    type Rejection = ApiError;
-
-    async fn from_request_parts(
-        parts: &mut axum::http::request::Parts,
-        state: &S,
-    ) -> Result<Self, ApiError> {
-        use axum::extract::path::ErrorKind;
-        use axum::extract::rejection::PathRejection;
-        match axum::extract::Path::<T>::from_request_parts(parts, state).await {
-            Ok(axum::extract::Path(params)) => Ok(Self(params)),
-            Err(PathRejection::FailedToDeserializePathParams(failed)) => {
-                let field = match failed.kind() {
-                    ErrorKind::InvalidUtf8InPathParam { key }
-                    | ErrorKind::ParseErrorAtKey { key, .. } => key.clone(),
-                    _ => "path".to_owned(),
-                };
-                Err(ApiError::Validation(vec![crate::domain::FieldError::new(
-                    field,
-                    "must be a valid path segment (UTF-8, percent-encoded)",
-                )]))
-            }
-            // No parameters matched: a routing bug, not the client's.
-            Err(_) => Err(ApiError::Internal),
         }
     }
 }
