@@ -23,8 +23,9 @@ use super::openapi::KeyedErrors;
 use super::payment_path::PaymentPath;
 use super::prefer::{PREFERENCE_APPLIED, preferred_wait};
 use crate::domain::{
-    AccountId, Actor, FieldErrors, IssuanceMode, IssuanceParams, IssuanceStatus, NewIssuance,
-    Owner, PaymentIntentId, PaymentKey, Provider, Quantity, Scope, TokenStatus, TokenType,
+    AccountId, Actor, ClientAddress, FieldErrors, IssuanceMode, IssuanceParams, IssuanceStatus,
+    NewIssuance, Owner, PaymentIntentId, PaymentKey, Provider, Quantity, Scope, TokenStatus,
+    TokenType,
 };
 use crate::issuing::{Caller, IssueOutcome, IssuedTokens};
 use crate::store::{TokenSummary, chrono_time};
@@ -286,6 +287,7 @@ impl From<TokenSummary> for TokenRef {
 pub async fn create_issuance(
     State(state): State<AppState>,
     principal: Arc<Principal>,
+    client: ClientAddress,
     headers: HeaderMap,
     body: Result<JsonBody<IssuanceRequest>, ApiError>,
 ) -> Result<Response, ApiError> {
@@ -307,7 +309,7 @@ pub async fn create_issuance(
     principal.require_account(&request.key)?;
     let answer = state
         .issuer
-        .issue_waiting(caller, &request, preferred_wait(&headers))
+        .issue_waiting(caller, &request, preferred_wait(&headers), client)
         .await;
     let mut response = match answer.result {
         Ok(outcome) => issued_response(outcome),
