@@ -93,6 +93,17 @@ fn networks<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Vec<IpN
                         "entry {i} is not a CIDR (address/prefix length) nor an IP address"
                     ))
                 })
+                .and_then(|net| {
+                    // Trusting every address lets every client name its own address,
+                    // and take a fresh allowance with each request.
+                    if net.prefix_len() == 0 {
+                        Err(serde::de::Error::custom(format!(
+                            "entry {i} trusts every address (prefix length 0): list the proxies' networks"
+                        )))
+                    } else {
+                        Ok(net)
+                    }
+                })
         })
         .collect()
 }

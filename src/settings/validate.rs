@@ -424,6 +424,11 @@ mod tests {
             assert!(err.contains("entry 1 is not a CIDR"), "{err}");
             assert!(!err.contains(bad), "{bad:?} echoed in {err}");
         }
+        for everyone in ["0.0.0.0/0", "::/0"] {
+            let list = format!(r#"["{everyone}"]"#);
+            let err = refused(&[&proxies(&list)], "`server.trusted_proxies`", &[]);
+            assert!(err.contains("entry 0 trusts every address"), "{err}");
+        }
     }
 
     #[test]
