@@ -229,6 +229,27 @@ mod tests {
     }
 
     #[test]
+    fn only_a_key_of_issuances_request_alone_is_a_checkout_key() {
+        let principal = |scopes: &[&str]| {
+            let (key, mut settings) = generate_dev_key();
+            settings.scopes = scopes.iter().map(|s| (*s).to_owned()).collect();
+            ApiKeys::from_settings(&[settings])
+                .authenticate(&key)
+                .unwrap()
+        };
+        assert!(principal(&["issuances:request"]).is_checkout());
+        assert!(principal(&["issuances:request", "issuances:request"]).is_checkout());
+        for trusted in [
+            &["issuances:request", "read"][..],
+            &["issuances:write"],
+            &["admin"],
+            &["read"],
+        ] {
+            assert!(!principal(trusted).is_checkout(), "{trusted:?}");
+        }
+    }
+
+    #[test]
     fn accounts_limit_visibility() {
         let (key, keys) = registry();
         let principal = keys.authenticate(&key).unwrap();
