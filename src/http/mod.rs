@@ -14,7 +14,7 @@ mod payment_path;
 mod payments;
 mod prefer;
 mod problems;
-pub(crate) mod rate_limit;
+mod rate_limit;
 mod redemptions;
 mod tokens;
 mod webhooks;
