@@ -29,11 +29,13 @@ pub fn client_ip(peer: IpAddr, headers: &HeaderMap, trusted: &[IpNet]) -> IpAddr
         return peer;
     }
     // Several header lines are one list, in order (RFC 9110 §5.3): walk them backwards.
+    // Split as bytes: a client's non-ASCII byte in its own entry must not spoil the line
+    // a proxy appended the real address to.
     let hops = headers
         .get_all(X_FORWARDED_FOR)
         .iter()
         .rev()
-        .flat_map(|line| line.to_str().unwrap_or("").rsplit(','));
+        .flat_map(|line| line.as_bytes().rsplit(|b| *b == b','));
     let mut nearest = peer;
     for hop in hops {
         let Some(hop) = parse_hop(hop) else {
@@ -53,8 +55,8 @@ pub fn client_ip(peer: IpAddr, headers: &HeaderMap, trusted: &[IpNet]) -> IpAddr
 
 /// One `X-Forwarded-For` entry: an address, which some proxies write with a port
 /// (`192.0.2.1:4711`, `[2001:db8::1]:4711`).
-fn parse_hop(hop: &str) -> Option<IpAddr> {
-    let hop = hop.trim();
+fn parse_hop(hop: &[u8]) -> Option<IpAddr> {
+    let hop = std::str::from_utf8(hop).ok()?.trim();
     hop.parse::<IpAddr>()
         .or_else(|_| hop.parse::<SocketAddr>().map(|socket| socket.ip()))
         .ok()
@@ -83,6 +85,7 @@ impl FromRequestParts<AppState> for ClientAddress {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use axum::http::HeaderValue;
 
     fn nets(list: &[&str]) -> Vec<IpNet> {
         list.iter().map(|n| n.parse().unwrap()).collect()
@@ -150,6 +153,16 @@ mod tests {
             resolve("10.0.0.1", &["[2001:db8:1:2::5]:4711"], &trusted),
             "2001:db8:1:2::5"
         );
+    }
+
+    #[test]
+    fn a_clients_unreadable_entry_does_not_spoil_the_proxys() {
+        let mut headers = HeaderMap::new();
+        let line = HeaderValue::from_bytes(b"203.0.113.\xff\xfe, 198.51.100.7").unwrap();
+        headers.append(X_FORWARDED_FOR, line);
+        let trusted = nets(&["10.0.0.0/8"]);
+        let client = client_ip("10.0.0.1".parse().unwrap(), &headers, &trusted);
+        assert_eq!(client.to_string(), "198.51.100.7");
     }
 
     #[test]
