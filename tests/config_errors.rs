@@ -135,6 +135,45 @@ fn other_bad_values_are_named_by_key_without_their_value() {
 }
 
 #[test]
+fn public_key_limits_that_cannot_hold_stop_the_start_naming_the_key() {
+    // A proxy list entry that is no network: named by its index, never quoted.
+    let output = tokenmint(
+        &["serve"],
+        &[(
+            "TOKENMINT__SERVER__TRUSTED_PROXIES",
+            &format!("[\"10.0.0.0/8\", \"{SECRET}/8\"]"),
+        )],
+    );
+    refused(
+        &output,
+        &["`server.trusted_proxies`", "entry 1 is not a CIDR"],
+    );
+
+    // Waiters that would leave no connection for webhooks, trusted keys and probes.
+    let output = tokenmint(
+        &["serve"],
+        &[
+            ("TOKENMINT__SERVER__MAX_CONNECTIONS", "100"),
+            ("TOKENMINT__ISSUANCE__MAX_WAITERS", "90"),
+        ],
+    );
+    refused(
+        &output,
+        &[
+            "`issuance.max_waiters`",
+            "must leave 25 of server.max_connections (100)",
+            "at most 75",
+        ],
+    );
+
+    let output = tokenmint(
+        &["serve"],
+        &[("TOKENMINT__RATE_LIMIT__PER_ADDRESS_PER_SECOND", "0")],
+    );
+    refused(&output, &["`rate_limit.per_address_per_second`"]);
+}
+
+#[test]
 fn a_config_file_that_does_not_parse_is_located_without_quoting_it() {
     let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
         .join(format!("config-errors-file-{}", std::process::id()));

@@ -165,8 +165,10 @@ async fn a_fresh_process_describes_every_family_and_counts_from_zero() {
         (metric::TOKENS_CREATED_TOTAL, String::new()),
         (metric::DUPLICATE_KEY_RETRIES_TOTAL, String::new()),
         (metric::TRANSACTION_RETRIES_TOTAL, String::new()),
-        (metric::RATE_LIMITED_TOTAL, String::new()),
     ];
+    for limiter in metric::RATE_LIMITERS {
+        expected.push((metric::RATE_LIMITED_TOTAL, format!("limiter=\"{limiter}\"")));
+    }
     for outcome in metric::ISSUANCE_OUTCOMES {
         expected.push((metric::ISSUANCES_TOTAL, format!("outcome=\"{outcome}\"")));
     }

@@ -3,6 +3,7 @@
 //! field value can never turn into a MongoDB operator or field path.
 
 mod actor;
+mod client;
 mod idempotency;
 mod identifiers;
 mod issuance;
@@ -14,6 +15,7 @@ mod scope;
 mod token;
 
 pub use actor::Actor;
+pub use client::ClientAddress;
 pub use idempotency::IdempotencyKey;
 pub use identifiers::{
     AccountId, OBJECT_ID_PATTERN, PaymentIntentId, Provider, RedemptionReference, TokenType,

@@ -12,7 +12,8 @@ use subtle::ConstantTimeEq;
 
 use super::AppState;
 use super::error::ApiError;
-use crate::domain::{AccountGrant, PaymentKey, Scope};
+use super::rate_limit::AdmittedBy;
+use crate::domain::{AccountGrant, ClientAddress, PaymentKey, Scope};
 use crate::settings::ApiKeySettings;
 
 /// The authenticated caller of a request.
@@ -29,6 +30,12 @@ impl Principal {
         self.scopes
             .iter()
             .any(|s| *s == scope || *s == Scope::Admin)
+    }
+
+    /// Whether this is a checkout key: one holding `issuances:request` and nothing else,
+    /// public by design (it ships to browsers), so limited per client address.
+    pub fn is_checkout(&self) -> bool {
+        !self.scopes.is_empty() && self.scopes.iter().all(|s| *s == Scope::IssuancesRequest)
     }
 
     /// 403 unless the key holds `scope`.
@@ -186,9 +193,17 @@ impl FromRequestParts<AppState> for Arc<Principal> {
             .ok_or(ApiError::Unauthorized("Unknown API key."))?;
         // The request's span (`middleware`) declared the field; the id, never the key.
         tracing::Span::current().record("key_id", principal.key_id.as_str());
-        state
-            .rate_limits
-            .check(format!("key:{}", principal.key_id))?;
+        // Anyone may hold a checkout key: its allowance is the client address's, so one
+        // abuser cannot spend every shopper's.
+        let admitted = if principal.is_checkout() {
+            let client = ClientAddress::from_request_parts(parts, state).await?;
+            state.rate_limits.check_address(client)?
+        } else {
+            state.rate_limits.check_key(&principal.key_id)?
+        };
+        if let Some(slot) = parts.extensions.get::<AdmittedBy>() {
+            slot.record(admitted);
+        }
         Ok(principal)
     }
 }
@@ -211,6 +226,27 @@ mod tests {
         assert!(principal.has(Scope::Read));
         assert!(!principal.has(Scope::TokensRedeem));
         assert!(keys.authenticate("tm_dev_wrong").is_none());
+    }
+
+    #[test]
+    fn only_a_key_of_issuances_request_alone_is_a_checkout_key() {
+        let principal = |scopes: &[&str]| {
+            let (key, mut settings) = generate_dev_key();
+            settings.scopes = scopes.iter().map(|s| (*s).to_owned()).collect();
+            ApiKeys::from_settings(&[settings])
+                .authenticate(&key)
+                .unwrap()
+        };
+        assert!(principal(&["issuances:request"]).is_checkout());
+        assert!(principal(&["issuances:request", "issuances:request"]).is_checkout());
+        for trusted in [
+            &["issuances:request", "read"][..],
+            &["issuances:write"],
+            &["admin"],
+            &["read"],
+        ] {
+            assert!(!principal(trusted).is_checkout(), "{trusted:?}");
+        }
     }
 
     #[test]

@@ -23,8 +23,9 @@ use super::openapi::KeyedErrors;
 use super::payment_path::PaymentPath;
 use super::prefer::{PREFERENCE_APPLIED, preferred_wait};
 use crate::domain::{
-    AccountId, Actor, FieldErrors, IssuanceMode, IssuanceParams, IssuanceStatus, NewIssuance,
-    Owner, PaymentIntentId, PaymentKey, Provider, Quantity, Scope, TokenStatus, TokenType,
+    AccountId, Actor, ClientAddress, FieldErrors, IssuanceMode, IssuanceParams, IssuanceStatus,
+    NewIssuance, Owner, PaymentIntentId, PaymentKey, Provider, Quantity, Scope, TokenStatus,
+    TokenType,
 };
 use crate::issuing::{Caller, IssueOutcome, IssuedTokens};
 use crate::store::{TokenSummary, chrono_time};
@@ -242,8 +243,15 @@ impl From<TokenSummary> for TokenRef {
 /// A checkout key may send `Prefer: wait=N` (seconds, at most 30): a request that would be
 /// answered 202 is then held until the payment's provider event has been applied (by any
 /// instance) or N seconds passed, and answered what it gets then — 201/200 with the
-/// tokens, 409, or still 202 — with `Preference-Applied: wait=N` when it waited. A trusted
-/// key issues at once: the preference is ignored for it.
+/// tokens, 409, or still 202 — with `Preference-Applied: wait=N` when it waited. Places to
+/// wait are bounded per instance and per client address; without one the request is
+/// answered at once, without `Preference-Applied`. A trusted key issues at once: the
+/// preference is ignored for it.
+///
+/// A checkout key is public (it ships to browsers), so its requests are rate limited per
+/// client address rather than per key (`rate_limit.per_address_*`): the peer's address, or
+/// from a proxy in `server.trusted_proxies` the right-most untrusted `X-Forwarded-For`
+/// hop; IPv6 by /64.
 ///
 /// Mode `atomic` needs MongoDB transactions: on a deployment without them it answers 503
 /// `transactions_unavailable` (issue in mode `upsert` instead).
@@ -269,7 +277,7 @@ impl From<TokenSummary> for TokenRef {
                 ("Location" = String, description = "The issuance's GET URL"),
                 ("Preference-Applied" = String, description = "`wait=N` when the request waited for the payment's event"),
             )),
-        (status = 202, description = "Pending: a checkout key's request, fulfilled by the payment's success webhook (with `Prefer: wait=N`: still pending after N seconds, or more checkouts were waiting than `issuance.max_waiters`)", body = IssuanceResponse,
+        (status = 202, description = "Pending: a checkout key's request, fulfilled by the payment's success webhook (with `Prefer: wait=N`: still pending after N seconds, or no place to wait was free — `issuance.max_waiters` on the instance, `issuance.max_waiters_per_address` from this client address — and it was answered at once, without `Preference-Applied`)", body = IssuanceResponse,
             headers(
                 ("Location" = String, description = "The issuance's GET URL"),
                 ("Preference-Applied" = String, description = "`wait=N` when the request waited for the payment's event"),
@@ -286,6 +294,7 @@ impl From<TokenSummary> for TokenRef {
 pub async fn create_issuance(
     State(state): State<AppState>,
     principal: Arc<Principal>,
+    client: ClientAddress,
     headers: HeaderMap,
     body: Result<JsonBody<IssuanceRequest>, ApiError>,
 ) -> Result<Response, ApiError> {
@@ -307,7 +316,7 @@ pub async fn create_issuance(
     principal.require_account(&request.key)?;
     let answer = state
         .issuer
-        .issue_waiting(caller, &request, preferred_wait(&headers))
+        .issue_waiting(caller, &request, preferred_wait(&headers), client)
         .await;
     let mut response = match answer.result {
         Ok(outcome) => issued_response(outcome),

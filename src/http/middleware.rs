@@ -21,6 +21,7 @@ use super::error::ApiError;
 use super::idempotency::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
 use super::issuances::ISSUANCES_PATH;
 use super::prefer::{PREFER, PREFERENCE_APPLIED, preferred_wait};
+use super::rate_limit::{RATE_LIMIT, RATE_LIMIT_POLICY};
 use crate::issuing::longest_wait;
 use crate::settings::Settings;
 use crate::telemetry::{Bounded, metric, traces};
@@ -169,6 +170,9 @@ fn cors(origins: &[String]) -> CorsLayer {
             header::ETAG,
             header::LOCATION,
             header::RETRY_AFTER,
+            // A checkout page reads its address's allowance (it is the browser's).
+            RATE_LIMIT_POLICY,
+            RATE_LIMIT,
             REQUEST_ID,
             IDEMPOTENT_REPLAYED,
             HeaderName::from_static(PREFERENCE_APPLIED),

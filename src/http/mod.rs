@@ -2,6 +2,7 @@
 
 pub mod auth;
 mod balances;
+mod client_address;
 pub mod error;
 mod extract;
 mod idempotency;
@@ -41,6 +42,8 @@ pub struct AppState {
     pub providers: Arc<Providers>,
     pub rate_limits: Arc<rate_limit::RateLimits>,
     pub max_quantity: u32,
+    /// `server.trusted_proxies`: whose `X-Forwarded-For` names the client address.
+    pub trusted_proxies: Arc<[ipnet::IpNet]>,
     pub metrics: metrics_exporter_prometheus::PrometheusHandle,
 }
 
@@ -52,6 +55,7 @@ impl AppState {
             providers: Arc::new(Providers::from_settings(&settings.providers)),
             rate_limits: Arc::new(rate_limit::RateLimits::new(&settings.rate_limit)),
             max_quantity: settings.issuance.max_quantity,
+            trusted_proxies: settings.server.trusted_proxies.clone().into(),
             metrics: crate::telemetry::metrics_handle(),
         }
     }
@@ -74,6 +78,7 @@ pub fn router(state: AppState, settings: &Settings) -> Router {
         // header (the methods the path has, e.g. `GET,HEAD`) to what this answers.
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .layer(DefaultBodyLimit::max(settings.server.body_limit_bytes))
+        .layer(axum::middleware::from_fn(rate_limit::note_limits))
         .with_state(state);
     middleware::apply(routes, settings)
 }

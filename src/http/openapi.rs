@@ -33,7 +33,14 @@ Standard Webhooks' `webhook-id`, `webhook-timestamp` and `webhook-signature`) in
 an `Allow` header listing the methods it does; an unknown path answers 404 `not_found`.\n\
 - `If-Match` uses RFC 9110's strong comparison: `W/\"3\"` never matches, `*` matches any \
 version of an existing token, a list matches if any entry does.\n\
-- `Retry-After` (429, 503) is a whole number of seconds, rounded up.",
+- `Retry-After` (429, 503) is a whole number of seconds, rounded up.\n\
+- Rate limits (draft-ietf-httpapi-ratelimit-headers): a 429 carries `RateLimit-Policy` \
+(`\"<limiter>\";q=<burst>;w=<seconds to refill it>`) and `RateLimit` \
+(`\"<limiter>\";r=0;t=<seconds until the whole burst is back>`), and so does every answer \
+an API key's limit admitted, with `r` the requests left. The limiter is `key` for a trusted \
+key, `address` for a checkout key (one holding only `issuances:request`, limited per client \
+address: the peer's, or from a trusted proxy the right-most untrusted `X-Forwarded-For` \
+hop; IPv6 by /64), `provider` and `signature` for webhook deliveries.",
         license(name = "MIT")
     ),
     paths(
@@ -82,7 +89,8 @@ impl utoipa::Modify for BearerAuth {
 
 /// Documents the headers every operation's answers share, without repeating them in
 /// each annotation: `WWW-Authenticate` on every 401 (the bearer challenge, or the
-/// signature challenge for webhook deliveries), and `Retry-After` as whole seconds.
+/// signature challenge for webhook deliveries), `Retry-After` as whole seconds, and the
+/// rate-limit fields on every 429.
 struct HttpConventions;
 
 impl utoipa::Modify for HttpConventions {
@@ -118,6 +126,14 @@ impl utoipa::Modify for HttpConventions {
                             header(Type::String, challenge.clone()),
                         );
                     }
+                    if status == "429" {
+                        for (name, description) in RATE_LIMIT_FIELDS {
+                            response.headers.insert(
+                                name.to_owned(),
+                                header(Type::String, description.to_owned()),
+                            );
+                        }
+                    }
                     if let Some(retry_after) = response.headers.get_mut("Retry-After") {
                         *retry_after = header(
                             Type::Integer,
@@ -129,6 +145,18 @@ impl utoipa::Modify for HttpConventions {
         }
     }
 }
+
+/// The fields of draft-ietf-httpapi-ratelimit-headers on a 429, and what they say.
+const RATE_LIMIT_FIELDS: [(&str, &str); 2] = [
+    (
+        "RateLimit-Policy",
+        "The limit that refused: `\"<limiter>\";q=<burst>;w=<seconds to refill it>`, limiter `key`, `address`, `provider` or `signature`",
+    ),
+    (
+        "RateLimit",
+        "`\"<limiter>\";r=0;t=<seconds until the whole burst is back>`",
+    ),
+];
 
 /// The operations of a path, whichever methods it has.
 fn operations(item: &mut PathItem) -> impl Iterator<Item = &mut Operation> {
@@ -159,7 +187,7 @@ impl IntoResponses for KeyedErrors {
             ),
             (
                 "429",
-                "`rate_limited`: the key exceeded its rate limit; see Retry-After",
+                "`rate_limited`: the key exceeded its rate limit (a checkout key: its client address did); see Retry-After",
             ),
             (
                 "503",
@@ -300,6 +328,15 @@ mod tests {
                     assert!(
                         operation.responses.responses.contains_key(status),
                         "{path}: no {status}"
+                    );
+                }
+                let Some(RefOr::T(limited)) = operation.responses.responses.get("429") else {
+                    panic!("{path}: 429 not inline");
+                };
+                for field in ["Retry-After", "RateLimit-Policy", "RateLimit"] {
+                    assert!(
+                        limited.headers.contains_key(field),
+                        "{path}: 429 without {field}"
                     );
                 }
             }

@@ -3,11 +3,9 @@
 //! where they are configured (Adyen); answered 200 for every verified
 //! event, including duplicates and events tokenmint ignores, so providers stop retrying.
 
-use std::net::SocketAddr;
-
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{ConnectInfo, State};
+use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::http::header::CONTENT_TYPE;
 use axum::response::{IntoResponse, Response};
@@ -19,7 +17,7 @@ use utoipa::ToSchema;
 use super::AppState;
 use super::error::{ApiError, Problem};
 use super::extract::PathParams;
-use crate::domain::EventOutcome;
+use crate::domain::{ClientAddress, EventOutcome};
 use crate::telemetry::metric;
 use crate::webhooks::{Delivery, SignatureError, SignatureHeaders};
 
@@ -44,7 +42,7 @@ pub struct WebhookReceipt {
 /// Receive a payment provider's event.
 ///
 /// The signature is checked on the raw bytes before anything is parsed, and before the
-/// provider's rate limit (failed checks are limited per remote address instead), per the
+/// provider's rate limit (failed checks are limited per client address instead), per the
 /// provider's configured scheme: Stripe (`Stripe-Signature: t=…,v1=…`), Standard Webhooks
 /// (`webhook-id`, `webhook-timestamp`, `webhook-signature`), Paddle
 /// (`Paddle-Signature: ts=…;h1=…`) or Adyen (a batch whose every item carries
@@ -89,7 +87,7 @@ pub struct WebhookReceipt {
 )]
 pub async fn receive_webhook(
     State(state): State<AppState>,
-    ConnectInfo(remote): ConnectInfo<SocketAddr>,
+    client: ClientAddress,
     PathParams(provider): PathParams<String>,
     headers: HeaderMap,
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
@@ -119,27 +117,27 @@ pub async fn receive_webhook(
     };
     // Then the provider's Basic credentials, when it has them, before any HMAC work:
     // they cost a hash to check, the batch's signatures a parse. Failures are limited
-    // per remote address like failed signatures (a guess at the password is one).
+    // per client address like failed signatures (a guess at the password is one).
     if !config.admits(header("authorization")) {
         count(provider, "credentials_rejected");
-        state.rate_limits.check_failed_signature(remote.ip())?;
+        state.rate_limits.check_failed_signature(client)?;
         return Err(ApiError::WebhookCredentials);
     }
     // The signature first: only the provider's own deliveries may spend its allowance,
-    // so unsigned noise cannot delay its events. Failures are limited per remote address.
+    // so unsigned noise cannot delay its events. Failures are limited per client address.
     let now = chrono::Utc::now().timestamp();
     let verified = tracing::info_span!("webhook.verify", provider)
         .in_scope(|| config.verify(&signature_headers, &body, now));
     if let Err(refused) = verified {
         count(provider, "signature_rejected");
-        state.rate_limits.check_failed_signature(remote.ip())?;
+        state.rate_limits.check_failed_signature(client)?;
         return Err(ApiError::WebhookSignature(match refused {
             SignatureError::Missing => "signature_missing",
             SignatureError::Invalid => "signature_invalid",
             SignatureError::OutOfTolerance => "signature_timestamp_out_of_tolerance",
         }));
     }
-    state.rate_limits.check(format!("webhook:{provider}"))?;
+    state.rate_limits.check_provider(provider)?;
     let delivery = config
         .parse(&signature_headers, &body, state.max_quantity)
         .map_err(|malformed| {

@@ -12,8 +12,10 @@
 //! first check, so an event applied while that check runs still wakes it. Whenever the
 //! stream is (re)opened, after an error or a failover, every waiter checks once more: an
 //! event applied while no stream was open would otherwise hold its waiter until the
-//! deadline. The number of waiters is bounded (`issuance.max_waiters`); beyond it a
-//! request is answered at once. A waiter is a guard: a client that disconnects drops the
+//! deadline. The number of waiters is bounded, in total (`issuance.max_waiters`) and per
+//! client address (`issuance.max_waiters_per_address`, so one abuser holding a public
+//! checkout key cannot take every place); beyond either a request is answered at once,
+//! as if it had not asked to wait. A waiter is a guard: a client that disconnects drops the
 //! request's future and with it its place. When the instance shuts down, every waiter
 //! checks a last time and is answered at once, instead of being cut off when the grace
 //! period ends.
@@ -28,7 +30,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::{Caller, IssueError, IssueOutcome, Issuer};
-use crate::domain::{NewIssuance, PaymentKey};
+use crate::domain::{ClientAddress, NewIssuance, PaymentKey};
 use crate::telemetry::metric;
 
 /// The longest wait a client may ask for; a larger `wait` is clamped to it.
@@ -46,6 +48,8 @@ const REOPEN_DELAY: Duration = Duration::from_secs(1);
 pub struct WaitingConfig {
     /// Requests that may wait at once on this instance; 0: none may.
     pub max_waiters: usize,
+    /// Of those, the most one client address may hold.
+    pub max_waiters_per_address: usize,
 }
 
 /// An answer to an issuance request that may have waited.
@@ -63,8 +67,8 @@ impl Issuer {
         self
     }
 
-    /// Issues `request` as `caller` may; a checkout that asked to wait `wait_secs` and
-    /// would be answered pending is held until its payment's next applied event (then
+    /// Issues `request` as `caller` (from `client`) may; a checkout that asked to wait
+    /// `wait_secs`, would be answered pending and finds a place is held until its payment's next applied event (then
     /// checked again, and held again while still pending) or until the wait is over (then
     /// checked a last time).
     pub async fn issue_waiting(
@@ -72,11 +76,12 @@ impl Issuer {
         caller: Caller,
         request: &NewIssuance,
         wait_secs: Option<u64>,
+        client: ClientAddress,
     ) -> Waited {
         let deadline_from = Instant::now();
         // Registered before the first check, so nothing applied during it goes unheard.
         let slot = Self::allowed_wait(caller, wait_secs)
-            .and_then(|secs| Some((secs, self.waiters.register(&request.key)?)));
+            .and_then(|secs| Some((secs, self.waiters.register(&request.key, client)?)));
         let first = self.issue(caller, request).await;
         let Some((secs, mut slot)) = slot.filter(|_| is_pending(&first)) else {
             return Waited {
@@ -176,6 +181,9 @@ pub(super) struct Waiters {
 struct Registry {
     count: usize,
     payments: HashMap<PaymentKey, Waitlist>,
+    /// How many wait per client address; an address leaves with its last waiter, so
+    /// this holds at most `max_waiters` entries.
+    addresses: HashMap<ClientAddress, usize>,
     /// Set at shutdown: no new waiter, and woken ones stop waiting.
     closed: bool,
 }
@@ -200,14 +208,20 @@ impl Waiters {
         self.registry.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// A place among `key`'s waiters, or `None` when `max_waiters` are waiting already
-    /// (or the instance is shutting down).
-    fn register(self: &Arc<Self>, key: &PaymentKey) -> Option<Slot> {
+    /// A place among `key`'s waiters for a request from `client`, or `None` when
+    /// `max_waiters` are waiting already, or `max_waiters_per_address` from `client` (or
+    /// the instance is shutting down).
+    fn register(self: &Arc<Self>, key: &PaymentKey, client: ClientAddress) -> Option<Slot> {
         let mut registry = self.registry();
-        if registry.closed || registry.count >= self.config.max_waiters {
+        let from_client = registry.addresses.get(&client).copied().unwrap_or(0);
+        if registry.closed
+            || registry.count >= self.config.max_waiters
+            || from_client >= self.config.max_waiters_per_address
+        {
             return None;
         }
         registry.count += 1;
+        registry.addresses.insert(client, from_client + 1);
         let waitlist = registry
             .payments
             .entry(key.clone())
@@ -221,6 +235,7 @@ impl Waiters {
         Some(Slot {
             waiters: self.clone(),
             key: key.clone(),
+            client,
             wake,
         })
     }
@@ -263,6 +278,7 @@ impl Waiters {
 struct Slot {
     waiters: Arc<Waiters>,
     key: PaymentKey,
+    client: ClientAddress,
     wake: watch::Receiver<()>,
 }
 
@@ -282,6 +298,12 @@ impl Drop for Slot {
     fn drop(&mut self) {
         let mut registry = self.waiters.registry();
         registry.count -= 1;
+        if let Some(from_client) = registry.addresses.get_mut(&self.client) {
+            *from_client -= 1;
+            if *from_client == 0 {
+                registry.addresses.remove(&self.client);
+            }
+        }
         if let Some(waitlist) = registry.payments.get_mut(&self.key) {
             waitlist.waiters -= 1;
             if waitlist.waiters == 0 {
@@ -306,7 +328,19 @@ mod tests {
     }
 
     fn waiters(max_waiters: usize) -> Arc<Waiters> {
-        Arc::new(Waiters::new(WaitingConfig { max_waiters }))
+        Arc::new(Waiters::new(WaitingConfig {
+            max_waiters,
+            max_waiters_per_address: max_waiters,
+        }))
+    }
+
+    fn client(address: &str) -> ClientAddress {
+        ClientAddress::of(address.parse().unwrap())
+    }
+
+    /// A place for `payment`'s waiter from the test's one client.
+    fn register(waiters: &Arc<Waiters>, payment: &str) -> Option<Slot> {
+        waiters.register(&key(payment), client("192.0.2.1"))
     }
 
     fn soon() -> Instant {
@@ -316,7 +350,7 @@ mod tests {
     #[tokio::test]
     async fn a_wake_before_the_wait_is_not_lost() {
         let waiters = waiters(10);
-        let mut slot = waiters.register(&key("pi_1")).unwrap();
+        let mut slot = register(&waiters, "pi_1").unwrap();
         // Sent while the waiter was still checking: heard when it starts waiting.
         waiters.wake(&key("pi_1"));
         assert!(slot.woken_before(soon()).await);
@@ -327,8 +361,8 @@ mod tests {
     #[tokio::test]
     async fn wakes_reach_only_their_payment_but_wake_all_reaches_everyone() {
         let waiters = waiters(10);
-        let mut first = waiters.register(&key("pi_1")).unwrap();
-        let mut second = waiters.register(&key("pi_2")).unwrap();
+        let mut first = register(&waiters, "pi_1").unwrap();
+        let mut second = register(&waiters, "pi_2").unwrap();
         waiters.wake(&key("pi_2"));
         assert!(!first.woken_before(soon()).await);
         assert!(second.woken_before(soon()).await);
@@ -340,20 +374,20 @@ mod tests {
     #[tokio::test]
     async fn closing_ends_every_wait_and_admits_nobody() {
         let waiters = waiters(10);
-        let mut slot = waiters.register(&key("pi_1")).unwrap();
+        let mut slot = register(&waiters, "pi_1").unwrap();
         waiters.close();
         // Far off: only the close can end this wait.
         let later = Instant::now() + Duration::from_secs(60);
         assert!(!slot.woken_before(later).await, "a closed wait is over");
-        assert!(waiters.register(&key("pi_2")).is_none());
+        assert!(register(&waiters, "pi_2").is_none());
     }
 
     #[test]
     fn places_are_bounded_and_freed_on_drop() {
         let waiters = waiters(2);
-        let first = waiters.register(&key("pi_1")).unwrap();
-        let second = waiters.register(&key("pi_1")).unwrap();
-        assert!(waiters.register(&key("pi_2")).is_none(), "beyond the cap");
+        let first = register(&waiters, "pi_1").unwrap();
+        let second = register(&waiters, "pi_1").unwrap();
+        assert!(register(&waiters, "pi_2").is_none(), "beyond the cap");
         drop(first);
         assert_eq!(waiters.count(), 1);
         assert_eq!(waiters.registry().payments.len(), 1);
@@ -363,7 +397,46 @@ mod tests {
             waiters.registry().payments.is_empty(),
             "no empty waitlist kept"
         );
-        assert!(waiters.register(&key("pi_2")).is_some());
+        assert!(register(&waiters, "pi_2").is_some());
+    }
+
+    #[test]
+    fn one_address_holds_at_most_its_share_of_places() {
+        let waiters = Arc::new(Waiters::new(WaitingConfig {
+            max_waiters: 5,
+            max_waiters_per_address: 2,
+        }));
+        let abuser = client("203.0.113.7");
+        let first = waiters.register(&key("pi_1"), abuser).unwrap();
+        let second = waiters.register(&key("pi_2"), abuser).unwrap();
+        assert!(
+            waiters.register(&key("pi_3"), abuser).is_none(),
+            "its share"
+        );
+        // Another address of the same IPv6 /64 is the same client.
+        let v6_first = waiters
+            .register(&key("pi_4"), client("2001:db8::1"))
+            .unwrap();
+        let v6_second = waiters
+            .register(&key("pi_5"), client("2001:db8::ffff"))
+            .unwrap();
+        assert!(
+            waiters
+                .register(&key("pi_6"), client("2001:db8::abcd:1"))
+                .is_none()
+        );
+        // Places are left for everyone else.
+        let shopper = waiters
+            .register(&key("pi_7"), client("198.51.100.1"))
+            .unwrap();
+        assert_eq!(waiters.count(), 5);
+        // Freed with the waiter.
+        drop(first);
+        let again = waiters.register(&key("pi_3"), abuser).unwrap();
+        assert_eq!(waiters.registry().addresses.len(), 3);
+        // And no address is kept once its last waiter is gone.
+        drop((again, second, v6_first, v6_second, shopper));
+        assert!(waiters.registry().addresses.is_empty());
     }
 
     #[test]

@@ -15,11 +15,13 @@ mod validate;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::num::NonZeroU32;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use figment::Figment;
 use figment::providers::{Env, Format, Toml};
+use ipnet::IpNet;
 use secrecy::SecretString;
 use serde::Deserialize;
 
@@ -73,6 +75,44 @@ pub struct ServerSettings {
     /// balancer does not expose), and the public listener answers it 404.
     #[serde(default)]
     pub metrics_bind: Option<SocketAddr>,
+    /// The proxies whose `X-Forwarded-For` names the client address (CIDRs, or single
+    /// addresses); a request from any other peer is counted under the peer's address.
+    #[serde(deserialize_with = "networks")]
+    pub trusted_proxies: Vec<IpNet>,
+}
+
+/// A list of networks, each a CIDR (`10.0.0.0/8`, `2001:db8::/32`) or a single address
+/// (its /32 or /128); an entry that is neither is refused naming its index, not its text
+/// (the message must quote nothing an operator wrote, or `errors` drops it).
+fn networks<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Vec<IpNet>, D::Error> {
+    let entries = Vec::<String>::deserialize(deserializer)?;
+    entries
+        .iter()
+        .enumerate()
+        .map(|(i, entry)| {
+            let entry = entry.trim();
+            entry
+                .parse::<IpNet>()
+                .map(|net| net.trunc())
+                .or_else(|_| entry.parse::<std::net::IpAddr>().map(IpNet::from))
+                .map_err(|_| {
+                    serde::de::Error::custom(format!(
+                        "entry {i} is not a CIDR (address/prefix length) nor an IP address"
+                    ))
+                })
+                .and_then(|net| {
+                    // Trusting every address lets every client name its own address,
+                    // and take a fresh allowance with each request.
+                    if net.prefix_len() == 0 {
+                        Err(serde::de::Error::custom(format!(
+                            "entry {i} trusts every address (prefix length 0): list the proxies' networks"
+                        )))
+                    } else {
+                        Ok(net)
+                    }
+                })
+        })
+        .collect()
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -114,8 +154,11 @@ pub struct IssuanceSettings {
     /// before it expires.
     pub pending_ttl_days: u32,
     /// Checkout requests that may wait for their payment's event at once (`Prefer:
-    /// wait`) on one instance; beyond it a request is answered at once.
+    /// wait`) on one instance; beyond it a request is answered at once. At most
+    /// `server.max_connections` minus [`Settings::connection_reserve`].
     pub max_waiters: u32,
+    /// Of those, the most one client address may hold (`ClientAddress`: IPv6 by /64).
+    pub max_waiters_per_address: NonZeroU32,
 }
 
 /// Self-repair of token sets a crash left short.
@@ -268,6 +311,10 @@ fn hours<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Duration, 
 pub struct RateLimitSettings {
     pub per_key_per_second: u32,
     pub burst: u32,
+    /// The allowance of one client address of a checkout key (a key holding only
+    /// `issuances:request`), instead of the key's own: anyone can copy a checkout key.
+    pub per_address_per_second: NonZeroU32,
+    pub per_address_burst: NonZeroU32,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -422,7 +469,11 @@ mod tests {
     fn defaults_are_valid() {
         let settings = Settings::with_overrides(&[""]).expect("defaults load");
         assert_eq!(settings.issuance.max_quantity, 1000);
-        assert_eq!(settings.issuance.max_waiters, 1000);
+        assert_eq!(settings.issuance.max_waiters, 768);
+        assert_eq!(settings.issuance.max_waiters_per_address.get(), 8);
+        assert_eq!(settings.rate_limit.per_address_per_second.get(), 20);
+        assert_eq!(settings.rate_limit.per_address_burst.get(), 40);
+        assert!(settings.server.trusted_proxies.is_empty());
         assert_eq!(settings.issuance.default_mode, IssuanceMode::Upsert);
         assert_eq!(
             settings.idempotency.retention,

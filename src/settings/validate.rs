@@ -6,6 +6,10 @@ use super::{MAX_QUANTITY, ProviderSettings, Settings, SettingsError, WebhookSche
 use crate::domain::{AccountGrant, Provider};
 use crate::webhooks::signature::check_secret;
 
+/// The fewest connections kept from waiting checkouts, however small
+/// `server.max_connections` is: a few webhooks, a trusted backend and the probes.
+pub const MIN_CONNECTION_RESERVE: usize = 16;
+
 impl Settings {
     pub(super) fn validate(&self) -> Result<(), SettingsError> {
         let positive = [
@@ -76,6 +80,7 @@ impl Settings {
                 ),
             ));
         }
+        self.validate_waiters()?;
         for (i, origin) in self.server.cors_origins.iter().enumerate() {
             if let Err(problem) = check_origin(origin) {
                 return Err(invalid(format!("server.cors_origins[{i}]"), problem));
@@ -89,6 +94,33 @@ impl Settings {
         }
         self.validate_keys()?;
         self.validate_providers()
+    }
+
+    /// Waiting checkouts hold connections, and public keys can make as many as they
+    /// like: however many wait, a reserve of `server.max_connections` stays for
+    /// webhooks, trusted keys and probes. Refused, not derived: an operator who raised
+    /// one setting without the other hears of it at the start, not under load.
+    fn validate_waiters(&self) -> Result<(), SettingsError> {
+        let connections = self.server.max_connections;
+        let reserve = Self::connection_reserve(connections);
+        let waiters = self.issuance.max_waiters as usize;
+        if waiters.saturating_add(reserve) > connections {
+            return Err(invalid(
+                "issuance.max_waiters",
+                format!(
+                    "must leave {reserve} of server.max_connections ({connections}) for webhooks, \
+                     trusted keys and probes: at most {}",
+                    connections.saturating_sub(reserve)
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The connections waiting checkouts may never take: a quarter of `max_connections`,
+    /// and at least [`MIN_CONNECTION_RESERVE`].
+    pub fn connection_reserve(max_connections: usize) -> usize {
+        (max_connections / 4).max(MIN_CONNECTION_RESERVE)
     }
 
     fn validate_keys(&self) -> Result<(), SettingsError> {
@@ -332,6 +364,71 @@ mod tests {
         assert!(err.to_string().contains("issuance.max_quantity"), "{err}");
         let err = Settings::with_overrides(&["[issuance]\nmax_waiters = 0"]).unwrap_err();
         assert!(err.to_string().contains("issuance.max_waiters"), "{err}");
+    }
+
+    #[test]
+    fn waiters_always_leave_a_reserve_of_connections() {
+        let limits = |connections: usize, waiters: usize, per_address: u32| {
+            format!(
+                "[server]\nmax_connections = {connections}\n[issuance]\nmax_waiters = {waiters}\nmax_waiters_per_address = {per_address}"
+            )
+        };
+        let settings =
+            Settings::with_overrides(&[&limits(1024, 768, 8)]).expect("the reserve exactly");
+        assert_eq!(settings.issuance.max_waiters, 768);
+        let err = refused(&[&limits(1024, 769, 8)], "`issuance.max_waiters`", &["769"]);
+        assert!(
+            err.contains("must leave 256 of server.max_connections (1024)")
+                && err.contains("at most 768"),
+            "{err}"
+        );
+        // Small caps keep at least MIN_CONNECTION_RESERVE.
+        Settings::with_overrides(&[&limits(20, 4, 1)]).expect("4 + 16 = 20");
+        refused(&[&limits(20, 5, 1)], "at most 4", &[]);
+        refused(&[&limits(16, 1, 1)], "`issuance.max_waiters`", &[]);
+        // A share above the total is the total: one address may then hold every place.
+        Settings::with_overrides(&[&limits(1024, 4, 8)]).expect("the total bounds it anyway");
+        refused(
+            &[&limits(1024, 4, 0)],
+            "`issuance.max_waiters_per_address`",
+            &[],
+        );
+    }
+
+    #[test]
+    fn trusted_proxies_are_networks_named_by_index() {
+        let proxies = |list: &str| format!("[server]\ntrusted_proxies = {list}");
+        let settings = Settings::with_overrides(&[&proxies(
+            r#"["10.0.0.0/8", "192.0.2.7", "2001:db8::/32", "10.1.2.3/16"]"#,
+        )])
+        .expect("CIDRs and single addresses");
+        let nets: Vec<String> = settings
+            .server
+            .trusted_proxies
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(
+            nets,
+            ["10.0.0.0/8", "192.0.2.7/32", "2001:db8::/32", "10.1.0.0/16"],
+            "host bits dropped, addresses as one-host networks"
+        );
+        for bad in [
+            "10.0.0.0/33",
+            "proxy.internal",
+            "10.0.0.1.5",
+            "S3cretProxyName/8",
+        ] {
+            let list = format!(r#"["10.0.0.0/8", "{bad}"]"#);
+            let err = refused(&[&proxies(&list)], "`server.trusted_proxies`", &[]);
+            assert!(err.contains("entry 1 is not a CIDR"), "{err}");
+            assert!(!err.contains(bad), "{bad:?} echoed in {err}");
+        }
+        for everyone in ["0.0.0.0/0", "::/0"] {
+            let list = format!(r#"["{everyone}"]"#);
+            let err = refused(&[&proxies(&list)], "`server.trusted_proxies`", &[]);
+            assert!(err.contains("entry 0 trusts every address"), "{err}");
+        }
     }
 
     #[test]

@@ -165,7 +165,10 @@ impl Application {
             Some(issuer.watch_fulfilments().await)
         } else {
             tracing::warn!("no replica set: `Prefer: wait` is ignored (no change streams)");
-            issuer = issuer.with_waiting(WaitingConfig { max_waiters: 0 });
+            issuer = issuer.with_waiting(WaitingConfig {
+                max_waiters: 0,
+                max_waiters_per_address: 0,
+            });
             None
         };
         if settings.repair.enabled {
@@ -304,6 +307,7 @@ pub fn issuer(settings: &Settings, store: Store) -> Issuer {
     )
     .with_waiting(WaitingConfig {
         max_waiters: settings.issuance.max_waiters as usize,
+        max_waiters_per_address: settings.issuance.max_waiters_per_address.get() as usize,
     })
 }
 

@@ -39,6 +39,9 @@ pub const WEBHOOK_PROCESSING_DURATION_SECONDS: &str =
     "tokenmint_webhook_processing_duration_seconds";
 /// Requests refused by a rate limit.
 pub const RATE_LIMITED_TOTAL: &str = "tokenmint_rate_limited_total";
+/// The `limiter` label of `RATE_LIMITED_TOTAL`: a trusted key's bucket, a checkout key's
+/// client address, a webhook provider's, a client address's failed signature checks.
+pub const RATE_LIMITERS: &[&str] = &["key", "address", "provider", "signature"];
 /// 1 while MongoDB answers the background probe, 0 while it does not.
 pub const MONGODB_UP: &str = "tokenmint_mongodb_up";
 /// Always 1, labelled with the running `version`.
@@ -131,7 +134,10 @@ pub(super) fn describe() {
         Unit::Seconds,
         "Time to apply a verified webhook event, by provider"
     );
-    describe_counter!(RATE_LIMITED_TOTAL, "Requests refused by a rate limit");
+    describe_counter!(
+        RATE_LIMITED_TOTAL,
+        "Requests refused by a rate limit, by limiter (key, address, provider, signature)"
+    );
     describe_gauge!(
         MONGODB_UP,
         "1 while MongoDB answers the background ping, 0 while it does not"
@@ -149,9 +155,11 @@ pub(super) fn register_known<'a>(providers: impl IntoIterator<Item = &'a str>) {
         TOKENS_CREATED_TOTAL,
         DUPLICATE_KEY_RETRIES_TOTAL,
         TRANSACTION_RETRIES_TOTAL,
-        RATE_LIMITED_TOTAL,
     ] {
         metrics::counter!(name).increment(0);
+    }
+    for &limiter in RATE_LIMITERS {
+        metrics::counter!(RATE_LIMITED_TOTAL, "limiter" => limiter).increment(0);
     }
     for &outcome in ISSUANCE_OUTCOMES {
         metrics::counter!(ISSUANCES_TOTAL, "outcome" => outcome).increment(0);

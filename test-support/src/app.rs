@@ -49,7 +49,7 @@ pub fn test_settings_at(uri: &str, database: &str, extra: &str) -> Settings {
         ("checkout", REQUEST_KEY, "[\"issuances:request\"]", None),
     ];
     let mut toml = format!(
-        "[server]\nbind = \"127.0.0.1:0\"\nrequest_timeout_ms = 30000\n[rate_limit]\nper_key_per_second = 100000\nburst = 100000\n[mongo]\nuri = \"{uri}\"\ndatabase = \"{database}\"\n",
+        "[server]\nbind = \"127.0.0.1:0\"\nrequest_timeout_ms = 30000\n[rate_limit]\nper_key_per_second = 100000\nburst = 100000\nper_address_per_second = 100000\nper_address_burst = 100000\n[mongo]\nuri = \"{uri}\"\ndatabase = \"{database}\"\n",
     );
     for (id, key, scopes, accounts) in keys {
         toml.push_str(&format!(

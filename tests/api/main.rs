@@ -24,6 +24,7 @@ mod ops;
 mod paddle;
 mod prefer_wait;
 mod provider_events;
+mod public_key;
 mod redemptions;
 mod refunds;
 mod repair;

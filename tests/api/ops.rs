@@ -104,6 +104,8 @@ async fn cors_allows_only_configured_origins() {
         "location",
         "idempotent-replayed",
         "preference-applied",
+        "ratelimit-policy",
+        "ratelimit",
     ] {
         assert!(exposed.contains(header), "{header} not exposed: {exposed}");
     }
@@ -126,6 +128,9 @@ async fn a_key_over_its_rate_gets_429_with_retry_after() {
         .parse()
         .unwrap();
     assert!((1..=2).contains(&retry_after));
+    assert_eq!(limited.headers()["ratelimit-policy"], "\"key\";q=3;w=3");
+    let current = limited.headers()["ratelimit"].to_str().unwrap();
+    assert!(current.starts_with("\"key\";r=0;t="), "{current}");
     assert_problem(limited, 429, "rate_limited").await;
     // Another key has its own allowance.
     assert_eq!(app.get(ADMIN_KEY, "/v1/tokens").await.status(), 200);

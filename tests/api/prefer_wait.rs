@@ -389,3 +389,54 @@ async fn a_waiter_checks_again_when_the_change_stream_reopens() {
     assert_eq!(status(&app, "pi_reopen").await, "issued");
     assert_eq!(app.token_indexes("pi_reopen").await, vec![0, 1]);
 }
+
+/// One client address holds at most `issuance.max_waiters_per_address` places: its next
+/// request is answered at once (202, no `Preference-Applied`), not refused, while a
+/// shopper from another address still waits.
+#[tokio::test]
+async fn one_address_waits_at_most_its_share_and_others_still_wait() {
+    let _turn = WAITING.lock().await;
+    let app = spawn_app_with(&format!(
+        "{PROVIDERS}\n[issuance]\nmax_waiters_per_address = 1\n"
+    ))
+    .await;
+    let from = |address: &str| {
+        reqwest::Client::builder()
+            .local_address(address.parse::<std::net::IpAddr>().unwrap())
+            .build()
+            .unwrap()
+    };
+    let abuser = from("127.0.0.2");
+    let held = tokio::spawn({
+        let (http, base) = (abuser.clone(), app.address.clone());
+        let body = issuance_body("pi_held", 1);
+        async move { send_preferring(&http, &base, REQUEST_KEY, &body, "wait=20").await }
+    });
+    until_waiting(&app, "pi_held").await;
+
+    let body = issuance_body("pi_more", 1);
+    let (more, _) = send_preferring(&abuser, &app.address, REQUEST_KEY, &body, "wait=20").await;
+    assert_eq!(more.status(), 202);
+    assert_eq!(preference_applied(&more), None, "it did not wait");
+    assert_eq!(status(&app, "pi_more").await, "pending");
+
+    // The shopper's address has its place: it waits (its second, with no event) and says so.
+    let shopper = from("127.0.0.3");
+    let body = issuance_body("pi_shopper_waits", 1);
+    let (waited, _) = send_preferring(&shopper, &app.address, REQUEST_KEY, &body, "wait=1").await;
+    assert_eq!(waited.status(), 202);
+    assert_eq!(preference_applied(&waited), Some("wait=1"));
+
+    // The abuser's one waiter is still there, and is answered by its payment's success.
+    apply(&app, "succeeded", "pi_held", "1").await;
+    let (answer, _) = held.await.unwrap();
+    assert!(
+        [200, 201].contains(&answer.status().as_u16()),
+        "{}",
+        answer.status()
+    );
+    assert_eq!(preference_applied(&answer), Some("wait=20"));
+    assert_eq!(app.token_indexes("pi_held").await, vec![0]);
+    assert_eq!(app.token_indexes("pi_more").await, Vec::<i64>::new());
+    until_waiters(&app, 0.0).await;
+}

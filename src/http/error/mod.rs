@@ -79,7 +79,11 @@ pub enum ApiError {
     #[error("precondition required: {0}")]
     PreconditionRequired(&'static str),
     #[error("rate limited")]
-    RateLimited { retry_after_secs: u64 },
+    RateLimited {
+        retry_after_secs: u64,
+        /// The limit that refused, told as `RateLimit-Policy` and `RateLimit`.
+        limit: super::rate_limit::LimitHeaders,
+    },
     #[error("database unavailable")]
     DatabaseUnavailable,
     #[error("transactions unavailable")]
@@ -241,7 +245,9 @@ impl ApiError {
             ),
             Self::Validation(_) => "One or more fields are invalid; see errors.".to_owned(),
             Self::PreconditionRequired(detail) => (*detail).to_owned(),
-            Self::RateLimited { retry_after_secs } => {
+            Self::RateLimited {
+                retry_after_secs, ..
+            } => {
                 format!("Rate limit exceeded; retry after {retry_after_secs} s.")
             }
             Self::DatabaseUnavailable => "The database is unavailable; retry later.".to_owned(),
@@ -361,8 +367,12 @@ impl IntoResponse for ApiError {
             HeaderValue::from_static("application/problem+json"),
         );
         match &self {
-            Self::RateLimited { retry_after_secs } => {
+            Self::RateLimited {
+                retry_after_secs,
+                limit,
+            } => {
                 headers.insert(header::RETRY_AFTER, HeaderValue::from(*retry_after_secs));
+                limit.insert_into(headers);
             }
             Self::DatabaseUnavailable | Self::Timeout | Self::RequestInProgress => {
                 headers.insert(
