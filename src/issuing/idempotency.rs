@@ -181,6 +181,9 @@ impl Issuer {
                 Claimed::Fresh => return Ok(Begun::Proceed(Attempt::new(claim.id, attempt))),
                 Claimed::Existing(existing) => *existing,
                 Claimed::Raced => continue,
+                // An attempt's transaction holds the record: it is committing, or died
+                // mid-commit and the server has yet to end it. Either way, not yet.
+                Claimed::Held => return Ok(Begun::InProgress),
             };
             if existing.method != request.method
                 || existing.path != request.path

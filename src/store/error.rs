@@ -63,6 +63,14 @@ pub fn is_unavailable(err: &Error) -> bool {
     }
 }
 
+/// The server code of a command that failed as a whole.
+pub(super) fn command_code(err: &Error) -> Option<i32> {
+    match err.kind.as_ref() {
+        ErrorKind::Command(cmd) => Some(cmd.code),
+        _ => None,
+    }
+}
+
 /// True for errors a transaction should be retried from the start on.
 pub fn is_transient_transaction_error(err: &Error) -> bool {
     err.contains_label(TRANSIENT_TRANSACTION_ERROR)

@@ -18,7 +18,7 @@ use mongodb::options::ReturnDocument;
 use serde::{Deserialize, Serialize};
 
 use super::Store;
-use super::error::{StoreError, duplicate_key_index};
+use super::error::{StoreError, command_code, duplicate_key_index};
 use super::indexes::IDEMPOTENCY_KEY_INDEX;
 
 /// The collection's name.
@@ -90,7 +90,20 @@ pub enum Claimed {
     Existing(Box<IdempotencyDoc>),
     /// Another claim of the key inserted its record at the same moment: look again.
     Raced,
+    /// A transaction still open holds the record (an attempt committing its answer, or
+    /// one whose instance died before its commit): its outcome is not known yet.
+    Held,
 }
+
+/// How long the server may wait on a record another transaction holds before a claim or
+/// a take-over gives up (`maxTimeMS`). An attempt's transaction holds it for
+/// milliseconds; one that holds it longer was abandoned mid-commit, and the server ends
+/// it only after `transactionLifetimeLimitSeconds` (60 s by default): a retry must not
+/// wait that long, nor keep waiting on the server after its client gave up.
+const PATIENCE: Duration = Duration::from_millis(1000);
+
+/// MaxTimeMSExpired: the server stopped a command that ran past its `maxTimeMS`.
+const MAX_TIME_EXPIRED: i32 = 50;
 
 /// The record an action's transaction answers, and how the answer to the action's result
 /// reads. `T` is what the action wrote (a token, a redemption).
@@ -141,6 +154,7 @@ impl Store {
             .find_one_and_update(doc! { "keyId": claim.key_id, "key": claim.key }, pipeline)
             .upsert(true)
             .return_document(ReturnDocument::After)
+            .max_time(PATIENCE)
             .await;
         match found {
             Ok(Some(record)) if record.attempt == claim.attempt => Ok(Claimed::Fresh),
@@ -150,22 +164,23 @@ impl Store {
             Err(err) if duplicate_key_index(&err).as_deref() == Some(IDEMPOTENCY_KEY_INDEX) => {
                 Ok(Claimed::Raced)
             }
+            Err(err) if command_code(&err) == Some(MAX_TIME_EXPIRED) => Ok(Claimed::Held),
             Err(err) => Err(err.into()),
         }
     }
 
     /// Hands the unanswered record `id` to `attempt` for `lease`, if its lease is over by
-    /// the database's clock; `false` when it is still running, or the record was answered
-    /// or taken over meanwhile.
+    /// the database's clock; `false` when it is still running, the record was answered or
+    /// taken over meanwhile, or a transaction still open holds it.
     pub async fn take_over_idempotency_record(
         &self,
         id: ObjectId,
         attempt: ObjectId,
         lease: Duration,
     ) -> Result<bool, StoreError> {
-        let result = self
+        let taken = self
             .idempotency_keys()
-            .update_one(
+            .find_one_and_update(
                 doc! {
                     "_id": id,
                     "answer": { "$exists": false },
@@ -173,8 +188,13 @@ impl Store {
                 },
                 vec![doc! { "$set": { "attempt": attempt, "leaseUntil": from_now(lease) } }],
             )
-            .await?;
-        Ok(result.modified_count == 1)
+            .max_time(PATIENCE)
+            .await;
+        match taken {
+            Ok(taken) => Ok(taken.is_some()),
+            Err(err) if command_code(&err) == Some(MAX_TIME_EXPIRED) => Ok(false),
+            Err(err) => Err(err.into()),
+        }
     }
 
     /// Stores `answer` on record `id` if `attempt` still holds it; `false` otherwise.

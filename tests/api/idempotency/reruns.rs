@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use mongodb::bson::{DateTime, Document, doc, oid::ObjectId};
 use serde_json::json;
+use sha2::Digest;
 
 use super::{key_records, post, seen};
 use crate::helpers::*;
@@ -332,6 +333,55 @@ async fn refusals_a_retry_may_pass_release_the_key() {
     );
     let redeemed = seen(post(&app, ADMIN_KEY, &path, Some("busy"), None, None).await).await;
     assert_eq!((redeemed.status, redeemed.replayed), (200, false));
+    assert_eq!(
+        stored_int(&app.stored_token(&id).await, "_version"),
+        Some(1)
+    );
+}
+
+/// A record written by a transaction still open (one whose instance died before its
+/// commit reached the server, which ends it only at `transactionLifetimeLimitSeconds`):
+/// a retry is told the first attempt is in progress, in well under the request timeout,
+/// instead of waiting on the transaction; once it ends, the retry takes the key over.
+#[tokio::test]
+async fn a_retry_does_not_wait_on_a_record_an_open_transaction_holds() {
+    let app = spawn_app().await;
+    let id = app.issue_tokens("pi_rerun_open", 1).await.remove(0);
+    let path = format!("/v1/tokens/{id}/redeem");
+    // An abandoned attempt's record: unanswered, its lease over…
+    let records = app.db.collection::<Document>("idempotency_keys");
+    records
+        .insert_one(doc! {
+            "keyId": "admin", "key": "open", "method": "POST", "path": &path,
+            "bodySha256": hex::encode(sha2::Sha256::digest(b"")),
+            "attempt": ObjectId::new(), "leaseUntil": DateTime::from_millis(0),
+            "createdAt": DateTime::now(), "expiresAt": DateTime::from_millis(i64::MAX / 2),
+        })
+        .await
+        .unwrap();
+    // …written by a transaction that never ends on its own here.
+    let mut session = app.db.client().start_session().await.unwrap();
+    session.start_transaction().await.unwrap();
+    records
+        .update_one(
+            doc! { "key": "open" },
+            doc! { "$set": { "attempt": ObjectId::new() } },
+        )
+        .session(&mut session)
+        .await
+        .unwrap();
+
+    let retry = post(&app, ADMIN_KEY, &path, Some("open"), None, None).await;
+    assert_eq!(retry.headers()["retry-after"], "1");
+    assert_problem(retry, 409, "request_in_progress").await;
+    assert_eq!(
+        app.stored_token(&id).await.get_str("status").unwrap(),
+        "active"
+    );
+
+    session.abort_transaction().await.unwrap();
+    let taken_over = seen(post(&app, ADMIN_KEY, &path, Some("open"), None, None).await).await;
+    assert_eq!((taken_over.status, taken_over.replayed), (200, false));
     assert_eq!(
         stored_int(&app.stored_token(&id).await, "_version"),
         Some(1)
