@@ -199,7 +199,7 @@ impl Issuer {
             // which: a lease that is over is taken over, and this attempt runs.
             if self
                 .store
-                .take_over_idempotency_record(existing.id, attempt, config.lease)
+                .take_over_idempotency_record(&existing, attempt, config.lease)
                 .await?
             {
                 return Ok(Begun::Proceed(Attempt::new(existing.id, attempt)));

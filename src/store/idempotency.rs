@@ -169,20 +169,23 @@ impl Store {
         }
     }
 
-    /// Hands the unanswered record `id` to `attempt` for `lease`, if its lease is over by
-    /// the database's clock; `false` when it is still running, the record was answered or
-    /// taken over meanwhile, or a transaction still open holds it.
+    /// Hands the unanswered record `existing` to `attempt` for `lease`, if its lease is
+    /// over by the database's clock; `false` when it is still running, the record was
+    /// answered or taken over meanwhile, or a transaction still open holds it.
     pub async fn take_over_idempotency_record(
         &self,
-        id: ObjectId,
+        existing: &IdempotencyDoc,
         attempt: ObjectId,
         lease: Duration,
     ) -> Result<bool, StoreError> {
         let taken = self
             .idempotency_keys()
             .find_one_and_update(
+                // The shard key too: a sharded findAndModify must name it.
                 doc! {
-                    "_id": id,
+                    "_id": existing.id,
+                    "keyId": &existing.key_id,
+                    "key": &existing.key,
                     "answer": { "$exists": false },
                     "$expr": { "$lt": ["$leaseUntil", "$$NOW"] },
                 },
