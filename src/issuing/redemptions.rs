@@ -185,6 +185,12 @@ impl Issuer {
 
 /// The tokens `request` may spend: the owner's active tokens of its type, within its
 /// account and the key's accounts when given, oldest first; as many as it asks for.
+///
+/// Oldest means earliest paid: by the payment's date (`origin.date`), a payment's tokens
+/// together in tokenIndex order, ties between payments of one date by payment id, then
+/// `_id`. Not `_id` alone: an ObjectId carries the clock of whichever instance (or server)
+/// made it, so across instances it is only roughly the order of issue, and never the
+/// order of payment. `tokens_owner_type_status_age` (migration 0014) serves this order.
 fn spendable(request: &NewRedemption, grants: Option<&[AccountGrant]>) -> Spendable {
     Spendable {
         query: TokenQuery {
@@ -195,7 +201,12 @@ fn spendable(request: &NewRedemption, grants: Option<&[AccountGrant]>) -> Spenda
             accounts: grants.map(<[AccountGrant]>::to_vec),
             after: None,
         },
-        order: doc! { "_id": 1 },
+        order: doc! {
+            "origin.date": 1,
+            "origin.paymentIntentId": 1,
+            "tokenIndex": 1,
+            "_id": 1,
+        },
         limit: i64::from(request.quantity.get()),
     }
 }
