@@ -10,7 +10,7 @@ use mongodb::bson::{DateTime, Document, doc};
 
 use super::{Issuer, Keyed};
 use crate::domain::{Actor, Owner, TokenId, TokenStatus};
-use crate::store::{AnsweredWrite, Backoff, StoreError, TOKENS, TokenDoc};
+use crate::store::{Backoff, GatedWrite, StoreError, TOKENS, TokenDoc};
 use crate::telemetry::metric;
 
 /// A state change a client asks for.
@@ -182,33 +182,33 @@ impl Issuer {
                         .write_token_gated_answered(current.id, current.version, set, answered)
                         .await?
                 }
-                None => self
-                    .store
-                    .write_token_gated(current.id, current.version, set)
-                    .await?
-                    .map_or(AnsweredWrite::Stale, AnsweredWrite::Written),
+                None => {
+                    self.store
+                        .write_token_gated(current.id, current.version, set)
+                        .await?
+                }
             };
             let stale = match written {
-                AnsweredWrite::Written(token) => {
+                GatedWrite::Written(token) => {
                     if let Some(keyed) = &keyed {
                         keyed.attempt.settle();
                     }
                     return Ok(TransitionOutcome::Applied(token));
                 }
-                AnsweredWrite::TakenOver => {
+                GatedWrite::TakenOver => {
                     if let Some(keyed) = &keyed {
                         keyed.attempt.settle();
                     }
                     return Ok(TransitionOutcome::TakenOver);
                 }
                 // matchedCount == 0: another writer got there first.
-                AnsweredWrite::Stale => {
+                GatedWrite::Stale => {
                     record_rejection(transition);
                     true
                 }
-                // Another transaction wrote the token or the record first: read both
-                // again after a pause (a version that moved is then the client's 412).
-                AnsweredWrite::Conflict => false,
+                // Another transaction holds the token or the record: read both again
+                // after a pause (a version that moved is then the client's 412).
+                GatedWrite::Conflict => false,
             };
             if stale && matches!(gate, Gate::IfMatch(_)) {
                 return Ok(match self.store.find_token(id).await? {

@@ -18,7 +18,7 @@ use mongodb::options::ReturnDocument;
 use serde::{Deserialize, Serialize};
 
 use super::Store;
-use super::error::{StoreError, command_code, duplicate_key_index};
+use super::error::{HELD_PATIENCE, StoreError, duplicate_key_index, ran_out_of_time};
 use super::indexes::IDEMPOTENCY_KEY_INDEX;
 
 /// The collection's name.
@@ -95,16 +95,6 @@ pub enum Claimed {
     Held,
 }
 
-/// How long the server may wait on a record another transaction holds before a claim or
-/// a take-over gives up (`maxTimeMS`). An attempt's transaction holds it for
-/// milliseconds; one that holds it longer was abandoned mid-commit, and the server ends
-/// it only after `transactionLifetimeLimitSeconds` (60 s by default): a retry must not
-/// wait that long, nor keep waiting on the server after its client gave up.
-const PATIENCE: Duration = Duration::from_millis(1000);
-
-/// MaxTimeMSExpired: the server stopped a command that ran past its `maxTimeMS`.
-const MAX_TIME_EXPIRED: i32 = 50;
-
 /// The record an action's transaction answers, and how the answer to the action's result
 /// reads. `T` is what the action wrote (a token, a redemption).
 pub struct AnswerInTransaction<'a, T: ?Sized> {
@@ -154,7 +144,7 @@ impl Store {
             .find_one_and_update(doc! { "keyId": claim.key_id, "key": claim.key }, pipeline)
             .upsert(true)
             .return_document(ReturnDocument::After)
-            .max_time(PATIENCE)
+            .max_time(HELD_PATIENCE)
             .await;
         match found {
             Ok(Some(record)) if record.attempt == claim.attempt => Ok(Claimed::Fresh),
@@ -164,7 +154,7 @@ impl Store {
             Err(err) if duplicate_key_index(&err).as_deref() == Some(IDEMPOTENCY_KEY_INDEX) => {
                 Ok(Claimed::Raced)
             }
-            Err(err) if command_code(&err) == Some(MAX_TIME_EXPIRED) => Ok(Claimed::Held),
+            Err(err) if ran_out_of_time(&err) => Ok(Claimed::Held),
             Err(err) => Err(err.into()),
         }
     }
@@ -191,11 +181,11 @@ impl Store {
                 },
                 vec![doc! { "$set": { "attempt": attempt, "leaseUntil": from_now(lease) } }],
             )
-            .max_time(PATIENCE)
+            .max_time(HELD_PATIENCE)
             .await;
         match taken {
             Ok(taken) => Ok(taken.is_some()),
-            Err(err) if command_code(&err) == Some(MAX_TIME_EXPIRED) => Ok(false),
+            Err(err) if ran_out_of_time(&err) => Ok(false),
             Err(err) => Err(err.into()),
         }
     }

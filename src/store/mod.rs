@@ -51,7 +51,7 @@ pub use redemptions::{
 };
 pub use retry::{Backoff, RetryPolicy};
 pub use token_bulk::BulkResult;
-pub use tokens::{AnsweredWrite, TokenQuery};
+pub use tokens::{GatedWrite, TokenQuery};
 pub use verify::{Finding, VerifyReport};
 pub use webhook_events::WEBHOOK_EVENTS;
 

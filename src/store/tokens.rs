@@ -10,7 +10,7 @@ use mongodb::options::{ReadConcern, ReturnDocument};
 
 use super::atomic::commit_with_retry;
 use super::documents::{TokenDoc, from_document};
-use super::error::is_transient_transaction_error;
+use super::error::{HELD_PATIENCE, is_transient_transaction_error, ran_out_of_time};
 use super::idempotency::AnswerInTransaction;
 use super::{Store, StoreError, TOKENS};
 use crate::domain::{AccountGrant, AccountId, Owner, TokenId, TokenStatus, TokenType};
@@ -69,20 +69,27 @@ impl Store {
     }
 
     /// Writes `set` to the token and increments `_version`, but only if it is still at
-    /// `version` and `active` (the version gate). `None`: another writer got there first
-    /// (`matchedCount == 0`), and nothing was written.
+    /// `version` and `active` (the version gate). `Stale`: another writer got there first
+    /// (`matchedCount == 0`); `Conflict`: a transaction still open holds the token (one a
+    /// dead instance left, until the server ends it). Nothing was written for either.
     pub async fn write_token_gated(
         &self,
         id: ObjectId,
         version: i64,
         set: Document,
-    ) -> Result<Option<TokenDoc>, StoreError> {
+    ) -> Result<GatedWrite<TokenDoc>, StoreError> {
         let written = self
             .collection(TOKENS)
             .find_one_and_update(gate(id, version), gated_update(set))
             .return_document(ReturnDocument::After)
-            .await?;
-        written.map(from_document).transpose()
+            .max_time(HELD_PATIENCE)
+            .await;
+        match written {
+            Ok(Some(token)) => Ok(GatedWrite::Written(from_document(token)?)),
+            Ok(None) => Ok(GatedWrite::Stale),
+            Err(err) if ran_out_of_time(&err) => Ok(GatedWrite::Conflict),
+            Err(err) => Err(err.into()),
+        }
     }
 
     /// [`Store::write_token_gated`] and the answer to it in one transaction: the token's
@@ -93,7 +100,7 @@ impl Store {
         version: i64,
         set: Document,
         answered: &AnswerInTransaction<'_, TokenDoc>,
-    ) -> Result<AnsweredWrite<TokenDoc>, StoreError> {
+    ) -> Result<GatedWrite<TokenDoc>, StoreError> {
         let mut session = self.client.start_session().await?;
         session
             .start_transaction()
@@ -103,12 +110,12 @@ impl Store {
         let result = self
             .write_and_answer(&mut session, id, version, set, answered)
             .await;
-        if !matches!(result, Ok(AnsweredWrite::Written(_))) {
+        if !matches!(result, Ok(GatedWrite::Written(_))) {
             // Leave nothing behind; the abort's own failure is moot.
             let _ = session.abort_transaction().await;
         }
         match result {
-            Err(err) if is_transient_transaction_error(&err) => Ok(AnsweredWrite::Conflict),
+            Err(err) if is_transient_transaction_error(&err) => Ok(GatedWrite::Conflict),
             other => Ok(other?),
         }
     }
@@ -120,7 +127,7 @@ impl Store {
         version: i64,
         set: Document,
         answered: &AnswerInTransaction<'_, TokenDoc>,
-    ) -> Result<AnsweredWrite<TokenDoc>, mongodb::error::Error> {
+    ) -> Result<GatedWrite<TokenDoc>, mongodb::error::Error> {
         let Some(written) = self
             .collection(TOKENS)
             .find_one_and_update(gate(id, version), gated_update(set))
@@ -128,7 +135,7 @@ impl Store {
             .session(&mut *session)
             .await?
         else {
-            return Ok(AnsweredWrite::Stale);
+            return Ok(GatedWrite::Stale);
         };
         let token =
             from_document(written).map_err(|e| mongodb::error::Error::custom(e.to_string()))?;
@@ -137,24 +144,24 @@ impl Store {
             .answer_in_session(session, answered.record, answered.attempt, &answer)
             .await?
         {
-            return Ok(AnsweredWrite::TakenOver);
+            return Ok(GatedWrite::TakenOver);
         }
         commit_with_retry(session).await?;
-        Ok(AnsweredWrite::Written(token))
+        Ok(GatedWrite::Written(token))
     }
 }
 
-/// How a write committed with its answer ended; nothing was written but for `Written`.
+/// How a gated write ended; nothing was written but for `Written`.
 #[derive(Debug)]
-pub enum AnsweredWrite<T> {
-    /// Written and answered, as it now is.
+pub enum GatedWrite<T> {
+    /// Written (and answered, under a key), as it now is.
     Written(T),
     /// The gate matched nothing: another writer got there first.
     Stale,
-    /// Another transaction wrote the same document first (a writer of the token, or an
-    /// attempt taking the record over).
+    /// Another transaction holds the token (or the key's record): one writing it now, an
+    /// attempt taking the record over, or one a dead instance left open.
     Conflict,
-    /// Another attempt holds the record now.
+    /// Another attempt holds the `Idempotency-Key`'s record now.
     TakenOver,
 }
 
