@@ -387,3 +387,109 @@ async fn a_retry_does_not_wait_on_a_record_an_open_transaction_holds() {
         Some(1)
     );
 }
+
+/// Two instances retry an abandoned attempt's key at once (its lease over, no answer):
+/// the take-over lets exactly one of them run; the other is told the key is in progress
+/// or replays the winner's answer. Which one wins is not the point: that one ran, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_instances_taking_over_one_key_run_the_action_once() {
+    let first = spawn_app().await;
+    let second = spawn_app_on(&first.db_name, "").await;
+    let id = first.issue_tokens("pi_rerun_two", 1).await.remove(0);
+    let path = format!("/v1/tokens/{id}/transfer");
+    let body = json!({ "newOwner": OTHER_OWNER });
+    let body_bytes = serde_json::to_vec(&body).unwrap();
+    first
+        .db
+        .collection::<Document>("idempotency_keys")
+        .insert_one(doc! {
+            "keyId": "admin", "key": "orphan", "method": "POST", "path": &path,
+            "bodySha256": hex::encode(sha2::Sha256::digest(&body_bytes)),
+            "attempt": ObjectId::new(), "leaseUntil": DateTime::from_millis(0),
+            "createdAt": DateTime::now(), "expiresAt": DateTime::from_millis(i64::MAX / 2),
+        })
+        .await
+        .unwrap();
+    let send = |app: &TestApp| {
+        let request = app
+            .http
+            .post(app.url(&path))
+            .bearer_auth(ADMIN_KEY)
+            .header("idempotency-key", "orphan")
+            .header("if-match", "\"0\"")
+            .body(body_bytes.clone())
+            .header("content-type", "application/json")
+            .send();
+        async move { seen(request.await.unwrap()).await }
+    };
+    let answers =
+        futures::future::join_all((0..8).map(|i| send(if i % 2 == 0 { &first } else { &second })))
+            .await;
+    let ran: Vec<&super::Seen> = answers
+        .iter()
+        .filter(|a| a.status == 200 && !a.replayed)
+        .collect();
+    assert_eq!(ran.len(), 1, "{answers:?}");
+    for answer in &answers {
+        match (answer.status, answer.replayed) {
+            (200, _) => assert_eq!(answer.body, ran[0].body),
+            (409, false) => {
+                let problem: serde_json::Value = serde_json::from_slice(&answer.body).unwrap();
+                assert_eq!(problem["code"], "request_in_progress", "{problem}");
+            }
+            other => panic!("unexpected answer {other:?}"),
+        }
+    }
+    let token = first.stored_token(&id).await;
+    assert_eq!(stored_int(&token, "_version"), Some(1), "transferred once");
+    assert_eq!(token.get_object_id("owner").unwrap().to_hex(), OTHER_OWNER);
+    let replay = send(&second).await;
+    assert_eq!(
+        (replay.status, replay.replayed, &replay.body),
+        (200, true, &ran[0].body)
+    );
+}
+
+/// After the retention the key is new again (the TTL deletes its record; here by hand):
+/// a redemption retried with it replays by its reference (200, the same tokens) and spends
+/// nothing more.
+#[tokio::test]
+async fn a_redemption_retried_after_the_retention_spends_nothing_more() {
+    let app = spawn_app().await;
+    app.issue_tokens("pi_rerun_retention", 4).await;
+    let body = json!({
+        "owner": OWNER, "tokenType": "standard", "quantity": 2, "reference": "order-old",
+    });
+    let first = post(
+        &app,
+        ADMIN_KEY,
+        "/v1/redemptions",
+        Some("old"),
+        None,
+        Some(&body),
+    )
+    .await;
+    assert_eq!(first.status(), 201);
+    let first: serde_json::Value = first.json().await.unwrap();
+    app.db
+        .collection::<Document>("idempotency_keys")
+        .delete_many(doc! {})
+        .await
+        .unwrap();
+
+    let late = post(
+        &app,
+        ADMIN_KEY,
+        "/v1/redemptions",
+        Some("old"),
+        None,
+        Some(&body),
+    )
+    .await;
+    assert_eq!(late.status(), 200, "a replay by reference");
+    assert_eq!(late.headers()["idempotent-replayed"], "true");
+    let late: serde_json::Value = late.json().await.unwrap();
+    assert_eq!(late["tokens"], first["tokens"]);
+    assert_eq!(app.count("tokens", doc! { "status": "redeemed" }).await, 2);
+    assert_eq!(app.count("redemptions", doc! {}).await, 1);
+}
