@@ -203,13 +203,15 @@ fn created_answer(redeemed: &Redeemed) -> Answer {
 
 /// Redeem an amount of an owner's tokens.
 ///
-/// Redeems `quantity` active tokens of the owner and type — oldest first, within
-/// `accountId` if given, else within the key's accounts — all or nothing, in one
-/// transaction; each carries `redemptionRef` = `reference`. The same request again
-/// (same owner and reference, same tokenType and quantity) is 200 with the same tokens;
-/// another tokenType or quantity with the reference is 409 `idempotency_conflict`. Fewer
-/// active tokens than asked is 409 `insufficient_balance` with `available`, nothing
-/// redeemed. Concurrent redemptions never redeem one token twice.
+/// Redeems `quantity` active tokens of the owner and type — oldest first (earliest payment
+/// date, a payment's tokens in tokenIndex order), within `accountId` if given, else within
+/// the key's accounts — all or nothing, in one transaction; each carries `redemptionRef` =
+/// `reference`. The same request again (same owner and reference, same tokenType and
+/// quantity) is 200 with the same tokens; with the first request's `Idempotency-Key` it is
+/// that request's 201 and body, committed with the redemption. Another tokenType or
+/// quantity with the reference is 409 `idempotency_conflict`. Fewer active tokens than
+/// asked is 409 `insufficient_balance` with `available`, nothing redeemed (not kept for an
+/// `Idempotency-Key`). Concurrent redemptions never redeem one token twice.
 #[utoipa::path(
     post, path = "/v1/redemptions", tag = "balances",
     params(
@@ -218,9 +220,11 @@ fn created_answer(redeemed: &Redeemed) -> Answer {
     request_body = RedemptionRequest,
     security(("bearer" = ["tokens:redeem"])),
     responses(
-        (status = 201, description = "Redeemed", body = RedemptionResponse,
-            headers(("Location" = String, description = "The redemption's GET URL"))),
-        (status = 200, description = "A replay: the owner's redemption of this reference, with these parameters, existed", body = RedemptionResponse,
+        (status = 201, description = "Redeemed; or, with `Idempotent-Replayed: true`, a retry with the first request's Idempotency-Key", body = RedemptionResponse,
+            headers(
+                ("Location" = String, description = "The redemption's GET URL"),
+                ("Idempotent-Replayed" = String, description = "`true` on an Idempotency-Key's retry"))),
+        (status = 200, description = "A replay by reference: the owner's redemption of this reference, with these parameters, existed", body = RedemptionResponse,
             headers(
                 ("Location" = String, description = "The redemption's GET URL"),
                 ("Idempotent-Replayed" = String, description = "`true`"))),

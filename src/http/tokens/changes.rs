@@ -286,7 +286,7 @@ pub async fn revoke_token(
             ("Idempotent-Replayed" = String, description = "`true` on an Idempotency-Key's retry"))),
         (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such token", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "`state_conflict`: not active; `request_in_progress`: the first request with this Idempotency-Key is still running (`Retry-After`)", body = Problem, content_type = "application/problem+json",
+        (status = 409, description = "`state_conflict`: not active, or kept changing; `request_in_progress`: the first request with this Idempotency-Key is still running (`Retry-After`)", body = Problem, content_type = "application/problem+json",
             headers(("Retry-After" = u64, description = "With `request_in_progress`"))),
         (status = 412, description = "`version_conflict`", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
