@@ -1,12 +1,14 @@
 //! Retry-safe actions through an `Idempotency-Key` (the pattern issuance is built on: a
 //! unique key bound to the request's content, the database as the arbiter). The first
-//! attempt of a key inserts its record into `idempotency_keys`, whose unique index on
-//! (API key id, key) lets exactly one attempt in, on whichever instance; it runs the
-//! action and stores the answer there. Every later request with that key is told, from the record alone:
+//! attempt of a key claims its record in `idempotency_keys` (one upsert that writes it
+//! only where there is none), whose unique index on (API key id, key) lets exactly one
+//! attempt in, on whichever instance; it runs the action and stores the answer there.
+//! Every later request with that key is told, from the record alone:
 //!
 //! - another method, path or body → `Reused` (the key names another request);
 //! - an answer stored → `Replay` of it, status and body as the first attempt had them;
-//! - no answer yet and the holder's lease running → `InProgress`;
+//! - no answer yet and the holder's lease running, by the database's clock, or the record
+//!   held by a transaction still open → `InProgress`;
 //! - no answer and the lease over (the holder's instance died, or its request was
 //!   dropped or timed out) → this attempt takes the key over and runs the action.
 //!
@@ -18,8 +20,9 @@
 //! replays it). An attempt whose lease was taken over finds the record held by another
 //! attempt inside its transaction and aborts: its write never commits. Answers that
 //! write nothing (a 404, a 409 `state_conflict`, a 412, a replay by `reference`) are
-//! kept after the action, as before: a re-run of those finds the same state, since a
-//! spent token stays spent and versions only grow. On a deployment without transactions
+//! kept after the action: a re-run of those finds the same state, since a spent token
+//! stays spent and versions only grow (but for a 412 naming a version the token has not
+//! reached yet, which a re-run after a lost answer could find reached). On a deployment without transactions
 //! (a standalone server) the answer is kept after the write instead, which a crash in
 //! between can lose.
 //!
