@@ -278,3 +278,24 @@ impl From<StoredAnswer> for Answer {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn what_happened_is_kept_and_what_may_change_is_not() {
+        use Finality::{Final, Transient};
+        // What the action did or refused for good: kept.
+        for status in [200, 201, 404, 409, 412] {
+            assert!(is_kept(status, Final), "{status}");
+        }
+        // Refused before the action, said nothing (5xx), or a refusal a retry may pass.
+        for status in [400, 403, 413, 415, 422, 428, 429, 500, 503] {
+            assert!(!is_kept(status, Final), "{status}");
+        }
+        for status in [200, 409] {
+            assert!(!is_kept(status, Transient), "{status}");
+        }
+    }
+}
