@@ -493,3 +493,56 @@ async fn a_redemption_retried_after_the_retention_spends_nothing_more() {
     assert_eq!(app.count("tokens", doc! { "status": "redeemed" }).await, 2);
     assert_eq!(app.count("redemptions", doc! {}).await, 1);
 }
+
+/// The connection dies right after the action's write, at the answer's write or at the
+/// commit: the transaction is run again (or its commit sent again) and answers once; the
+/// token moved once, and the retry replays that answer.
+#[tokio::test]
+async fn a_connection_lost_after_the_action_still_moves_the_token_once() {
+    let name = unique_app_name();
+    let app = spawn_app_named(&name, "").await;
+    let ids = app.issue_tokens("pi_rerun_cut", 2).await;
+    let body = json!({ "newOwner": OTHER_OWNER });
+    for (id, command) in [(&ids[0], "update"), (&ids[1], "commitTransaction")] {
+        let path = format!("/v1/tokens/{id}/transfer");
+        let key = format!("cut-{command}");
+        let failpoint = FailPoint::set(&name, &[command], Fault::CloseConnection, 1).await;
+        let first = seen(
+            post(
+                &app,
+                ADMIN_KEY,
+                &path,
+                Some(&key),
+                Some("\"0\""),
+                Some(&body),
+            )
+            .await,
+        )
+        .await;
+        assert_eq!(
+            failpoint.off().await,
+            1,
+            "{command}: the connection was cut"
+        );
+        assert_eq!((first.status, first.replayed), (200, false), "{command}");
+        let retry = seen(
+            post(
+                &app,
+                ADMIN_KEY,
+                &path,
+                Some(&key),
+                Some("\"0\""),
+                Some(&body),
+            )
+            .await,
+        )
+        .await;
+        assert_eq!(
+            (retry.status, retry.replayed, &retry.body),
+            (200, true, &first.body)
+        );
+        let token = app.stored_token(id).await;
+        assert_eq!(stored_int(&token, "_version"), Some(1), "{command}: once");
+        assert_eq!(token.get_object_id("owner").unwrap().to_hex(), OTHER_OWNER);
+    }
+}
