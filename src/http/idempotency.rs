@@ -2,7 +2,10 @@
 //! around those handlers that reads the caller and the body first, asks the issuing
 //! service whether this attempt runs, and either runs the handler and hands its answer
 //! back to be kept, or answers from the key's first request (`Idempotent-Replayed:
-//! true`). The rules are `issuing::idempotency`'s; this only translates.
+//! true`). The rules are `issuing::idempotency`'s; this only translates. The attempt
+//! travels to the handler in the request's extensions, so that an action that writes
+//! commits its answer with its write; the handler marks an answer a retry may see
+//! differently (`transient`).
 
 use std::sync::Arc;
 
@@ -17,7 +20,7 @@ use super::auth::Principal;
 use super::error::ApiError;
 use super::extract::read_body;
 use crate::domain::IdempotencyKey;
-use crate::issuing::{Answer, Begun, IdempotentRequest};
+use crate::issuing::{Answer, Begun, Finality, IdempotentRequest};
 
 /// The request header.
 pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
@@ -63,15 +66,21 @@ async fn run(state: &AppState, req: Request, next: Next) -> Result<Response, Api
         body: &bytes,
     };
     let attempt = match state.issuer.begin_idempotent(&request).await? {
-        Begun::Proceed(attempt) => attempt,
+        Begun::Proceed(attempt) => Arc::new(attempt),
         Begun::Replay(answer) => return Ok(replay(answer)),
         Begun::Reused => return Err(ApiError::IdempotencyKeyReused),
         Begun::InProgress => return Err(ApiError::RequestInProgress),
     };
+    parts.extensions.insert(attempt.clone());
     let response = next
         .run(Request::from_parts(parts, Body::from(bytes)))
         .await;
     let (parts, body) = response.into_parts();
+    let finality = if parts.extensions.get::<Transient>().is_some() {
+        Finality::Transient
+    } else {
+        Finality::Final
+    };
     let body = to_bytes(body, usize::MAX)
         .await
         .map_err(|_| ApiError::Internal)?;
@@ -88,7 +97,11 @@ async fn run(state: &AppState, req: Request, next: Next) -> Result<Response, Api
     };
     // The action is done whatever happens to its record: answer it. A record left
     // unanswered is taken over by a retry once its lease ends.
-    if let Err(err) = state.issuer.finish_idempotent(attempt, &answer).await {
+    if let Err(err) = state
+        .issuer
+        .finish_idempotent(&attempt, &answer, finality)
+        .await
+    {
         tracing::warn!(error = %err, "could not keep the answer of an idempotency key");
     }
     Ok(Response::from_parts(parts, Body::from(body)))
@@ -110,8 +123,20 @@ fn parse_key(headers: &HeaderMap) -> Result<IdempotencyKey, ApiError> {
         .map_err(|rule| ApiError::validation("Idempotency-Key", rule))
 }
 
-/// The kept answer, marked as a replay.
-fn replay(answer: Answer) -> Response {
+/// Marks an answer the same request may see differently on a retry (`Finality::Transient`).
+#[derive(Debug, Clone, Copy)]
+struct Transient;
+
+/// `response`, marked as an answer that a retry with the key may see differently: it is
+/// not kept.
+pub(super) fn transient(response: impl IntoResponse) -> Response {
+    let mut response = response.into_response();
+    response.extensions_mut().insert(Transient);
+    response
+}
+
+/// The response an answer describes: its status, its kept headers and its body.
+pub(super) fn respond(answer: Answer) -> Response {
     let status = StatusCode::from_u16(answer.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let mut response = (status, answer.body).into_response();
     let headers = response.headers_mut();
@@ -124,6 +149,38 @@ fn replay(answer: Answer) -> Response {
             headers.insert(name, value);
         }
     }
-    headers.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
     response
+}
+
+/// The kept answer, marked as a replay.
+fn replay(answer: Answer) -> Response {
+    let mut response = respond(answer);
+    response
+        .headers_mut()
+        .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    response
+}
+
+/// An answer to be kept: `status`, a JSON `body`, and `headers` besides its
+/// `Content-Type`.
+pub(super) fn json_answer(
+    status: StatusCode,
+    headers: &[(HeaderName, String)],
+    body: &impl serde::Serialize,
+) -> Answer {
+    let mut kept = vec![(
+        header::CONTENT_TYPE.as_str().to_owned(),
+        "application/json".to_owned(),
+    )];
+    kept.extend(
+        headers
+            .iter()
+            .map(|(name, value)| (name.as_str().to_owned(), value.clone())),
+    );
+    Answer {
+        status: status.as_u16(),
+        headers: kept,
+        // A view serializes whole; an empty body would only ever mean a bug.
+        body: serde_json::to_vec(body).unwrap_or_default(),
+    }
 }

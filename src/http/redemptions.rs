@@ -1,15 +1,17 @@
 //! `POST /v1/redemptions` (spend an amount of an owner's tokens, all or nothing, named by
 //! a reference) and `GET /v1/redemptions/{owner}/{reference}`. The rules are
-//! `issuing::redemptions`'; this parses, checks the key, and shapes the answers.
+//! `issuing::redemptions`'; this parses, checks the key, and shapes the answers (one
+//! shape, `redemption_answer`, for the answer sent and the one an `Idempotency-Key`
+//! keeps).
 
 use std::sync::Arc;
 
-use axum::Router;
 use axum::extract::State;
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{StatusCode, header};
 use axum::middleware::from_fn_with_state;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use axum::routing::{get, post};
+use axum::{Extension, Router};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -19,14 +21,14 @@ use super::AppState;
 use super::auth::Principal;
 use super::error::{ApiError, Problem};
 use super::extract::{JsonBody, PathParams};
-use super::idempotency::{IDEMPOTENT_REPLAYED, idempotent};
+use super::idempotency::{IDEMPOTENT_REPLAYED, idempotent, json_answer, respond, transient};
 use super::openapi::KeyedErrors;
 use super::tokens::OriginView;
 use crate::domain::{
     AccountId, Actor, FieldErrors, NewRedemption, Owner, Quantity, RedemptionReference, Scope,
     TokenStatus, TokenType,
 };
-use crate::issuing::{Redeemed, RedemptionOutcome};
+use crate::issuing::{Answer, Attempt, Keyed, Redeemed, RedemptionError, RedemptionOutcome};
 use crate::store::{TokenDoc, chrono_time};
 
 /// Where redemptions are created.
@@ -182,15 +184,34 @@ impl RedemptionResponse {
     }
 }
 
+/// The answer to a redemption: 201 when it was redeemed now, 200 with
+/// `Idempotent-Replayed: true` when its reference named it already; the body, and its
+/// `Location`.
+fn redemption_answer(status: StatusCode, redeemed: &Redeemed) -> Answer {
+    let body = RedemptionResponse::from(redeemed.clone());
+    let mut headers = vec![(header::LOCATION, body.location())];
+    if status == StatusCode::OK {
+        headers.push((IDEMPOTENT_REPLAYED, "true".to_owned()));
+    }
+    json_answer(status, &headers, &body)
+}
+
+/// The answer to a redemption redeemed now.
+fn created_answer(redeemed: &Redeemed) -> Answer {
+    redemption_answer(StatusCode::CREATED, redeemed)
+}
+
 /// Redeem an amount of an owner's tokens.
 ///
-/// Redeems `quantity` active tokens of the owner and type — oldest first, within
-/// `accountId` if given, else within the key's accounts — all or nothing, in one
-/// transaction; each carries `redemptionRef` = `reference`. The same request again
-/// (same owner and reference, same tokenType and quantity) is 200 with the same tokens;
-/// another tokenType or quantity with the reference is 409 `idempotency_conflict`. Fewer
-/// active tokens than asked is 409 `insufficient_balance` with `available`, nothing
-/// redeemed. Concurrent redemptions never redeem one token twice.
+/// Redeems `quantity` active tokens of the owner and type — oldest first (earliest payment
+/// date, a payment's tokens in tokenIndex order), within `accountId` if given, else within
+/// the key's accounts — all or nothing, in one transaction; each carries `redemptionRef` =
+/// `reference`. The same request again (same owner and reference, same tokenType and
+/// quantity) is 200 with the same tokens; with the first request's `Idempotency-Key` it is
+/// that request's 201 and body, committed with the redemption. Another tokenType or
+/// quantity with the reference is 409 `idempotency_conflict`. Fewer active tokens than
+/// asked is 409 `insufficient_balance` with `available`, nothing redeemed (not kept for an
+/// `Idempotency-Key`). Concurrent redemptions never redeem one token twice.
 #[utoipa::path(
     post, path = "/v1/redemptions", tag = "balances",
     params(
@@ -199,9 +220,11 @@ impl RedemptionResponse {
     request_body = RedemptionRequest,
     security(("bearer" = ["tokens:redeem"])),
     responses(
-        (status = 201, description = "Redeemed", body = RedemptionResponse,
-            headers(("Location" = String, description = "The redemption's GET URL"))),
-        (status = 200, description = "A replay: the owner's redemption of this reference, with these parameters, existed", body = RedemptionResponse,
+        (status = 201, description = "Redeemed; or, with `Idempotent-Replayed: true`, a retry with the first request's Idempotency-Key", body = RedemptionResponse,
+            headers(
+                ("Location" = String, description = "The redemption's GET URL"),
+                ("Idempotent-Replayed" = String, description = "`true` on an Idempotency-Key's retry"))),
+        (status = 200, description = "A replay by reference: the owner's redemption of this reference, with these parameters, existed", body = RedemptionResponse,
             headers(
                 ("Location" = String, description = "The redemption's GET URL"),
                 ("Idempotent-Replayed" = String, description = "`true`"))),
@@ -217,6 +240,7 @@ impl RedemptionResponse {
 pub async fn create_redemption(
     State(state): State<AppState>,
     principal: Arc<Principal>,
+    attempt: Option<Extension<Arc<Attempt>>>,
     body: Result<JsonBody<RedemptionRequest>, ApiError>,
 ) -> Result<Response, ApiError> {
     principal.require(Scope::TokensRedeem)?;
@@ -233,25 +257,29 @@ pub async fn create_redemption(
             "This API key is not allowed for account `{account}`."
         )));
     }
+    let keyed = attempt.as_deref().map(|attempt| Keyed {
+        attempt: attempt.as_ref(),
+        answer: &created_answer,
+    });
     let outcome = state
         .issuer
-        .redeem_amount(&request, principal.accounts(), |t| {
-            principal.can_see(&t.origin.provider, &t.origin.account_id)
-        })
-        .await?;
-    let (status, redeemed) = match outcome {
-        RedemptionOutcome::Created(redeemed) => (StatusCode::CREATED, redeemed),
-        RedemptionOutcome::Replayed(redeemed) => (StatusCode::OK, redeemed),
+        .redeem_amount(
+            &request,
+            principal.accounts(),
+            |t| principal.can_see(&t.origin.provider, &t.origin.account_id),
+            keyed,
+        )
+        .await;
+    let answer = match outcome {
+        Ok(RedemptionOutcome::Created(redeemed)) => created_answer(&redeemed),
+        Ok(RedemptionOutcome::Replayed(redeemed)) => redemption_answer(StatusCode::OK, &redeemed),
+        // More tokens may come: the same request may pass later, so it is not kept.
+        Err(err @ RedemptionError::Insufficient { .. }) => {
+            return Ok(transient(ApiError::from(err)));
+        }
+        Err(err) => return Err(err.into()),
     };
-    let body = RedemptionResponse::from(redeemed);
-    let mut headers = HeaderMap::new();
-    if let Ok(location) = HeaderValue::from_str(&body.location()) {
-        headers.insert(header::LOCATION, location);
-    }
-    if status == StatusCode::OK {
-        headers.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
-    }
-    Ok((status, headers, axum::Json(body)).into_response())
+    Ok(respond(answer))
 }
 
 /// Read a redemption and its tokens.

@@ -1,40 +1,72 @@
 //! Retry-safe actions through an `Idempotency-Key` (the pattern issuance is built on: a
 //! unique key bound to the request's content, the database as the arbiter). The first
-//! attempt of a key inserts its record into `idempotency_keys`, whose unique index on
-//! (API key id, key) lets exactly one attempt in, on whichever instance; it runs the
-//! action and stores the answer there. Every later request with that key is told, from the record alone:
+//! attempt of a key claims its record in `idempotency_keys` (one upsert that writes it
+//! only where there is none), whose unique index on (API key id, key) lets exactly one
+//! attempt in, on whichever instance; it runs the action and stores the answer there.
+//! Every later request with that key is told, from the record alone:
 //!
 //! - another method, path or body → `Reused` (the key names another request);
 //! - an answer stored → `Replay` of it, status and body as the first attempt had them;
-//! - no answer yet and the holder's lease running → `InProgress`;
+//! - no answer yet and the holder's lease running, by the database's clock, or the record
+//!   held by a transaction still open → `InProgress`;
 //! - no answer and the lease over (the holder's instance died, or its request was
 //!   dropped or timed out) → this attempt takes the key over and runs the action.
 //!
-//! A 5xx says nothing of what happened, so it is not kept: the key is released and a
-//! retry runs the action again. Nor is a refusal of the request itself (a bad body, a
-//! missing `If-Match`, the key's scope, the rate limit): the action never ran, and the
-//! corrected request may use the same key. That re-run (like the one after a take-over) is answered
-//! as the first attempt only where the action itself recognises its own effect (a redeem
-//! with its `reference` replays); a transfer or a revoke with an exact `If-Match` answers
-//! 412 instead, and a transfer with `If-Match: *` is applied again.
+//! An action that writes commits its answer with its write, in one transaction
+//! (`Keyed`): the token's change or the redemption, and the record's answer, are both
+//! there or neither is. So an attempt whose answer was lost never leaves an effect
+//! behind without it: its instance died before the commit (nothing happened, the retry
+//! runs the action for the first time), or the commit carried the answer (the retry
+//! replays it). An attempt whose lease was taken over finds the record held by another
+//! attempt inside its transaction and aborts: its write never commits. Answers that
+//! write nothing (a 404, a 409 `state_conflict`, a 412, a replay by `reference`) are
+//! kept after the action: a re-run of those finds the same state, since a spent token
+//! stays spent and versions only grow (but for a 412 naming a version the token has not
+//! reached yet, which a re-run after a lost answer could find reached). On a deployment without transactions
+//! (a standalone server) the answer is kept after the write instead, which a crash in
+//! between can lose.
+//!
+//! Not every answer is kept. A 5xx says nothing of what happened, so the key is released
+//! and a retry runs the action again (an action that committed has its answer kept
+//! already, which the release leaves alone). Nor is a refusal of the request itself (a
+//! bad body, a missing `If-Match`, the key's scope, the rate limit): the action never
+//! ran, and the corrected request may use the same key. Nor a refusal a retry may
+//! legitimately pass (`Finality::Transient`: the token kept changing, too few tokens to
+//! redeem): nothing was done, and the same request may succeed later.
 
-use mongodb::bson::{Binary, DateTime, oid::ObjectId, spec::BinarySubtype};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use mongodb::bson::{Binary, oid::ObjectId, spec::BinarySubtype};
 use sha2::{Digest, Sha256};
 
 use super::Issuer;
 use crate::domain::IdempotencyKey;
-use crate::store::{IdempotencyDoc, StoreError, StoredAnswer, StoredHeader};
+use crate::store::{
+    AnswerInTransaction, Claimed, IdempotencyClaim, StoreError, StoredAnswer, StoredHeader,
+};
 
 /// Answers that refuse the request before its action could run (400 malformed, 403
 /// scope, 413 too large, 415 not JSON, 422 invalid, 428 no `If-Match`, 429 rate
 /// limited). They are not kept: nothing happened, so the corrected request may reuse the
 /// key (payment APIs save no result for a request that failed validation either). The
-/// action's own refusals (404, 409, 412) are kept: they are what happened to it.
+/// action's own refusals (404, 409, 412) are kept: they are what happened to it, unless
+/// they are `Finality::Transient`.
 const REFUSED_BEFORE_THE_ACTION: [u16; 7] = [400, 403, 413, 415, 422, 428, 429];
 
+/// Whether an answer says for good what became of the request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finality {
+    /// What happened to the request; kept unless its status says otherwise.
+    Final,
+    /// A refusal the same request may pass later (the token kept changing while the
+    /// request ran; fewer active tokens than a redemption asks): nothing was done, so it
+    /// is not kept, and a retry runs the action again.
+    Transient,
+}
+
 /// Whether an answer of `status` is kept for the key's retries.
-fn is_kept(status: u16) -> bool {
-    status < 500 && !REFUSED_BEFORE_THE_ACTION.contains(&status)
+fn is_kept(status: u16, finality: Finality) -> bool {
+    finality == Finality::Final && status < 500 && !REFUSED_BEFORE_THE_ACTION.contains(&status)
 }
 
 /// How often one request looks again when the record it collided with vanished before it
@@ -65,6 +97,52 @@ pub struct Answer {
 pub struct Attempt {
     record: ObjectId,
     attempt: ObjectId,
+    /// Set once the record needs nothing more from this attempt: its answer committed
+    /// with its action, or another attempt took the key over.
+    settled: AtomicBool,
+}
+
+impl Attempt {
+    fn new(record: ObjectId, attempt: ObjectId) -> Self {
+        Self {
+            record,
+            attempt,
+            settled: AtomicBool::new(false),
+        }
+    }
+
+    /// Marks the record as needing nothing more from this attempt.
+    pub(super) fn settle(&self) {
+        self.settled.store(true, Ordering::Release);
+    }
+
+    /// The record an action's transaction answers for this attempt, with the answer
+    /// `answer` gives to the action's result.
+    pub(super) fn in_transaction<'a, T: ?Sized>(
+        &self,
+        answer: &'a (dyn Fn(&T) -> StoredAnswer + Send + Sync),
+    ) -> AnswerInTransaction<'a, T> {
+        AnswerInTransaction {
+            record: self.record,
+            attempt: self.attempt,
+            answer,
+        }
+    }
+}
+
+/// An action run under an `Idempotency-Key`: the attempt holding the key, and how the
+/// answer to the action's result reads (`T`: the token or the redemption written), so
+/// that the write commits with its answer.
+pub struct Keyed<'a, T: ?Sized> {
+    pub attempt: &'a Attempt,
+    pub answer: &'a (dyn Fn(&T) -> Answer + Send + Sync),
+}
+
+impl<T: ?Sized> Keyed<'_, T> {
+    /// The answer to `written`, as the record keeps it.
+    pub(super) fn stored(&self, written: &T) -> StoredAnswer {
+        StoredAnswer::from(&(self.answer)(written))
+    }
 }
 
 /// What a request with an `Idempotency-Key` is to do.
@@ -90,34 +168,25 @@ impl Issuer {
         let config = &self.config.idempotency;
         let body_sha256 = hex::encode(Sha256::digest(request.body));
         for _ in 0..CLAIM_ATTEMPTS {
-            let now = DateTime::now();
             let attempt = ObjectId::new();
-            let lease_until = later(now, config.lease);
-            let record = IdempotencyDoc {
+            let claim = IdempotencyClaim {
                 id: ObjectId::new(),
-                key_id: request.key_id.to_owned(),
-                key: request.key.as_str().to_owned(),
-                method: request.method.to_owned(),
-                path: request.path.to_owned(),
-                body_sha256: body_sha256.clone(),
+                key_id: request.key_id,
+                key: request.key.as_str(),
+                method: request.method,
+                path: request.path,
+                body_sha256: &body_sha256,
                 attempt,
-                lease_until: Some(lease_until),
-                answer: None,
-                created_at: now,
-                expires_at: later(now, config.retention),
+                lease: config.lease,
+                retention: config.retention,
             };
-            if self.store.insert_idempotency_record(&record).await? {
-                return Ok(Begun::Proceed(Attempt {
-                    record: record.id,
-                    attempt,
-                }));
-            }
-            let Some(existing) = self
-                .store
-                .find_idempotency_record(request.key_id, request.key.as_str())
-                .await?
-            else {
-                continue;
+            let existing = match self.store.claim_idempotency_record(&claim).await? {
+                Claimed::Fresh => return Ok(Begun::Proceed(Attempt::new(claim.id, attempt))),
+                Claimed::Existing(existing) => *existing,
+                Claimed::Raced => continue,
+                // An attempt's transaction holds the record: it is committing, or died
+                // mid-commit and the server has yet to end it. Either way, not yet.
+                Claimed::Held => return Ok(Begun::InProgress),
             };
             if existing.method != request.method
                 || existing.path != request.path
@@ -128,35 +197,36 @@ impl Issuer {
             if let Some(answer) = existing.answer {
                 return Ok(Begun::Replay(answer.into()));
             }
-            if existing.lease_until.is_some_and(|until| until > now) {
-                return Ok(Begun::InProgress);
-            }
-            // The holder ended without an answer: its request was dropped, timed out, or
-            // its instance died. Whoever takes the lease over runs the action.
+            // No answer: the holder is running, or ended without one (its request was
+            // dropped or timed out, or its instance died). The database's clock says
+            // which: a lease that is over is taken over, and this attempt runs.
             if self
                 .store
-                .take_over_idempotency_record(existing.id, now, attempt, lease_until)
+                .take_over_idempotency_record(&existing, attempt, config.lease)
                 .await?
             {
-                return Ok(Begun::Proceed(Attempt {
-                    record: existing.id,
-                    attempt,
-                }));
+                return Ok(Begun::Proceed(Attempt::new(existing.id, attempt)));
             }
+            return Ok(Begun::InProgress);
         }
         // Another attempt kept winning the key meanwhile: it is running.
         Ok(Begun::InProgress)
     }
 
     /// Keeps `answer` for the key's retries, or releases the key when the answer is a 5xx
-    /// (nothing is known of what happened, so a retry must run the action again) or a
-    /// refusal of the request itself (`REFUSED_BEFORE_THE_ACTION`).
+    /// (nothing is known of what happened, so a retry must run the action again), a
+    /// refusal of the request itself (`REFUSED_BEFORE_THE_ACTION`) or a transient one.
+    /// Nothing to do when the answer committed with the action, or the key was taken over.
     pub async fn finish_idempotent(
         &self,
-        attempt: Attempt,
+        attempt: &Attempt,
         answer: &Answer,
+        finality: Finality,
     ) -> Result<(), StoreError> {
-        if !is_kept(answer.status) {
+        if attempt.settled.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        if !is_kept(answer.status, finality) {
             return self
                 .store
                 .release_idempotency_record(attempt.record, attempt.attempt)
@@ -173,11 +243,6 @@ impl Issuer {
         }
         Ok(())
     }
-}
-
-fn later(now: DateTime, by: std::time::Duration) -> DateTime {
-    let millis = i64::try_from(by.as_millis()).unwrap_or(i64::MAX);
-    DateTime::from_millis(now.timestamp_millis().saturating_add(millis))
 }
 
 impl From<&Answer> for StoredAnswer {
@@ -210,6 +275,27 @@ impl From<StoredAnswer> for Answer {
                 .map(|h| (h.name, h.value))
                 .collect(),
             body: stored.body.bytes,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn what_happened_is_kept_and_what_may_change_is_not() {
+        use Finality::{Final, Transient};
+        // What the action did or refused for good: kept.
+        for status in [200, 201, 404, 409, 412] {
+            assert!(is_kept(status, Final), "{status}");
+        }
+        // Refused before the action, said nothing (5xx), or a refusal a retry may pass.
+        for status in [400, 403, 413, 415, 422, 428, 429, 500, 503] {
+            assert!(!is_kept(status, Final), "{status}");
+        }
+        for status in [200, 409] {
+            assert!(!is_kept(status, Transient), "{status}");
         }
     }
 }

@@ -34,7 +34,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 pub use events::Processed;
-pub use idempotency::{Answer, Attempt, Begun, IdempotentRequest};
+pub use idempotency::{Answer, Attempt, Begun, Finality, IdempotentRequest, Keyed};
 pub use redemptions::{Redeemed, RedemptionError, RedemptionOutcome};
 pub use repair::{RepairReport, spawn_repair};
 pub use standing::{Entitlement, Settlement, entitlement};

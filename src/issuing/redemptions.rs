@@ -7,7 +7,12 @@
 //!   tokens, nothing written. Another tokenType or quantity is a conflict.
 //! - Fewer active tokens than asked: refused with how many there are, nothing redeemed.
 //! - Everything happens in one transaction (`Store::redeem_in_transaction`): a crash
-//!   leaves either no trace or the whole redemption, and a retry finds the latter.
+//!   leaves either no trace or the whole redemption, and a retry finds the latter. Under
+//!   an `Idempotency-Key` the key's answer (201, the tokens) commits in it too, so a
+//!   retry with the key is answered 201 with the same body even when the first answer
+//!   never reached the client.
+//! - Which tokens are spent, in which order, and what is written on them is decided
+//!   here (`spendable`, `plan`); the store runs the transaction.
 //! - Concurrent writers of the same tokens — other redemptions, a refund's revoke, single
 //!   redeems — conflict inside the transaction: it is retried from a fresh read, so no
 //!   token is redeemed twice, and a token a refund revoked is never redeemed (a token a
@@ -15,14 +20,19 @@
 
 use std::time::{Duration, Instant};
 
-use mongodb::bson::oid::ObjectId;
+use mongodb::bson::{DateTime, doc, oid::ObjectId};
 use rand::RngExt;
 use serde_json::{Value, json};
 
-use super::Issuer;
-use crate::domain::{AccountGrant, Mismatch, NewRedemption};
-use crate::store::{RedemptionAttempt, RedemptionDoc, StoreError, TokenDoc};
+use super::tokens::redeemed_fields;
+use super::{Issuer, Keyed};
+use crate::domain::{AccountGrant, Mismatch, NewRedemption, TokenStatus};
+use crate::store::{
+    RedemptionAttempt, RedemptionDoc, SpendPlan, Spendable, StoreError, TokenDoc, TokenQuery,
+};
 use crate::telemetry::metric;
+
+pub use crate::store::Redeemed;
 
 /// How long one request keeps retrying a redemption that loses races: below the default
 /// `server.request_timeout_ms`, so a request that cannot get through hears "retry" (503)
@@ -31,13 +41,6 @@ use crate::telemetry::metric;
 const CONFLICT_BUDGET: Duration = Duration::from_secs(5);
 /// The longest pause between two attempts, in milliseconds.
 const MAX_PAUSE_MS: u64 = 25;
-
-/// A redemption and its tokens, in the order they were chosen (oldest first).
-#[derive(Debug, Clone)]
-pub struct Redeemed {
-    pub record: RedemptionDoc,
-    pub tokens: Vec<TokenDoc>,
-}
 
 /// What a redemption request did.
 #[derive(Debug)]
@@ -61,6 +64,9 @@ pub enum RedemptionError {
     /// Lost races for longer than the budget.
     #[error("the tokens kept changing")]
     Contended,
+    /// The `Idempotency-Key`'s lease ended and another attempt took the key over.
+    #[error("another attempt holds the idempotency key")]
+    TakenOver,
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -69,15 +75,24 @@ impl Issuer {
     /// Redeems `request.quantity` of the owner's active tokens of its type, within its
     /// account and `grants` (the key's accounts) when given. `visible` says whether the
     /// caller may see a token: an existing redemption of the reference with tokens it
-    /// may not see is a conflict whose values are not shown.
+    /// may not see is a conflict whose values are not shown. With `keyed`, the key's
+    /// answer commits with the redemption.
     pub async fn redeem_amount(
         &self,
         request: &NewRedemption,
         grants: Option<&[AccountGrant]>,
         visible: impl Fn(&TokenDoc) -> bool,
+        keyed: Option<Keyed<'_, Redeemed>>,
     ) -> Result<RedemptionOutcome, RedemptionError> {
         let started = Instant::now();
-        let wanted = request.quantity.get() as usize;
+        let spendable = spendable(request, grants);
+        let stored = keyed
+            .as_ref()
+            .map(|keyed| move |redeemed: &Redeemed| keyed.stored(redeemed));
+        let answered = keyed
+            .as_ref()
+            .zip(stored.as_ref())
+            .map(|(keyed, stored)| keyed.attempt.in_transaction(stored));
         let mut attempt: u64 = 0;
         loop {
             let existing = self
@@ -87,23 +102,25 @@ impl Issuer {
             if let Some(existing) = existing {
                 return self.replay(existing, request, &visible).await;
             }
-            let enough = |found: &[TokenDoc]| {
-                if found.len() < wanted {
-                    Err(found.len() as u64)
-                } else {
-                    Ok(())
-                }
-            };
             match self
                 .store
-                .redeem_in_transaction(request, grants, enough)
+                .redeem_in_transaction(&spendable, |found| plan(request, found), answered.as_ref())
                 .await?
             {
-                RedemptionAttempt::Committed(record, tokens) => {
-                    return Ok(RedemptionOutcome::Created(Redeemed { record, tokens }));
+                RedemptionAttempt::Committed(redeemed) => {
+                    if let Some(keyed) = &keyed {
+                        keyed.attempt.settle();
+                    }
+                    return Ok(RedemptionOutcome::Created(redeemed));
                 }
                 RedemptionAttempt::Refused(available) => {
                     return Err(RedemptionError::Insufficient { available });
+                }
+                RedemptionAttempt::TakenOver => {
+                    if let Some(keyed) = &keyed {
+                        keyed.attempt.settle();
+                    }
+                    return Err(RedemptionError::TakenOver);
                 }
                 // Someone else's commit is in the way; the next read sees it (a record
                 // of this reference included, then answered as a replay or conflict).
@@ -164,6 +181,60 @@ impl Issuer {
             tokens,
         }))
     }
+}
+
+/// The tokens `request` may spend: the owner's active tokens of its type, within its
+/// account and the key's accounts when given, oldest first; as many as it asks for.
+///
+/// Oldest means earliest paid: by the payment's date (`origin.date`), a payment's tokens
+/// together in tokenIndex order, ties between payments of one date by payment id, then
+/// `_id`. Not `_id` alone: an ObjectId carries the clock of whichever instance (or server)
+/// made it, so across instances it is only roughly the order of issue, and never the
+/// order of payment. `tokens_owner_type_status_age` (migration 0014) serves this order.
+fn spendable(request: &NewRedemption, grants: Option<&[AccountGrant]>) -> Spendable {
+    Spendable {
+        query: TokenQuery {
+            owner: Some(request.owner),
+            token_type: Some(request.token_type.clone()),
+            status: Some(TokenStatus::Active),
+            account: request.account_id.clone(),
+            accounts: grants.map(<[AccountGrant]>::to_vec),
+            after: None,
+        },
+        order: doc! {
+            "origin.date": 1,
+            "origin.paymentIntentId": 1,
+            "tokenIndex": 1,
+            "_id": 1,
+        },
+        limit: i64::from(request.quantity.get()),
+    }
+}
+
+/// What to do with the tokens `found` (read by `spendable`): all of them redeemed, as a
+/// single redeem with the request's reference writes them, and the record naming them;
+/// refused with how many there are when they are fewer than asked.
+fn plan(request: &NewRedemption, found: &[TokenDoc]) -> Result<SpendPlan, u64> {
+    let quantity = i64::from(request.quantity.get());
+    if (found.len() as i64) < quantity {
+        return Err(found.len() as u64);
+    }
+    let now = DateTime::now();
+    let reference = request.reference.as_str();
+    Ok(SpendPlan {
+        set: redeemed_fields(Some(reference), &request.requested_by, now),
+        record: RedemptionDoc {
+            id: ObjectId::new(),
+            owner: request.owner.object_id(),
+            reference: reference.to_owned(),
+            token_type: request.token_type.as_str().to_owned(),
+            quantity,
+            account_id: request.account_id.as_ref().map(|a| a.as_str().to_owned()),
+            token_ids: found.iter().map(|t| t.id).collect(),
+            created_at: now,
+            requested_by: request.requested_by.as_str().to_owned(),
+        },
+    })
 }
 
 /// The compared parameters that differ: tokenType, quantity and accountId (the request's

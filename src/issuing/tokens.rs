@@ -2,14 +2,15 @@
 //! gate: read the token, decide, then write only if it is still at the version read.
 //! A lost race with the client's `If-Match` is the client's to resolve (412); without
 //! it, the token is re-read and the decision re-made under a backoff, then given up (409).
+//! Under an `Idempotency-Key` the write commits with its answer (`Keyed`).
 
 use std::time::Instant;
 
 use mongodb::bson::{DateTime, Document, doc};
 
-use super::Issuer;
+use super::{Issuer, Keyed};
 use crate::domain::{Actor, Owner, TokenId, TokenStatus};
-use crate::store::{Backoff, StoreError, TOKENS, TokenDoc};
+use crate::store::{Backoff, GatedWrite, StoreError, TOKENS, TokenDoc};
 use crate::telemetry::metric;
 
 /// A state change a client asks for.
@@ -73,6 +74,9 @@ pub enum TransitionOutcome {
     /// Kept losing races until the retry policy ran out.
     Contended(TokenDoc),
     NotFound,
+    /// The `Idempotency-Key`'s lease ended and another attempt took the key over: this
+    /// one wrote nothing, the other answers.
+    TakenOver,
 }
 
 /// What the transition would do to a token in `status`.
@@ -82,17 +86,28 @@ enum Decision {
     Forbidden,
 }
 
+/// What redeeming an active token writes, for `by`, with the client's `reference`: one
+/// home for a single redeem and a redemption's tokens.
+pub(super) fn redeemed_fields(reference: Option<&str>, by: &Actor, now: DateTime) -> Document {
+    let mut set = doc! {
+        "updatedAt": now,
+        "lastChangedBy": by.as_str(),
+        "status": TokenStatus::Redeemed.as_str(),
+        "redeemedAt": now,
+    };
+    if let Some(reference) = reference {
+        set.insert("redemptionRef", reference);
+    }
+    set
+}
+
 /// The state machine: only an active token changes; revoking a revoked one is a no-op.
 /// Every write names its author (`lastChangedBy`).
 fn decide(status: TokenStatus, transition: &Transition, by: &Actor, now: DateTime) -> Decision {
     let mut set = doc! { "updatedAt": now, "lastChangedBy": by.as_str() };
     match (status, transition) {
         (TokenStatus::Active, Transition::Redeem { reference }) => {
-            set.insert("status", TokenStatus::Redeemed.as_str());
-            set.insert("redeemedAt", now);
-            if let Some(reference) = reference {
-                set.insert("redemptionRef", reference.as_str());
-            }
+            return Decision::Write(redeemed_fields(reference.as_deref(), by, now));
         }
         (TokenStatus::Active, Transition::Revoke { reason }) => {
             set.insert("status", TokenStatus::Revoked.as_str());
@@ -116,6 +131,8 @@ fn decide(status: TokenStatus, transition: &Transition, by: &Actor, now: DateTim
 impl Issuer {
     /// Applies `transition` to the token through the version gate, on behalf of `by`.
     /// `visible` hides tokens of accounts the caller may not see (they answer as not found).
+    /// With `keyed`, a write commits with its answer (where the deployment has
+    /// transactions).
     pub async fn transition_token(
         &self,
         id: TokenId,
@@ -123,7 +140,20 @@ impl Issuer {
         gate: Gate,
         by: &Actor,
         visible: impl Fn(&TokenDoc) -> bool,
+        keyed: Option<Keyed<'_, TokenDoc>>,
     ) -> Result<TransitionOutcome, StoreError> {
+        let keyed = match keyed {
+            Some(keyed) if self.store.supports_transactions().await? => Some(keyed),
+            // A standalone server: the answer is kept after the write.
+            _ => None,
+        };
+        let stored = keyed
+            .as_ref()
+            .map(|keyed| move |token: &TokenDoc| keyed.stored(token));
+        let answered = keyed
+            .as_ref()
+            .zip(stored.as_ref())
+            .map(|(keyed, stored)| keyed.attempt.in_transaction(stored));
         let started = Instant::now();
         let mut backoff = Backoff::new(self.store.version_gate_policy());
         loop {
@@ -146,16 +176,41 @@ impl Issuer {
                 Decision::AlreadyDone => return Ok(TransitionOutcome::AlreadyDone(current)),
                 Decision::Forbidden => return Ok(TransitionOutcome::StateConflict(current)),
             };
-            if let Some(token) = self
-                .store
-                .write_token_gated(current.id, current.version, set)
-                .await?
-            {
-                return Ok(TransitionOutcome::Applied(token));
-            }
-            // matchedCount == 0: another writer got there first.
-            record_rejection(transition);
-            if let Gate::IfMatch(_) = gate {
+            let written = match &answered {
+                Some(answered) => {
+                    self.store
+                        .write_token_gated_answered(current.id, current.version, set, answered)
+                        .await?
+                }
+                None => {
+                    self.store
+                        .write_token_gated(current.id, current.version, set)
+                        .await?
+                }
+            };
+            let stale = match written {
+                GatedWrite::Written(token) => {
+                    if let Some(keyed) = &keyed {
+                        keyed.attempt.settle();
+                    }
+                    return Ok(TransitionOutcome::Applied(token));
+                }
+                GatedWrite::TakenOver => {
+                    if let Some(keyed) = &keyed {
+                        keyed.attempt.settle();
+                    }
+                    return Ok(TransitionOutcome::TakenOver);
+                }
+                // matchedCount == 0: another writer got there first.
+                GatedWrite::Stale => {
+                    record_rejection(transition);
+                    true
+                }
+                // Another transaction holds the token or the record: read both again
+                // after a pause (a version that moved is then the client's 412).
+                GatedWrite::Conflict => false,
+            };
+            if stale && matches!(gate, Gate::IfMatch(_)) {
                 return Ok(match self.store.find_token(id).await? {
                     Some(now) => TransitionOutcome::VersionConflict(now),
                     None => TransitionOutcome::NotFound,

@@ -72,6 +72,10 @@ const FILES: &[(&str, &str)] = &[
         "0013_tokens_account_listing_index",
         include_str!("../../migrations/0013_tokens_account_listing_index.json"),
     ),
+    (
+        "0014_tokens_spending_order_index",
+        include_str!("../../migrations/0014_tokens_spending_order_index.json"),
+    ),
 ];
 
 /// One parsed migration file.

@@ -63,6 +63,31 @@ pub fn is_unavailable(err: &Error) -> bool {
     }
 }
 
+/// How long the server may wait on a document another transaction holds before a write
+/// gives up (`maxTimeMS`), for the writes of a token and of an `Idempotency-Key`'s record
+/// outside a transaction. A transaction holds a document for milliseconds; one that holds
+/// it longer was left open by a dead instance, and the server ends it only after
+/// `transactionLifetimeLimitSeconds` (60 s by default). A write must not wait that long:
+/// its client would be answered (timed out) first, and the write would still apply
+/// whenever the transaction ended.
+pub(super) const HELD_PATIENCE: std::time::Duration = std::time::Duration::from_millis(1000);
+
+/// MaxTimeMSExpired: the server stopped a command that ran past its `maxTimeMS`.
+const MAX_TIME_EXPIRED: i32 = 50;
+
+/// True when the server stopped the command at its `maxTimeMS`.
+pub(super) fn ran_out_of_time(err: &Error) -> bool {
+    command_code(err) == Some(MAX_TIME_EXPIRED)
+}
+
+/// The server code of a command that failed as a whole.
+pub(super) fn command_code(err: &Error) -> Option<i32> {
+    match err.kind.as_ref() {
+        ErrorKind::Command(cmd) => Some(cmd.code),
+        _ => None,
+    }
+}
+
 /// True for errors a transaction should be retried from the start on.
 pub fn is_transient_transaction_error(err: &Error) -> bool {
     err.contains_label(TRANSIENT_TRANSACTION_ERROR)

@@ -2,12 +2,23 @@
 //! pair, expired by a TTL index on `expiresAt`. A record without an `answer` is held by
 //! the attempt it names until `leaseUntil`; with one, it is the answer every retry gets.
 //! Which attempt may hold a key, and what a retry is told, is `issuing`'s to decide.
+//!
+//! Every time on a record is the database's (`$$NOW`), never an instance's: a lease is
+//! written and judged by the one clock every instance shares, so an instance whose clock
+//! runs ahead cannot take over a lease that is still running. An action that writes
+//! answers its record inside its own transaction (`answer_in_session`), so the action
+//! and its answer commit together or not at all.
 
-use mongodb::bson::{Binary, DateTime, doc, oid::ObjectId};
+use std::time::Duration;
+
+use mongodb::ClientSession;
+use mongodb::bson::{Binary, Bson, DateTime, Document, doc, oid::ObjectId};
+use mongodb::error::Error;
+use mongodb::options::ReturnDocument;
 use serde::{Deserialize, Serialize};
 
 use super::Store;
-use super::error::{StoreError, duplicate_key_index};
+use super::error::{HELD_PATIENCE, StoreError, duplicate_key_index, ran_out_of_time};
 use super::indexes::IDEMPOTENCY_KEY_INDEX;
 
 /// The collection's name.
@@ -43,7 +54,8 @@ pub struct IdempotencyDoc {
     /// The attempt holding the key (a fresh id per attempt, so a late finish of an
     /// attempt whose lease was taken over writes nothing).
     pub attempt: ObjectId,
-    /// Until when the holding attempt may run; absent once answered.
+    /// Until when the holding attempt may run (by the database's clock); absent once
+    /// answered.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease_until: Option<DateTime>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -52,58 +64,130 @@ pub struct IdempotencyDoc {
     pub expires_at: DateTime,
 }
 
+/// A first attempt's claim of a key: what the record binds the key to.
+#[derive(Debug, Clone)]
+pub struct IdempotencyClaim<'a> {
+    pub id: ObjectId,
+    pub key_id: &'a str,
+    pub key: &'a str,
+    pub method: &'a str,
+    pub path: &'a str,
+    /// Hex SHA-256 of the request body's bytes.
+    pub body_sha256: &'a str,
+    pub attempt: ObjectId,
+    /// How long the attempt holds the key.
+    pub lease: Duration,
+    /// How long the record is kept.
+    pub retention: Duration,
+}
+
+/// What a claim found.
+#[derive(Debug)]
+pub enum Claimed {
+    /// The key had no record: this one is the claim's, held by its attempt.
+    Fresh,
+    /// The key's record, as it is (another attempt's).
+    Existing(Box<IdempotencyDoc>),
+    /// Another claim of the key inserted its record at the same moment: look again.
+    Raced,
+    /// A transaction still open holds the record (an attempt committing its answer, or
+    /// one whose instance died before its commit): its outcome is not known yet.
+    Held,
+}
+
+/// The record an action's transaction answers, and how the answer to the action's result
+/// reads. `T` is what the action wrote (a token, a redemption).
+pub struct AnswerInTransaction<'a, T: ?Sized> {
+    pub record: ObjectId,
+    pub attempt: ObjectId,
+    pub answer: &'a (dyn Fn(&T) -> StoredAnswer + Send + Sync),
+}
+
 impl Store {
     fn idempotency_keys(&self) -> mongodb::Collection<IdempotencyDoc> {
         self.db.collection(IDEMPOTENCY_KEYS)
     }
 
-    /// Inserts `record`; `false` when (key id, key) has a record already.
-    pub async fn insert_idempotency_record(
+    /// Inserts the claim's record unless (key id, key) has one, in one command, stamped
+    /// with the database's clock; says which happened.
+    pub async fn claim_idempotency_record(
         &self,
-        record: &IdempotencyDoc,
-    ) -> Result<bool, StoreError> {
-        match self.idempotency_keys().insert_one(record).await {
-            Ok(_) => Ok(true),
-            Err(err) if duplicate_key_index(&err).as_deref() == Some(IDEMPOTENCY_KEY_INDEX) => {
-                Ok(false)
+        claim: &IdempotencyClaim<'_>,
+    ) -> Result<Claimed, StoreError> {
+        // Client-chosen strings go in as literals: a key that starts with `$` must not
+        // read as a field path.
+        let fresh = doc! {
+            "_id": claim.id,
+            "keyId": { "$literal": claim.key_id },
+            "key": { "$literal": claim.key },
+            "method": { "$literal": claim.method },
+            "path": { "$literal": claim.path },
+            "bodySha256": { "$literal": claim.body_sha256 },
+            "attempt": claim.attempt,
+            "leaseUntil": from_now(claim.lease),
+            "createdAt": "$$NOW",
+            "expiresAt": from_now(claim.retention),
+        };
+        // An upsert whose pipeline writes the whole record only where there was none
+        // (a record always has `attempt`); an existing record is returned untouched.
+        let pipeline = vec![doc! {
+            "$replaceWith": {
+                "$cond": {
+                    "if": { "$eq": [{ "$type": "$attempt" }, "missing"] },
+                    "then": fresh,
+                    "else": "$$ROOT",
+                }
             }
+        }];
+        let found = self
+            .idempotency_keys()
+            .find_one_and_update(doc! { "keyId": claim.key_id, "key": claim.key }, pipeline)
+            .upsert(true)
+            .return_document(ReturnDocument::After)
+            .max_time(HELD_PATIENCE)
+            .await;
+        match found {
+            Ok(Some(record)) if record.attempt == claim.attempt => Ok(Claimed::Fresh),
+            Ok(Some(record)) => Ok(Claimed::Existing(Box::new(record))),
+            // An upsert always returns the document after it.
+            Ok(None) => Ok(Claimed::Raced),
+            Err(err) if duplicate_key_index(&err).as_deref() == Some(IDEMPOTENCY_KEY_INDEX) => {
+                Ok(Claimed::Raced)
+            }
+            Err(err) if ran_out_of_time(&err) => Ok(Claimed::Held),
             Err(err) => Err(err.into()),
         }
     }
 
-    /// The record of (key id, key), if there is one.
-    pub async fn find_idempotency_record(
-        &self,
-        key_id: &str,
-        key: &str,
-    ) -> Result<Option<IdempotencyDoc>, StoreError> {
-        Ok(self
-            .idempotency_keys()
-            .find_one(doc! { "keyId": key_id, "key": key })
-            .await?)
-    }
-
-    /// Hands the unanswered record `id` to `attempt` until `lease_until`, if its lease
-    /// ended before `now`; `false` when it was answered or taken over meanwhile.
+    /// Hands the unanswered record `existing` to `attempt` for `lease`, if its lease is
+    /// over by the database's clock; `false` when it is still running, the record was
+    /// answered or taken over meanwhile, or a transaction still open holds it.
     pub async fn take_over_idempotency_record(
         &self,
-        id: ObjectId,
-        now: DateTime,
+        existing: &IdempotencyDoc,
         attempt: ObjectId,
-        lease_until: DateTime,
+        lease: Duration,
     ) -> Result<bool, StoreError> {
-        let result = self
+        let taken = self
             .idempotency_keys()
-            .update_one(
+            .find_one_and_update(
+                // The shard key too: a sharded findAndModify must name it.
                 doc! {
-                    "_id": id,
+                    "_id": existing.id,
+                    "keyId": &existing.key_id,
+                    "key": &existing.key,
                     "answer": { "$exists": false },
-                    "leaseUntil": { "$lt": now },
+                    "$expr": { "$lt": ["$leaseUntil", "$$NOW"] },
                 },
-                doc! { "$set": { "attempt": attempt, "leaseUntil": lease_until } },
+                vec![doc! { "$set": { "attempt": attempt, "leaseUntil": from_now(lease) } }],
             )
-            .await?;
-        Ok(result.modified_count == 1)
+            .max_time(HELD_PATIENCE)
+            .await;
+        match taken {
+            Ok(taken) => Ok(taken.is_some()),
+            Err(err) if ran_out_of_time(&err) => Ok(false),
+            Err(err) => Err(err.into()),
+        }
     }
 
     /// Stores `answer` on record `id` if `attempt` still holds it; `false` otherwise.
@@ -113,14 +197,31 @@ impl Store {
         attempt: ObjectId,
         answer: &StoredAnswer,
     ) -> Result<bool, StoreError> {
-        let answer = mongodb::bson::to_bson(answer)
-            .map_err(|e| StoreError::Internal(format!("cannot encode answer: {e}")))?;
         let result = self
             .idempotency_keys()
             .update_one(
-                doc! { "_id": id, "attempt": attempt, "answer": { "$exists": false } },
-                doc! { "$set": { "answer": answer }, "$unset": { "leaseUntil": "" } },
+                held_by(id, attempt),
+                answered(answer).map_err(StoreError::Internal)?,
             )
+            .await?;
+        Ok(result.modified_count == 1)
+    }
+
+    /// [`Store::store_idempotent_answer`] inside `session`'s transaction, so that the
+    /// answer commits with the action that writes it; `false` when `attempt` no longer
+    /// holds the record (the transaction must then be aborted).
+    pub(super) async fn answer_in_session(
+        &self,
+        session: &mut ClientSession,
+        id: ObjectId,
+        attempt: ObjectId,
+        answer: &StoredAnswer,
+    ) -> Result<bool, Error> {
+        let update = answered(answer).map_err(Error::custom)?;
+        let result = self
+            .idempotency_keys()
+            .update_one(held_by(id, attempt), update)
+            .session(session)
             .await?;
         Ok(result.modified_count == 1)
     }
@@ -132,8 +233,26 @@ impl Store {
         attempt: ObjectId,
     ) -> Result<(), StoreError> {
         self.idempotency_keys()
-            .delete_one(doc! { "_id": id, "attempt": attempt, "answer": { "$exists": false } })
+            .delete_one(held_by(id, attempt))
             .await?;
         Ok(())
     }
+}
+
+/// The record `id`, unanswered and held by `attempt`.
+fn held_by(id: ObjectId, attempt: ObjectId) -> Document {
+    doc! { "_id": id, "attempt": attempt, "answer": { "$exists": false } }
+}
+
+/// The update that keeps `answer` and ends the lease.
+fn answered(answer: &StoredAnswer) -> Result<Document, String> {
+    let answer =
+        mongodb::bson::to_bson(answer).map_err(|e| format!("cannot encode answer: {e}"))?;
+    Ok(doc! { "$set": { "answer": answer }, "$unset": { "leaseUntil": "" } })
+}
+
+/// The database's clock `by` from now, as an aggregation expression.
+fn from_now(by: Duration) -> Document {
+    let millis = i64::try_from(by.as_millis()).unwrap_or(i64::MAX);
+    doc! { "$add": ["$$NOW", Bson::Int64(millis)] }
 }

@@ -42,13 +42,18 @@ pub use durability::ConnectError;
 pub use error::{
     ISSUANCES_PAYMENT_INDEX, StoreError, TOKENS_PAYMENT_INDEX, duplicate_key_index, is_unavailable,
 };
-pub use idempotency::{IDEMPOTENCY_KEYS, IdempotencyDoc, StoredAnswer, StoredHeader};
+pub use idempotency::{
+    AnswerInTransaction, Claimed, IDEMPOTENCY_KEYS, IdempotencyClaim, IdempotencyDoc, StoredAnswer,
+    StoredHeader,
+};
 pub use payments::{PAYMENTS, PaymentDoc, ProjectionGate, TokenParamsDoc};
 pub use placeholder::{Existing, PLACEHOLDER_LIFETIME};
-pub use redemptions::{REDEMPTIONS, RedemptionAttempt, RedemptionDoc};
+pub use redemptions::{
+    REDEMPTIONS, Redeemed, RedemptionAttempt, RedemptionDoc, SpendPlan, Spendable,
+};
 pub use retry::{Backoff, RetryPolicy};
 pub use token_bulk::BulkResult;
-pub use tokens::TokenQuery;
+pub use tokens::{GatedWrite, TokenQuery};
 pub use verify::{Finding, VerifyReport};
 pub use webhook_events::WEBHOOK_EVENTS;
 

@@ -1,10 +1,10 @@
-//! `redemptions`, and the transaction that spends tokens by amount: read an owner's
-//! active tokens of one type in `_id` order (oldest first, through
-//! `tokens_owner_type_status`), let the caller's plan choose, redeem the chosen ones and
-//! insert the redemption record naming them — all committed together or not at all.
+//! `redemptions`, and the transaction that spends tokens by amount: read the tokens
+//! `issuing` says may be spent, in the order it says, let its plan choose which and what
+//! to write, redeem those and insert the record naming them, and (under an
+//! `Idempotency-Key`) answer the key's record — all committed together or not at all.
 //! A competing writer of the same tokens (another redemption, a refund's revoke, a single
-//! redeem) or of the same (owner, reference) makes the attempt a `Conflict`, with nothing
-//! written; whether and when to try again is the caller's to decide.
+//! redeem), of the same (owner, reference) or of the key's record makes the attempt end
+//! with nothing written; whether and when to try again is the caller's to decide.
 
 use futures::TryStreamExt;
 use mongodb::ClientSession;
@@ -16,10 +16,11 @@ use serde::{Deserialize, Serialize};
 use super::atomic::commit_with_retry;
 use super::documents::TokenDoc;
 use super::error::{StoreError, duplicate_key_index, is_transient_transaction_error};
+use super::idempotency::AnswerInTransaction;
 use super::indexes::REDEMPTIONS_REFERENCE_INDEX;
-use super::tokens::accounts_filter;
+use super::tokens::{TokenQuery, token_filter};
 use super::{Store, TOKENS};
-use crate::domain::{AccountGrant, NewRedemption, TokenStatus};
+use crate::domain::TokenStatus;
 
 /// The collection's name.
 pub const REDEMPTIONS: &str = "redemptions";
@@ -42,17 +43,44 @@ pub struct RedemptionDoc {
     pub requested_by: String,
 }
 
+/// A redemption and its tokens, in the order they were chosen.
+#[derive(Debug, Clone)]
+pub struct Redeemed {
+    pub record: RedemptionDoc,
+    pub tokens: Vec<TokenDoc>,
+}
+
+/// Which tokens a redemption may spend, in which order, and how many it reads.
+#[derive(Debug, Clone)]
+pub struct Spendable {
+    pub query: TokenQuery,
+    /// The sort of the read, e.g. `{ "_id": 1 }`.
+    pub order: Document,
+    pub limit: i64,
+}
+
+/// What a plan chose from the tokens it was shown: the fields to set on each token it
+/// redeems (besides the version's increment), and the record naming those tokens
+/// (`tokenIds`).
+#[derive(Debug, Clone)]
+pub struct SpendPlan {
+    pub set: Document,
+    pub record: RedemptionDoc,
+}
+
 /// How one transaction attempt ended.
 #[derive(Debug)]
 pub enum RedemptionAttempt<R> {
     /// Committed: the record and the tokens as redeemed, in the chosen order.
-    Committed(RedemptionDoc, Vec<TokenDoc>),
+    Committed(Redeemed),
     /// The plan refused what it was shown; nothing was written.
     Refused(R),
     /// Another writer had one of the tokens, or the reference, first; nothing was written.
     Conflict,
     /// The owner has a redemption of that reference already; nothing was written.
     ReferenceTaken,
+    /// Another attempt holds the `Idempotency-Key`'s record now; nothing was written.
+    TakenOver,
 }
 
 impl Store {
@@ -71,25 +99,24 @@ impl Store {
 
     /// The tokens `ids`, in that order (those that exist).
     pub async fn tokens_by_ids(&self, ids: &[ObjectId]) -> Result<Vec<TokenDoc>, StoreError> {
-        let mut found: Vec<TokenDoc> = self
+        let found: Vec<TokenDoc> = self
             .db
             .collection::<TokenDoc>(TOKENS)
             .find(doc! { "_id": { "$in": ids } })
             .await?
             .try_collect()
             .await?;
-        found.sort_by_key(|t| ids.iter().position(|id| *id == t.id));
-        Ok(found)
+        Ok(in_order(found, ids))
     }
 
-    /// One transaction: reads up to `request.quantity` active tokens of the owner and
-    /// type (within `request.account_id` and `grants` when given) oldest first, asks
-    /// `plan` which to redeem (or for a refusal), redeems those and inserts the record.
+    /// One transaction: reads `spendable`, asks `plan` what to do with what it read (or
+    /// for a refusal), redeems the record's `tokenIds` still active with the plan's
+    /// fields, inserts the record, answers `answered`'s record when given, and commits.
     pub async fn redeem_in_transaction<R>(
         &self,
-        request: &NewRedemption,
-        grants: Option<&[AccountGrant]>,
-        plan: impl FnOnce(&[TokenDoc]) -> Result<(), R>,
+        spendable: &Spendable,
+        plan: impl FnOnce(&[TokenDoc]) -> Result<SpendPlan, R>,
+        answered: Option<&AnswerInTransaction<'_, Redeemed>>,
     ) -> Result<RedemptionAttempt<R>, StoreError> {
         if !self.supports_transactions().await? {
             return Err(StoreError::TransactionsUnavailable);
@@ -101,7 +128,7 @@ impl Store {
             // The commit inherits the client's pinned `w: majority`, journaled.
             .await?;
         let result = self
-            .redeem_in_session(&mut session, request, grants, plan)
+            .redeem_in_session(&mut session, spendable, plan, answered)
             .await;
         if !matches!(result, Ok(RedemptionAttempt::Committed(..))) {
             // Leave nothing behind; the abort's own failure is moot.
@@ -121,40 +148,29 @@ impl Store {
     async fn redeem_in_session<R>(
         &self,
         session: &mut ClientSession,
-        request: &NewRedemption,
-        grants: Option<&[AccountGrant]>,
-        plan: impl FnOnce(&[TokenDoc]) -> Result<(), R>,
+        spendable: &Spendable,
+        plan: impl FnOnce(&[TokenDoc]) -> Result<SpendPlan, R>,
+        answered: Option<&AnswerInTransaction<'_, Redeemed>>,
     ) -> Result<RedemptionAttempt<R>, Error> {
         let tokens = self.db.collection::<TokenDoc>(TOKENS);
-        let quantity = i64::from(request.quantity.get());
-        let chosen: Vec<TokenDoc> = tokens
-            .find(active_tokens(request, grants))
-            .sort(doc! { "_id": 1 })
-            .limit(quantity)
+        let found: Vec<TokenDoc> = tokens
+            .find(token_filter(&spendable.query))
+            .sort(spendable.order.clone())
+            .limit(spendable.limit)
             .session(&mut *session)
             .await?
             .stream(&mut *session)
             .try_collect()
             .await?;
-        if let Err(refused) = plan(&chosen) {
-            return Ok(RedemptionAttempt::Refused(refused));
-        }
-        let ids: Vec<ObjectId> = chosen.iter().map(|t| t.id).collect();
-        let now = DateTime::now();
-        let by = request.requested_by.as_str();
+        let SpendPlan { set, record } = match plan(&found) {
+            Ok(chosen) => chosen,
+            Err(refused) => return Ok(RedemptionAttempt::Refused(refused)),
+        };
+        let ids = &record.token_ids;
         let written = tokens
             .update_many(
-                doc! { "_id": { "$in": &ids }, "status": TokenStatus::Active.as_str() },
-                doc! {
-                    "$set": {
-                        "status": TokenStatus::Redeemed.as_str(),
-                        "redeemedAt": now,
-                        "redemptionRef": request.reference.as_str(),
-                        "updatedAt": now,
-                        "lastChangedBy": by,
-                    },
-                    "$inc": { "_version": 1 },
-                },
+                doc! { "_id": { "$in": ids }, "status": TokenStatus::Active.as_str() },
+                doc! { "$set": set, "$inc": { "_version": 1 } },
             )
             .session(&mut *session)
             .await?;
@@ -163,51 +179,39 @@ impl Store {
         if written.modified_count != ids.len() as u64 {
             return Ok(RedemptionAttempt::Conflict);
         }
-        let record = RedemptionDoc {
-            id: ObjectId::new(),
-            owner: request.owner.object_id(),
-            reference: request.reference.as_str().to_owned(),
-            token_type: request.token_type.as_str().to_owned(),
-            quantity,
-            account_id: request.account_id.as_ref().map(|a| a.as_str().to_owned()),
-            token_ids: ids,
-            created_at: now,
-            requested_by: by.to_owned(),
-        };
         self.db
             .collection::<RedemptionDoc>(REDEMPTIONS)
             .insert_one(&record)
             .session(&mut *session)
             .await?;
+        // The tokens as the transaction wrote them, read back rather than re-derived.
+        let redeemed: Vec<TokenDoc> = tokens
+            .find(doc! { "_id": { "$in": ids } })
+            .session(&mut *session)
+            .await?
+            .stream(&mut *session)
+            .try_collect()
+            .await?;
+        let redeemed = Redeemed {
+            tokens: in_order(redeemed, ids),
+            record,
+        };
+        if let Some(answered) = answered {
+            let answer = (answered.answer)(&redeemed);
+            if !self
+                .answer_in_session(session, answered.record, answered.attempt, &answer)
+                .await?
+            {
+                return Ok(RedemptionAttempt::TakenOver);
+            }
+        }
         commit_with_retry(session).await?;
-        let redeemed = chosen
-            .into_iter()
-            .map(|mut token| {
-                token.status = TokenStatus::Redeemed;
-                token.version += 1;
-                token.redeemed_at = Some(now);
-                token.redemption_ref = Some(record.reference.clone());
-                token.updated_at = now;
-                token.last_changed_by = Some(by.to_owned());
-                token
-            })
-            .collect();
-        Ok(RedemptionAttempt::Committed(record, redeemed))
+        Ok(RedemptionAttempt::Committed(redeemed))
     }
 }
 
-/// The owner's active tokens of the type, within the account and the key's accounts.
-fn active_tokens(request: &NewRedemption, grants: Option<&[AccountGrant]>) -> Document {
-    let mut filter = doc! {
-        "owner": request.owner.object_id(),
-        "type": request.token_type.as_str(),
-        "status": TokenStatus::Active.as_str(),
-    };
-    if let Some(account) = &request.account_id {
-        filter.insert("origin.accountId", account.as_str());
-    }
-    if let Some(grants) = grants {
-        filter.insert("$or", accounts_filter(grants));
-    }
-    filter
+/// `found`, in the order of `ids`.
+fn in_order(mut found: Vec<TokenDoc>, ids: &[ObjectId]) -> Vec<TokenDoc> {
+    found.sort_by_key(|t| ids.iter().position(|id| *id == t.id));
+    found
 }

@@ -1,21 +1,28 @@
 //! Reading tokens, and the `_version` gate's write: `_version` (and `status: active`) in
 //! the filter and `$inc: {_version: 1}`, so a write based on a stale read matches nothing.
-//! What to write, and what to do when the gate says no, is `issuing`'s to decide.
+//! What to write, and what to do when the gate says no, is `issuing`'s to decide. A write
+//! under an `Idempotency-Key` commits with its answer, in one transaction.
 
 use futures::TryStreamExt;
+use mongodb::ClientSession;
 use mongodb::bson::{Document, doc, oid::ObjectId};
-use mongodb::options::ReturnDocument;
+use mongodb::options::{ReadConcern, ReturnDocument};
 
+use super::atomic::commit_with_retry;
 use super::documents::{TokenDoc, from_document};
+use super::error::{HELD_PATIENCE, is_transient_transaction_error, ran_out_of_time};
+use super::idempotency::AnswerInTransaction;
 use super::{Store, StoreError, TOKENS};
-use crate::domain::{AccountGrant, Owner, TokenId, TokenStatus, TokenType};
+use crate::domain::{AccountGrant, AccountId, Owner, TokenId, TokenStatus, TokenType};
 
-/// Filters of a token listing; `accounts` restricts to a key's accounts.
+/// Filters of a token listing or a redemption's read; `accounts` restricts to a key's
+/// accounts, `account` to one account at any provider.
 #[derive(Debug, Default, Clone)]
 pub struct TokenQuery {
     pub owner: Option<Owner>,
     pub token_type: Option<TokenType>,
     pub status: Option<TokenStatus>,
+    pub account: Option<AccountId>,
     pub accounts: Option<Vec<AccountGrant>>,
     /// Only tokens with `_id` greater than this (the cursor).
     pub after: Option<ObjectId>,
@@ -38,19 +45,7 @@ impl Store {
         query: &TokenQuery,
         limit: u32,
     ) -> Result<(Vec<TokenDoc>, Option<ObjectId>), StoreError> {
-        let mut filter = Document::new();
-        if let Some(owner) = query.owner {
-            filter.insert("owner", owner.object_id());
-        }
-        if let Some(token_type) = &query.token_type {
-            filter.insert("type", token_type.as_str());
-        }
-        if let Some(status) = query.status {
-            filter.insert("status", status.as_str());
-        }
-        if let Some(grants) = &query.accounts {
-            filter.insert("$or", accounts_filter(grants));
-        }
+        let mut filter = token_filter(query);
         if let Some(after) = query.after {
             filter.insert("_id", doc! { "$gt": after });
         }
@@ -74,36 +69,146 @@ impl Store {
     }
 
     /// Writes `set` to the token and increments `_version`, but only if it is still at
-    /// `version` and `active` (the version gate). `None`: another writer got there first
-    /// (`matchedCount == 0`), and nothing was written.
+    /// `version` and `active` (the version gate). `Stale`: another writer got there first
+    /// (`matchedCount == 0`); `Conflict`: a transaction still open holds the token (one a
+    /// dead instance left, until the server ends it). Nothing was written for either.
     pub async fn write_token_gated(
         &self,
         id: ObjectId,
         version: i64,
         set: Document,
-    ) -> Result<Option<TokenDoc>, StoreError> {
-        // A token written before the `_version` backfill has no `_version` and is read as
-        // version 0: the gate must match it as such (its backfill may still be running
-        // while the service serves), and `$inc` on the missing field writes 1.
-        let mut filter = doc! { "_id": id, "status": "active" };
-        if version == 0 {
-            filter.insert(
-                "$or",
-                vec![
-                    doc! { "_version": 0 },
-                    doc! { "_version": { "$exists": false } },
-                ],
-            );
-        } else {
-            filter.insert("_version", version);
-        }
+    ) -> Result<GatedWrite<TokenDoc>, StoreError> {
         let written = self
             .collection(TOKENS)
-            .find_one_and_update(filter, doc! { "$set": set, "$inc": { "_version": 1 } })
+            .find_one_and_update(gate(id, version), gated_update(set))
             .return_document(ReturnDocument::After)
-            .await?;
-        written.map(from_document).transpose()
+            .max_time(HELD_PATIENCE)
+            .await;
+        match written {
+            Ok(Some(token)) => Ok(GatedWrite::Written(from_document(token)?)),
+            Ok(None) => Ok(GatedWrite::Stale),
+            Err(err) if ran_out_of_time(&err) => Ok(GatedWrite::Conflict),
+            Err(err) => Err(err.into()),
+        }
     }
+
+    /// [`Store::write_token_gated`] and the answer to it in one transaction: the token's
+    /// change and `answered`'s record are committed together, or neither is.
+    pub async fn write_token_gated_answered(
+        &self,
+        id: ObjectId,
+        version: i64,
+        set: Document,
+        answered: &AnswerInTransaction<'_, TokenDoc>,
+    ) -> Result<GatedWrite<TokenDoc>, StoreError> {
+        let mut session = self.client.start_session().await?;
+        session
+            .start_transaction()
+            .read_concern(ReadConcern::snapshot())
+            // The commit inherits the client's pinned `w: majority`, journaled.
+            .await?;
+        let result = self
+            .write_and_answer(&mut session, id, version, set, answered)
+            .await;
+        if !matches!(result, Ok(GatedWrite::Written(_))) {
+            // Leave nothing behind; the abort's own failure is moot.
+            let _ = session.abort_transaction().await;
+        }
+        match result {
+            Err(err) if is_transient_transaction_error(&err) => Ok(GatedWrite::Conflict),
+            other => Ok(other?),
+        }
+    }
+
+    async fn write_and_answer(
+        &self,
+        session: &mut ClientSession,
+        id: ObjectId,
+        version: i64,
+        set: Document,
+        answered: &AnswerInTransaction<'_, TokenDoc>,
+    ) -> Result<GatedWrite<TokenDoc>, mongodb::error::Error> {
+        let Some(written) = self
+            .collection(TOKENS)
+            .find_one_and_update(gate(id, version), gated_update(set))
+            .return_document(ReturnDocument::After)
+            .session(&mut *session)
+            .await?
+        else {
+            return Ok(GatedWrite::Stale);
+        };
+        let token =
+            from_document(written).map_err(|e| mongodb::error::Error::custom(e.to_string()))?;
+        let answer = (answered.answer)(&token);
+        if !self
+            .answer_in_session(session, answered.record, answered.attempt, &answer)
+            .await?
+        {
+            return Ok(GatedWrite::TakenOver);
+        }
+        commit_with_retry(session).await?;
+        Ok(GatedWrite::Written(token))
+    }
+}
+
+/// How a gated write ended; nothing was written but for `Written`.
+#[derive(Debug)]
+pub enum GatedWrite<T> {
+    /// Written (and answered, under a key), as it now is.
+    Written(T),
+    /// The gate matched nothing: another writer got there first.
+    Stale,
+    /// Another transaction holds the token (or the key's record): one writing it now, an
+    /// attempt taking the record over, or one a dead instance left open.
+    Conflict,
+    /// Another attempt holds the `Idempotency-Key`'s record now.
+    TakenOver,
+}
+
+/// The version gate's filter: the token `id`, active, at `version`. A token written
+/// before the `_version` backfill has no `_version` and is read as version 0: the gate
+/// must match it as such (its backfill may still be running while the service serves),
+/// and `$inc` on the missing field writes 1.
+fn gate(id: ObjectId, version: i64) -> Document {
+    let mut filter = doc! { "_id": id, "status": "active" };
+    if version == 0 {
+        filter.insert(
+            "$or",
+            vec![
+                doc! { "_version": 0 },
+                doc! { "_version": { "$exists": false } },
+            ],
+        );
+    } else {
+        filter.insert("_version", version);
+    }
+    filter
+}
+
+/// `set`, and the version's increment.
+fn gated_update(set: Document) -> Document {
+    doc! { "$set": set, "$inc": { "_version": 1 } }
+}
+
+/// The filter of `query` (but for the listing's cursor).
+pub(super) fn token_filter(query: &TokenQuery) -> Document {
+    let mut filter = Document::new();
+    if let Some(owner) = query.owner {
+        filter.insert("owner", owner.object_id());
+    }
+    if let Some(token_type) = &query.token_type {
+        filter.insert("type", token_type.as_str());
+    }
+    if let Some(status) = query.status {
+        filter.insert("status", status.as_str());
+    }
+    if let Some(account) = &query.account {
+        filter.insert("origin.accountId", account.as_str());
+    }
+    if let Some(grants) = &query.accounts {
+        filter.insert("$or", accounts_filter(grants));
+    }
+    filter
 }
 
 /// The `$or` clauses of a key's accounts: one for the account ids it has at every

@@ -33,6 +33,10 @@ pub enum Fault {
     Error { code: i32, labels: Vec<String> },
     /// The server closes the connection instead of answering.
     CloseConnection,
+    /// The command runs (and, for a commit, commits), then answers this write concern
+    /// error (e.g. 64 WriteConcernFailed): the client is told it failed although it
+    /// applied.
+    WriteConcernError { code: i32 },
     /// The command waits this many milliseconds, then runs normally.
     Block { millis: i64 },
 }
@@ -142,6 +146,12 @@ impl FailPoint {
             }
             Fault::CloseConnection => {
                 data.insert("closeConnection", true);
+            }
+            Fault::WriteConcernError { code } => {
+                data.insert(
+                    "writeConcernError",
+                    doc! { "code": code, "errmsg": "failpoint: write concern not satisfied" },
+                );
             }
             Fault::Block { millis } => {
                 data.insert("blockConnection", true);

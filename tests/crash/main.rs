@@ -42,7 +42,8 @@
 //!
 //! A sixth (`redemption_kill.rs`, not ignored: one kill) kills a redemption by amount with
 //! its commit cut off: nothing of it may be visible, and the retry after the restart
-//! redeems once and replays the same ids.
+//! redeems once and replays the same ids; once more with an `Idempotency-Key`, whose
+//! retries answer the 201.
 //!
 //! Files: `retries.rs` holds the first two scenarios (upsert and atomic), `self_repair.rs`
 //! and `group_commit.rs` (with its requests and checks) the others; what they share is in
@@ -128,5 +129,10 @@ async fn a_kill_between_the_tokens_and_their_settle_atomic() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kill_mid_redemption_leaves_nothing_and_the_retry_redeems_once() {
-    redemption_kill::scenario().await;
+    redemption_kill::scenario(None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kill_mid_keyed_redemption_leaves_nothing_and_the_retry_answers_201_once() {
+    redemption_kill::scenario(Some("kill-key")).await;
 }

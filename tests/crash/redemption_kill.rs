@@ -3,7 +3,9 @@
 //! (a failpoint closes the connection of both), and the process dies with the transaction
 //! open. Nothing of it may be visible — no token redeemed, no record — and a retry after
 //! the restart (once the server has reaped the abandoned transaction) redeems exactly the
-//! tokens asked for, then replays the same ids.
+//! tokens asked for, then replays the same ids. With an `Idempotency-Key`, the retry is
+//! told `request_in_progress` while the abandoned transaction holds the key's record and
+//! the dead attempt's lease runs, then runs once (201), and its retries answer that 201.
 
 use std::time::{Duration, Instant};
 
@@ -24,16 +26,24 @@ async fn tokens_in(store: &tokenmint::store::Store, status: &str) -> u64 {
         .unwrap()
 }
 
-async fn redeem(base: &str, body: &Value) -> Option<(u16, Value)> {
-    let response = reqwest::Client::new()
+/// The answer's status, `Idempotent-Replayed`, and body.
+async fn redeem(base: &str, body: &Value, key: Option<&str>) -> Option<(u16, bool, Value)> {
+    let mut request = reqwest::Client::new()
         .post(format!("{base}/v1/redemptions"))
         .bearer_auth(SERVICE_KEY)
-        .json(body)
-        .send()
-        .await
-        .ok()?;
+        .json(body);
+    if let Some(key) = key {
+        request = request.header("idempotency-key", key);
+    }
+    let response = request.send().await.ok()?;
     let status = response.status().as_u16();
-    Some((status, response.json().await.ok()?))
+    let replayed = response.headers().get("idempotent-replayed").is_some();
+    Some((status, replayed, response.json().await.ok()?))
+}
+
+/// Whether an answer says only "not yet": a 5xx, or the key's first attempt running.
+fn not_yet(status: u16, answer: &Value) -> bool {
+    status >= 500 || (status == 409 && answer["code"] == "request_in_progress")
 }
 
 fn ids(answer: &Value) -> Vec<String> {
@@ -45,7 +55,8 @@ fn ids(answer: &Value) -> Vec<String> {
         .collect()
 }
 
-pub(super) async fn scenario() {
+/// The scenario, the redemption sent with the Idempotency-Key `key` when given.
+pub(super) async fn scenario(key: Option<&str>) {
     let scratch = ScratchDatabase::create("crash_redemption").await;
     let store = scratch.store();
     mongodb::Client::with_uri_str(mongo_uri())
@@ -82,7 +93,8 @@ pub(super) async fn scenario() {
     .await;
     let request = {
         let (base, body) = (service.base.clone(), body.clone());
-        tokio::spawn(async move { redeem(&base, &body).await })
+        let key = key.map(str::to_owned);
+        tokio::spawn(async move { redeem(&base, &body, key.as_deref()).await })
     };
     assert!(
         cut_off.fired_within(1, Duration::from_secs(20)).await,
@@ -90,7 +102,7 @@ pub(super) async fn scenario() {
     );
     service.kill();
     // Answered 5xx just before the kill, or cut off by it: never a success.
-    if let Some((status, answer)) = request.await.unwrap() {
+    if let Some((status, _, answer)) = request.await.unwrap() {
         assert!(status >= 500, "{status}: {answer}");
     }
     cut_off.off().await;
@@ -112,8 +124,8 @@ pub(super) async fn scenario() {
     let restarted = Service::start(scratch.name());
     let deadline = Instant::now() + Duration::from_secs(60);
     let (status, first) = loop {
-        match redeem(&restarted.base, &body).await {
-            Some((status, answer)) if status < 500 => break (status, answer),
+        match redeem(&restarted.base, &body, key).await {
+            Some((status, _, answer)) if !not_yet(status, &answer) => break (status, answer),
             other => {
                 assert!(Instant::now() < deadline, "no answer but {other:?}");
                 tokio::time::sleep(Duration::from_millis(500)).await;
@@ -122,12 +134,24 @@ pub(super) async fn scenario() {
     };
     assert_eq!(status, 201, "{first}");
     assert_eq!(ids(&first).len(), 3);
-    let (status, replay) = redeem(&restarted.base, &body).await.expect("an answer");
-    assert_eq!(status, 200, "{replay}");
+    // By reference: 200, the same ids.
+    let (status, replayed, replay) = redeem(&restarted.base, &body, None)
+        .await
+        .expect("an answer");
+    assert_eq!((status, replayed), (200, true), "{replay}");
     assert_eq!(ids(&replay), ids(&first));
+    if key.is_some() {
+        // With the key: the 201 that committed, its body exactly.
+        let (status, replayed, replay) = redeem(&restarted.base, &body, key)
+            .await
+            .expect("an answer");
+        assert_eq!((status, replayed), (201, true), "{replay}");
+        assert_eq!(replay, first);
+    }
     assert_eq!(tokens_in(store, "redeemed").await, 3);
     assert_eq!(tokens_in(store, "active").await, 2);
     eprintln!(
-        "crash[redemption-kill]: killed with the commit cut off: nothing visible; the retry redeemed 3, its replay named the same 3"
+        "crash[redemption-kill{}]: killed with the commit cut off: nothing visible; the retry redeemed 3, its replay named the same 3",
+        if key.is_some() { ", keyed" } else { "" }
     );
 }

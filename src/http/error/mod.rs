@@ -351,6 +351,8 @@ impl From<RedemptionError> for ApiError {
                 tracing::warn!("a redemption kept losing races for its tokens");
                 Self::DatabaseUnavailable
             }
+            // Another attempt holds the key now and answers the request.
+            RedemptionError::TakenOver => Self::RequestInProgress,
             RedemptionError::Store(err) => err.into(),
         }
     }

@@ -1,8 +1,10 @@
 //! Redeem, revoke and transfer: a token's state changes, through the version gate of
 //! the issuing service, with the client's `If-Match` as the gate when it sends one.
+//! Under an `Idempotency-Key` the change commits with its answer (`token_answer`).
 
 use std::sync::Arc;
 
+use axum::Extension;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue};
 use axum::response::Response;
@@ -10,15 +12,15 @@ use serde::Deserialize;
 use utoipa::ToSchema;
 
 use super::if_match::{IfMatch, if_match};
-use super::{TokenView, not_found, parse_token_id, token_response};
+use super::{TokenView, not_found, parse_token_id, token_answer, token_response};
 use crate::domain::{Actor, FieldErrors, Owner, Scope};
 use crate::http::AppState;
 use crate::http::auth::Principal;
 use crate::http::error::{ApiError, Problem};
 use crate::http::extract::{JsonBody, OptionalJsonBody, PathParams};
-use crate::http::idempotency::IDEMPOTENT_REPLAYED;
+use crate::http::idempotency::{IDEMPOTENT_REPLAYED, transient};
 use crate::http::openapi::KeyedErrors;
-use crate::issuing::{Gate, Transition, TransitionOutcome};
+use crate::issuing::{Attempt, Gate, Keyed, Transition, TransitionOutcome};
 use crate::store::{TOKENS, TokenDoc};
 use crate::telemetry::metric;
 
@@ -66,13 +68,15 @@ fn note(errors: &mut FieldErrors, field: &str, value: Option<String>) -> Option<
 /// Runs a transition of the token `token_id` for `principal` and maps its outcome to the
 /// HTTP contract. Without `If-Match` the gate retries lost races; with a lone strong tag
 /// it is the gate; otherwise (`*`, a list, weak tags) the precondition is evaluated on the
-/// token as read, and the write then gates on the version just read.
+/// token as read, and the write then gates on the version just read. `attempt` holds the
+/// request's `Idempotency-Key`, if it has one.
 async fn apply(
     state: &AppState,
     principal: &Principal,
     token_id: &str,
     transition: Transition,
     condition: Option<IfMatch>,
+    attempt: Option<&Attempt>,
 ) -> Result<Response, ApiError> {
     let id = parse_token_id(token_id)?;
     let gate = match condition {
@@ -103,14 +107,18 @@ async fn apply(
             gate,
             &Actor::api_key(&principal.key_id),
             |t| principal.can_see(&t.origin.provider, &t.origin.account_id),
+            attempt.map(|attempt| Keyed {
+                attempt,
+                answer: &token_answer,
+            }),
         )
         .await?;
     match outcome {
         TransitionOutcome::Applied(token) | TransitionOutcome::AlreadyDone(token) => {
-            Ok(token_response(token))
+            Ok(token_response(&token))
         }
         TransitionOutcome::Replayed(token) => {
-            let mut response = token_response(token);
+            let mut response = token_response(&token);
             response
                 .headers_mut()
                 .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
@@ -126,11 +134,13 @@ async fn apply(
             ),
             status: Some(token.status),
         }),
-        TransitionOutcome::Contended(token) => Err(ApiError::StateConflict {
+        // The same request may pass once the token stops changing: not kept.
+        TransitionOutcome::Contended(token) => Ok(transient(ApiError::StateConflict {
             detail: "The token kept changing while this request ran; re-read it and retry."
                 .to_owned(),
             status: Some(token.status),
-        }),
+        })),
+        TransitionOutcome::TakenOver => Err(ApiError::RequestInProgress),
     }
 }
 
@@ -187,6 +197,7 @@ fn record_version_rejection(transition: &Transition) {
 pub async fn redeem_token(
     State(state): State<AppState>,
     principal: Arc<Principal>,
+    attempt: Option<Extension<Arc<Attempt>>>,
     PathParams(token_id): PathParams<String>,
     headers: HeaderMap,
     body: Result<OptionalJsonBody<RedeemRequest>, ApiError>,
@@ -202,6 +213,7 @@ pub async fn redeem_token(
         &token_id,
         Transition::Redeem { reference },
         condition,
+        attempt.as_deref().map(Arc::as_ref),
     )
     .await
 }
@@ -237,6 +249,7 @@ pub async fn redeem_token(
 pub async fn revoke_token(
     State(state): State<AppState>,
     principal: Arc<Principal>,
+    attempt: Option<Extension<Arc<Attempt>>>,
     PathParams(token_id): PathParams<String>,
     headers: HeaderMap,
     body: Result<OptionalJsonBody<RevokeRequest>, ApiError>,
@@ -252,6 +265,7 @@ pub async fn revoke_token(
         &token_id,
         Transition::Revoke { reason },
         condition,
+        attempt.as_deref().map(Arc::as_ref),
     )
     .await
 }
@@ -272,7 +286,7 @@ pub async fn revoke_token(
             ("Idempotent-Replayed" = String, description = "`true` on an Idempotency-Key's retry"))),
         (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such token", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "`state_conflict`: not active; `request_in_progress`: the first request with this Idempotency-Key is still running (`Retry-After`)", body = Problem, content_type = "application/problem+json",
+        (status = 409, description = "`state_conflict`: not active, or kept changing; `request_in_progress`: the first request with this Idempotency-Key is still running (`Retry-After`)", body = Problem, content_type = "application/problem+json",
             headers(("Retry-After" = u64, description = "With `request_in_progress`"))),
         (status = 412, description = "`version_conflict`", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
@@ -285,6 +299,7 @@ pub async fn revoke_token(
 pub async fn transfer_token(
     State(state): State<AppState>,
     principal: Arc<Principal>,
+    attempt: Option<Extension<Arc<Attempt>>>,
     PathParams(token_id): PathParams<String>,
     headers: HeaderMap,
     body: Result<JsonBody<TransferRequest>, ApiError>,
@@ -299,5 +314,13 @@ pub async fn transfer_token(
         "A transfer needs If-Match with the token's current ETag.",
     ))?;
     let transition = Transition::Transfer { new_owner };
-    apply(&state, &principal, &token_id, transition, Some(condition)).await
+    apply(
+        &state,
+        &principal,
+        &token_id,
+        transition,
+        Some(condition),
+        attempt.as_deref().map(Arc::as_ref),
+    )
+    .await
 }

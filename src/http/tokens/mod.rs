@@ -10,9 +10,9 @@ use std::sync::Arc;
 use axum::Router;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
-use axum::http::{HeaderMap, HeaderValue, header};
+use axum::http::{StatusCode, header};
 use axum::middleware::from_fn_with_state;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use axum::routing::{get, post};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -28,10 +28,11 @@ pub use changes::{
 use super::AppState;
 use super::auth::Principal;
 use super::error::{ApiError, Problem};
-use super::idempotency::idempotent;
+use super::idempotency::{idempotent, json_answer, respond};
 use super::openapi::KeyedErrors;
 use crate::domain::{FieldErrors, Owner, Scope, TokenId, TokenStatus, TokenType};
 use crate::http::extract::PathParams;
+use crate::issuing::Answer;
 use crate::store::{TokenDoc, TokenQuery, chrono_time};
 
 /// Listing page size: default and maximum.
@@ -138,14 +139,19 @@ pub struct TokenPage {
     pub next_after: Option<String>,
 }
 
-/// The token with its `ETag`.
-pub(super) fn token_response(token: TokenDoc) -> Response {
+/// The token with its `ETag`, as answered and as kept for an `Idempotency-Key`.
+pub(super) fn token_answer(token: &TokenDoc) -> Answer {
     let etag = format!("\"{}\"", token.version);
-    let mut headers = HeaderMap::new();
-    if let Ok(value) = HeaderValue::from_str(&etag) {
-        headers.insert(header::ETAG, value);
-    }
-    (headers, axum::Json(TokenView::from(token))).into_response()
+    json_answer(
+        StatusCode::OK,
+        &[(header::ETAG, etag)],
+        &TokenView::from(token.clone()),
+    )
+}
+
+/// The token with its `ETag`.
+pub(super) fn token_response(token: &TokenDoc) -> Response {
+    respond(token_answer(token))
 }
 
 pub(super) fn parse_token_id(raw: &str) -> Result<TokenId, ApiError> {
@@ -183,7 +189,7 @@ pub async fn get_token(
         .await?
         .filter(|t| principal.can_see(&t.origin.provider, &t.origin.account_id))
         .ok_or_else(not_found)?;
-    Ok(token_response(token))
+    Ok(token_response(&token))
 }
 
 /// List tokens, oldest first, with a cursor.

@@ -18,13 +18,13 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use mongodb::bson::{RawArrayBuf, doc, rawdoc};
-use mongodb::error::{Error, ErrorKind};
+use mongodb::error::Error;
 use mongodb::options::{ReadConcern, ReadPreference, SelectionCriteria};
 
 use super::{RecordInsert, code_error, write_concern_failure};
 use crate::store::documents::IssuanceDoc;
 use crate::store::durability::durable_command_writes;
-use crate::store::error::{ISSUANCES_PAYMENT_INDEX, StoreError, index_in_message};
+use crate::store::error::{ISSUANCES_PAYMENT_INDEX, StoreError, command_code, index_in_message};
 use crate::store::{ISSUANCES, Store};
 
 /// How long the server may run a records insert (`maxTimeMS`). A full batch of records
@@ -239,14 +239,6 @@ fn per_record(reply: InsertReply, count: usize) -> Result<Vec<RecordInsert>, Rec
         };
     }
     Ok(results)
-}
-
-/// The server code of a command that failed as a whole.
-fn command_code(err: &Error) -> Option<i32> {
-    match err.kind.as_ref() {
-        ErrorKind::Command(cmd) => Some(cmd.code),
-        _ => None,
-    }
 }
 
 #[cfg(test)]

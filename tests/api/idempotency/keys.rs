@@ -420,3 +420,32 @@ async fn a_request_refused_before_its_action_leaves_the_key_for_the_corrected_on
     assert_eq!(stored.get_object_id("owner").unwrap().to_hex(), OTHER_OWNER);
     assert_eq!(stored_int(&stored, "_version"), Some(1), "transferred once");
 }
+
+/// A key is any visible ASCII, `$` first included: it is stored as written (never read as
+/// a field path by the claim's pipeline), and its retry replays.
+#[tokio::test]
+async fn a_key_that_looks_like_an_operator_is_stored_as_written() {
+    let app = spawn_app().await;
+    let id = app.issue_tokens("pi_key_dollar", 1).await.remove(0);
+    let path = format!("/v1/tokens/{id}/redeem");
+    let first = seen(post(&app, ADMIN_KEY, &path, Some("$path"), None, None).await).await;
+    assert_eq!((first.status, first.replayed), (200, false));
+    let retry = seen(post(&app, ADMIN_KEY, &path, Some("$path"), None, None).await).await;
+    assert_eq!(
+        (retry.status, retry.replayed, &retry.body),
+        (200, true, &first.body)
+    );
+    // Another request with a key that would name a variable is its own record.
+    let other = app.issue_tokens("pi_key_dollar_2", 1).await.remove(0);
+    let other_path = format!("/v1/tokens/{other}/redeem");
+    let second = seen(post(&app, ADMIN_KEY, &other_path, Some("$$NOW"), None, None).await).await;
+    assert_eq!((second.status, second.replayed), (200, false));
+    let records = key_records(&app, "admin").await;
+    let mut keys: Vec<&str> = records.iter().map(|r| r.get_str("key").unwrap()).collect();
+    keys.sort_unstable();
+    assert_eq!(keys, ["$$NOW", "$path"]);
+    let stored = app
+        .find_stored("idempotency_keys", doc! { "key": "$path" })
+        .await;
+    assert_eq!(stored.get_str("path").unwrap(), path);
+}

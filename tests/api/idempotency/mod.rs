@@ -1,9 +1,11 @@
 //! Retries of token actions: a redeem retried with its `reference`, and the
 //! `Idempotency-Key` header on redeem, revoke and transfer (kept in MongoDB, so any
-//! instance answers the retry; bound to the API key, method, path and body).
+//! instance answers the retry; bound to the API key, method, path and body), and its
+//! answer committed with the action (`reruns`).
 
 mod keys;
 mod references;
+mod reruns;
 
 use mongodb::bson::{Document, doc};
 use serde_json::Value;

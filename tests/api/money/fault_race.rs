@@ -1,5 +1,5 @@
 //! The seeded fault race: the seeded race's payments (success webhooks, full and partial
-//! refunds, backend retries, checkout requests, in random order and timing), sent to a
+//! refunds, backend retries, checkout requests, redemptions, in random order and timing), sent to a
 //! "faulty" instance while MongoDB fails its commands, once per issuance mode.
 //!
 //! Per round, the seed picks one `failCommand` failpoint (the server has one, so failpoint
@@ -33,7 +33,7 @@ use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use tokenmint::store::PLACEHOLDER_LIFETIME;
 
-use super::race_check::{Faults, check_payment, rounds, seed};
+use super::race_check::{Faults, check_payment, check_redemptions, rounds, seed};
 use super::race_scenario::{Answer, Scenario, round_actions, run, tally};
 use crate::helpers::*;
 use crate::provider_events::*;
@@ -258,6 +258,9 @@ async fn fault_race(mode: &str) {
                     answers_of(&mine)
                 ));
             }
+        }
+        for wrong in check_redemptions(&healthy).await {
+            round_violations.push(format!("round {round}: {wrong}"));
         }
         // The database keeps every round's payments: only what is new counts again.
         let report = store.verify().await.unwrap();

@@ -2,8 +2,9 @@
 //!
 //! A payment the provider reported failed, canceled or refunded is issued by no key
 //! ([`withdrawn`]); a refund, full or partial, that races the issuance (the success webhook,
-//! backend retries, a checkout request) still ends with exactly the tokens the payment
-//! stands for, in seeded random rounds ([`seeded_race`], drawing from [`race_scenario`] and
+//! backend retries, a checkout request, a redemption spending the owner's tokens) still
+//! ends with exactly the tokens the payment stands for (a token spent first is the
+//! refund's shortfall, never also revoked), in seeded random rounds ([`seeded_race`], drawing from [`race_scenario`] and
 //! checked by [`race_check`]), in the same rounds while MongoDB fails commands or the
 //! instance crashes ([`fault_race`]), and in a deterministic race ([`refund_race`]). Every
 //! check reads the database, and `Store::verify()` must stay clean.

@@ -62,6 +62,16 @@ pub(super) async fn check_payment(
                 409 => fully_refunded && answer.code.as_deref() == Some("payment_not_succeeded"),
                 _ => false,
             },
+            // Spent, or too few tokens left, or it kept losing races for its tokens to
+            // the round's other writers for its whole budget (answered "retry later").
+            Action::Redemption => match (answer.status, answer.code.as_deref()) {
+                (201, _) => true,
+                // A resend after a 5xx whose commit had applied: a replay by reference.
+                (200, _) => faults == Faults::Injected,
+                (409, Some("insufficient_balance")) => true,
+                (503, Some("database_unavailable")) => is_generic_server_error(&answer.body),
+                _ => false,
+            },
         };
         if !acceptable {
             wrong.push(format!(
@@ -161,20 +171,23 @@ pub(super) async fn check_payment(
                     {
                         wrong.push(format!("token not of the record's owner/type: {t:?}"));
                     }
-                    // Nothing but the refund revokes here: exactly the entitled tokens stand.
-                    let expected: Vec<i64> = (0..scenario.keep()).collect();
-                    if active != expected {
+                    // Nothing but the refund revokes here, and only tokens the payment no
+                    // longer stands for: an entitled token is active or was spent; one
+                    // beyond is revoked, or was spent before the refund took it back (its
+                    // shortfall). Never both: a token has one state.
+                    let keep = scenario.keep();
+                    if let Some(t) = tokens.iter().find(|t| {
+                        let allowed: &[&str] = if t.index < keep {
+                            &["active", "redeemed"]
+                        } else {
+                            &["revoked", "redeemed"]
+                        };
+                        !allowed.contains(&t.status.as_str())
+                    }) {
                         wrong.push(format!(
-                            "active tokenIndexes {active:?}, expected 0..{} (refund {:?})",
-                            scenario.keep(),
+                            "token {t:?} of a payment standing for 0..{keep} (refund {:?})",
                             scenario.refund
                         ));
-                    }
-                    if let Some(t) = tokens
-                        .iter()
-                        .find(|t| t.status != "active" && t.status != "revoked")
-                    {
-                        wrong.push(format!("token in an unexpected state: {t:?}"));
                     }
                 }
                 // A checkout's request recorded before a full refund, which then kept every
@@ -194,6 +207,60 @@ pub(super) async fn check_payment(
     if let Some(index) = active.iter().find(|&&i| i >= keep) {
         wrong.push(format!(
             "token {index} is active, but the payment stands for tokens 0..{keep} only"
+        ));
+    }
+    wrong
+}
+
+/// Everything wrong with the round's redemptions, whatever payments their tokens are of:
+/// each record's tokens are redeemed with its reference (so none of them was revoked by a
+/// refund as well), no token is in two records, and every redeemed token is in one (in
+/// the races only redemptions redeem).
+pub(super) async fn check_redemptions(app: &TestApp) -> Vec<String> {
+    use futures::TryStreamExt;
+    let mut wrong = Vec::new();
+    let records: Vec<Document> = app
+        .db
+        .collection::<Document>("redemptions")
+        .find(doc! {})
+        .await
+        .unwrap()
+        .try_collect()
+        .await
+        .unwrap();
+    let mut named = std::collections::HashSet::new();
+    for record in &records {
+        let reference = record.get_str("reference").unwrap_or("?");
+        let ids: Vec<ObjectId> = record
+            .get_array("tokenIds")
+            .map(|ids| ids.iter().filter_map(|id| id.as_object_id()).collect())
+            .unwrap_or_default();
+        if stored_int(record, "quantity") != Some(ids.len() as i64) {
+            wrong.push(format!("redemption {reference} names {} tokens", ids.len()));
+        }
+        for id in &ids {
+            if !named.insert(*id) {
+                wrong.push(format!("token {id} is in two redemptions"));
+            }
+        }
+        let redeemed = app
+            .count(
+                "tokens",
+                doc! { "_id": { "$in": &ids }, "status": "redeemed", "redemptionRef": reference },
+            )
+            .await;
+        if redeemed != ids.len() as u64 {
+            wrong.push(format!(
+                "redemption {reference}: {redeemed} of its {} tokens redeemed with its reference",
+                ids.len()
+            ));
+        }
+    }
+    let redeemed = app.count("tokens", doc! { "status": "redeemed" }).await;
+    if redeemed != named.len() as u64 {
+        wrong.push(format!(
+            "{redeemed} tokens redeemed, {} named by redemptions",
+            named.len()
         ));
     }
     wrong

@@ -1,7 +1,8 @@
 //! What one payment goes through in a round of the seeded races: its quantity, its refund,
 //! how many success deliveries (of its PaymentIntent's event and of its Checkout
-//! Session's), backend retries and checkout requests race, the seeded
-//! order and timing of those requests, and the HTTP answer each of them got.
+//! Session's), backend retries and checkout requests race, the redemption by amount that
+//! may race them (spending the owner's oldest tokens, of this payment or any other), the
+//! seeded order and timing of those requests, and the HTTP answer each of them got.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -17,6 +18,8 @@ use crate::provider_events::*;
 const AMOUNT: i64 = 1000;
 /// The most tokens one payment of the race buys.
 const MAX_QUANTITY: i64 = 40;
+/// The most tokens one redemption of the race spends.
+const MAX_SPEND: i64 = 12;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Refund {
@@ -39,6 +42,9 @@ pub(super) struct Scenario {
     pub(super) session_deliveries: u32,
     pub(super) writer_retries: u32,
     pub(super) checkout: bool,
+    /// How many of the owner's tokens a redemption sent in the payment's round spends
+    /// (oldest first, whichever payments they are of); 0: none is sent.
+    pub(super) spend: i64,
     /// `created` of the success event; the refund's is later.
     pub(super) success_created: i64,
     pub(super) refund_created: i64,
@@ -77,6 +83,11 @@ impl Scenario {
             session_deliveries,
             writer_retries: rng.random_range(1..=3),
             checkout: rng.random_bool(0.5),
+            spend: if rng.random_bool(0.3) {
+                rng.random_range(1..=MAX_SPEND)
+            } else {
+                0
+            },
             success_created,
             refund_created: success_created + rng.random_range(1..=300),
             refunded_before: false,
@@ -158,6 +169,8 @@ pub(super) enum Action {
     Refund,
     Writer,
     Checkout,
+    /// A redemption by amount of the owner's standard tokens (`Scenario::spend`).
+    Redemption,
 }
 
 /// The requests of a round, in the order drawn from `rng`: (payment number, action, start
@@ -186,6 +199,9 @@ pub(super) fn round_actions(
         }
         if s.checkout {
             push(Action::Checkout, rng);
+        }
+        if s.spend > 0 {
+            push(Action::Redemption, rng);
         }
     }
     actions
@@ -232,6 +248,17 @@ pub(super) async fn run(
             )
             .await
         }
+        Action::Redemption => app
+            .http
+            .post(app.url("/v1/redemptions"))
+            .bearer_auth(ADMIN_KEY)
+            .json(&serde_json::json!({
+                "owner": OWNER, "tokenType": "standard", "quantity": scenario.spend,
+                "reference": format!("spend-{}", scenario.payment),
+            }))
+            .send()
+            .await
+            .expect("request sent"),
     };
     let status = response.status().as_u16();
     let body = response.text().await.unwrap_or_default();

@@ -1,6 +1,6 @@
-//! The seeded race: success webhooks, refunds, backend retries and checkout requests, in
-//! random order and timing, round after round; then every payment's answers and stored
-//! state are checked. It runs once per issuance mode (the app's default mode, so the
+//! The seeded race: success webhooks, refunds, backend retries, checkout requests and
+//! redemptions by amount, in random order and timing, round after round; then every
+//! payment's answers and stored state, and every redemption, are checked. It runs once per issuance mode (the app's default mode, so the
 //! success webhooks and the backend issue in that mode).
 //!
 //! `TOKENMINT_RACE_SEED` replays a run's choices (timing is not replayed),
@@ -16,7 +16,7 @@ use futures::future::join_all;
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 
-use super::race_check::{Faults, check_payment, rounds, seed};
+use super::race_check::{Faults, check_payment, check_redemptions, rounds, seed};
 use super::race_scenario::{Answer, Scenario, round_actions, run, tally};
 use crate::helpers::*;
 use crate::provider_events::*;
@@ -75,6 +75,9 @@ async fn race(mode: &str) {
             for wrong in check_payment(&app, mode, scenario, &mine, Faults::None).await {
                 round_violations.push(format!("round {round}, {scenario:?}: {wrong}"));
             }
+        }
+        for wrong in check_redemptions(&app).await {
+            round_violations.push(format!("round {round}: {wrong}"));
         }
         let report = store.verify().await.unwrap();
         if !report.is_clean() {

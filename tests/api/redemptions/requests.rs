@@ -262,6 +262,52 @@ async fn an_idempotency_key_replays_a_redemption() {
     assert_eq!(count_status(&app, "redeemed").await, 2);
 }
 
+/// Oldest is earliest paid, not first written: a payment dated earlier but issued later
+/// is spent first, its tokens in tokenIndex order.
+#[tokio::test]
+async fn the_oldest_tokens_are_those_paid_first_whenever_they_were_issued() {
+    let app = spawn_app().await;
+    let dated = |payment: &str, date: &str| {
+        let mut body = issuance_body(payment, 2);
+        body["paymentDate"] = serde_json::json!(date);
+        body
+    };
+    let later = app
+        .issue(
+            ADMIN_KEY,
+            &dated("pi_red_paid_later", "2026-03-02T10:00:00Z"),
+        )
+        .await;
+    assert_eq!(later.status(), 201);
+    let later = token_ids(&json(later).await);
+    let earlier = app
+        .issue(
+            ADMIN_KEY,
+            &dated("pi_red_paid_earlier", "2026-03-01T10:00:00Z"),
+        )
+        .await;
+    assert_eq!(earlier.status(), 201);
+    let earlier = token_ids(&json(earlier).await);
+
+    let response = redeem(&app, ADMIN_KEY, &redemption(3, "by-payment-date")).await;
+    assert_eq!(response.status(), 201);
+    assert_eq!(
+        redeemed_ids(&json(response).await),
+        [earlier[0].clone(), earlier[1].clone(), later[0].clone()]
+    );
+    for (id, status) in [
+        (&earlier[0], "redeemed"),
+        (&earlier[1], "redeemed"),
+        (&later[0], "redeemed"),
+        (&later[1], "active"),
+    ] {
+        assert_eq!(
+            app.stored_token(id).await.get_str("status").unwrap(),
+            status
+        );
+    }
+}
+
 #[tokio::test]
 async fn the_oldest_tokens_are_found_through_an_index_without_sorting() {
     let app = spawn_app().await;
@@ -314,7 +360,7 @@ async fn the_oldest_tokens_are_found_through_an_index_without_sorting() {
             .get_document("winningPlan")
             .unwrap()
             .to_string();
-        assert!(plan.contains("tokens_owner_type_status"), "{plan}");
+        assert!(plan.contains("\"tokens_owner_type_status_age\""), "{plan}");
         assert!(
             !plan.contains("COLLSCAN") && !plan.contains("\"SORT\""),
             "{plan}"

@@ -93,3 +93,43 @@ async fn concurrent_writers_without_if_match_are_retried_not_lost() {
         assert_eq!(version_of(&db), 1);
     }
 }
+
+/// A token that a transaction still open holds (a redemption whose instance died before
+/// its commit reached the server, which ends it only at `transactionLifetimeLimitSeconds`):
+/// a redeem is refused as the token kept changing, instead of waiting on the transaction
+/// past its request and applying whenever that ended; nothing is written, and the redeem
+/// goes through once the transaction is over.
+#[tokio::test]
+async fn a_token_an_open_transaction_holds_is_refused_not_waited_on() {
+    use mongodb::bson::{Document, doc, oid::ObjectId};
+    let app = spawn_app().await;
+    let id = app.issue_tokens("pi_held_token", 1).await.remove(0);
+    let mut session = app.db.client().start_session().await.unwrap();
+    session.start_transaction().await.unwrap();
+    app.db
+        .collection::<Document>("tokens")
+        .update_one(
+            doc! { "_id": ObjectId::parse_str(&id).unwrap() },
+            doc! { "$set": { "updatedAt": mongodb::bson::DateTime::now() } },
+        )
+        .session(&mut session)
+        .await
+        .unwrap();
+
+    for if_match in [None, Some("\"0\"")] {
+        let refused = change(&app, ADMIN_KEY, &id, "redeem", if_match, None).await;
+        let problem = assert_problem(refused, 409, "state_conflict").await;
+        assert_eq!(problem["currentStatus"], "active", "{if_match:?}");
+    }
+    let stored = app.stored_token(&id).await;
+    assert_eq!(stored.get_str("status").unwrap(), "active");
+    assert_eq!(stored_int(&stored, "_version"), Some(0));
+
+    session.abort_transaction().await.unwrap();
+    let redeemed = change(&app, ADMIN_KEY, &id, "redeem", Some("\"0\""), None).await;
+    assert_eq!(redeemed.status(), 200);
+    assert_eq!(
+        stored_int(&app.stored_token(&id).await, "_version"),
+        Some(1)
+    );
+}

@@ -1,0 +1,548 @@
+//! An attempt whose answer was lost, made to happen with MongoDB's own faults: the answer
+//! write fails, the commit is reported failed although it applied, the lease is taken
+//! over while the action runs. Whatever happened, a retry with the key is answered as the
+//! action's one commit was, and the token or the redemption changed exactly once.
+
+use std::time::Duration;
+
+use mongodb::bson::{DateTime, Document, doc, oid::ObjectId};
+use serde_json::json;
+use sha2::Digest;
+
+use super::{key_records, post, seen};
+use crate::helpers::*;
+
+/// The write concern error a commit answers after it applied (WriteConcernFailed).
+const APPLIED_BUT_FAILED: Fault = Fault::WriteConcernError { code: 64 };
+
+/// The answer write fails inside the action's transaction: the transfer is undone with
+/// it (500, nothing moved, the key released), and the retry transfers once.
+#[tokio::test]
+async fn a_failed_answer_write_undoes_the_action_and_the_retry_runs_it_once() {
+    let name = unique_app_name();
+    let app = spawn_app_named(&name, "").await;
+    let id = app.issue_tokens("pi_rerun_answer", 1).await.remove(0);
+    let path = format!("/v1/tokens/{id}/transfer");
+    let body = json!({ "newOwner": OTHER_OWNER });
+    // The record's answer is the flow's only `update` (the claim and the token's write
+    // are findAndModify).
+    let failpoint = FailPoint::set(&name, &["update"], Fault::error(2), 1).await;
+    let failed = post(
+        &app,
+        ADMIN_KEY,
+        &path,
+        Some("k"),
+        Some("\"0\""),
+        Some(&body),
+    )
+    .await;
+    assert_problem(failed, 500, "internal_error").await;
+    assert_eq!(failpoint.off().await, 1, "the answer write failed");
+    let token = app.stored_token(&id).await;
+    assert_eq!(
+        stored_int(&token, "_version"),
+        Some(0),
+        "undone with its answer"
+    );
+    assert_eq!(token.get_object_id("owner").unwrap().to_hex(), OWNER);
+    assert!(key_records(&app, "admin").await.is_empty(), "released");
+
+    let first = seen(
+        post(
+            &app,
+            ADMIN_KEY,
+            &path,
+            Some("k"),
+            Some("\"0\""),
+            Some(&body),
+        )
+        .await,
+    )
+    .await;
+    assert_eq!((first.status, first.replayed), (200, false));
+    let retry = seen(
+        post(
+            &app,
+            ADMIN_KEY,
+            &path,
+            Some("k"),
+            Some("\"0\""),
+            Some(&body),
+        )
+        .await,
+    )
+    .await;
+    assert!(retry.replayed);
+    assert_eq!((retry.status, &retry.body), (first.status, &first.body));
+    let token = app.stored_token(&id).await;
+    assert_eq!(stored_int(&token, "_version"), Some(1), "transferred once");
+    assert_eq!(token.get_object_id("owner").unwrap().to_hex(), OTHER_OWNER);
+}
+
+/// The commit applies but answers an error, so the first attempt answers 5xx: its
+/// answer committed with the action, and every retry — `If-Match: *` and an exact one
+/// alike, which a re-run would re-apply or refuse with 412 — gets it.
+#[tokio::test]
+async fn a_commit_that_applied_but_failed_is_answered_as_committed() {
+    let name = unique_app_name();
+    let app = spawn_app_named(&name, "").await;
+    let ids = app.issue_tokens("pi_rerun_commit", 3).await;
+    let transfer = json!({ "newOwner": OTHER_OWNER });
+    let revoke = json!({ "reason": "fraud" });
+    let cases = [
+        ("transfer", &ids[0], "*", Some(&transfer)),
+        ("transfer", &ids[1], "\"0\"", Some(&transfer)),
+        ("revoke", &ids[2], "\"0\"", Some(&revoke)),
+    ];
+    for (operation, id, if_match, body) in cases {
+        let path = format!("/v1/tokens/{id}/{operation}");
+        let key = format!("commit-{id}");
+        let failpoint = FailPoint::always(&name, &["commitTransaction"], APPLIED_BUT_FAILED).await;
+        let failed = post(&app, ADMIN_KEY, &path, Some(&key), Some(if_match), body).await;
+        assert!(failpoint.off().await >= 1, "{operation}: the commit failed");
+        let problem = assert_problem(failed, 500, "internal_error").await;
+        assert!(
+            !problem.to_string().contains("failpoint"),
+            "no driver text: {problem}"
+        );
+        let committed = app.stored_token(id).await;
+        assert_eq!(stored_int(&committed, "_version"), Some(1), "{operation}");
+
+        for _ in 0..2 {
+            let retry =
+                seen(post(&app, ADMIN_KEY, &path, Some(&key), Some(if_match), body).await).await;
+            assert_eq!((retry.status, retry.replayed), (200, true), "{operation}");
+            assert_eq!(retry.etag.as_deref(), Some("\"1\""), "{operation}");
+            let shown: serde_json::Value = serde_json::from_slice(&retry.body).unwrap();
+            assert_eq!(shown["version"], 1, "{operation}: the committed change");
+            assert_eq!(shown["id"], id.as_str());
+        }
+        assert_eq!(app.stored_token(id).await, committed, "{operation}: once");
+    }
+    let transferred = app.stored_token(&ids[0]).await;
+    assert_eq!(
+        transferred.get_object_id("owner").unwrap().to_hex(),
+        OTHER_OWNER
+    );
+    assert_eq!(
+        app.stored_token(&ids[2]).await.get_str("status").unwrap(),
+        "revoked"
+    );
+}
+
+/// A redemption whose commit applied but failed: the retry with the key answers 201 and
+/// the committed tokens; the same request without the key replays it by its reference
+/// (200, the same tokens); two tokens were redeemed, once.
+#[tokio::test]
+async fn a_redemption_whose_answer_was_lost_is_answered_201_with_its_tokens() {
+    let name = unique_app_name();
+    let app = spawn_app_named(&name, "").await;
+    app.issue_tokens("pi_rerun_redemption", 3).await;
+    let body = json!({
+        "owner": OWNER, "tokenType": "standard", "quantity": 2, "reference": "order-lost",
+    });
+    let path = "/v1/redemptions";
+    let failpoint = FailPoint::always(&name, &["commitTransaction"], APPLIED_BUT_FAILED).await;
+    let failed = post(&app, ADMIN_KEY, path, Some("spend"), None, Some(&body)).await;
+    assert!(failpoint.off().await >= 1, "the commit failed");
+    assert_problem(failed, 500, "internal_error").await;
+    let record = app
+        .find_stored("redemptions", doc! { "reference": "order-lost" })
+        .await;
+    let committed: Vec<String> = record
+        .get_array("tokenIds")
+        .unwrap()
+        .iter()
+        .map(|id| id.as_object_id().unwrap().to_hex())
+        .collect();
+    assert_eq!(committed.len(), 2);
+
+    let retry = post(&app, ADMIN_KEY, path, Some("spend"), None, Some(&body)).await;
+    assert_eq!(retry.status(), 201, "the first attempt's status");
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    assert_eq!(
+        retry.headers()["location"],
+        "/v1/redemptions/65f1a0c2b3d4e5f601234567/order-lost"
+    );
+    let keyed: serde_json::Value = retry.json().await.unwrap();
+    let by_reference = post(&app, ADMIN_KEY, path, None, None, Some(&body)).await;
+    assert_eq!(by_reference.status(), 200, "a replay by reference");
+    assert_eq!(by_reference.headers()["idempotent-replayed"], "true");
+    let by_reference: serde_json::Value = by_reference.json().await.unwrap();
+    for answer in [&keyed, &by_reference] {
+        let ids: Vec<&str> = answer["tokens"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["id"].as_str().unwrap())
+            .collect();
+        assert_eq!(ids, committed, "{answer}");
+    }
+    assert_eq!(keyed, by_reference, "one body, the same tokens");
+    assert_eq!(app.count("redemptions", doc! {}).await, 1);
+    assert_eq!(app.count("tokens", doc! { "status": "redeemed" }).await, 2);
+    assert_eq!(app.count("tokens", doc! { "status": "active" }).await, 1);
+}
+
+/// The first attempt's lease ends while its write is held up, and the key is taken over
+/// (here by hand, as a retry on another instance would): the first attempt's
+/// transaction finds the record another attempt's and aborts, so its transfer never
+/// commits; the attempt that took over transfers once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attempt_whose_key_was_taken_over_writes_nothing() {
+    let name = unique_app_name();
+    let app = spawn_app_named(&name, "").await;
+    let id = app.issue_tokens("pi_rerun_take_over", 1).await.remove(0);
+    let path = format!("/v1/tokens/{id}/transfer");
+    let body = json!({ "newOwner": OTHER_OWNER });
+    // The claim is the first findAndModify; the token's write, the second, is held up
+    // long enough for the take-over below (one update) to come first.
+    let held =
+        FailPoint::after_first(&name, &["findAndModify"], Fault::Block { millis: 5_000 }).await;
+    let first = {
+        let (url, body) = (app.url(&path), body.clone());
+        let http = app.http.clone();
+        tokio::spawn(async move {
+            http.post(url)
+                .bearer_auth(ADMIN_KEY)
+                .header("idempotency-key", "held")
+                .header("if-match", "\"0\"")
+                .json(&body)
+                .send()
+                .await
+                .expect("request sent")
+        })
+    };
+    assert!(
+        held.fired_within(1, Duration::from_secs(20)).await,
+        "the transfer's write was held up"
+    );
+    let taken_over = app
+        .db
+        .collection::<Document>("idempotency_keys")
+        .update_one(
+            doc! { "keyId": "admin", "key": "held" },
+            doc! { "$set": { "attempt": ObjectId::new(), "leaseUntil": DateTime::from_millis(0) } },
+        )
+        .await
+        .unwrap();
+    assert_eq!(taken_over.modified_count, 1);
+    held.off().await;
+
+    let first = first.await.unwrap();
+    assert_problem(first, 409, "request_in_progress").await;
+    let token = app.stored_token(&id).await;
+    assert_eq!(stored_int(&token, "_version"), Some(0), "nothing committed");
+
+    let retry = seen(
+        post(
+            &app,
+            ADMIN_KEY,
+            &path,
+            Some("held"),
+            Some("\"0\""),
+            Some(&body),
+        )
+        .await,
+    )
+    .await;
+    assert_eq!(
+        (retry.status, retry.replayed),
+        (200, false),
+        "the take-over runs"
+    );
+    let again = seen(
+        post(
+            &app,
+            ADMIN_KEY,
+            &path,
+            Some("held"),
+            Some("\"0\""),
+            Some(&body),
+        )
+        .await,
+    )
+    .await;
+    assert_eq!(
+        (again.status, again.replayed, &again.body),
+        (200, true, &retry.body)
+    );
+    let token = app.stored_token(&id).await;
+    assert_eq!(stored_int(&token, "_version"), Some(1), "transferred once");
+    assert_eq!(token.get_object_id("owner").unwrap().to_hex(), OTHER_OWNER);
+}
+
+/// Refusals the same request may pass later are not kept: a redemption of more tokens
+/// than there are (until more are issued), and a token that kept changing (until it stops).
+#[tokio::test]
+async fn refusals_a_retry_may_pass_release_the_key() {
+    let name = unique_app_name();
+    let app = spawn_app_named(&name, "").await;
+    app.issue_tokens("pi_rerun_short", 1).await;
+    let body = json!({
+        "owner": OWNER, "tokenType": "standard", "quantity": 2, "reference": "order-short",
+    });
+    let short = post(
+        &app,
+        ADMIN_KEY,
+        "/v1/redemptions",
+        Some("short"),
+        None,
+        Some(&body),
+    )
+    .await;
+    let problem = assert_problem(short, 409, "insufficient_balance").await;
+    assert_eq!(problem["available"], 1);
+    assert!(key_records(&app, "admin").await.is_empty(), "not kept");
+    app.issue_tokens("pi_rerun_more", 1).await;
+    let spent = post(
+        &app,
+        ADMIN_KEY,
+        "/v1/redemptions",
+        Some("short"),
+        None,
+        Some(&body),
+    )
+    .await;
+    assert_eq!(spent.status(), 201);
+    assert_eq!(app.count("tokens", doc! { "status": "redeemed" }).await, 2);
+
+    let id = app.issue_tokens("pi_rerun_contended", 1).await.remove(0);
+    let path = format!("/v1/tokens/{id}/redeem");
+    // Every write of the token conflicts (the claim, the first findAndModify, passes).
+    let conflicting = FailPoint::after_first(
+        &name,
+        &["findAndModify"],
+        Fault::Error {
+            code: 112,
+            labels: vec!["TransientTransactionError".to_owned()],
+        },
+    )
+    .await;
+    let contended = post(&app, ADMIN_KEY, &path, Some("busy"), None, None).await;
+    assert!(conflicting.off().await >= 1);
+    assert_problem(contended, 409, "state_conflict").await;
+    assert_eq!(
+        app.count("idempotency_keys", doc! { "key": "busy" }).await,
+        0,
+        "not kept"
+    );
+    assert_eq!(
+        app.stored_token(&id).await.get_str("status").unwrap(),
+        "active"
+    );
+    let redeemed = seen(post(&app, ADMIN_KEY, &path, Some("busy"), None, None).await).await;
+    assert_eq!((redeemed.status, redeemed.replayed), (200, false));
+    assert_eq!(
+        stored_int(&app.stored_token(&id).await, "_version"),
+        Some(1)
+    );
+}
+
+/// A record written by a transaction still open (one whose instance died before its
+/// commit reached the server, which ends it only at `transactionLifetimeLimitSeconds`):
+/// a retry is told the first attempt is in progress, in well under the request timeout,
+/// instead of waiting on the transaction; once it ends, the retry takes the key over.
+#[tokio::test]
+async fn a_retry_does_not_wait_on_a_record_an_open_transaction_holds() {
+    let app = spawn_app().await;
+    let id = app.issue_tokens("pi_rerun_open", 1).await.remove(0);
+    let path = format!("/v1/tokens/{id}/redeem");
+    // An abandoned attempt's record: unanswered, its lease over…
+    let records = app.db.collection::<Document>("idempotency_keys");
+    records
+        .insert_one(doc! {
+            "keyId": "admin", "key": "open", "method": "POST", "path": &path,
+            "bodySha256": hex::encode(sha2::Sha256::digest(b"")),
+            "attempt": ObjectId::new(), "leaseUntil": DateTime::from_millis(0),
+            "createdAt": DateTime::now(), "expiresAt": DateTime::from_millis(i64::MAX / 2),
+        })
+        .await
+        .unwrap();
+    // …written by a transaction that never ends on its own here.
+    let mut session = app.db.client().start_session().await.unwrap();
+    session.start_transaction().await.unwrap();
+    records
+        .update_one(
+            doc! { "key": "open" },
+            doc! { "$set": { "attempt": ObjectId::new() } },
+        )
+        .session(&mut session)
+        .await
+        .unwrap();
+
+    let retry = post(&app, ADMIN_KEY, &path, Some("open"), None, None).await;
+    assert_eq!(retry.headers()["retry-after"], "1");
+    assert_problem(retry, 409, "request_in_progress").await;
+    assert_eq!(
+        app.stored_token(&id).await.get_str("status").unwrap(),
+        "active"
+    );
+
+    session.abort_transaction().await.unwrap();
+    let taken_over = seen(post(&app, ADMIN_KEY, &path, Some("open"), None, None).await).await;
+    assert_eq!((taken_over.status, taken_over.replayed), (200, false));
+    assert_eq!(
+        stored_int(&app.stored_token(&id).await, "_version"),
+        Some(1)
+    );
+}
+
+/// Two instances retry an abandoned attempt's key at once (its lease over, no answer):
+/// the take-over lets exactly one of them run; the other is told the key is in progress
+/// or replays the winner's answer. Which one wins is not the point: that one ran, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_instances_taking_over_one_key_run_the_action_once() {
+    let first = spawn_app().await;
+    let second = spawn_app_on(&first.db_name, "").await;
+    let id = first.issue_tokens("pi_rerun_two", 1).await.remove(0);
+    let path = format!("/v1/tokens/{id}/transfer");
+    let body = json!({ "newOwner": OTHER_OWNER });
+    let body_bytes = serde_json::to_vec(&body).unwrap();
+    first
+        .db
+        .collection::<Document>("idempotency_keys")
+        .insert_one(doc! {
+            "keyId": "admin", "key": "orphan", "method": "POST", "path": &path,
+            "bodySha256": hex::encode(sha2::Sha256::digest(&body_bytes)),
+            "attempt": ObjectId::new(), "leaseUntil": DateTime::from_millis(0),
+            "createdAt": DateTime::now(), "expiresAt": DateTime::from_millis(i64::MAX / 2),
+        })
+        .await
+        .unwrap();
+    let send = |app: &TestApp| {
+        let request = app
+            .http
+            .post(app.url(&path))
+            .bearer_auth(ADMIN_KEY)
+            .header("idempotency-key", "orphan")
+            .header("if-match", "\"0\"")
+            .body(body_bytes.clone())
+            .header("content-type", "application/json")
+            .send();
+        async move { seen(request.await.unwrap()).await }
+    };
+    let answers =
+        futures::future::join_all((0..8).map(|i| send(if i % 2 == 0 { &first } else { &second })))
+            .await;
+    let ran: Vec<&super::Seen> = answers
+        .iter()
+        .filter(|a| a.status == 200 && !a.replayed)
+        .collect();
+    assert_eq!(ran.len(), 1, "{answers:?}");
+    for answer in &answers {
+        match (answer.status, answer.replayed) {
+            (200, _) => assert_eq!(answer.body, ran[0].body),
+            (409, false) => {
+                let problem: serde_json::Value = serde_json::from_slice(&answer.body).unwrap();
+                assert_eq!(problem["code"], "request_in_progress", "{problem}");
+            }
+            other => panic!("unexpected answer {other:?}"),
+        }
+    }
+    let token = first.stored_token(&id).await;
+    assert_eq!(stored_int(&token, "_version"), Some(1), "transferred once");
+    assert_eq!(token.get_object_id("owner").unwrap().to_hex(), OTHER_OWNER);
+    let replay = send(&second).await;
+    assert_eq!(
+        (replay.status, replay.replayed, &replay.body),
+        (200, true, &ran[0].body)
+    );
+}
+
+/// After the retention the key is new again (the TTL deletes its record; here by hand):
+/// a redemption retried with it replays by its reference (200, the same tokens) and spends
+/// nothing more.
+#[tokio::test]
+async fn a_redemption_retried_after_the_retention_spends_nothing_more() {
+    let app = spawn_app().await;
+    app.issue_tokens("pi_rerun_retention", 4).await;
+    let body = json!({
+        "owner": OWNER, "tokenType": "standard", "quantity": 2, "reference": "order-old",
+    });
+    let first = post(
+        &app,
+        ADMIN_KEY,
+        "/v1/redemptions",
+        Some("old"),
+        None,
+        Some(&body),
+    )
+    .await;
+    assert_eq!(first.status(), 201);
+    let first: serde_json::Value = first.json().await.unwrap();
+    app.db
+        .collection::<Document>("idempotency_keys")
+        .delete_many(doc! {})
+        .await
+        .unwrap();
+
+    let late = post(
+        &app,
+        ADMIN_KEY,
+        "/v1/redemptions",
+        Some("old"),
+        None,
+        Some(&body),
+    )
+    .await;
+    assert_eq!(late.status(), 200, "a replay by reference");
+    assert_eq!(late.headers()["idempotent-replayed"], "true");
+    let late: serde_json::Value = late.json().await.unwrap();
+    assert_eq!(late["tokens"], first["tokens"]);
+    assert_eq!(app.count("tokens", doc! { "status": "redeemed" }).await, 2);
+    assert_eq!(app.count("redemptions", doc! {}).await, 1);
+}
+
+/// The connection dies right after the action's write, at the answer's write or at the
+/// commit: the transaction is run again (or its commit sent again) and answers once; the
+/// token moved once, and the retry replays that answer.
+#[tokio::test]
+async fn a_connection_lost_after_the_action_still_moves_the_token_once() {
+    let name = unique_app_name();
+    let app = spawn_app_named(&name, "").await;
+    let ids = app.issue_tokens("pi_rerun_cut", 2).await;
+    let body = json!({ "newOwner": OTHER_OWNER });
+    for (id, command) in [(&ids[0], "update"), (&ids[1], "commitTransaction")] {
+        let path = format!("/v1/tokens/{id}/transfer");
+        let key = format!("cut-{command}");
+        let failpoint = FailPoint::set(&name, &[command], Fault::CloseConnection, 1).await;
+        let first = seen(
+            post(
+                &app,
+                ADMIN_KEY,
+                &path,
+                Some(&key),
+                Some("\"0\""),
+                Some(&body),
+            )
+            .await,
+        )
+        .await;
+        assert_eq!(
+            failpoint.off().await,
+            1,
+            "{command}: the connection was cut"
+        );
+        assert_eq!((first.status, first.replayed), (200, false), "{command}");
+        let retry = seen(
+            post(
+                &app,
+                ADMIN_KEY,
+                &path,
+                Some(&key),
+                Some("\"0\""),
+                Some(&body),
+            )
+            .await,
+        )
+        .await;
+        assert_eq!(
+            (retry.status, retry.replayed, &retry.body),
+            (200, true, &first.body)
+        );
+        let token = app.stored_token(id).await;
+        assert_eq!(stored_int(&token, "_version"), Some(1), "{command}: once");
+        assert_eq!(token.get_object_id("owner").unwrap().to_hex(), OTHER_OWNER);
+    }
+}
