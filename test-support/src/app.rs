@@ -23,6 +23,8 @@ pub const WRITER_KEY: &str = "test-writer-key";
 pub const READER_KEY: &str = "test-reader-key";
 pub const ACCOUNT1_KEY: &str = "test-acct1-key";
 pub const REQUEST_KEY: &str = "test-request-key";
+/// May redeem tokens and nothing else (a ticket gate): not even read them.
+pub const REDEEMER_KEY: &str = "test-redeemer-key";
 
 pub const OWNER: &str = "65f1a0c2b3d4e5f601234567";
 pub const OTHER_OWNER: &str = "65f1a0c2b3d4e5f601234568";
@@ -47,6 +49,7 @@ pub fn test_settings_at(uri: &str, database: &str, extra: &str) -> Settings {
             Some("[\"acct_1\"]"),
         ),
         ("checkout", REQUEST_KEY, "[\"issuances:request\"]", None),
+        ("redeemer", REDEEMER_KEY, "[\"tokens:redeem\"]", None),
     ];
     let mut toml = format!(
         "[server]\nbind = \"127.0.0.1:0\"\nrequest_timeout_ms = 30000\n[rate_limit]\nper_key_per_second = 100000\nburst = 100000\nper_address_per_second = 100000\nper_address_burst = 100000\n[mongo]\nuri = \"{uri}\"\ndatabase = \"{database}\"\n",

@@ -66,10 +66,9 @@ pub enum ApiError {
     #[error("payment not succeeded")]
     PaymentNotSucceeded(String),
     #[error("version conflict")]
-    VersionConflict {
-        current_version: i64,
-        status: TokenStatus,
-    },
+    /// `current`: where the token is, for a key that may read it; `None` tells a key
+    /// that may only change tokens nothing it could not have learnt otherwise.
+    VersionConflict { current: Option<(i64, TokenStatus)> },
     #[error("payload too large")]
     PayloadTooLarge,
     #[error("unsupported media type")]
@@ -234,8 +233,13 @@ impl ApiError {
             Self::IdempotencyConflict(_) => {
                 "This payment was already issued with other parameters; see mismatches.".to_owned()
             }
-            Self::VersionConflict { current_version, .. } => {
-                format!("The token is at version {current_version}; re-read it and retry with If-Match: \"{current_version}\".")
+            Self::VersionConflict {
+                current: Some((version, _)),
+            } => {
+                format!("The token is at version {version}; re-read it and retry with If-Match: \"{version}\".")
+            }
+            Self::VersionConflict { current: None } => {
+                "If-Match does not match the token's current version; re-read it with a key that may read tokens, or retry without If-Match.".to_owned()
             }
             Self::PayloadTooLarge => "The request body exceeds the configured limit.".to_owned(),
             Self::UnsupportedMediaType => "Send the body as Content-Type: application/json.".to_owned(),
@@ -285,12 +289,9 @@ impl ApiError {
                 problem.mismatches = Some(mismatches.clone()).filter(|m| !m.is_empty())
             }
             Self::InsufficientBalance { available } => problem.available = Some(*available),
-            Self::VersionConflict {
-                current_version,
-                status,
-            } => {
-                problem.current_version = Some(*current_version);
-                problem.current_status = Some(*status);
+            Self::VersionConflict { current } => {
+                problem.current_version = current.map(|(version, _)| version);
+                problem.current_status = current.map(|(_, status)| status);
             }
             Self::StateConflict { status, .. } => problem.current_status = *status,
             _ => {}

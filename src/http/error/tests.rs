@@ -26,9 +26,9 @@ fn every_error() -> Vec<ApiError> {
         },
         ApiError::PaymentNotSucceeded("x".to_owned()),
         ApiError::VersionConflict {
-            current_version: 3,
-            status,
+            current: Some((3, status)),
         },
+        ApiError::VersionConflict { current: None },
         ApiError::PayloadTooLarge,
         ApiError::UnsupportedMediaType,
         ApiError::validation("x", "y"),

@@ -93,7 +93,7 @@ async fn apply(
                     .ok_or_else(not_found)?;
                 if !condition.matches(current.version) && !transition.is_replayed_by(&current) {
                     record_version_rejection(&transition);
-                    return Err(version_conflict(&current));
+                    return Err(version_conflict(principal, &current));
                 }
                 Gate::IfMatch(current.version)
             }
@@ -125,7 +125,7 @@ async fn apply(
             Ok(response)
         }
         TransitionOutcome::NotFound => Err(not_found()),
-        TransitionOutcome::VersionConflict(token) => Err(version_conflict(&token)),
+        TransitionOutcome::VersionConflict(token) => Err(version_conflict(principal, &token)),
         TransitionOutcome::StateConflict(token) => Err(ApiError::StateConflict {
             detail: format!(
                 "Cannot {} a token that is {}.",
@@ -144,10 +144,15 @@ async fn apply(
     }
 }
 
-fn version_conflict(token: &TokenDoc) -> ApiError {
+/// A stale `If-Match`: the token's version and status only for a key that may read
+/// tokens. A key that may only redeem (a ticket gate, say) would otherwise learn any
+/// token's state by sending a wrong tag; it has no use for them either, since it cannot
+/// read the token to decide again, and retries without `If-Match` instead.
+fn version_conflict(principal: &Principal, token: &TokenDoc) -> ApiError {
     ApiError::VersionConflict {
-        current_version: token.version,
-        status: token.status,
+        current: principal
+            .has(Scope::Read)
+            .then_some((token.version, token.status)),
     }
 }
 
@@ -187,7 +192,7 @@ fn record_version_rejection(transition: &Transition) {
         (status = 404, description = "No such token", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "`state_conflict`: not active (or redeemed with another reference), or kept changing; `request_in_progress`: the first request with this Idempotency-Key is still running (`Retry-After`)", body = Problem, content_type = "application/problem+json",
             headers(("Retry-After" = u64, description = "With `request_in_progress`"))),
-        (status = 412, description = "`version_conflict`: If-Match is stale; the body has currentVersion and currentStatus", body = Problem, content_type = "application/problem+json"),
+        (status = 412, description = "`version_conflict`: If-Match is stale; for a key that may read tokens, the body has currentVersion and currentStatus", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "A body that is not application/json", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "`validation_failed`: bad token id, body, If-Match or Idempotency-Key; `idempotency_key_reused`: the Idempotency-Key named another request", body = Problem, content_type = "application/problem+json"),

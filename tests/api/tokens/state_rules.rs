@@ -189,6 +189,34 @@ async fn a_stale_if_match_is_412_and_changes_nothing() {
     );
 }
 
+#[tokio::test]
+async fn a_key_that_may_not_read_learns_no_version_from_a_412() {
+    let app = spawn_app().await;
+    let id = app.issue_tokens("pi_stale_blind", 1).await.remove(0);
+    assert_eq!(transfer(&app, &id, Some("\"0\"")).await.status(), 200);
+
+    let stale = change(&app, REDEEMER_KEY, &id, "redeem", Some("\"7\""), None).await;
+    let problem = assert_problem(stale, 412, "version_conflict").await;
+    assert!(problem.get("currentVersion").is_none(), "{problem}");
+    assert!(problem.get("currentStatus").is_none(), "{problem}");
+    assert!(
+        !problem["detail"].as_str().unwrap().contains('1'),
+        "{problem}"
+    );
+    // A key that may read is told where the token is.
+    let stale = change(&app, ADMIN_KEY, &id, "redeem", Some("\"7\""), None).await;
+    assert_eq!(
+        assert_problem(stale, 412, "version_conflict").await["currentVersion"],
+        1
+    );
+    // Without If-Match the redeem-only key still does its job.
+    let redeemed = change(&app, REDEEMER_KEY, &id, "redeem", None, None).await;
+    assert_eq!(redeemed.status(), 200);
+    let db = app.stored_token(&id).await;
+    assert_eq!(db.get_str("status").unwrap(), "redeemed");
+    assert_eq!(version_of(&db), 2);
+}
+
 /// The README's redeem walk-through, step by step as written: a redeem at the version
 /// read, its retry (a replay), a second redeem with another reference at the current
 /// version (409) and at the stale one (412), the token redeemed once throughout.
