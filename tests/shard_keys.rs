@@ -6,7 +6,8 @@
 //!
 //! No database: the rule is checked on the migration files themselves, so a migration that
 //! would make a sharded deployment refuse (or silently not enforce) a unique index fails
-//! here, before it is ever applied.
+//! here, before it is ever applied. The writes themselves are checked against the same
+//! table by every test app (`tokenmint_test_support::shard_keys`).
 
 use std::fmt;
 use std::path::Path;
@@ -19,23 +20,9 @@ use serde_json::Value;
 /// default).
 const DATABASE: &str = "tokenmint";
 
-/// Every sharded collection and its shard key: ranged, each field ascending, in this
-/// order. Mirrors the table and the commands in `docs/scaling.md`.
-const SHARDED: &[(&str, &[&str])] = &[
-    (
-        "tokens",
-        &[
-            "origin.provider",
-            "origin.accountId",
-            "origin.paymentIntentId",
-        ],
-    ),
-    ("issuances", &["provider", "accountId", "paymentIntentId"]),
-    ("payments", &["provider", "accountId", "paymentIntentId"]),
-    ("webhook_events", &["provider", "eventId"]),
-    ("idempotency_keys", &["keyId", "key"]),
-    ("redemptions", &["owner", "reference"]),
-];
+/// Every sharded collection and its shard key (ranged, each field ascending, in this
+/// order), shared with the check every test app makes of its writes.
+const SHARDED: &[(&str, &[&str])] = tokenmint_test_support::shard_keys::SHARD_KEYS;
 
 /// Collections that stay unsharded (on the database's primary shard): no constraint.
 const UNSHARDED: &[&str] = &["_migrations", "_migrations_lock"];

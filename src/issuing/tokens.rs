@@ -179,14 +179,10 @@ impl Issuer {
             let written = match &answered {
                 Some(answered) => {
                     self.store
-                        .write_token_gated_answered(current.id, current.version, set, answered)
+                        .write_token_gated_answered(&current, set, answered)
                         .await?
                 }
-                None => {
-                    self.store
-                        .write_token_gated(current.id, current.version, set)
-                        .await?
-                }
+                None => self.store.write_token_gated(&current, set).await?,
             };
             let stale = match written {
                 GatedWrite::Written(token) => {

@@ -15,6 +15,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use axum::{Extension, Router};
+use mongodb::event::EventHandler;
+use mongodb::event::command::CommandEvent;
 use tokio::net::TcpListener;
 
 use crate::embedded::EmbeddedMongo;
@@ -52,7 +54,7 @@ pub struct Application {
 /// running) or else on one started here. Stop it afterwards with `EmbeddedMongo::stop`,
 /// which leaves a mongod this process did not start alone.
 pub async fn connect(settings: &Settings) -> anyhow::Result<(Store, Option<EmbeddedMongo>)> {
-    open_store(settings, true).await
+    open_store(settings, true, None).await
 }
 
 /// The store, starting the embedded mongod when no URI is configured; `share`: use the
@@ -61,6 +63,7 @@ pub async fn connect(settings: &Settings) -> anyhow::Result<(Store, Option<Embed
 async fn open_store(
     settings: &Settings,
     share: bool,
+    observer: Option<EventHandler<CommandEvent>>,
 ) -> anyhow::Result<(Store, Option<EmbeddedMongo>)> {
     refuse_embedded_in_production(settings)?;
     let embedded = if settings.mongo.uri.is_empty() {
@@ -84,11 +87,13 @@ async fn open_store(
         StoreConfig {
             duplicate_key_retries: settings.issuance.duplicate_key_retries,
             version_gate: version_gate_policy(settings),
-            command_events: settings
-                .telemetry
-                .otlp_endpoint
-                .is_some()
-                .then(crate::telemetry::traces::command_spans),
+            command_events: observer.or_else(|| {
+                settings
+                    .telemetry
+                    .otlp_endpoint
+                    .is_some()
+                    .then(crate::telemetry::traces::command_spans)
+            }),
         },
     )
     .await;
@@ -120,11 +125,21 @@ fn refuse_embedded_in_production(settings: &Settings) -> anyhow::Result<()> {
 
 impl Application {
     pub async fn build(settings: &Settings) -> anyhow::Result<Self> {
+        Self::build_observed(settings, None).await
+    }
+
+    /// `build`, with `observer` told of every MongoDB command the application sends (in
+    /// place of the trace spans `telemetry.otlp_endpoint` would give them): tests check
+    /// each write against the shard keys with it.
+    pub async fn build_observed(
+        settings: &Settings,
+        observer: Option<EventHandler<CommandEvent>>,
+    ) -> anyhow::Result<Self> {
         // Refused before any mongod start or migration.
         refuse_embedded_in_production(settings)?;
         let keys = api_keys(settings)?;
         warn_if_few_descriptors(settings);
-        let (store, embedded) = open_store(settings, false).await?;
+        let (store, embedded) = open_store(settings, false, observer).await?;
         let ready = async {
             prepare_database(settings, &store).await?;
             let listener = TcpListener::bind(settings.server.bind)

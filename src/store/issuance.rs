@@ -80,7 +80,16 @@ impl Store {
         Ok(self
             .records()
             .find_one_and_replace(
-                doc! { "_id": id, "status": IssuanceStatus::Pending.as_str() },
+                // The payment key is the shard key of a sharded `issuances`, which a
+                // `findAndModify` there must name; the record taken over is this
+                // payment's, so it narrows nothing.
+                doc! {
+                    "_id": id,
+                    "provider": &record.provider,
+                    "accountId": &record.account_id,
+                    "paymentIntentId": &record.payment_intent_id,
+                    "status": IssuanceStatus::Pending.as_str(),
+                },
                 &taken,
             )
             .return_document(ReturnDocument::After)
@@ -104,29 +113,55 @@ impl Store {
     /// Leases one `issuing` record created before `created_before` whose lease (if any)
     /// has run out, for `lease` from now. Instances repairing at once each get another
     /// record; a repairer that dies lets its lease run out and the record is taken again.
+    ///
+    /// In two steps, because a `findAndModify` on a sharded `issuances` must name the
+    /// shard key (the payment key): a scatter `find` of the oldest few candidates, then a
+    /// targeted `findOneAndUpdate` per candidate that repeats every condition, so two
+    /// repairers that found the same candidate still cannot both lease it.
     pub async fn lease_unfinished_record(
         &self,
         created_before: DateTime,
         lease: std::time::Duration,
     ) -> Result<Option<IssuanceDoc>, StoreError> {
+        /// Candidates per attempt: enough that repairers racing for the oldest record
+        /// each find another, few enough to read nothing much.
+        const CANDIDATES: i64 = 8;
         let now = DateTime::now();
         let until = DateTime::from_millis(now.timestamp_millis() + lease.as_millis() as i64);
-        Ok(self
-            .records()
-            .find_one_and_update(
-                doc! {
-                    "status": IssuanceStatus::Issuing.as_str(),
-                    "createdAt": { "$lt": created_before },
-                    "$or": [
-                        { "repairLeaseUntil": { "$exists": false } },
-                        { "repairLeaseUntil": { "$lt": now } },
-                    ],
-                },
-                doc! { "$set": { "repairLeaseUntil": until } },
-            )
+        let leasable = doc! {
+            "status": IssuanceStatus::Issuing.as_str(),
+            "createdAt": { "$lt": created_before },
+            "$or": [
+                { "repairLeaseUntil": { "$exists": false } },
+                { "repairLeaseUntil": { "$lt": now } },
+            ],
+        };
+        let candidates: Vec<Document> = self
+            .collection(ISSUANCES)
+            .find(leasable.clone())
+            .projection(doc! { "provider": 1, "accountId": 1, "paymentIntentId": 1 })
             .sort(doc! { "createdAt": 1 })
-            .return_document(ReturnDocument::After)
-            .await?)
+            .limit(CANDIDATES)
+            .await?
+            .try_collect()
+            .await?;
+        for candidate in candidates {
+            let mut targeted = leasable.clone();
+            for field in ["_id", "provider", "accountId", "paymentIntentId"] {
+                if let Some(value) = candidate.get(field) {
+                    targeted.insert(field, value.clone());
+                }
+            }
+            let leased = self
+                .records()
+                .find_one_and_update(targeted, doc! { "$set": { "repairLeaseUntil": until } })
+                .return_document(ReturnDocument::After)
+                .await?;
+            if leased.is_some() {
+                return Ok(leased);
+            }
+        }
+        Ok(None)
     }
 
     /// The payment's tokens in tokenIndex order (served by the unique index's prefix).

@@ -74,13 +74,12 @@ impl Store {
     /// dead instance left, until the server ends it). Nothing was written for either.
     pub async fn write_token_gated(
         &self,
-        id: ObjectId,
-        version: i64,
+        current: &TokenDoc,
         set: Document,
     ) -> Result<GatedWrite<TokenDoc>, StoreError> {
         let written = self
             .collection(TOKENS)
-            .find_one_and_update(gate(id, version), gated_update(set))
+            .find_one_and_update(gate(current), gated_update(set))
             .return_document(ReturnDocument::After)
             .max_time(HELD_PATIENCE)
             .await;
@@ -96,8 +95,7 @@ impl Store {
     /// change and `answered`'s record are committed together, or neither is.
     pub async fn write_token_gated_answered(
         &self,
-        id: ObjectId,
-        version: i64,
+        current: &TokenDoc,
         set: Document,
         answered: &AnswerInTransaction<'_, TokenDoc>,
     ) -> Result<GatedWrite<TokenDoc>, StoreError> {
@@ -108,7 +106,7 @@ impl Store {
             // The commit inherits the client's pinned `w: majority`, journaled.
             .await?;
         let result = self
-            .write_and_answer(&mut session, id, version, set, answered)
+            .write_and_answer(&mut session, current, set, answered)
             .await;
         if !matches!(result, Ok(GatedWrite::Written(_))) {
             // Leave nothing behind; the abort's own failure is moot.
@@ -123,14 +121,13 @@ impl Store {
     async fn write_and_answer(
         &self,
         session: &mut ClientSession,
-        id: ObjectId,
-        version: i64,
+        current: &TokenDoc,
         set: Document,
         answered: &AnswerInTransaction<'_, TokenDoc>,
     ) -> Result<GatedWrite<TokenDoc>, mongodb::error::Error> {
         let Some(written) = self
             .collection(TOKENS)
-            .find_one_and_update(gate(id, version), gated_update(set))
+            .find_one_and_update(gate(current), gated_update(set))
             .return_document(ReturnDocument::After)
             .session(&mut *session)
             .await?
@@ -165,12 +162,22 @@ pub enum GatedWrite<T> {
     TakenOver,
 }
 
-/// The version gate's filter: the token `id`, active, at `version`. A token written
-/// before the `_version` backfill has no `_version` and is read as version 0: the gate
-/// must match it as such (its backfill may still be running while the service serves),
-/// and `$inc` on the missing field writes 1.
-fn gate(id: ObjectId, version: i64) -> Document {
-    let mut filter = doc! { "_id": id, "status": "active" };
+/// The version gate on `current`: its id, active, at the version read. It names the
+/// token's payment too — the shard key of a sharded `tokens`, which a `findAndModify`
+/// there must name; a token's payment never changes, so it narrows nothing. A token
+/// written before the `_version` backfill has no `_version` and is read as version 0:
+/// the gate must match it as such (its backfill may still be running while the service
+/// serves), and `$inc` on the missing field writes 1.
+fn gate(current: &TokenDoc) -> Document {
+    let origin = &current.origin;
+    let mut filter = doc! {
+        "_id": current.id,
+        "origin.provider": &origin.provider,
+        "origin.accountId": &origin.account_id,
+        "origin.paymentIntentId": &origin.payment_intent_id,
+        "status": "active",
+    };
+    let version = current.version;
     if version == 0 {
         filter.insert(
             "$or",

@@ -16,6 +16,7 @@ use tokio::task::JoinHandle;
 use crate::answers::{json, payment_tokens, token_ids, token_index};
 use crate::failpoint::mongo_uri_named;
 use crate::mongod::{connect_store, drop_database_blocking, mongo_uri};
+use crate::shard_keys::ShardKeyCheck;
 
 /// Bearer keys the test apps accept, with their scopes and accounts.
 pub const ADMIN_KEY: &str = "test-admin-key";
@@ -76,6 +77,9 @@ pub struct TestApp {
     drops_db: bool,
     shutdown: Option<tokio::sync::oneshot::Sender<()>>,
     server: Option<JoinHandle<()>>,
+    /// Every write the app sent that a sharded cluster would refuse: the test fails on
+    /// any when the app is dropped.
+    shard_keys: ShardKeyCheck,
 }
 
 pub async fn spawn_app() -> TestApp {
@@ -127,7 +131,10 @@ pub async fn spawn_app_on(db_name: &str, extra: &str) -> TestApp {
 /// Spawns an app from `settings` as they are (another deployment than the test mongod,
 /// say). Dropping it leaves the database alone.
 pub async fn spawn_app_from(settings: &Settings) -> TestApp {
-    let app = Application::build(settings).await.expect("app builds");
+    let shard_keys = ShardKeyCheck::default();
+    let app = Application::build_observed(settings, Some(shard_keys.observer()))
+        .await
+        .expect("app builds");
     let address = format!("http://{}", app.local_addr());
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(async move {
@@ -150,6 +157,7 @@ pub async fn spawn_app_from(settings: &Settings) -> TestApp {
         drops_db: false,
         shutdown: Some(tx),
         server: Some(server),
+        shard_keys,
     }
 }
 
@@ -157,6 +165,14 @@ impl Drop for TestApp {
     fn drop(&mut self) {
         if self.drops_db {
             drop_database_blocking(&self.db_name);
+        }
+        let refused = self.shard_keys.refused();
+        // Not while the test is failing already: a panic in a panic aborts the binary.
+        if !refused.is_empty() && !std::thread::panicking() {
+            panic!(
+                "writes a sharded cluster would refuse (docs/scaling.md):\n{}",
+                refused.join("\n")
+            );
         }
     }
 }

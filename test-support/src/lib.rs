@@ -7,7 +7,8 @@
 //! - [`app`]: the service in-process on port 0, one randomly named database per test;
 //! - [`service`]: the real `tokenmint` binary as a child process, for tests that kill it;
 //! - [`failpoint`]: MongoDB failing one command at the step a test chooses;
-//! - [`answers`]: reading and asserting HTTP answers and the tokens stored behind them.
+//! - [`answers`]: reading and asserting HTTP answers and the tokens stored behind them;
+//! - [`shard_keys`]: the shard keys, and the check every test app makes of its writes.
 //!
 //! Everything is re-exported at the root: `use tokenmint_test_support::*;`.
 
@@ -16,6 +17,7 @@ pub mod app;
 pub mod failpoint;
 pub mod mongod;
 pub mod service;
+pub mod shard_keys;
 
 pub use answers::*;
 pub use app::*;
