@@ -124,6 +124,7 @@ pub struct EnvArgs {
     pub with_store: bool,
 }
 
+/// What a scenario sends (`--workload`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum WorkloadArg {
     /// Issuances.

@@ -40,6 +40,7 @@ pub enum Operation {
 /// What one scenario sends.
 #[derive(Debug, Clone, Copy)]
 pub struct Workload {
+    /// Issuances or redemptions.
     pub operation: Operation,
     pub concurrency: usize,
     /// Tokens per payment, or per redemption.
@@ -451,7 +452,9 @@ async fn redeem_loop(
         let seq = client.redemption_seq;
         let (outcome, latency) = redeem(&mut client, &target, seq, quantity).await;
         if outcome.status == 201 {
-            client.balance -= u64::from(quantity);
+            // Saturating: a stock payment that timed out after its commit holds tokens
+            // the balance never counted.
+            client.balance = client.balance.saturating_sub(u64::from(quantity));
             new_redemptions += 1;
             if client.redeemed.len() < COMPLETED_KEPT {
                 client.redeemed.push(seq);
