@@ -13,6 +13,9 @@
 #   scripts/bench.sh --duration 60 --warmup 10
 #   BENCH_DURATION=60 BENCH_WARMUP=10 scripts/bench.sh
 #   scripts/bench.sh run -c 8 -q 10 --mode atomic --replays 0.2 --races 0.1 --duration 10
+#   scripts/bench.sh --workload redeem    # POST /v1/redemptions of 1 and 10 tokens at c=1 and
+#                                         # c=32, 30% retries, each beside an issuance (~4 min)
+#   scripts/bench.sh run --workload redeem -c 32 -q 10 --retries 0.3 --duration 10
 #
 # Any other option goes to tokenmint-bench (see `target/release/tokenmint-bench --help`).
 set -euo pipefail

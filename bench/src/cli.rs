@@ -8,12 +8,12 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use tokenmint::domain::IssuanceMode;
 use tokenmint::settings::Settings;
 
-use crate::workload::Workload;
+use crate::workload::{Operation, Workload};
 
 #[derive(Debug, Parser)]
 #[command(
     name = "tokenmint-bench",
-    about = "Closed-loop benchmark of POST /v1/issuances against two MongoDB floors.",
+    about = "Closed-loop benchmark of POST /v1/issuances against two MongoDB floors, and of POST /v1/redemptions beside issuances.",
     // A repeated option keeps its last value, so wrapper scripts can put their defaults
     // first and let the caller's options win.
     args_override_self = true
@@ -29,11 +29,16 @@ pub struct Cli {
 pub enum Command {
     /// The documented matrix, both modes each: concurrency 32 quantity 4 with 0% and 50%
     /// replays; concurrency 1 (latency) and 256, quantity 4; concurrency 32 with quantity 1
-    /// and 100. Every scenario measures tokenmint and both floors.
+    /// and 100. Every scenario measures tokenmint and both floors. With `--workload
+    /// redeem`: redemptions of 1 and 10 tokens at concurrency 1 and 32, 30% retries, each
+    /// after an issuance scenario of the same shape.
     Matrix {
         /// A smoke test: 3 s per target and scenario, 1 s warm-up.
         #[arg(long)]
         quick: bool,
+        /// What the matrix measures.
+        #[arg(long, value_enum, default_value_t = WorkloadArg::Issue)]
+        workload: WorkloadArg,
         /// Measured seconds per target and scenario (default 15, quick 3).
         #[arg(long)]
         duration: Option<f64>,
@@ -48,16 +53,22 @@ pub enum Command {
 
 #[derive(Debug, Args)]
 pub struct RunArgs {
+    /// `issue`: POST /v1/issuances. `redeem`: POST /v1/redemptions of each client's own
+    /// tokens (issued beforehand, not measured), after an issuance scenario of the same
+    /// concurrency, quantity and replay share; both against the service alone.
+    #[arg(long, value_enum, default_value_t = WorkloadArg::Issue)]
+    pub workload: WorkloadArg,
     /// Concurrent clients (closed loop: each waits for its answer before the next request).
     #[arg(long, short = 'c', default_value_t = 32)]
     pub concurrency: usize,
-    /// Tokens per payment.
+    /// Tokens per payment (per redemption, with `--workload redeem`).
     #[arg(long, short = 'q', default_value_t = 4)]
     pub quantity: u32,
     #[arg(long, value_enum, default_value_t = ModeArg::Upsert)]
     pub mode: ModeArg,
-    /// Fraction (0..1) of requests that replay a completed payment.
-    #[arg(long, default_value_t = 0.0)]
+    /// Fraction (0..1) of requests that replay a completed payment, or (`--retries`, the
+    /// same option) that retry a completed redemption's reference.
+    #[arg(long, alias = "retries", default_value_t = 0.0)]
     pub replays: f64,
     /// Fraction (0..1) of new payments sent twice at once (a concurrent duplicate race).
     #[arg(long, default_value_t = 0.0)]
@@ -113,6 +124,15 @@ pub struct EnvArgs {
     pub with_store: bool,
 }
 
+/// What a scenario sends (`--workload`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum WorkloadArg {
+    /// Issuances.
+    Issue,
+    /// Redemptions, each scenario after an issuance scenario of the same shape.
+    Redeem,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum ModeArg {
     Upsert,
@@ -144,10 +164,37 @@ pub struct Scenario {
     pub reference_floor: bool,
 }
 
+/// The scenarios `command` stands for, in order.
 pub fn scenarios(command: &Command) -> Vec<Scenario> {
     match command {
         Command::Matrix {
             quick,
+            workload: WorkloadArg::Redeem,
+            duration,
+            warmup,
+        } => {
+            let duration =
+                Duration::from_secs_f64(duration.unwrap_or(if *quick { 3.0 } else { 15.0 }));
+            let warmup = Duration::from_secs_f64(warmup.unwrap_or(if *quick { 1.0 } else { 5.0 }));
+            let mut matrix = Vec::new();
+            for concurrency in [1, 32] {
+                for quantity in [1, 10] {
+                    let workload = Workload {
+                        operation: Operation::Redeem,
+                        concurrency,
+                        quantity,
+                        mode: IssuanceMode::Upsert,
+                        replays: 0.3,
+                        races: 0.0,
+                    };
+                    matrix.extend(redemption_pair(workload, duration, warmup));
+                }
+            }
+            matrix
+        }
+        Command::Matrix {
+            quick,
+            workload: WorkloadArg::Issue,
             duration,
             warmup,
         } => {
@@ -158,6 +205,7 @@ pub fn scenarios(command: &Command) -> Vec<Scenario> {
             let warmup = Duration::from_secs_f64(warmup.unwrap_or(if *quick { 1.0 } else { 5.0 }));
             let scenario = |concurrency, quantity, mode, replays| Scenario {
                 workload: Workload {
+                    operation: Operation::Issue,
                     concurrency,
                     quantity,
                     mode,
@@ -184,14 +232,28 @@ pub fn scenarios(command: &Command) -> Vec<Scenario> {
             }
             matrix
         }
-        Command::Run(args) => vec![Scenario {
-            workload: Workload {
+        Command::Run(args) if args.workload == WorkloadArg::Redeem => {
+            let workload = Workload {
+                operation: Operation::Redeem,
                 concurrency: args.concurrency.max(1),
                 quantity: args.quantity.max(1),
-                mode: match args.mode {
-                    ModeArg::Upsert => IssuanceMode::Upsert,
-                    ModeArg::Atomic => IssuanceMode::Atomic,
-                },
+                mode: mode(args.mode),
+                replays: args.replays.clamp(0.0, 1.0),
+                races: 0.0,
+            };
+            redemption_pair(
+                workload,
+                Duration::from_secs_f64(args.duration),
+                Duration::from_secs_f64(args.warmup),
+            )
+            .to_vec()
+        }
+        Command::Run(args) => vec![Scenario {
+            workload: Workload {
+                operation: Operation::Issue,
+                concurrency: args.concurrency.max(1),
+                quantity: args.quantity.max(1),
+                mode: mode(args.mode),
                 replays: args.replays.clamp(0.0, 1.0),
                 races: args.races.clamp(0.0, 1.0),
             },
@@ -205,6 +267,32 @@ pub fn scenarios(command: &Command) -> Vec<Scenario> {
             ),
         }],
     }
+}
+
+fn mode(mode: ModeArg) -> IssuanceMode {
+    match mode {
+        ModeArg::Upsert => IssuanceMode::Upsert,
+        ModeArg::Atomic => IssuanceMode::Atomic,
+    }
+}
+
+/// A redemption scenario and, first, the issuance scenario it is read beside: the same
+/// concurrency, quantity and replay share, the same run. Both against the service alone,
+/// since the floors only issue.
+fn redemption_pair(redeem: Workload, duration: Duration, warmup: Duration) -> [Scenario; 2] {
+    let service_only = |workload| Scenario {
+        workload,
+        duration,
+        warmup,
+        service: true,
+        floor: false,
+        reference_floor: false,
+    };
+    let issue = Workload {
+        operation: Operation::Issue,
+        ..redeem
+    };
+    [service_only(issue), service_only(redeem)]
 }
 
 /// The service's default `mongo.max_pool_size`, the bench's default too.
@@ -222,6 +310,7 @@ mod tests {
     fn matrix(quick: bool) -> Vec<Scenario> {
         scenarios(&Command::Matrix {
             quick,
+            workload: WorkloadArg::Issue,
             duration: None,
             warmup: None,
         })
@@ -251,6 +340,61 @@ mod tests {
             }
         }
         assert_eq!(shape, expected);
+    }
+
+    #[test]
+    fn each_redemption_scenario_follows_an_issuance_of_the_same_shape() {
+        let redeem = scenarios(&Command::Matrix {
+            quick: false,
+            workload: WorkloadArg::Redeem,
+            duration: None,
+            warmup: None,
+        });
+        assert_eq!(redeem.len(), 8);
+        let mut shapes = Vec::new();
+        for pair in redeem.chunks(2) {
+            let [issue, redemption] = pair else {
+                unreachable!("chunks of two")
+            };
+            assert_eq!(issue.workload.operation, Operation::Issue);
+            assert_eq!(redemption.workload.operation, Operation::Redeem);
+            for s in pair {
+                assert!(s.service && !s.floor && !s.reference_floor);
+                assert_eq!(s.workload.replays, 0.3);
+            }
+            let shape = |s: &Scenario| (s.workload.concurrency, s.workload.quantity);
+            assert_eq!(shape(issue), shape(redemption));
+            shapes.push(shape(redemption));
+        }
+        assert_eq!(shapes, [(1, 1), (1, 10), (32, 1), (32, 10)]);
+    }
+
+    #[test]
+    fn a_redemption_run_takes_its_retries_and_measures_the_service_alone() {
+        let cli = Cli::try_parse_from([
+            "tokenmint-bench",
+            "run",
+            "--workload",
+            "redeem",
+            "-c",
+            "32",
+            "-q",
+            "10",
+            "--retries",
+            "0.3",
+            "--target",
+            "all",
+        ])
+        .unwrap();
+        let run = scenarios(&cli.command);
+        assert_eq!(run.len(), 2);
+        assert!(
+            run.iter()
+                .all(|s| s.service && !s.floor && !s.reference_floor)
+        );
+        assert_eq!(run[1].workload.operation, Operation::Redeem);
+        assert_eq!(run[1].workload.replays, 0.3);
+        assert_eq!(run[1].workload.quantity, 10);
     }
 
     #[test]

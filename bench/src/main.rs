@@ -3,7 +3,9 @@
 //! per-request floor: tokenmint's design before group commit; the reference floor: one
 //! unordered bulk of `$setOnInsert` upserts per issuance), then reports throughput,
 //! latency, statuses, CPU per issuance of the service and of mongod, and tokenmint ÷ each
-//! floor. See docs/BENCHMARKS.md; `scripts/bench.sh` is the one command.
+//! floor. With `--workload redeem` it measures `POST /v1/redemptions` instead, each
+//! redemption scenario beside an issuance scenario of the same shape. See
+//! docs/BENCHMARKS.md; `scripts/bench.sh` is the one command.
 //!
 //! This file is the run as a whole: the runtime, mongod for the run, the scenarios in
 //! order, and the report at the end. One scenario is `scenario`, one measured segment

@@ -17,10 +17,20 @@ pub use measured::{Measured, ScenarioResult};
 use crate::cli::Scenario;
 use crate::floor::Design;
 use crate::op_times::Op;
+use crate::workload::Operation;
 
-/// The scenario's name in every table: `c32 q4 upsert replays 0%`, and its races if any.
+/// The scenario's name in every table: `c32 q4 upsert replays 0%`, and its races if any;
+/// a redemption scenario `c32 q10 redeem retries 30%`.
 pub fn scenario_name(scenario: &Scenario) -> String {
     let w = &scenario.workload;
+    if w.operation == Operation::Redeem {
+        return format!(
+            "c{} q{} redeem retries {:.0}%",
+            w.concurrency,
+            w.quantity,
+            w.replays * 100.0
+        );
+    }
     let mut name = format!(
         "c{} q{} {} replays {:.0}%",
         w.concurrency,
@@ -60,6 +70,27 @@ fn row(name: &str, target: &str, m: &Measured) -> String {
 
 /// What the two floors are, above the ratio table.
 const FLOORS_LEGEND: &str = "floor: the per-request floor, tokenmint's design before group commit (upsert: the record claimed with a findOneAndUpdate upsert, then one unordered bulk of $setOnInsert token upserts; atomic: one transaction), issued directly with the mongodb crate. reference floor: the reference design's upsert floor, one unordered bulk of $setOnInsert upserts per issuance keyed by the token unique index, no issuance record, a read-back only on a replay; in atomic mode it runs the same transaction as the floor, so there the two floors differ only by the run's noise. Ratios above 1 for throughput, below 1 for CPU and latency, favour tokenmint.";
+
+/// What the redemption table shows, above it.
+const REDEMPTIONS_LEGEND: &str = "Each redemption scenario (POST /v1/redemptions of the client's own tokens, issued to it beforehand and not measured; a share of requests retries a completed reference and is answered 200) beside the issuance scenario of the same concurrency, quantity and replay share run just before it, both against a fresh tokenmint. redemptions/s counts 2xx answers; refills are stocks a client ran out of during the measured window (their time is in the window, not in the latencies).";
+
+/// Each redemption scenario with the issuance scenario of the same concurrency, quantity
+/// and replay share, the one `cli` puts just before it.
+fn redemption_pairs(results: &[ScenarioResult]) -> Vec<(&ScenarioResult, &ScenarioResult)> {
+    results
+        .windows(2)
+        .filter_map(|pair| {
+            let (issue, redeem) = (&pair[0].scenario.workload, &pair[1].scenario.workload);
+            let same_shape = issue.concurrency == redeem.concurrency
+                && issue.quantity == redeem.quantity
+                && issue.replays == redeem.replays;
+            (issue.operation == Operation::Issue
+                && redeem.operation == Operation::Redeem
+                && same_shape)
+                .then_some((&pair[1], &pair[0]))
+        })
+        .collect()
+}
 
 /// Why tokenmint's opcounters differ from the floors', above the opcounters table.
 const OPCOUNTERS_NOTE: &str = "The targets perform different operations by design, so these rows differ: tokenmint group-commits upsert mode (per batch of new payments one read of payments, one insert of records, one w:majority insert of their tokens, one read of payments again, one update marking the records issued; per batch of replays one read of records and one of tokens) and atomic mode the same way, with the records and tokens of a batch in one transaction (the payments read once, beside it; no second read, no mark). In upsert mode the floor claims a record and upserts the tokens per request, and the reference floor upserts the tokens alone; in atomic mode both floors run one transaction per request.";
@@ -164,6 +195,34 @@ pub fn markdown(results: &[ScenarioResult], command: &str, machine: &str, load: 
         );
     }
 
+    let pairs = redemption_pairs(results);
+    if !pairs.is_empty() {
+        let _ = writeln!(
+            out,
+            "\n#### Redemptions beside issuances (same run)\n\n{REDEMPTIONS_LEGEND}\n\n| scenario | redemptions/s | tokens redeemed/s | p50 ms | p99 ms | issuances/s (same quantity) | p50 ms | p99 ms | redemptions ÷ issuances: throughput | p50 | refills |\n|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"
+        );
+        for (redeem, issue) in &pairs {
+            let (Some(r), Some(i)) = (&redeem.service, &issue.service) else {
+                continue;
+            };
+            let _ = writeln!(
+                out,
+                "| {} | {:.0} | {:.0} | {:.2} | {:.2} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {} |",
+                scenario_name(&redeem.scenario),
+                r.per_second(),
+                r.tokens_per_second(),
+                r.ms(0.5),
+                r.ms(0.99),
+                i.per_second(),
+                i.ms(0.5),
+                i.ms(0.99),
+                r.throughput_over(i),
+                r.ms(0.5) / i.ms(0.5).max(1e-9),
+                r.stats.refills,
+            );
+        }
+    }
+
     let _ = writeln!(out, "\n#### Targets (reported, never asserted)\n");
     for line in targets::targets(results) {
         let _ = writeln!(out, "- {line}");
@@ -237,6 +296,7 @@ mod tests {
         ScenarioResult {
             scenario: Scenario {
                 workload: crate::workload::Workload {
+                    operation: Operation::Issue,
                     concurrency: 32,
                     quantity: 4,
                     mode: IssuanceMode::Upsert,

@@ -2,14 +2,16 @@
 //! (`workload::run_segment`) while the bench reads, around them, the CPU time of the
 //! service, of mongod and of itself, mongod's opcounters, and the service's resident
 //! memory once a second. Kept apart from the scenario's ordering because this is where
-//! the figures of the report come from.
+//! the figures of the report come from. A redemption segment first issues its clients the
+//! tokens they will redeem, before any of this is read, so the stock costs the figures
+//! nothing.
 
 use std::time::{Duration, Instant};
 
 use crate::procfs::{self, Pid};
 use crate::scenario::Arm;
 use crate::service::Mongo;
-use crate::workload::{self, Client, Stats, Workload};
+use crate::workload::{self, Client, Operation, Stats, Workload};
 
 /// Runs `arm` for `duration`; when `measure`, adds what happened to `arm.measured`.
 pub async fn segment(
@@ -19,6 +21,12 @@ pub async fn segment(
     mongo: &Mongo,
     measure: bool,
 ) {
+    if workload.operation == Operation::Redeem {
+        let stock = workload::stock_up(&mut arm.clients, &arm.target, workload, duration).await;
+        if let Some(error) = stock.first_error {
+            eprintln!("   warning: issuing the redemptions' tokens failed: {error}");
+        }
+    }
     // CPU time so far of the service (if the target is one), of mongod and of the bench.
     let watched = [arm.service_pid, mongo.pid().map(Pid::Id), Some(Pid::Myself)];
     let cpu_times = || watched.map(|pid| pid.and_then(procfs::cpu_time));

@@ -1,14 +1,20 @@
-//! The closed loop: N virtual clients, each issuing one request at a time until the
+//! The closed loop: N virtual clients, each sending one request at a time until the
 //! deadline, against the service (HTTP), its store in-process, or one of the floors
 //! (database operations issued directly). What each client sends — new payments, replays
 //! of its completed payments, concurrent duplicate races — is drawn from the same seeded
 //! generator for every target, so all see the same mix. How one request reaches each kind
 //! of target is `request`.
+//!
+//! The redemption workload (`Operation::Redeem`, the service only) has each client spend
+//! its own owner's tokens with `POST /v1/redemptions`, new references or retries of its
+//! completed ones. The tokens are issued to the client beforehand (`stock_up`, not
+//! measured), so that the measured window times redemptions alone.
 
 mod request;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::sync::LazyLock;
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
@@ -20,15 +26,29 @@ use crate::floor::Floor;
 use crate::http::Conn;
 use crate::op_times::OpTimes;
 pub use request::new_issuance;
-use request::{issue, race_twice};
+use request::{issue, race_twice, redeem};
+
+/// What a scenario's clients send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Operation {
+    /// `POST /v1/issuances`: new payments, replays, races.
+    Issue,
+    /// `POST /v1/redemptions` of the client's own tokens: new references and retries.
+    Redeem,
+}
 
 /// What one scenario sends.
 #[derive(Debug, Clone, Copy)]
 pub struct Workload {
+    /// Issuances or redemptions.
+    pub operation: Operation,
     pub concurrency: usize,
+    /// Tokens per payment, or per redemption.
     pub quantity: u32,
+    /// The issuance mode (of the stock too, in a redemption workload).
     pub mode: IssuanceMode,
-    /// Fraction of requests that replay one of the client's completed payments.
+    /// Fraction of requests that repeat one of the client's completed requests: a replay
+    /// of an issued payment, or a redemption retried with its reference.
     pub replays: f64,
     /// Fraction of new payments sent twice at once, on two connections.
     pub races: f64,
@@ -101,9 +121,21 @@ pub struct Client {
     completed: Vec<Payment>,
     conns: Vec<Conn>,
     times: OpTimes,
+    /// Active tokens of `owner` not yet redeemed (redemption workload).
+    balance: u64,
+    /// Numbers of the redemptions this client completed; `reference` names them.
+    redeemed: Vec<u64>,
+    redemption_seq: u64,
+    /// New redemptions per second in the client's last segment, to size the next stock.
+    redemption_rate: f64,
 }
 
 const COMPLETED_KEPT: usize = 4096;
+
+/// The account of every payment the bench issues, and so of every token it redeems.
+const ACCOUNT_ID: &str = "acct_bench";
+/// The token type of every payment the bench issues.
+const TOKEN_TYPE: &str = "standard";
 
 impl Client {
     pub fn new(
@@ -131,17 +163,45 @@ impl Client {
             completed: Vec::new(),
             conns,
             times: OpTimes::default(),
+            balance: 0,
+            redeemed: Vec::new(),
+            redemption_seq: 0,
+            redemption_rate: 0.0,
         })
+    }
+
+    /// The reference of redemption number `seq`: unique per run, scenario and client.
+    fn reference(&self, seq: u64) -> String {
+        format!("rd_{}_{}_{seq}", self.run_tag, self.id)
+    }
+
+    /// Issues payments to this client's owner until it holds `tokens` (not timed).
+    async fn stock_up(&mut self, target: &Target, tokens: u64, mode: IssuanceMode) -> Stats {
+        let mut stats = Stats::default();
+        while self.balance < tokens {
+            let quantity = (tokens - self.balance).min(u64::from(max_quantity())) as u32;
+            let payment = self.new_payment(quantity);
+            let (outcome, latency) = issue(self, target, &payment, mode).await;
+            let failed = outcome.status != 201;
+            self.balance += u64::from(outcome.created);
+            stats.record(outcome, latency);
+            if failed {
+                // A stock that cannot be issued would loop for ever; the redemptions then
+                // answer insufficient_balance, and the first error says why.
+                break;
+            }
+        }
+        stats
     }
 
     fn new_payment(&mut self, quantity: u32) -> Payment {
         self.seq += 1;
         Payment {
             provider: "stripe",
-            account_id: "acct_bench",
+            account_id: ACCOUNT_ID,
             payment_intent_id: format!("pi_{}_{}_{}", self.run_tag, self.id, self.seq),
             owner: self.owner,
-            token_type: "standard",
+            token_type: TOKEN_TYPE,
             quantity,
             date: DateTime::now(),
         }
@@ -162,8 +222,12 @@ pub struct Stats {
     pub latency: Histogram<u64>,
     pub by_status: BTreeMap<u16, u64>,
     pub ok: u64,
+    /// Tokens created (issuances) or redeemed (redemptions).
     pub created: u64,
     pub races: u64,
+    /// Stocks a client ran out of in the window and issued again (redemption workload):
+    /// each one's time is in the window but not in the latencies.
+    pub refills: u64,
     pub first_error: Option<String>,
     pub op_times: OpTimes,
 }
@@ -176,6 +240,7 @@ impl Default for Stats {
             ok: 0,
             created: 0,
             races: 0,
+            refills: 0,
             first_error: None,
             op_times: OpTimes::default(),
         }
@@ -203,6 +268,7 @@ impl Stats {
         self.ok += other.ok;
         self.created += other.created;
         self.races += other.races;
+        self.refills += other.refills;
         if self.first_error.is_none() {
             self.first_error.clone_from(&other.first_error);
         }
@@ -245,7 +311,73 @@ pub async fn run_segment(
     (clients, total)
 }
 
+/// The service's default `issuance.max_quantity`: the largest stock payment (the bench
+/// starts the service with its defaults).
+fn max_quantity() -> u32 {
+    static MAX: LazyLock<u32> = LazyLock::new(|| {
+        tokenmint::settings::Settings::with_overrides(&[])
+            .map_or(1, |settings| settings.issuance.max_quantity)
+    });
+    *MAX
+}
+
+/// New redemptions per second the first segment's stock is sized for, shared by all
+/// clients; later segments use what each client measured. A guess above what the 2-core
+/// machine does, so that the warm-up rarely refills.
+const FIRST_GUESS_PER_SECOND: f64 = 800.0;
+
+/// Before a segment of `duration` (redemption workload): each client is issued, unmeasured,
+/// the tokens it will redeem — its last segment's rate with half again as margin.
+pub async fn stock_up(
+    clients: &mut Vec<Client>,
+    target: &Target,
+    workload: Workload,
+    duration: Duration,
+) -> Stats {
+    let tasks: Vec<_> = std::mem::take(clients)
+        .into_iter()
+        .map(|mut client| {
+            let target = target.clone();
+            let tokens = stock_for(&client, workload, duration);
+            tokio::spawn(async move {
+                let stats = client.stock_up(&target, tokens, workload.mode).await;
+                (client, stats)
+            })
+        })
+        .collect();
+    let mut total = Stats::default();
+    for task in tasks {
+        let (client, stats) = task.await.expect("stock task panicked");
+        total.add(&stats);
+        clients.push(client);
+    }
+    total
+}
+
+/// Tokens `client` should hold for a segment of `duration`.
+fn stock_for(client: &Client, workload: Workload, duration: Duration) -> u64 {
+    let rate = if client.redemption_rate > 0.0 {
+        client.redemption_rate
+    } else {
+        FIRST_GUESS_PER_SECOND / workload.concurrency as f64
+    };
+    let redemptions = (1.5 * rate * duration.as_secs_f64()).ceil() as u64 + 1;
+    redemptions * u64::from(workload.quantity)
+}
+
 async fn client_loop(
+    client: Client,
+    target: Target,
+    workload: Workload,
+    deadline: Instant,
+) -> (Client, Stats) {
+    match workload.operation {
+        Operation::Issue => issue_loop(client, target, workload, deadline).await,
+        Operation::Redeem => redeem_loop(client, target, workload, deadline).await,
+    }
+}
+
+async fn issue_loop(
     mut client: Client,
     target: Target,
     workload: Workload,
@@ -281,6 +413,59 @@ async fn client_loop(
         }
     }
     std::mem::swap(&mut stats.op_times, &mut client.times);
+    (client, stats)
+}
+
+/// Redemptions of `workload.quantity` of the client's tokens until `deadline`: a retry of
+/// one of its completed references with probability `replays` (answered 200, nothing
+/// redeemed), else a new reference (201).
+async fn redeem_loop(
+    mut client: Client,
+    target: Target,
+    workload: Workload,
+    deadline: Instant,
+) -> (Client, Stats) {
+    let mut stats = Stats::default();
+    let quantity = workload.quantity;
+    let started = Instant::now();
+    let mut new_redemptions = 0u64;
+    while Instant::now() < deadline {
+        let draw = client.rng.unit();
+        if draw < workload.replays && !client.redeemed.is_empty() {
+            let pick = (client.rng.next() % client.redeemed.len() as u64) as usize;
+            let seq = client.redeemed[pick];
+            let (outcome, latency) = redeem(&mut client, &target, seq, quantity).await;
+            stats.record(outcome, latency);
+            continue;
+        }
+        if client.balance < u64::from(quantity) {
+            // The stock ran out: issue another, outside the latencies; counted so that a
+            // report with refills can be read for what it is.
+            stats.refills += 1;
+            let tokens = u64::from(quantity) * 100;
+            let refill = client.stock_up(&target, tokens, workload.mode).await;
+            if refill.first_error.is_some() && stats.first_error.is_none() {
+                stats.first_error = refill.first_error;
+            }
+        }
+        client.redemption_seq += 1;
+        let seq = client.redemption_seq;
+        let (outcome, latency) = redeem(&mut client, &target, seq, quantity).await;
+        if outcome.status == 201 {
+            // Saturating: a stock payment that timed out after its commit holds tokens
+            // the balance never counted.
+            client.balance = client.balance.saturating_sub(u64::from(quantity));
+            new_redemptions += 1;
+            if client.redeemed.len() < COMPLETED_KEPT {
+                client.redeemed.push(seq);
+            } else {
+                let slot = (client.rng.next() % COMPLETED_KEPT as u64) as usize;
+                client.redeemed[slot] = seq;
+            }
+        }
+        stats.record(outcome, latency);
+    }
+    client.redemption_rate = new_redemptions as f64 / started.elapsed().as_secs_f64().max(1e-9);
     (client, stats)
 }
 

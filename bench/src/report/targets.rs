@@ -9,6 +9,7 @@ use tokenmint::domain::IssuanceMode;
 
 use super::{ScenarioResult, mib, scenario_name};
 use crate::floor::Design;
+use crate::workload::Operation;
 
 /// Below this many minutes of samples a memory trend is reported but not judged.
 const TREND_MINUTES: f64 = 4.0;
@@ -103,7 +104,8 @@ pub(super) fn targets(results: &[ScenarioResult]) -> Vec<String> {
             ));
         }
     }
-    for r in results.iter().filter(c32) {
+    let issuance = |r: &&ScenarioResult| r.scenario.workload.operation == Operation::Issue;
+    for r in results.iter().filter(c32).filter(issuance) {
         if let Some(m) = &r.service {
             let (p50, p99) = (m.ms(0.5), m.ms(0.99));
             lines.push(format!(
@@ -124,6 +126,34 @@ pub(super) fn targets(results: &[ScenarioResult]) -> Vec<String> {
                 f.ms(0.5),
                 verdict(ratio <= 1.3),
                 against_reference(r.p50_ratio(Design::Reference)),
+            ));
+        }
+    }
+    for (redeem, issue) in super::redemption_pairs(results) {
+        let (Some(r), Some(i)) = (&redeem.service, &issue.service) else {
+            continue;
+        };
+        let w = &redeem.scenario.workload;
+        if w.quantity != 10 {
+            continue;
+        }
+        let name = scenario_name(&redeem.scenario);
+        if w.concurrency == 32 {
+            let ratio = r.throughput_over(i);
+            lines.push(format!(
+                "redemption throughput ≥ 0.5× issuance of the same quantity — {name}: {:.0}/s vs {:.0}/s = {ratio:.2}× → {}",
+                r.per_second(),
+                i.per_second(),
+                verdict(ratio >= 0.5)
+            ));
+        }
+        if w.concurrency == 1 {
+            let ratio = r.ms(0.5) / i.ms(0.5).max(1e-9);
+            lines.push(format!(
+                "redemption p50 at concurrency 1 ≤ 2× issuance's — {name}: {:.2} ms vs {:.2} ms = {ratio:.2}× → {}",
+                r.ms(0.5),
+                i.ms(0.5),
+                verdict(ratio <= 2.0)
             ));
         }
     }

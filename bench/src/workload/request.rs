@@ -13,7 +13,7 @@ use tokenmint::domain::{
 };
 use tokenmint::issuing::{Caller, IssueError, IssueOutcome, Issuer};
 
-use super::{Client, Outcome, Payment, Target};
+use super::{ACCOUNT_ID, Client, Outcome, Payment, TOKEN_TYPE, Target};
 use crate::http::Conn;
 use crate::op_times::OpTimes;
 
@@ -28,6 +28,30 @@ pub(super) async fn issue(
         Target::Service { .. } => timed(post(&mut client.conns[0], payment, mode)).await,
         Target::Store(store) => timed(store_issue(store, payment, mode)).await,
         Target::Floor(floor) => timed(floor.issue(payment, mode, &mut client.times)).await,
+    }
+}
+
+/// One redemption of `quantity` of the client's tokens, named by its number `seq`: over
+/// HTTP on the client's first connection. The store and the floors implement issuance
+/// only, and the command line measures redemptions against the service alone.
+pub(super) async fn redeem(
+    client: &mut Client,
+    target: &Target,
+    seq: u64,
+    quantity: u32,
+) -> (Outcome, Duration) {
+    let body = redemption_json(client, seq, quantity);
+    match target {
+        Target::Service { .. } => {
+            timed(post_redemption(&mut client.conns[0], body, quantity)).await
+        }
+        Target::Store(_) | Target::Floor(_) => (
+            Outcome::error(
+                501,
+                "redemptions are measured against the service only".into(),
+            ),
+            Duration::ZERO,
+        ),
     }
 }
 
@@ -131,6 +155,28 @@ fn json(payment: &Payment, mode: IssuanceMode) -> Bytes {
     ))
 }
 
+/// `POST /v1/redemptions`: a 201 redeemed `quantity` tokens, a 200 (a retry) none.
+async fn post_redemption(conn: &mut Conn, body: Bytes, quantity: u32) -> Outcome {
+    match conn.post_json("/v1/redemptions", body).await {
+        Ok(reply) => Outcome {
+            status: reply.status,
+            created: if reply.status == 201 { quantity } else { 0 },
+            error: (reply.status >= 400).then(|| String::from_utf8_lossy(&reply.body).into_owned()),
+        },
+        Err(err) => Outcome::error(599, format!("transport: {err:#}")),
+    }
+}
+
+/// The body of `POST /v1/redemptions` for the client's redemption number `seq`: its own
+/// owner, the type and account every payment of the bench carries.
+fn redemption_json(client: &Client, seq: u64, quantity: u32) -> Bytes {
+    Bytes::from(format!(
+        r#"{{"owner":"{}","tokenType":"{TOKEN_TYPE}","quantity":{quantity},"reference":"{}","accountId":"{ACCOUNT_ID}"}}"#,
+        client.owner.to_hex(),
+        client.reference(seq),
+    ))
+}
+
 /// The `created` count of an issuance answer: its last field, found from the end
 /// without parsing the whole JSON.
 fn created_field(body: &[u8]) -> Option<u32> {
@@ -143,6 +189,24 @@ fn created_field(body: &[u8]) -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_redemption_names_the_clients_owner_and_a_reference_per_number() {
+        let target = Target::Service {
+            addr: "127.0.0.1:1".parse().unwrap(),
+            api_key: "tm_test".into(),
+        };
+        let client = Client::new(3, 1, "ab12_0", &target, false).unwrap();
+        let body = redemption_json(&client, 7, 10);
+        let expected = format!(
+            r#"{{"owner":"{}","tokenType":"standard","quantity":10,"reference":"rd_ab12_0_3_7","accountId":"acct_bench"}}"#,
+            client.owner.to_hex()
+        );
+        assert_eq!(body, expected.as_bytes());
+        // The same number is the same reference: that is what makes a retry a retry.
+        assert_eq!(redemption_json(&client, 7, 10), body);
+        assert_ne!(redemption_json(&client, 8, 10), body);
+    }
 
     #[test]
     fn reads_created_from_the_end() {
