@@ -8,6 +8,7 @@
 //! failures), at `warn` when the caller can retry and `error` when it is a bug. Text a
 //! client or provider chose (a method, a path, an id) is logged through `Bounded`.
 
+pub mod commands;
 pub mod metric;
 pub mod traces;
 

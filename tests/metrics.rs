@@ -200,6 +200,12 @@ async fn a_fresh_process_describes_every_family_and_counts_from_zero() {
         );
     }
 
+    // MongoDB command latency is off by default (it costs a copy of every command).
+    assert!(
+        !text.contains(metric::MONGODB_COMMAND_DURATION_SECONDS),
+        "{text}"
+    );
+
     // The process, and the build.
     for name in [
         "process_cpu_seconds_total",
@@ -266,6 +272,7 @@ async fn with_a_metrics_listener_the_public_port_serves_no_metrics() {
         &[
             ("TOKENMINT_CONFIG", config.to_str().unwrap()),
             ("TOKENMINT__SERVER__METRICS_BIND", "127.0.0.1:0"),
+            ("TOKENMINT__TELEMETRY__MONGODB_COMMAND_METRICS", "true"),
         ],
     );
     // The metrics listener's address is logged right after the public one.
@@ -361,5 +368,11 @@ async fn with_a_metrics_listener_the_public_port_serves_no_metrics() {
         }),
         "latency buckets up to 60 s:\n{text}"
     );
+    // The issuance inserted its record and tokens: MongoDB command latency, by command.
+    let inserts = bucket(
+        &format!("{}_bucket", metric::MONGODB_COMMAND_DURATION_SECONDS),
+        "command=\"insert\",outcome=\"ok\",le=\"60\"",
+    );
+    assert!(inserts.is_some_and(|n| n >= 1.0), "{text}");
     drop(service);
 }

@@ -331,6 +331,10 @@ pub struct TelemetrySettings {
     /// The OpenTelemetry collector's OTLP/HTTP base URL; unset or empty: no traces.
     #[serde(default, deserialize_with = "otlp_endpoint")]
     pub otlp_endpoint: Option<OtlpEndpoint>,
+    /// Each MongoDB command's latency as a histogram. Off by default: the driver then
+    /// copies every command document into an event.
+    #[serde(default)]
+    pub mongodb_command_metrics: bool,
 }
 
 /// An OTLP/HTTP collector's base URL: `http://host[:port][/path]`. Plain HTTP only —

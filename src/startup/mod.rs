@@ -88,11 +88,11 @@ async fn open_store(
             duplicate_key_retries: settings.issuance.duplicate_key_retries,
             version_gate: version_gate_policy(settings),
             command_events: observer.or_else(|| {
-                settings
-                    .telemetry
-                    .otlp_endpoint
-                    .is_some()
-                    .then(crate::telemetry::traces::command_spans)
+                let telemetry = &settings.telemetry;
+                crate::telemetry::commands::observer(
+                    telemetry.otlp_endpoint.is_some(),
+                    telemetry.mongodb_command_metrics,
+                )
             }),
         },
     )

@@ -37,6 +37,9 @@ pub const WEBHOOK_EVENTS_TOTAL: &str = "tokenmint_webhook_events_total";
 /// `provider` (a configured name); an Adyen batch counts each item.
 pub const WEBHOOK_PROCESSING_DURATION_SECONDS: &str =
     "tokenmint_webhook_processing_duration_seconds";
+/// MongoDB commands' latency by `command` (a closed set, else `other`) and `outcome`
+/// (`ok`, `error`); only with `telemetry.mongodb_command_metrics`.
+pub const MONGODB_COMMAND_DURATION_SECONDS: &str = "tokenmint_mongodb_command_duration_seconds";
 /// Requests refused by a rate limit.
 pub const RATE_LIMITED_TOTAL: &str = "tokenmint_rate_limited_total";
 /// The `limiter` label of `RATE_LIMITED_TOTAL`: a trusted key's bucket, a checkout key's
@@ -128,6 +131,11 @@ pub(super) fn describe() {
     describe_counter!(
         WEBHOOK_EVENTS_TOTAL,
         "Webhook deliveries by provider and outcome (signature_rejected counts forgeries per provider)"
+    );
+    describe_histogram!(
+        MONGODB_COMMAND_DURATION_SECONDS,
+        Unit::Seconds,
+        "MongoDB command latency by command and outcome (with telemetry.mongodb_command_metrics)"
     );
     describe_histogram!(
         WEBHOOK_PROCESSING_DURATION_SECONDS,

@@ -4,15 +4,10 @@
 //! webhook verification and processing) become OpenTelemetry spans through
 //! `tracing-opentelemetry`; an incoming W3C `traceparent` makes the request span a child
 //! of the caller's; and each MongoDB command gets a span of its own from the driver's
-//! command events. Without an endpoint nothing here runs: no exporter, no command
-//! events (they copy every command document), no cost.
-
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+//! command events (`commands`). Without an endpoint nothing here runs: no exporter, no
+//! command events (they copy every command document), no cost.
 
 use axum::http::HeaderMap;
-use mongodb::event::EventHandler;
-use mongodb::event::command::CommandEvent;
 use opentelemetry::propagation::{Extractor, TextMapPropagator};
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_otlp::{Protocol, WithExportConfig};
@@ -102,46 +97,4 @@ pub fn link_to(span: &tracing::Span, requests: impl IntoIterator<Item = tracing:
             span.add_link(request);
         }
     }
-}
-
-/// A span per MongoDB command, from the driver's command events: opened when the
-/// command is sent (a child of the span that sent it), closed when its answer or error
-/// comes back. Commands sent outside any span (the connection's own, the readiness
-/// probe, migrations at startup) get none: each would be a trace of one span every few
-/// seconds. Spans in flight are kept by request id; every started command ends, so the
-/// map holds at most the commands in flight.
-pub fn command_spans() -> EventHandler<CommandEvent> {
-    let in_flight: Arc<Mutex<HashMap<i32, tracing::Span>>> = Arc::default();
-    EventHandler::callback(move |event| match event {
-        CommandEvent::Started(started) if !tracing::Span::current().is_none() => {
-            let span = tracing::info_span!(
-                "mongodb",
-                otel.name = %format_args!("{} {}", started.command_name, started.db),
-                otel.kind = "client",
-                db.system.name = "mongodb",
-                db.operation.name = %started.command_name,
-                db.namespace = %started.db,
-                otel.status_code = tracing::field::Empty,
-            );
-            lock(&in_flight).insert(started.request_id, span);
-        }
-        CommandEvent::Started(_) => {}
-        CommandEvent::Succeeded(succeeded) => {
-            lock(&in_flight).remove(&succeeded.request_id);
-        }
-        CommandEvent::Failed(failed) => {
-            if let Some(span) = lock(&in_flight).remove(&failed.request_id) {
-                span.record("otel.status_code", "ERROR");
-            }
-        }
-        _ => {}
-    })
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // A panic while holding it cannot leave the map half-updated: insert and remove are
-    // single calls.
-    mutex
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
