@@ -44,23 +44,22 @@ pub fn observer(spans: bool, latency: bool) -> Option<EventHandler<CommandEvent>
     // holds at most the commands in flight.
     let in_flight: Arc<Mutex<HashMap<i32, tracing::Span>>> = Arc::default();
     Some(EventHandler::callback(move |event| match event {
-        CommandEvent::Started(started) => {
-            // Commands sent outside any span (the connection's own, the readiness probe,
-            // migrations at startup) get none: each would be a trace of one span every
-            // few seconds.
-            if spans && !tracing::Span::current().is_none() {
-                let span = tracing::info_span!(
-                    "mongodb",
-                    otel.name = %format_args!("{} {}", started.command_name, started.db),
-                    otel.kind = "client",
-                    db.system.name = "mongodb",
-                    db.operation.name = %started.command_name,
-                    db.namespace = %started.db,
-                    otel.status_code = tracing::field::Empty,
-                );
-                lock(&in_flight).insert(started.request_id, span);
-            }
+        // Commands sent outside any span (the connection's own, the readiness probe,
+        // migrations at startup) get none: each would be a trace of one span every few
+        // seconds.
+        CommandEvent::Started(started) if spans && !tracing::Span::current().is_none() => {
+            let span = tracing::info_span!(
+                "mongodb",
+                otel.name = %format_args!("{} {}", started.command_name, started.db),
+                otel.kind = "client",
+                db.system.name = "mongodb",
+                db.operation.name = %started.command_name,
+                db.namespace = %started.db,
+                otel.status_code = tracing::field::Empty,
+            );
+            lock(&in_flight).insert(started.request_id, span);
         }
+        CommandEvent::Started(_) => {}
         CommandEvent::Succeeded(succeeded) => {
             if latency {
                 record(&succeeded.command_name, "ok", succeeded.duration);
