@@ -23,15 +23,22 @@
 //! the amounts (refunds adding up to the whole amount are full, whatever each was
 //! called), so a refund replayed under any event id counts once.
 //!
+//! Money that comes back (a dispute won, a failed refund, a chargeback reversed) is
+//! recorded the same way, under its own id among the payment's reversals, and settles
+//! both ways: the tokens withdrawals revoked and the payment stands for again become
+//! active (`apply_reversal`).
+//!
 //! The event is recorded in `webhook_events` only after its effects, so nothing the
 //! provider was told is done can be lost.
 
 use chrono::Utc;
 
 use super::issue::usable_metadata;
-use super::standing::takes_back;
+use super::standing::{stands_again, takes_back};
 use super::{IssueError, IssueOutcome, Issuer, Settlement};
-use crate::domain::{Actor, EventOutcome, NewIssuance, ParsedEvent, PaymentEvent, PaymentStatus};
+use crate::domain::{
+    Actor, EventOutcome, NewIssuance, ParsedEvent, PaymentEvent, PaymentStatus, Reversal,
+};
 use crate::store::{PaymentDoc, ProjectionGate, StoreError};
 use crate::telemetry::{Bounded, metric};
 
@@ -91,6 +98,9 @@ impl Issuer {
     }
 
     async fn apply_payment_event(&self, event: &PaymentEvent) -> Result<EventOutcome, StoreError> {
+        if let Some(reversal) = &event.reversal {
+            return self.apply_reversal(event, reversal).await;
+        }
         if let Some(state) = self.record_partial_refund(event).await? {
             let mut outcome = self.apply_state(event, &state).await?;
             if outcome.outcome != "conflict" {
@@ -154,15 +164,54 @@ impl Issuer {
         };
         let state = self
             .store
-            .record_refund(&event.key, &refund.id, refund_amount, event.amount)
+            .record_refund(&event.key, refund, refund_amount, event.amount)
             .await?;
-        let partial = match (refund.full, state.amount, state.amount_refunded) {
-            (Some(true), _, _) => false,
-            (_, Some(amount), Some(refunded)) => refunded < amount,
-            (Some(false), _, _) => true,
-            (None, _, _) => false,
+        // What is taken back for good, reversals counted: a full withdrawal that came
+        // back (a chargeback reversed, then replayed) leaves the payment standing.
+        let partial = match state.amount {
+            Some(amount) if amount > 0 => state.money().withdrawn() < amount,
+            _ => refund.full == Some(false),
         };
         Ok(partial.then_some(state))
+    }
+
+    /// Money came back (a dispute won, a refund that failed, a chargeback reversed): the
+    /// reversal is recorded under its own id, so it counts once however often and in
+    /// whatever order it arrives, a payment refunded by its money stands again
+    /// (`succeeded`) when some came back, and the tokens withdrawals revoked that the
+    /// payment is entitled to again are made active (`tokensReactivated`). A reversal
+    /// before the withdrawal it names waits for it (`domain::Money`): recorded now, it
+    /// is what that withdrawal's settle finds.
+    ///
+    /// The payment's place is held as a withdrawal holds it: an issuance in flight
+    /// settles by a read taken before its writes, which may not show this reversal, and
+    /// could revoke after this settle; the hold marks its record held (or stops it), so
+    /// that it settles again with a fresh read (see `store::placeholder`).
+    async fn apply_reversal(
+        &self,
+        event: &PaymentEvent,
+        reversal: &Reversal,
+    ) -> Result<EventOutcome, StoreError> {
+        let mut state = self.store.record_reversal(&event.key, reversal).await?;
+        if stands_again(&state)
+            && let Some(reopened) = self
+                .store
+                .reopen_payment(&event.key, state.version, event)
+                .await?
+        {
+            state = reopened;
+        }
+        let record = self.store.hold_place(&event.key).await?;
+        let settlement = self
+            .settle_recorded(&event.key, record.as_ref(), Some(&state))
+            .await?;
+        // Always answered, 0 included: what a reversal did is how many came back.
+        let mut outcome = EventOutcome {
+            tokens_reactivated: Some(0),
+            ..EventOutcome::new("reinstated")
+        };
+        add_settlement(&mut outcome, settlement);
+        Ok(outcome)
     }
 
     /// The effects the payment's state calls for.
@@ -320,5 +369,9 @@ fn add_settlement(outcome: &mut EventOutcome, settlement: Settlement) {
     if settlement.revoked > 0 || settlement.shortfall > 0 || settlement.withdrawn.is_some() {
         outcome.tokens_revoked = Some(outcome.tokens_revoked.unwrap_or(0) + settlement.revoked);
         outcome.shortfall = Some(outcome.shortfall.unwrap_or(0) + settlement.shortfall);
+    }
+    if settlement.reactivated > 0 {
+        outcome.tokens_reactivated =
+            Some(outcome.tokens_reactivated.unwrap_or(0) + settlement.reactivated);
     }
 }

@@ -8,6 +8,7 @@
 //! apart from the state, one amount per refund id, because they only grow and add up
 //! whatever order they arrive in.
 
+use futures::TryStreamExt;
 use mongodb::bson::{Bson, DateTime, Document, doc, oid::ObjectId};
 use mongodb::options::ReturnDocument;
 use serde::Deserialize;
@@ -18,7 +19,8 @@ use super::filters::{issuance_filter, payment_tokens_filter};
 use super::indexes::PAYMENTS_INDEX;
 use super::{Store, TOKENS};
 use crate::domain::{
-    Actor, IssuanceParams, Owner, PaymentEvent, PaymentKey, PaymentStatus, Quantity, TokenType,
+    Actor, IssuanceParams, Money, Owner, PaymentEvent, PaymentKey, PaymentStatus, Quantity, Refund,
+    Reversal, TokenType, Withdrawal,
 };
 
 pub const PAYMENTS: &str = "payments";
@@ -72,12 +74,38 @@ pub struct PaymentDoc {
     /// The sum of the payment's refunds (`refunds`: one `{id, amount}` per refund,
     /// dispute or charge); it only grows.
     pub amount_refunded: Option<i64>,
+    /// The withdrawals, one per refund, dispute, chargeback or charge.
+    #[serde(default)]
+    pub refunds: Vec<RefundEntry>,
+    /// The money that came back, one per reversal id.
+    #[serde(default)]
+    pub reversals: Vec<ReversalEntry>,
     #[serde(default)]
     pub last_event_id: String,
     #[serde(default)]
     pub last_event_type: String,
     pub created_at: DateTime,
     pub updated_at: DateTime,
+}
+
+/// One entry of a payment's `refunds`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct RefundEntry {
+    pub id: String,
+    pub amount: i64,
+    /// The provider called it a withdrawal of the whole payment (absent: it did not,
+    /// or the entry was written before this was kept).
+    #[serde(default)]
+    pub full: bool,
+}
+
+/// One entry of a payment's `reversals`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ReversalEntry {
+    pub id: String,
+    pub amount: i64,
+    pub of: Option<String>,
+    pub at: Option<i64>,
 }
 
 fn status_before_any_event() -> PaymentStatus {
@@ -88,6 +116,33 @@ impl PaymentDoc {
     /// The payment's unique key, as stored (validated when it was written).
     pub fn key(&self) -> Result<PaymentKey, StoreError> {
         super::documents::stored_key(&self.provider, &self.account_id, &self.payment_intent_id)
+    }
+
+    /// What the document records of the payment's money, for the money rule.
+    pub fn money(&self) -> Money {
+        Money {
+            amount: self.amount,
+            withdrawals: self
+                .refunds
+                .iter()
+                .map(|r| Withdrawal {
+                    id: r.id.clone(),
+                    amount: r.amount,
+                    full: r.full,
+                })
+                .collect(),
+            reversals: self
+                .reversals
+                .iter()
+                .map(|r| Reversal {
+                    id: r.id.clone(),
+                    amount: r.amount,
+                    of: r.of.clone(),
+                    at: r.at,
+                })
+                .collect(),
+            recorded_total: self.amount_refunded,
+        }
     }
 }
 
@@ -248,14 +303,20 @@ impl Store {
     /// id in `refunds`, each only growing, and `amountRefunded` is their sum: two refunds
     /// add up, a redelivered or replayed one counts once. `amountRefunded` never shrinks,
     /// so a total recorded before `refunds` existed is kept.
+    ///
+    /// A running total (`refund.reported_at`) leaves out the refunds that failed before
+    /// it was reported (Stripe lowers a charge's `amount_refunded` when one fails): those
+    /// recorded among `reversals` of this id before then are added back, so the entry
+    /// stays the gross its reversals are taken from, and a later report neither counts a
+    /// failed refund again nor misses a new one.
     pub async fn record_refund(
         &self,
         key: &PaymentKey,
-        refund_id: &str,
+        refund: &Refund,
         refund_amount: i64,
         amount: Option<i64>,
     ) -> Result<PaymentDoc, StoreError> {
-        let id = literal(refund_id);
+        let id = literal(refund.id.as_str());
         let others = doc! { "$filter": {
             "input": { "$ifNull": ["$refunds", []] },
             "cond": { "$ne": ["$$this.id", id.clone()] },
@@ -267,10 +328,36 @@ impl Store {
             } },
             "in": "$$this.amount",
         } } };
+        let reported: Bson = match refund.reported_at {
+            Some(at) => doc! { "$add": [ literal(refund_amount), { "$sum": { "$map": {
+                "input": { "$filter": {
+                    "input": { "$ifNull": ["$reversals", []] },
+                    "cond": { "$and": [
+                        { "$eq": ["$$this.of", id.clone()] },
+                        { "$lt": [ { "$ifNull": ["$$this.at", at] }, literal(at) ] },
+                    ] },
+                } },
+                "in": "$$this.amount",
+            } } } ] }
+            .into(),
+            None => literal(refund_amount).into(),
+        };
+        let full = refund.full == Some(true);
+        let was_full = doc! { "$anyElementTrue": [ { "$map": {
+            "input": { "$filter": {
+                "input": { "$ifNull": ["$refunds", []] },
+                "cond": { "$eq": ["$$this.id", id.clone()] },
+            } },
+            "in": { "$eq": ["$$this.full", true] },
+        } } ] };
         let mut set = doc! {
             "refunds": { "$concatArrays": [
                 others,
-                [ { "id": id, "amount": { "$max": [known, literal(refund_amount)] } } ],
+                [ {
+                    "id": id,
+                    "amount": { "$max": [known, reported] },
+                    "full": { "$or": [literal(full), was_full] },
+                } ],
             ] },
             "createdAt": { "$ifNull": ["$createdAt", "$$NOW"] },
             "updatedAt": "$$NOW",
@@ -284,6 +371,83 @@ impl Store {
         ] } } };
         self.upsert_payment(key, vec![doc! { "$set": set }, total])
             .await
+    }
+
+    /// Records `reversal` (money that came back) among the payment's `reversals`, one
+    /// per id: its amount only grows and its `at` keeps the earliest report, so a
+    /// redelivered or replayed reversal counts once, whatever its unsigned fields say.
+    /// Like a refund it moves no status and consumes no version.
+    pub async fn record_reversal(
+        &self,
+        key: &PaymentKey,
+        reversal: &Reversal,
+    ) -> Result<PaymentDoc, StoreError> {
+        let id = literal(reversal.id.as_str());
+        let same = |input: &str| {
+            doc! { "$filter": {
+                "input": { "$ifNull": [input, []] },
+                "cond": { "$eq": ["$$this.id", id.clone()] },
+            } }
+        };
+        let others = doc! { "$filter": {
+            "input": { "$ifNull": ["$reversals", []] },
+            "cond": { "$ne": ["$$this.id", id.clone()] },
+        } };
+        let known = |field: &str| {
+            doc! { "$max": { "$map": { "input": same("$reversals"), "in": format!("$$this.{field}") } } }
+        };
+        let earliest =
+            doc! { "$min": { "$map": { "input": same("$reversals"), "in": "$$this.at" } } };
+        let at: Bson = match reversal.at {
+            Some(at) => {
+                doc! { "$ifNull": [ { "$min": [earliest, literal(at)] }, literal(at) ] }.into()
+            }
+            None => earliest.into(),
+        };
+        let of: Bson = match &reversal.of {
+            Some(of) => literal(of.as_str()).into(),
+            None => Bson::Null,
+        };
+        let set = doc! {
+            "reversals": { "$concatArrays": [
+                others,
+                [ {
+                    "id": literal(reversal.id.as_str()),
+                    "amount": { "$max": [known("amount"), literal(reversal.amount)] },
+                    "of": of,
+                    "at": at,
+                } ],
+            ] },
+            "createdAt": { "$ifNull": ["$createdAt", "$$NOW"] },
+            "updatedAt": "$$NOW",
+        };
+        self.upsert_payment(key, vec![doc! { "$set": set }]).await
+    }
+
+    /// Moves a `refunded` payment back to `succeeded`, if it is still `refunded` at
+    /// `version` (a newer withdrawal projected meanwhile wins); the version stays, so an
+    /// older event still loses to it. Returns the payment as it now is.
+    pub async fn reopen_payment(
+        &self,
+        key: &PaymentKey,
+        version: i64,
+        event: &PaymentEvent,
+    ) -> Result<Option<PaymentDoc>, StoreError> {
+        let mut filter = issuance_filter(key);
+        filter.insert("status", PaymentStatus::Refunded.as_str());
+        filter.insert("version", version);
+        self.collection(PAYMENTS)
+            .update_one(
+                filter,
+                doc! { "$set": {
+                    "status": PaymentStatus::Succeeded.as_str(),
+                    "lastEventId": event.event_id.as_str(),
+                    "lastEventType": event.event_type.as_str(),
+                    "updatedAt": DateTime::now(),
+                } },
+            )
+            .await?;
+        self.find_payment(key).await
     }
 
     /// Runs `pipeline` as an upsert on the payment's document; returns it as it now is.
@@ -354,5 +518,52 @@ impl Store {
             .count_documents(in_range("redeemed"))
             .await?;
         Ok((revoked, redeemed))
+    }
+
+    /// Makes active again the tokens of a payment below tokenIndex `below` that a
+    /// withdrawal revoked: those whose last author is `by`, the payment's provider (a
+    /// payment's settle is the only writer that names it, so an operator's revoke, by
+    /// `key:…`, is never undone, nor a token revoked before authors were recorded). The
+    /// last revoked (the lowest tokenIndex, as withdrawals revoke from the highest) come
+    /// back first. Each is written only at the version it was read at and still revoked
+    /// by `by`, and gets `$inc: {_version: 1}`. Returns how many came back.
+    pub async fn reactivate_tokens(
+        &self,
+        key: &PaymentKey,
+        below: i64,
+        by: &Actor,
+    ) -> Result<u64, StoreError> {
+        let mut filter = payment_tokens_filter(key);
+        filter.insert("tokenIndex", doc! { "$lt": below });
+        filter.insert("status", "revoked");
+        filter.insert("lastChangedBy", by.as_str());
+        let candidates: Vec<Document> = self
+            .collection(TOKENS)
+            .find(filter)
+            .projection(doc! { "_id": 1, "_version": 1 })
+            .sort(doc! { "tokenIndex": 1 })
+            .await?
+            .try_collect()
+            .await?;
+        let now = DateTime::now();
+        let mut reactivated = 0;
+        for token in candidates {
+            let (Some(id), Some(version)) = (token.get("_id"), token.get("_version")) else {
+                continue;
+            };
+            let result = self
+                .collection(TOKENS)
+                .update_one(
+                    doc! { "_id": id, "_version": version, "status": "revoked", "lastChangedBy": by.as_str() },
+                    doc! {
+                        "$set": { "status": "active", "reactivatedAt": now, "updatedAt": now },
+                        "$unset": { "revokedAt": "", "revocationReason": "" },
+                        "$inc": { "_version": 1 },
+                    },
+                )
+                .await?;
+            reactivated += result.modified_count;
+        }
+        Ok(reactivated)
     }
 }

@@ -27,6 +27,7 @@ mod provider_events;
 mod redemptions;
 mod refunds;
 mod repair;
+mod reversals;
 mod sign_command;
 mod tokens;
 mod validation;
