@@ -99,11 +99,29 @@ impl Money {
         }
     }
 
-    /// Whether the withdrawals alone reach the whole amount: a `refunded` status is then
-    /// the money's doing, and the money's reversals can make the payment stand again.
+    /// Whether the withdrawals explain a `refunded` status, so that the money decides
+    /// instead: they reach the whole amount (a full one does); or none was called full,
+    /// and the refund was judged whole only because the payment's amount was not known
+    /// then (a withdrawal of unknown share reads as all of it, until the amount is
+    /// known); or the amount is still unknown. A refund the provider called full is
+    /// recorded as a full withdrawal, so it explains the status and comes back only by a
+    /// reversal of it.
     pub fn explains_refund(&self) -> bool {
-        self.amount
-            .is_some_and(|amount| amount > 0 && self.gross() >= amount)
+        let gross = self.gross();
+        let called_full = self.withdrawals.iter().any(|w| w.full);
+        gross > 0
+            && self
+                .amount
+                .is_none_or(|amount| gross >= amount || !called_full)
+    }
+
+    /// Whether less than the whole payment is withdrawn now: some is left, or, the
+    /// amount unknown, nothing is withdrawn at all.
+    pub fn leaves_some(&self) -> bool {
+        match self.amount {
+            Some(amount) if amount > 0 => self.withdrawn() < amount,
+            _ => self.withdrawn() == 0,
+        }
     }
 }
 
@@ -299,6 +317,15 @@ mod tests {
             ),
             // Refunded without money that explains it (the provider's word only).
             (Refunded, money(Some(1000), 0, 0), 10, keep(0, "refunded")),
+            // Judged whole while the amount was unknown: the money decides once known.
+            (
+                Refunded,
+                money(Some(1000), 250, 0),
+                10,
+                keep(8, "partial_refund"),
+            ),
+            (Refunded, money(None, 250, 0), 10, keep(0, "refunded")),
+            (Refunded, money(None, 250, 250), 10, Entitlement::All),
             (Canceled, money(Some(1000), 0, 0), 10, keep(0, "canceled")),
             (Failed, money(Some(1000), 0, 0), 10, keep(0, "failed")),
         ];

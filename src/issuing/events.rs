@@ -34,7 +34,7 @@
 use chrono::Utc;
 
 use super::issue::usable_metadata;
-use super::standing::{stands_again, takes_back};
+use super::standing::{stands_again, takes_back, withdrawn_whole};
 use super::{IssueError, IssueOutcome, Issuer, Settlement};
 use crate::domain::{
     Actor, EventOutcome, NewIssuance, ParsedEvent, PaymentEvent, PaymentStatus, Reversal,
@@ -116,6 +116,7 @@ impl Issuer {
             tracing::warn!(payment = %Bounded(event.key.payment_intent_id.as_str()), event = %Bounded(&event.event_id), outcome = %refused.outcome, "provider event held back");
             return Ok(refused);
         }
+        let state = self.status_by_money(event, state).await?;
         let mut outcome = self.apply_state(event, &state).await?;
         // A failure that took tokens back (a capture rejected after the payment was
         // reported paid) is a withdrawal too.
@@ -159,8 +160,12 @@ impl Issuer {
         let (PaymentStatus::Refunded, Some(refund)) = (event.status, &event.refund) else {
             return Ok(None);
         };
-        let Some(refund_amount) = refund.amount else {
-            return Ok(None);
+        // A full refund of no amount is kept too, as a full withdrawal of nothing: it
+        // counts as the payment's amount, so the status it sets is the money's to undo.
+        let refund_amount = match (refund.amount, refund.full) {
+            (Some(amount), _) => amount,
+            (None, Some(true)) => 0,
+            (None, _) => return Ok(None),
         };
         let state = self
             .store
@@ -181,37 +186,48 @@ impl Issuer {
     /// (`succeeded`) when some came back, and the tokens withdrawals revoked that the
     /// payment is entitled to again are made active (`tokensReactivated`). A reversal
     /// before the withdrawal it names waits for it (`domain::Money`): recorded now, it
-    /// is what that withdrawal's settle finds.
-    ///
-    /// The payment's place is held as a withdrawal holds it: an issuance in flight
-    /// settles by a read taken before its writes, which may not show this reversal, and
-    /// could revoke after this settle; the hold marks its record held (or stops it), so
-    /// that it settles again with a fresh read (see `store::placeholder`).
+    /// is what that withdrawal's settle finds. A payment standing again is issued like
+    /// after its success (a checkout's pending request is fulfilled), then settled.
     async fn apply_reversal(
         &self,
         event: &PaymentEvent,
         reversal: &Reversal,
     ) -> Result<EventOutcome, StoreError> {
-        let mut state = self.store.record_reversal(&event.key, reversal).await?;
-        if stands_again(&state)
-            && let Some(reopened) = self
-                .store
-                .reopen_payment(&event.key, state.version, event)
-                .await?
-        {
-            state = reopened;
-        }
-        let record = self.store.hold_place(&event.key).await?;
-        let settlement = self
-            .settle_recorded(&event.key, record.as_ref(), Some(&state))
-            .await?;
+        let state = self.store.record_reversal(&event.key, reversal).await?;
+        let state = self.status_by_money(event, state).await?;
+        let mut outcome = self.apply_state(event, &state).await?;
         // Always answered, 0 included: what a reversal did is how many came back.
-        let mut outcome = EventOutcome {
-            tokens_reactivated: Some(0),
-            ..EventOutcome::new("reinstated")
-        };
-        add_settlement(&mut outcome, settlement);
+        outcome.tokens_reactivated = Some(outcome.tokens_reactivated.unwrap_or(0));
+        if outcome.outcome != "conflict" {
+            outcome.outcome = "reinstated".to_owned();
+        }
         Ok(outcome)
+    }
+
+    /// Makes the payment's status say what its money says, where the versions could
+    /// not: a payment refunded by its money moves back to `succeeded` when money came
+    /// back (`stands_again`), and one whose money is withdrawn whole by a refund that
+    /// lost to a newer version (a reversal had reopened it meanwhile) is `refunded`
+    /// again (`withdrawn_whole`). Each event reads the document after writing its money
+    /// to it, so the later of two concurrent ones sees both. The move is gated on the
+    /// status and version read. Returns the state as it now is.
+    async fn status_by_money(
+        &self,
+        event: &PaymentEvent,
+        state: PaymentDoc,
+    ) -> Result<PaymentDoc, StoreError> {
+        let (from, to) = if stands_again(&state) {
+            (PaymentStatus::Refunded, PaymentStatus::Succeeded)
+        } else if event.refund.is_some() && withdrawn_whole(&state) {
+            (state.status, PaymentStatus::Refunded)
+        } else {
+            return Ok(state);
+        };
+        Ok(self
+            .store
+            .move_status(&event.key, from, to, state.version, event)
+            .await?
+            .unwrap_or(state))
     }
 
     /// The effects the payment's state calls for.
@@ -231,7 +247,10 @@ impl Issuer {
         // of the quantity the payment has now. A state that takes tokens back holds the
         // payment's place instead of only reading it: that orders this settle after any
         // atomic issuance in flight, or stops the issuance (see `store::placeholder`).
-        let record = if takes_back(state) {
+        // So does money coming back: an issuance in flight settles by a read taken before
+        // its writes, which may not show the reversal, and could revoke after this
+        // settle; held, its record is settled again with a fresh read.
+        let record = if takes_back(state) || event.reversal.is_some() {
             self.store.hold_place(&event.key).await?
         } else {
             self.store.find_record(&event.key).await?

@@ -37,15 +37,23 @@ pub fn takes_back(payment: &PaymentDoc) -> bool {
     payment.status.forbids_issuance() || payment.money().withdrawn() > 0
 }
 
+/// Whether a payment that is not `refunded` (nor canceled: that is the provider's word
+/// too) has its whole amount withdrawn by its money, refunds its provider called full
+/// among them: it is `refunded`, whatever a newer version says.
+pub(super) fn withdrawn_whole(payment: &PaymentDoc) -> bool {
+    let money = payment.money();
+    matches!(
+        payment.status,
+        PaymentStatus::Processing | PaymentStatus::Succeeded | PaymentStatus::Failed
+    ) && money.explains_refund()
+        && !money.leaves_some()
+}
+
 /// Whether money that came back makes a payment refunded by its withdrawals stand
 /// again: it is then `succeeded` once more, and can be issued.
 pub(super) fn stands_again(payment: &PaymentDoc) -> bool {
     let money = payment.money();
-    payment.status == PaymentStatus::Refunded
-        && money.explains_refund()
-        && money
-            .amount
-            .is_some_and(|amount| money.withdrawn() < amount)
+    payment.status == PaymentStatus::Refunded && money.explains_refund() && money.leaves_some()
 }
 
 /// The payment's state when it is refunded, canceled or failed: none of its tokens stand.
@@ -65,6 +73,10 @@ pub struct Settlement {
     /// The payment is refunded, canceled or failed: none of its tokens stand.
     pub withdrawn: Option<PaymentStatus>,
 }
+
+/// The most passes of a settle both ways: each one follows a change a concurrent event
+/// made meanwhile, and that event settles after recording it anyway.
+const SETTLE_PASSES: usize = 4;
 
 impl Issuer {
     /// Re-reads the payment and makes its tokens agree with its state.
@@ -104,33 +116,44 @@ impl Issuer {
     /// and stands again (money came back, or the payment succeeded again).
     ///
     /// Only for a fresh read: a group-commit batch's settle, which goes by a read taken
-    /// before its writes, only revokes (`settle_with`). Why this converges with a
-    /// withdrawal recorded concurrently: after making tokens active, the payment is read
-    /// again and settled by that read. Either that read sees the withdrawal, and revokes
-    /// for it, or the withdrawal was recorded after it, and so after these tokens came
-    /// back: its own settle, which reads after recording, then finds them active.
+    /// before its writes, only revokes (`settle_with`). Even a fresh read may be older
+    /// than a concurrent event's: a settle that changed anything reads the payment again
+    /// and settles by that read, until a pass changes nothing. Why that converges: every
+    /// event records the money before it settles, and settles by a read taken after
+    /// recording; the last pass's read follows this settle's writes, so an event it does
+    /// not show was recorded after them, and its own settle then finds these tokens.
     pub(super) async fn settle_both_ways(
         &self,
         key: &PaymentKey,
         quantity: i64,
         payment: Option<&PaymentDoc>,
     ) -> Result<Settlement, StoreError> {
-        let mut settlement = self.settle_with(key, quantity, payment).await?;
-        let keep = entitlement(payment, quantity).kept(quantity);
-        if keep == 0 {
-            return Ok(settlement);
-        }
         let by = Actor::provider(&key.provider);
-        settlement.reactivated = self.store.reactivate_tokens(key, keep, &by).await?;
-        if settlement.reactivated > 0 {
-            metrics::counter!(metric::TOKENS_REACTIVATED_TOTAL).increment(settlement.reactivated);
-            let again = self.store.find_payment(key).await?;
-            let revoked = self.settle_with(key, quantity, again.as_ref()).await?;
-            settlement.revoked += revoked.revoked;
-            settlement.shortfall = revoked.shortfall;
-            settlement.withdrawn = revoked.withdrawn;
+        let mut fresh = None;
+        let mut settled = Settlement::default();
+        for _ in 0..SETTLE_PASSES {
+            let state = fresh.as_ref().or(payment);
+            let pass = self.settle_with(key, quantity, state).await?;
+            let keep = entitlement(state, quantity).kept(quantity);
+            let reactivated = if keep > 0 {
+                self.store.reactivate_tokens(key, keep, &by).await?
+            } else {
+                0
+            };
+            if reactivated > 0 {
+                metrics::counter!(metric::TOKENS_REACTIVATED_TOTAL).increment(reactivated);
+            }
+            settled = Settlement {
+                revoked: settled.revoked + pass.revoked,
+                reactivated: settled.reactivated + reactivated,
+                ..pass
+            };
+            if pass.revoked == 0 && reactivated == 0 {
+                break;
+            }
+            fresh = self.store.find_payment(key).await?;
         }
-        Ok(settlement)
+        Ok(settled)
     }
 
     /// Makes a payment's tokens agree with `payment` (its state as just read).

@@ -424,23 +424,25 @@ impl Store {
         self.upsert_payment(key, vec![doc! { "$set": set }]).await
     }
 
-    /// Moves a `refunded` payment back to `succeeded`, if it is still `refunded` at
-    /// `version` (a newer withdrawal projected meanwhile wins); the version stays, so an
-    /// older event still loses to it. Returns the payment as it now is.
-    pub async fn reopen_payment(
+    /// Moves a payment from `from` to `to` if it is still `from` at `version` (an event
+    /// projected meanwhile wins); the version stays, so an older event still loses to
+    /// it, and `event` is recorded as the last. Returns the payment as it now is.
+    pub async fn move_status(
         &self,
         key: &PaymentKey,
+        from: PaymentStatus,
+        to: PaymentStatus,
         version: i64,
         event: &PaymentEvent,
     ) -> Result<Option<PaymentDoc>, StoreError> {
         let mut filter = issuance_filter(key);
-        filter.insert("status", PaymentStatus::Refunded.as_str());
+        filter.insert("status", from.as_str());
         filter.insert("version", version);
         self.collection(PAYMENTS)
             .update_one(
                 filter,
                 doc! { "$set": {
-                    "status": PaymentStatus::Succeeded.as_str(),
+                    "status": to.as_str(),
                     "lastEventId": event.event_id.as_str(),
                     "lastEventType": event.event_type.as_str(),
                     "updatedAt": DateTime::now(),
