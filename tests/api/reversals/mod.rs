@@ -458,3 +458,56 @@ async fn verify_reports_tokens_a_lost_reversal_left_revoked_and_repair_restores_
     assert_eq!(statuses(&app, "pi_lost").await, ["active"; 4]);
     verify_clean(&app).await;
 }
+
+#[tokio::test]
+async fn a_reversal_whose_reactivation_fails_is_answered_503_and_its_retry_counts_once() {
+    let name = unique_app_name();
+    let app = spawn_app_named(&name, PROVIDERS).await;
+    let ids = paid(&app, "pi_retry", "4").await;
+    stripe(
+        &app,
+        &dispute("evt_dw", "funds_withdrawn", "pi_retry", 500, PAID_AT + 10),
+    )
+    .await;
+    assert_eq!(
+        statuses(&app, "pi_retry").await,
+        ["active", "active", "revoked", "revoked"]
+    );
+
+    // The settle's revoke (the first `update`) passes; the reactivation's writes fail.
+    let won = dispute("evt_dr", "funds_reinstated", "pi_retry", 500, PAID_AT + 20);
+    let failpoint = FailPoint::after_first(&name, &["update"], Fault::error(91)).await;
+    let answer = deliver_stripe(&app, &won).await;
+    assert!(failpoint.off().await > 0, "the fault never happened");
+    assert_eq!(answer.status(), 503, "the provider is asked to retry");
+    assert_eq!(
+        app.count("webhook_events", doc! { "eventId": "evt_dr" })
+            .await,
+        0,
+        "not recorded as processed before its effects"
+    );
+    // The reversal itself was recorded, once; its tokens are not back yet.
+    assert_eq!(
+        payment(&app, "pi_retry")
+            .await
+            .get_array("reversals")
+            .unwrap()
+            .len(),
+        1
+    );
+
+    // The provider's retry finishes it: the same tokens, the reversal still counted once.
+    let retried = stripe(&app, &won).await;
+    assert_eq!(retried["outcome"], "reinstated", "{retried}");
+    assert_eq!(statuses(&app, "pi_retry").await, ["active"; 4]);
+    assert_eq!(token_ids(&app, "pi_retry").await, ids);
+    assert_eq!(
+        payment(&app, "pi_retry")
+            .await
+            .get_array("reversals")
+            .unwrap()
+            .len(),
+        1
+    );
+    verify_clean(&app).await;
+}
