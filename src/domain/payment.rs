@@ -102,7 +102,8 @@ pub struct Refund {
 /// What an event body turned out to be.
 #[derive(Debug, Clone)]
 pub enum ParsedEvent {
-    Payment(PaymentEvent),
+    /// Boxed: an event of a payment is several times the size of an ignored one.
+    Payment(Box<PaymentEvent>),
     /// Verified, but nothing tokenmint acts on (unhandled type, partial refund, …).
     Ignored {
         event_id: String,

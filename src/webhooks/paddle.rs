@@ -184,7 +184,7 @@ pub fn parse_paddle(
         (true, None) => return ignored("chargeback reversal without totals.total"),
         (false, _) => None,
     };
-    Ok(ParsedEvent::Payment(PaymentEvent {
+    Ok(ParsedEvent::Payment(Box::new(PaymentEvent {
         event_id: event.event_id.clone(),
         event_type: event.event_type.clone(),
         key,
@@ -203,7 +203,7 @@ pub fn parse_paddle(
         refund,
         reversal,
         authorises_capture: false,
-    }))
+    })))
 }
 
 #[cfg(test)]
@@ -292,7 +292,7 @@ mod tests {
     fn parse(event: &Value) -> PaymentEvent {
         let provider = Provider::parse("paddle").unwrap();
         match parse_paddle(&provider, event.to_string().as_bytes(), 100).unwrap() {
-            ParsedEvent::Payment(event) => event,
+            ParsedEvent::Payment(event) => *event,
             ignored => panic!("{ignored:?}"),
         }
     }

@@ -168,7 +168,7 @@ pub fn parse_standard(
     let payment_date = text("paymentDate")
         .and_then(|d| DateTime::parse_from_rfc3339(d).ok())
         .map(|d| d.with_timezone(&Utc));
-    Ok(ParsedEvent::Payment(PaymentEvent {
+    Ok(ParsedEvent::Payment(Box::new(PaymentEvent {
         event_id: event_id.to_owned(),
         event_type: event.event_type.clone(),
         key,
@@ -191,7 +191,7 @@ pub fn parse_standard(
         }),
         reversal,
         authorises_capture: false,
-    }))
+    })))
 }
 
 #[cfg(test)]

@@ -217,7 +217,7 @@ pub fn parse_stripe(
         }
         _ => (None, status.rank()),
     };
-    Ok(ParsedEvent::Payment(PaymentEvent {
+    Ok(ParsedEvent::Payment(Box::new(PaymentEvent {
         event_id: event.id,
         event_type: event.event_type,
         key,
@@ -233,7 +233,7 @@ pub fn parse_stripe(
         refund,
         reversal,
         authorises_capture: false,
-    }))
+    })))
 }
 
 /// What a Checkout Session event says of its payment, or why it says nothing: only

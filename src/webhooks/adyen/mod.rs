@@ -299,7 +299,7 @@ fn parse_item(
     // The token parameters and the payment's date are the authorisation's, also under
     // manual capture, where the payment keeps them until its CAPTURE.
     let authorised = code == "AUTHORISATION" && succeeded;
-    ParsedEvent::Payment(PaymentEvent {
+    ParsedEvent::Payment(Box::new(PaymentEvent {
         event_id: event_id.clone(),
         event_type: code.clone(),
         key,
@@ -318,7 +318,7 @@ fn parse_item(
         refund,
         reversal,
         authorises_capture: authorised && status == PaymentStatus::Processing,
-    })
+    }))
 }
 
 #[cfg(test)]
