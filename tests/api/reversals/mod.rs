@@ -242,6 +242,23 @@ async fn an_operators_revoke_and_a_redemption_outlast_a_failed_full_refund() {
     // Issuable again: a trusted retry of the payment is a replay, not a refusal.
     let retry = app.issue(WRITER_KEY, &issuance_body("pi_op", 4)).await;
     assert_ne!(retry.status(), 409, "{:?}", retry.text().await);
+
+    // The full refund's event replayed a month later (its dedupe record expired): the
+    // refund that failed is not counted again, and the payment stays standing.
+    let replayed = replay_after_expiry(&app, &full_refund("evt_full", "pi_op", PAID_AT + 10)).await;
+    assert_eq!(
+        replayed["tokensRevoked"].as_u64().unwrap_or(0),
+        0,
+        "{replayed}"
+    );
+    assert_eq!(
+        statuses(&app, "pi_op").await,
+        ["revoked", "redeemed", "active", "active"]
+    );
+    assert_eq!(
+        payment(&app, "pi_op").await.get_str("status").unwrap(),
+        "succeeded"
+    );
     verify_clean(&app).await;
 }
 
