@@ -98,6 +98,13 @@ pub fn parse_stripe(
         "charge.refunded" | "charge.dispute.funds_withdrawn" => {
             (PaymentStatus::Refunded, id("payment_intent"))
         }
+        // A dispute opened with its funds already taken (its `balance_transactions` name
+        // the withdrawal) is the same withdrawal `funds_withdrawn` reports, under the
+        // same id: whichever arrives, it counts once. One that took nothing yet is not.
+        "charge.dispute.created" if withdrew_funds(object) => {
+            (PaymentStatus::Refunded, id("payment_intent"))
+        }
+        "charge.dispute.created" => return ignored("a dispute whose funds were not withdrawn"),
         // Money coming back moves no state: the reversal is recorded and the money
         // decides (the status is the one a standing payment has).
         "charge.dispute.funds_reinstated"
@@ -203,7 +210,7 @@ pub fn parse_stripe(
         // The Dispute's `amount` is what the cardholder's bank took back: a refund of that
         // much, kept under the dispute's own id so it adds to the charge's refunds. It is
         // not the payment's amount.
-        "charge.dispute.funds_withdrawn" => {
+        "charge.dispute.funds_withdrawn" | "charge.dispute.created" => {
             let Some(disputed) = amount.take() else {
                 return ignored("dispute without amount");
             };
@@ -258,6 +265,14 @@ fn session_status(
         ("checkout.session.expired", _) => Ok(PaymentStatus::Canceled),
         _ => Err("unhandled event type"),
     }
+}
+
+/// Whether a Dispute's funds were withdrawn: its `balance_transactions` list one.
+fn withdrew_funds(dispute: &Map<String, Value>) -> bool {
+    dispute
+        .get("balance_transactions")
+        .and_then(Value::as_array)
+        .is_some_and(|transactions| !transactions.is_empty())
 }
 
 /// The PaymentIntent a session names: its id, or the id of the object when expanded.
@@ -561,6 +576,30 @@ mod tests {
                 "{event_type} {status}"
             );
         }
+    }
+
+    #[test]
+    fn a_dispute_created_counts_as_its_withdrawal_only_once_funds_are_taken() {
+        let created = |transactions: Value| {
+            let body = json!({"id": "evt_c", "type": "charge.dispute.created", "created": 2,
+                "data": {"object": {"id": "du_1", "charge": "ch_1", "payment_intent": "pi_1",
+                "amount": 300, "balance_transactions": transactions}}});
+            match parse_stripe(&stripe(), body.to_string().as_bytes(), 10).unwrap() {
+                ParsedEvent::Payment(event) => event.refund,
+                ParsedEvent::Ignored { .. } => None,
+            }
+        };
+        assert_eq!(created(json!([])), None, "nothing withdrawn yet");
+        assert_eq!(
+            created(json!([{"id": "txn_1", "amount": -300}])),
+            Some(Refund {
+                id: "dispute:du_1".to_owned(),
+                amount: Some(300),
+                full: None,
+                reported_at: None,
+            }),
+            "the same withdrawal funds_withdrawn reports"
+        );
     }
 
     #[test]
