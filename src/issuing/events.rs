@@ -131,6 +131,7 @@ impl Issuer {
             // the current state, changed nothing the newer event had not done).
             outcome = EventOutcome {
                 tokens_revoked: outcome.tokens_revoked.filter(|n| *n > 0),
+                tokens_reactivated: outcome.tokens_reactivated,
                 shortfall: None,
                 ..EventOutcome::with_detail(
                     "stale",
