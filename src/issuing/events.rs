@@ -42,6 +42,10 @@ use crate::domain::{
 use crate::store::{PaymentDoc, ProjectionGate, StoreError};
 use crate::telemetry::{Bounded, metric};
 
+/// How often a status the money decides is tried again after another event changed the
+/// payment meanwhile (that event decides on what it wrote, too).
+const STATUS_ATTEMPTS: usize = 3;
+
 /// The outcome of one delivery; `duplicate` when the event was processed before.
 pub struct Processed {
     pub duplicate: bool,
@@ -209,26 +213,30 @@ impl Issuer {
     /// not: a payment refunded by its money moves back to `succeeded` when money came
     /// back (`stands_again`), and one whose money is withdrawn whole by a refund that
     /// lost to a newer version (a reversal had reopened it meanwhile) is `refunded`
-    /// again (`withdrawn_whole`). Each event reads the document after writing its money
-    /// to it, so the later of two concurrent ones sees both. The move is gated on the
-    /// status and version read. Returns the state as it now is.
+    /// again (`withdrawn_whole`). Each event decides on the document as it read it after
+    /// writing its money, and the move is gated on that read's status, version and money:
+    /// when another event changed any of them meanwhile, the move does nothing and the
+    /// decision is taken again on the document as it now is. Returns that state.
     async fn status_by_money(
         &self,
         event: &PaymentEvent,
-        state: PaymentDoc,
+        mut state: PaymentDoc,
     ) -> Result<PaymentDoc, StoreError> {
-        let (from, to) = if stands_again(&state) {
-            (PaymentStatus::Refunded, PaymentStatus::Succeeded)
-        } else if event.refund.is_some() && withdrawn_whole(&state) {
-            (state.status, PaymentStatus::Refunded)
-        } else {
-            return Ok(state);
-        };
-        Ok(self
-            .store
-            .move_status(&event.key, from, to, state.version, event)
-            .await?
-            .unwrap_or(state))
+        for _ in 0..STATUS_ATTEMPTS {
+            let to = if stands_again(&state) {
+                PaymentStatus::Succeeded
+            } else if event.refund.is_some() && withdrawn_whole(&state) {
+                PaymentStatus::Refunded
+            } else {
+                break;
+            };
+            match self.store.move_status(&state, to, event).await? {
+                Some(now) if now.status == to => return Ok(now),
+                Some(now) => state = now,
+                None => break,
+            }
+        }
+        Ok(state)
     }
 
     /// The effects the payment's state calls for.

@@ -80,6 +80,10 @@ pub struct PaymentDoc {
     /// The money that came back, one per reversal id.
     #[serde(default)]
     pub reversals: Vec<ReversalEntry>,
+    /// +1 on every write of `refunds` or `reversals`: a status moved by the money
+    /// (`Store::move_status`) is moved only if the money is still as it was read.
+    #[serde(default)]
+    pub money_version: i64,
     #[serde(default)]
     pub last_event_id: String,
     #[serde(default)]
@@ -308,7 +312,8 @@ impl Store {
     /// it was reported (Stripe lowers a charge's `amount_refunded` when one fails): those
     /// recorded among `reversals` of this id before then are added back, so the entry
     /// stays the gross its reversals are taken from, and a later report neither counts a
-    /// failed refund again nor misses a new one.
+    /// failed refund again nor misses a new one. The latest report is kept beside it
+    /// (`reported`, `at`), for a failure recorded after it (`record_reversal`).
     pub async fn record_refund(
         &self,
         key: &PaymentKey,
@@ -342,6 +347,13 @@ impl Store {
             .into(),
             None => literal(refund_amount).into(),
         };
+        let same_id = doc! { "$filter": {
+            "input": { "$ifNull": ["$refunds", []] },
+            "cond": { "$eq": ["$$this.id", id.clone()] },
+        } };
+        let existing = |field: &str| -> Document {
+            doc! { "$first": { "$map": { "input": same_id.clone(), "in": format!("$$this.{field}") } } }
+        };
         let full = refund.full == Some(true);
         let was_full = doc! { "$anyElementTrue": [ { "$map": {
             "input": { "$filter": {
@@ -350,17 +362,28 @@ impl Store {
             } },
             "in": { "$eq": ["$$this.full", true] },
         } } ] };
+        let mut entry = doc! {
+            "id": id,
+            "amount": { "$max": [known, reported] },
+            "full": { "$or": [literal(full), was_full] },
+        };
+        if let Some(at) = refund.reported_at {
+            // The latest report wins; an older one only raises the gross above.
+            let newer = doc! { "$or": [
+                { "$eq": [ { "$ifNull": [existing("at"), Bson::Null] }, Bson::Null ] },
+                { "$gte": [ literal(at), existing("at") ] },
+            ] };
+            entry.insert(
+                "reported",
+                doc! { "$cond": [newer.clone(), literal(refund_amount), existing("reported")] },
+            );
+            entry.insert("at", doc! { "$cond": [newer, literal(at), existing("at")] });
+        }
         let mut set = doc! {
-            "refunds": { "$concatArrays": [
-                others,
-                [ {
-                    "id": id,
-                    "amount": { "$max": [known, reported] },
-                    "full": { "$or": [literal(full), was_full] },
-                } ],
-            ] },
+            "refunds": { "$concatArrays": [ others, [ entry ] ] },
             "createdAt": { "$ifNull": ["$createdAt", "$$NOW"] },
             "updatedAt": "$$NOW",
+            "moneyVersion": { "$add": [ { "$ifNull": ["$moneyVersion", 0_i64] }, 1_i64 ] },
         };
         if let Some(amount) = amount {
             set.insert("amount", doc! { "$ifNull": ["$amount", literal(amount)] });
@@ -377,6 +400,10 @@ impl Store {
     /// per id: its amount only grows and its `at` keeps the earliest report, so a
     /// redelivered or replayed reversal counts once, whatever its unsigned fields say.
     /// Like a refund it moves no status and consumes no version.
+    ///
+    /// A reversal of a running total that its latest report already left out (it is
+    /// older than the report: a failure delivered after the next report of its charge)
+    /// is added back to that total's gross, as `record_refund` does for one it knows.
     pub async fn record_reversal(
         &self,
         key: &PaymentKey,
@@ -420,24 +447,63 @@ impl Store {
             ] },
             "createdAt": { "$ifNull": ["$createdAt", "$$NOW"] },
             "updatedAt": "$$NOW",
+            "moneyVersion": { "$add": [ { "$ifNull": ["$moneyVersion", 0_i64] }, 1_i64 ] },
         };
-        self.upsert_payment(key, vec![doc! { "$set": set }]).await
+        let mut pipeline = vec![doc! { "$set": set }];
+        if let Some(of) = &reversal.of {
+            let older_reversals = doc! { "$sum": { "$map": {
+                "input": { "$filter": {
+                    "input": "$reversals",
+                    "as": "v",
+                    "cond": { "$and": [
+                        { "$eq": ["$$v.of", "$$r.id"] },
+                        { "$lt": [ { "$ifNull": ["$$v.at", "$$r.at"] }, "$$r.at" ] },
+                    ] },
+                } },
+                "as": "v",
+                "in": "$$v.amount",
+            } } };
+            let regrossed = doc! { "$mergeObjects": [ "$$r", { "amount": { "$max": [
+                "$$r.amount",
+                { "$add": ["$$r.reported", older_reversals] },
+            ] } } ] };
+            let reported_total = doc! { "$and": [
+                { "$eq": ["$$r.id", literal(of.as_str())] },
+                { "$ne": [ { "$ifNull": ["$$r.at", Bson::Null] }, Bson::Null ] },
+                { "$ne": [ { "$ifNull": ["$$r.reported", Bson::Null] }, Bson::Null ] },
+            ] };
+            pipeline.push(doc! { "$set": { "refunds": { "$map": {
+                "input": { "$ifNull": ["$refunds", []] },
+                "as": "r",
+                "in": { "$cond": [reported_total, regrossed, "$$r"] },
+            } } } });
+            pipeline.push(doc! { "$set": { "amountRefunded": { "$max": [
+                { "$ifNull": ["$amountRefunded", 0_i64] },
+                { "$sum": "$refunds.amount" },
+            ] } } });
+        }
+        self.upsert_payment(key, pipeline).await
     }
 
-    /// Moves a payment from `from` to `to` if it is still `from` at `version` (an event
-    /// projected meanwhile wins); the version stays, so an older event still loses to
-    /// it, and `event` is recorded as the last. Returns the payment as it now is.
+    /// Moves `read` (the payment as read) from its status to `to` if it is still at
+    /// that status, version and money (`moneyVersion`): an event projected or money
+    /// recorded meanwhile wins, and the caller decides again on the state returned. The
+    /// version stays, so an older event still loses to it, and `event` is recorded as
+    /// the last. Returns the payment as it now is.
     pub async fn move_status(
         &self,
-        key: &PaymentKey,
-        from: PaymentStatus,
+        read: &PaymentDoc,
         to: PaymentStatus,
-        version: i64,
         event: &PaymentEvent,
     ) -> Result<Option<PaymentDoc>, StoreError> {
-        let mut filter = issuance_filter(key);
-        filter.insert("status", from.as_str());
-        filter.insert("version", version);
+        let key = read.key()?;
+        let mut filter = issuance_filter(&key);
+        filter.insert("status", read.status.as_str());
+        filter.insert("version", read.version);
+        filter.insert(
+            "$expr",
+            doc! { "$eq": [ { "$ifNull": ["$moneyVersion", 0_i64] }, read.money_version ] },
+        );
         self.collection(PAYMENTS)
             .update_one(
                 filter,
@@ -449,7 +515,7 @@ impl Store {
                 } },
             )
             .await?;
-        self.find_payment(key).await
+        self.find_payment(&key).await
     }
 
     /// Runs `pipeline` as an upsert on the payment's document; returns it as it now is.

@@ -386,11 +386,12 @@ async fn a_reversal_replayed_under_any_id_or_after_expiry_counts_once() {
     let replayed = replay_after_expiry(&app, &won).await;
     assert_eq!(replayed["tokensReactivated"], 0, "{replayed}");
 
-    // Nothing but timestamps moved: the same tokens, versions and money.
+    // Nothing but the write's time and counter moved: the same tokens, versions and money.
     let strip = |docs: Vec<Document>| -> Vec<Document> {
         docs.into_iter()
             .map(|mut d| {
                 d.remove("updatedAt");
+                d.remove("moneyVersion");
                 d
             })
             .collect()
@@ -525,6 +526,65 @@ async fn a_reversal_whose_reactivation_fails_is_answered_503_and_its_retry_count
             .unwrap()
             .len(),
         1
+    );
+    verify_clean(&app).await;
+}
+
+#[tokio::test]
+async fn a_failure_delivered_after_its_charges_next_report_is_counted_against_the_gross() {
+    let app = app().await;
+    paid(&app, "pi_late", "4").await;
+    // re_1: 500 refunded; it fails at +20, but that event is delayed.
+    stripe(
+        &app,
+        &partial_refund_event("evt_r1", "pi_late", PAID_AT + 10, 1000, 500),
+    )
+    .await;
+    // re_2: 250 more at +30. Stripe's running total then leaves the failed 500 out: 250.
+    stripe(
+        &app,
+        &partial_refund_event("evt_r2", "pi_late", PAID_AT + 30, 1000, 250),
+    )
+    .await;
+    // Until the failure is heard of, the larger figure stands: two tokens taken back.
+    assert_eq!(
+        statuses(&app, "pi_late").await,
+        ["active", "active", "revoked", "revoked"]
+    );
+    let failed = stripe(
+        &app,
+        &refund_event(
+            "evt_f",
+            "refund.failed",
+            "re_1",
+            "pi_late",
+            500,
+            "failed",
+            PAID_AT + 20,
+        ),
+    )
+    .await;
+    // The report at +30 left re_1 out: the gross is 250 + 500, re_1's 500 comes back,
+    // and re_2's 250 stays taken: floor(4 × 0.25) = 1 token.
+    assert_eq!(failed["tokensReactivated"], 1, "{failed}");
+    assert_eq!(
+        statuses(&app, "pi_late").await,
+        ["active", "active", "active", "revoked"]
+    );
+    // Its redelivery counts nothing more.
+    let again = refund_event(
+        "evt_f2",
+        "charge.refund.updated",
+        "re_1",
+        "pi_late",
+        500,
+        "failed",
+        PAID_AT + 25,
+    );
+    assert_eq!(stripe(&app, &again).await["tokensReactivated"], 0);
+    assert_eq!(
+        statuses(&app, "pi_late").await,
+        ["active", "active", "active", "revoked"]
     );
     verify_clean(&app).await;
 }
