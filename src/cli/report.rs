@@ -27,6 +27,7 @@ pub(super) fn verify(report: &VerifyReport, repair: Option<&RepairReport>) -> Va
             "strandedPending": finding(&report.stranded_pending),
             "foreignTokens": finding(&report.foreign_tokens),
             "unbackedActiveTokens": finding(&report.unbacked_active_tokens),
+            "unrestoredTokens": finding(&report.unrestored_tokens),
         },
         "repair": repair.map(|r| json!({
             "recordsFinished": r.records_finished,

@@ -7,6 +7,7 @@ mod client;
 mod idempotency;
 mod identifiers;
 mod issuance;
+mod money;
 mod owner;
 mod payment;
 mod quantity;
@@ -23,6 +24,7 @@ pub use identifiers::{
 pub use issuance::{
     IssuanceMode, IssuanceParams, IssuanceStatus, Mismatch, NewIssuance, PaymentKey,
 };
+pub use money::{Entitlement, Money, Reversal, Withdrawal, entitlement};
 pub use owner::Owner;
 pub use payment::{EventOutcome, ParsedEvent, PaymentEvent, PaymentStatus, Refund};
 pub use quantity::Quantity;

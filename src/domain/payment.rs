@@ -3,7 +3,7 @@
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use super::{IssuanceParams, PaymentKey};
+use super::{IssuanceParams, PaymentKey, Reversal};
 
 /// The payment states tokenmint distinguishes. Their `rank` orders them for providers
 /// without an object version (Stripe): a state never moves to a lower rank.
@@ -56,6 +56,10 @@ pub struct PaymentEvent {
     pub payment_date: Option<DateTime<Utc>>,
     /// The refund or chargeback a refund event reports; `None` for other events.
     pub refund: Option<Refund>,
+    /// The money a reversal event reports coming back (a dispute won, a refund that
+    /// failed, a chargeback reversed); `None` for other events. Such an event moves no
+    /// state of its own: its effect is the entitlement the money leaves.
+    pub reversal: Option<Reversal>,
     /// An authorisation the provider will capture later (Adyen under manual capture): not
     /// the payment's success, but the event whose parameters the capture issues, so its
     /// parameters are fixed like a success's.
@@ -90,12 +94,16 @@ pub struct Refund {
     /// `Some(false)`: it says part of it, which holds only until the refunds add up to
     /// the payment's amount; `None`: the amounts decide.
     pub full: Option<bool>,
+    /// For a running total (a Stripe charge's refunds so far): when the provider reported
+    /// it (unix seconds). A refund that failed before then is already left out of it.
+    pub reported_at: Option<i64>,
 }
 
 /// What an event body turned out to be.
 #[derive(Debug, Clone)]
 pub enum ParsedEvent {
-    Payment(PaymentEvent),
+    /// Boxed: an event of a payment is several times the size of an ignored one.
+    Payment(Box<PaymentEvent>),
     /// Verified, but nothing tokenmint acts on (unhandled type, partial refund, …).
     Ignored {
         event_id: String,
@@ -146,7 +154,7 @@ impl PaymentStatus {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct EventOutcome {
-    /// `issued`, `already_issued`, `revoked`, `recorded`, `stale`, `ignored`,
+    /// `issued`, `already_issued`, `revoked`, `reinstated`, `recorded`, `stale`, `ignored`,
     /// `metadata_invalid`, `no_metadata`, `conflict`, `terminal`, `metadata_conflict`.
     pub outcome: String,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -157,6 +165,10 @@ pub struct EventOutcome {
     /// Active tokens revoked by this event (a refund, partial refund or cancellation).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tokens_revoked: Option<u64>,
+    /// Tokens a withdrawal had revoked that this event made active again, because money
+    /// came back (a reversal) or the payment stands again.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tokens_reactivated: Option<u64>,
     /// Tokens the refund takes back that were already redeemed: they stay redeemed, and
     /// the merchant is short of this many.
     #[serde(skip_serializing_if = "Option::is_none")]

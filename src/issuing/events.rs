@@ -23,17 +23,28 @@
 //! the amounts (refunds adding up to the whole amount are full, whatever each was
 //! called), so a refund replayed under any event id counts once.
 //!
+//! Money that comes back (a dispute won, a failed refund, a chargeback reversed) is
+//! recorded the same way, under its own id among the payment's reversals, and settles
+//! both ways: the tokens withdrawals revoked and the payment stands for again become
+//! active (`apply_reversal`).
+//!
 //! The event is recorded in `webhook_events` only after its effects, so nothing the
 //! provider was told is done can be lost.
 
 use chrono::Utc;
 
 use super::issue::usable_metadata;
-use super::standing::takes_back;
+use super::standing::{stands_again, takes_back, withdrawn_whole};
 use super::{IssueError, IssueOutcome, Issuer, Settlement};
-use crate::domain::{Actor, EventOutcome, NewIssuance, ParsedEvent, PaymentEvent, PaymentStatus};
+use crate::domain::{
+    Actor, EventOutcome, NewIssuance, ParsedEvent, PaymentEvent, PaymentStatus, Reversal,
+};
 use crate::store::{PaymentDoc, ProjectionGate, StoreError};
 use crate::telemetry::{Bounded, metric};
+
+/// How often a status the money decides is tried again after another event changed the
+/// payment meanwhile (that event decides on what it wrote, too).
+const STATUS_ATTEMPTS: usize = 3;
 
 /// The outcome of one delivery; `duplicate` when the event was processed before.
 pub struct Processed {
@@ -91,6 +102,9 @@ impl Issuer {
     }
 
     async fn apply_payment_event(&self, event: &PaymentEvent) -> Result<EventOutcome, StoreError> {
+        if let Some(reversal) = &event.reversal {
+            return self.apply_reversal(event, reversal).await;
+        }
         if let Some(state) = self.record_partial_refund(event).await? {
             let mut outcome = self.apply_state(event, &state).await?;
             if outcome.outcome != "conflict" {
@@ -106,6 +120,7 @@ impl Issuer {
             tracing::warn!(payment = %Bounded(event.key.payment_intent_id.as_str()), event = %Bounded(&event.event_id), outcome = %refused.outcome, "provider event held back");
             return Ok(refused);
         }
+        let state = self.status_by_money(event, state).await?;
         let mut outcome = self.apply_state(event, &state).await?;
         // A failure that took tokens back (a capture rejected after the payment was
         // reported paid) is a withdrawal too.
@@ -120,6 +135,7 @@ impl Issuer {
             // the current state, changed nothing the newer event had not done).
             outcome = EventOutcome {
                 tokens_revoked: outcome.tokens_revoked.filter(|n| *n > 0),
+                tokens_reactivated: outcome.tokens_reactivated,
                 shortfall: None,
                 ..EventOutcome::with_detail(
                     "stale",
@@ -149,20 +165,78 @@ impl Issuer {
         let (PaymentStatus::Refunded, Some(refund)) = (event.status, &event.refund) else {
             return Ok(None);
         };
-        let Some(refund_amount) = refund.amount else {
-            return Ok(None);
+        // A full refund of no amount is kept too, as a full withdrawal of nothing: it
+        // counts as the payment's amount, so the status it sets is the money's to undo.
+        let refund_amount = match (refund.amount, refund.full) {
+            (Some(amount), _) => amount,
+            (None, Some(true)) => 0,
+            (None, _) => return Ok(None),
         };
         let state = self
             .store
-            .record_refund(&event.key, &refund.id, refund_amount, event.amount)
+            .record_refund(&event.key, refund, refund_amount, event.amount)
             .await?;
-        let partial = match (refund.full, state.amount, state.amount_refunded) {
-            (Some(true), _, _) => false,
-            (_, Some(amount), Some(refunded)) => refunded < amount,
-            (Some(false), _, _) => true,
-            (None, _, _) => false,
+        // What is taken back for good, reversals counted: a full withdrawal that came
+        // back (a chargeback reversed, then replayed) leaves the payment standing.
+        let partial = match state.amount {
+            Some(amount) if amount > 0 => state.money().withdrawn() < amount,
+            _ => refund.full == Some(false),
         };
         Ok(partial.then_some(state))
+    }
+
+    /// Money came back (a dispute won, a refund that failed, a chargeback reversed): the
+    /// reversal is recorded under its own id, so it counts once however often and in
+    /// whatever order it arrives, a payment refunded by its money stands again
+    /// (`succeeded`) when some came back, and the tokens withdrawals revoked that the
+    /// payment is entitled to again are made active (`tokensReactivated`). A reversal
+    /// before the withdrawal it names waits for it (`domain::Money`): recorded now, it
+    /// is what that withdrawal's settle finds. A payment standing again is issued like
+    /// after its success (a checkout's pending request is fulfilled), then settled.
+    async fn apply_reversal(
+        &self,
+        event: &PaymentEvent,
+        reversal: &Reversal,
+    ) -> Result<EventOutcome, StoreError> {
+        let state = self.store.record_reversal(&event.key, reversal).await?;
+        let state = self.status_by_money(event, state).await?;
+        let mut outcome = self.apply_state(event, &state).await?;
+        // Always answered, 0 included: what a reversal did is how many came back.
+        outcome.tokens_reactivated = Some(outcome.tokens_reactivated.unwrap_or(0));
+        if outcome.outcome != "conflict" {
+            outcome.outcome = "reinstated".to_owned();
+        }
+        Ok(outcome)
+    }
+
+    /// Makes the payment's status say what its money says, where the versions could
+    /// not: a payment refunded by its money moves back to `succeeded` when money came
+    /// back (`stands_again`), and one whose money is withdrawn whole by a refund that
+    /// lost to a newer version (a reversal had reopened it meanwhile) is `refunded`
+    /// again (`withdrawn_whole`). Each event decides on the document as it read it after
+    /// writing its money, and the move is gated on that read's status, version and money:
+    /// when another event changed any of them meanwhile, the move does nothing and the
+    /// decision is taken again on the document as it now is. Returns that state.
+    async fn status_by_money(
+        &self,
+        event: &PaymentEvent,
+        mut state: PaymentDoc,
+    ) -> Result<PaymentDoc, StoreError> {
+        for _ in 0..STATUS_ATTEMPTS {
+            let to = if stands_again(&state) {
+                PaymentStatus::Succeeded
+            } else if event.refund.is_some() && withdrawn_whole(&state) {
+                PaymentStatus::Refunded
+            } else {
+                break;
+            };
+            match self.store.move_status(&state, to, event).await? {
+                Some(now) if now.status == to => return Ok(now),
+                Some(now) => state = now,
+                None => break,
+            }
+        }
+        Ok(state)
     }
 
     /// The effects the payment's state calls for.
@@ -182,7 +256,10 @@ impl Issuer {
         // of the quantity the payment has now. A state that takes tokens back holds the
         // payment's place instead of only reading it: that orders this settle after any
         // atomic issuance in flight, or stops the issuance (see `store::placeholder`).
-        let record = if takes_back(state) {
+        // So does money coming back: an issuance in flight settles by a read taken before
+        // its writes, which may not show the reversal, and could revoke after this
+        // settle; held, its record is settled again with a fresh read.
+        let record = if takes_back(state) || event.reversal.is_some() {
             self.store.hold_place(&event.key).await?
         } else {
             self.store.find_record(&event.key).await?
@@ -320,5 +397,9 @@ fn add_settlement(outcome: &mut EventOutcome, settlement: Settlement) {
     if settlement.revoked > 0 || settlement.shortfall > 0 || settlement.withdrawn.is_some() {
         outcome.tokens_revoked = Some(outcome.tokens_revoked.unwrap_or(0) + settlement.revoked);
         outcome.shortfall = Some(outcome.shortfall.unwrap_or(0) + settlement.shortfall);
+    }
+    if settlement.reactivated > 0 {
+        outcome.tokens_reactivated =
+            Some(outcome.tokens_reactivated.unwrap_or(0) + settlement.reactivated);
     }
 }

@@ -37,7 +37,7 @@ pub use events::Processed;
 pub use idempotency::{Answer, Attempt, Begun, Finality, IdempotentRequest, Keyed};
 pub use redemptions::{Redeemed, RedemptionError, RedemptionOutcome};
 pub use repair::{RepairReport, spawn_repair};
-pub use standing::{Entitlement, Settlement, entitlement};
+pub use standing::{Settlement, entitlement};
 pub use tokens::{Gate, Transition, TransitionOutcome};
 pub use waiting::{FulfilmentWatch, Waited, WaitingConfig, longest_wait};
 

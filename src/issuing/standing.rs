@@ -17,76 +17,43 @@
 //! fresh read; a refund that dies before its settle is redelivered by its provider, and
 //! the sweep of recent withdrawals settles it meanwhile.
 
-use crate::domain::{Actor, IssuanceStatus, PaymentKey, PaymentStatus};
+use crate::domain::{self, Actor, Entitlement, IssuanceStatus, PaymentKey, PaymentStatus};
 use crate::store::{IssuanceDoc, PaymentDoc, StoreError};
 use crate::telemetry::metric;
 
 use super::Issuer;
 
-/// How many of its `quantity` tokens a payment is entitled to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Entitlement {
-    /// Every token: the payment stands (or tokenmint knows nothing against it).
-    All,
-    /// Tokens 0..keep-1 only; the rest are the refunded share (`reason` says why).
-    Keep { keep: i64, reason: &'static str },
-}
-
-/// The entitlement of a payment of `quantity` tokens in `payment`'s state.
-///
-/// A partial refund of `r` out of `a` takes back `floor(quantity × r ÷ a)` tokens; a
-/// refund of unknown proportion (no amount known) takes back all of them, as a refund
-/// the provider reported without an amount can only be read as a full one.
+/// The entitlement of a payment of `quantity` tokens in `payment`'s state (the money
+/// rule, `domain::entitlement`); a payment tokenmint knows nothing of stands.
 pub fn entitlement(payment: Option<&PaymentDoc>, quantity: i64) -> Entitlement {
-    let Some(payment) = payment else {
-        return Entitlement::All;
-    };
-    match payment.status {
-        PaymentStatus::Refunded => Entitlement::Keep {
-            keep: 0,
-            reason: "refunded",
-        },
-        PaymentStatus::Canceled => Entitlement::Keep {
-            keep: 0,
-            reason: "canceled",
-        },
-        // Only reachable with tokens when the money failed after a success (Adyen's
-        // CAPTURE_FAILED): none of them were paid for.
-        PaymentStatus::Failed => Entitlement::Keep {
-            keep: 0,
-            reason: "failed",
-        },
-        PaymentStatus::Processing | PaymentStatus::Succeeded => {
-            match (payment.amount_refunded, payment.amount) {
-                (None | Some(0), _) => Entitlement::All,
-                (Some(refunded), Some(amount)) if amount > 0 => {
-                    let refunded = refunded.clamp(0, amount);
-                    // i128: quantity × amount can exceed i64 for absurd amounts.
-                    let share =
-                        (i128::from(quantity) * i128::from(refunded) / i128::from(amount)) as i64;
-                    if share == 0 {
-                        Entitlement::All
-                    } else {
-                        Entitlement::Keep {
-                            keep: quantity - share,
-                            reason: "partial_refund",
-                        }
-                    }
-                }
-                (Some(_), _) => Entitlement::Keep {
-                    keep: 0,
-                    reason: "refunded",
-                },
-            }
-        }
-    }
+    payment.map_or(Entitlement::All, |p| {
+        domain::entitlement(p.status, &p.money(), quantity)
+    })
 }
 
 /// Whether `payment`'s state takes any tokens back: refunded, canceled, failed, or partly
 /// refunded (the same payments `verify` and the sweeps look at).
 pub fn takes_back(payment: &PaymentDoc) -> bool {
-    payment.status.forbids_issuance()
-        || payment.amount_refunded.is_some_and(|refunded| refunded > 0)
+    payment.status.forbids_issuance() || payment.money().withdrawn() > 0
+}
+
+/// Whether a payment that is not `refunded` (nor canceled: that is the provider's word
+/// too) has its whole amount withdrawn by its money, refunds its provider called full
+/// among them: it is `refunded`, whatever a newer version says.
+pub(super) fn withdrawn_whole(payment: &PaymentDoc) -> bool {
+    let money = payment.money();
+    matches!(
+        payment.status,
+        PaymentStatus::Processing | PaymentStatus::Succeeded | PaymentStatus::Failed
+    ) && money.explains_refund()
+        && !money.leaves_some()
+}
+
+/// Whether money that came back makes a payment refunded by its withdrawals stand
+/// again: it is then `succeeded` once more, and can be issued.
+pub(super) fn stands_again(payment: &PaymentDoc) -> bool {
+    let money = payment.money();
+    payment.status == PaymentStatus::Refunded && money.explains_refund() && money.leaves_some()
 }
 
 /// The payment's state when it is refunded, canceled or failed: none of its tokens stand.
@@ -101,9 +68,15 @@ pub struct Settlement {
     pub revoked: u64,
     /// Tokens of the refunded share that were already redeemed (they stay redeemed).
     pub shortfall: u64,
+    /// Tokens a withdrawal had revoked that stand again, and were made active.
+    pub reactivated: u64,
     /// The payment is refunded, canceled or failed: none of its tokens stand.
     pub withdrawn: Option<PaymentStatus>,
 }
+
+/// The most passes of a settle both ways: each one follows a change a concurrent event
+/// made meanwhile, and that event settles after recording it anyway.
+const SETTLE_PASSES: usize = 4;
 
 impl Issuer {
     /// Re-reads the payment and makes its tokens agree with its state.
@@ -113,7 +86,7 @@ impl Issuer {
         quantity: i64,
     ) -> Result<Settlement, StoreError> {
         let payment = self.store.find_payment(key).await?;
-        self.settle_with(key, quantity, payment.as_ref()).await
+        self.settle_both_ways(key, quantity, payment.as_ref()).await
     }
 
     /// Makes a payment's tokens agree with `payment`, for the set `record` (as read)
@@ -133,9 +106,54 @@ impl Issuer {
                 withdrawn: withdrawn(payment),
                 ..Settlement::default()
             }),
-            Some(record) => self.settle_with(key, record.quantity, payment).await,
+            Some(record) => self.settle_both_ways(key, record.quantity, payment).await,
             None => self.settle_with(key, 0, payment).await,
         }
+    }
+
+    /// Makes a payment's tokens agree with `payment`, its state as just read, both ways:
+    /// revokes what no longer stands, then makes active again what withdrawals revoked
+    /// and stands again (money came back, or the payment succeeded again).
+    ///
+    /// Only for a fresh read: a group-commit batch's settle, which goes by a read taken
+    /// before its writes, only revokes (`settle_with`). Even a fresh read may be older
+    /// than a concurrent event's: a settle that changed anything reads the payment again
+    /// and settles by that read, until a pass changes nothing. Why that converges: every
+    /// event records the money before it settles, and settles by a read taken after
+    /// recording; the last pass's read follows this settle's writes, so an event it does
+    /// not show was recorded after them, and its own settle then finds these tokens.
+    pub(super) async fn settle_both_ways(
+        &self,
+        key: &PaymentKey,
+        quantity: i64,
+        payment: Option<&PaymentDoc>,
+    ) -> Result<Settlement, StoreError> {
+        let by = Actor::provider(&key.provider);
+        let mut fresh = None;
+        let mut settled = Settlement::default();
+        for _ in 0..SETTLE_PASSES {
+            let state = fresh.as_ref().or(payment);
+            let pass = self.settle_with(key, quantity, state).await?;
+            let keep = entitlement(state, quantity).kept(quantity);
+            let reactivated = if keep > 0 {
+                self.store.reactivate_tokens(key, keep, &by).await?
+            } else {
+                0
+            };
+            if reactivated > 0 {
+                metrics::counter!(metric::TOKENS_REACTIVATED_TOTAL).increment(reactivated);
+            }
+            settled = Settlement {
+                revoked: settled.revoked + pass.revoked,
+                reactivated: settled.reactivated + reactivated,
+                ..pass
+            };
+            if pass.revoked == 0 && reactivated == 0 {
+                break;
+            }
+            fresh = self.store.find_payment(key).await?;
+        }
+        Ok(settled)
     }
 
     /// Makes a payment's tokens agree with `payment` (its state as just read).
@@ -167,120 +185,9 @@ impl Issuer {
                     revoked,
                     shortfall,
                     withdrawn,
+                    ..Settlement::default()
                 })
             }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use mongodb::bson::DateTime;
-
-    use super::*;
-
-    fn payment(status: PaymentStatus, amount: Option<i64>, refunded: Option<i64>) -> PaymentDoc {
-        PaymentDoc {
-            provider: "stripe".to_owned(),
-            account_id: "default".to_owned(),
-            payment_intent_id: "pi_1".to_owned(),
-            status,
-            version: 1,
-            amount,
-            currency: None,
-            token_params: None,
-            metadata_error: None,
-            token_params_fixed_by: None,
-            payment_date: None,
-            amount_refunded: refunded,
-            last_event_id: "evt".to_owned(),
-            last_event_type: "t".to_owned(),
-            created_at: DateTime::now(),
-            updated_at: DateTime::now(),
-        }
-    }
-
-    #[test]
-    fn entitlement_follows_the_payment_state() {
-        use PaymentStatus::*;
-        const ALL: Entitlement = Entitlement::All;
-        const fn keep(keep: i64, reason: &'static str) -> Entitlement {
-            Entitlement::Keep { keep, reason }
-        }
-        // (status, amount, amount refunded, quantity) → entitlement; `None` as the state
-        // is a payment tokenmint has heard nothing about.
-        type Row = (
-            Option<(PaymentStatus, Option<i64>, Option<i64>)>,
-            i64,
-            Entitlement,
-        );
-        let table: [Row; 19] = [
-            // Nothing known against the payment: it stands.
-            (None, 10, ALL),
-            (Some((Succeeded, Some(1000), None)), 10, ALL),
-            (Some((Processing, None, None)), 10, ALL),
-            (Some((Failed, Some(1000), None)), 10, keep(0, "failed")),
-            (Some((Succeeded, Some(1000), Some(0))), 10, ALL),
-            // Withdrawn payments keep nothing, whatever the amounts say.
-            (Some((Refunded, Some(1000), None)), 10, keep(0, "refunded")),
-            (
-                Some((Refunded, Some(1000), Some(10))),
-                10,
-                keep(0, "refunded"),
-            ),
-            (Some((Canceled, None, None)), 10, keep(0, "canceled")),
-            (
-                Some((Canceled, Some(1000), Some(1000))),
-                1,
-                keep(0, "canceled"),
-            ),
-            // 10 tokens, 250 of 1000 refunded: floor(2.5) = 2 taken back.
-            (
-                Some((Succeeded, Some(1000), Some(250))),
-                10,
-                keep(8, "partial_refund"),
-            ),
-            (
-                Some((Processing, Some(1000), Some(250))),
-                10,
-                keep(8, "partial_refund"),
-            ),
-            (
-                Some((Succeeded, Some(300), Some(100))),
-                3,
-                keep(2, "partial_refund"),
-            ),
-            // Less than one token's worth: nothing taken back.
-            (Some((Succeeded, Some(1000), Some(99))), 10, ALL),
-            (Some((Succeeded, Some(1000), Some(999))), 1, ALL),
-            // Over-reported refunds are capped at the amount, negative ones count as none.
-            (
-                Some((Succeeded, Some(1000), Some(5000))),
-                10,
-                keep(0, "partial_refund"),
-            ),
-            (Some((Succeeded, Some(1000), Some(-5))), 10, ALL),
-            // quantity × refunded overflows i64: computed wide, still exact.
-            (
-                Some((Succeeded, Some(i64::MAX), Some(i64::MAX / 2))),
-                1_000_000,
-                keep(500_001, "partial_refund"),
-            ),
-            // A refund of unknown proportion (no amount, or an amount of 0) is a full one.
-            (Some((Succeeded, None, Some(10))), 10, keep(0, "refunded")),
-            (
-                Some((Processing, Some(0), Some(10))),
-                10,
-                keep(0, "refunded"),
-            ),
-        ];
-        for (state, quantity, expected) in table {
-            let doc = state.map(|(status, amount, refunded)| payment(status, amount, refunded));
-            assert_eq!(
-                entitlement(doc.as_ref(), quantity),
-                expected,
-                "{state:?} × {quantity} tokens"
-            );
         }
     }
 }

@@ -8,6 +8,7 @@
 //! apart from the state, one amount per refund id, because they only grow and add up
 //! whatever order they arrive in.
 
+use futures::TryStreamExt;
 use mongodb::bson::{Bson, DateTime, Document, doc, oid::ObjectId};
 use mongodb::options::ReturnDocument;
 use serde::Deserialize;
@@ -18,7 +19,8 @@ use super::filters::{issuance_filter, payment_tokens_filter};
 use super::indexes::PAYMENTS_INDEX;
 use super::{Store, TOKENS};
 use crate::domain::{
-    Actor, IssuanceParams, Owner, PaymentEvent, PaymentKey, PaymentStatus, Quantity, TokenType,
+    Actor, IssuanceParams, Money, Owner, PaymentEvent, PaymentKey, PaymentStatus, Quantity, Refund,
+    Reversal, TokenType, Withdrawal,
 };
 
 pub const PAYMENTS: &str = "payments";
@@ -72,12 +74,42 @@ pub struct PaymentDoc {
     /// The sum of the payment's refunds (`refunds`: one `{id, amount}` per refund,
     /// dispute or charge); it only grows.
     pub amount_refunded: Option<i64>,
+    /// The withdrawals, one per refund, dispute, chargeback or charge.
+    #[serde(default)]
+    pub refunds: Vec<RefundEntry>,
+    /// The money that came back, one per reversal id.
+    #[serde(default)]
+    pub reversals: Vec<ReversalEntry>,
+    /// +1 on every write of `refunds` or `reversals`: a status moved by the money
+    /// (`Store::move_status`) is moved only if the money is still as it was read.
+    #[serde(default)]
+    pub money_version: i64,
     #[serde(default)]
     pub last_event_id: String,
     #[serde(default)]
     pub last_event_type: String,
     pub created_at: DateTime,
     pub updated_at: DateTime,
+}
+
+/// One entry of a payment's `refunds`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct RefundEntry {
+    pub id: String,
+    pub amount: i64,
+    /// The provider called it a withdrawal of the whole payment (absent: it did not,
+    /// or the entry was written before this was kept).
+    #[serde(default)]
+    pub full: bool,
+}
+
+/// One entry of a payment's `reversals`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ReversalEntry {
+    pub id: String,
+    pub amount: i64,
+    pub of: Option<String>,
+    pub at: Option<i64>,
 }
 
 fn status_before_any_event() -> PaymentStatus {
@@ -88,6 +120,33 @@ impl PaymentDoc {
     /// The payment's unique key, as stored (validated when it was written).
     pub fn key(&self) -> Result<PaymentKey, StoreError> {
         super::documents::stored_key(&self.provider, &self.account_id, &self.payment_intent_id)
+    }
+
+    /// What the document records of the payment's money, for the money rule.
+    pub fn money(&self) -> Money {
+        Money {
+            amount: self.amount,
+            withdrawals: self
+                .refunds
+                .iter()
+                .map(|r| Withdrawal {
+                    id: r.id.clone(),
+                    amount: r.amount,
+                    full: r.full,
+                })
+                .collect(),
+            reversals: self
+                .reversals
+                .iter()
+                .map(|r| Reversal {
+                    id: r.id.clone(),
+                    amount: r.amount,
+                    of: r.of.clone(),
+                    at: r.at,
+                })
+                .collect(),
+            recorded_total: self.amount_refunded,
+        }
     }
 }
 
@@ -248,14 +307,21 @@ impl Store {
     /// id in `refunds`, each only growing, and `amountRefunded` is their sum: two refunds
     /// add up, a redelivered or replayed one counts once. `amountRefunded` never shrinks,
     /// so a total recorded before `refunds` existed is kept.
+    ///
+    /// A running total (`refund.reported_at`) leaves out the refunds that failed before
+    /// it was reported (Stripe lowers a charge's `amount_refunded` when one fails): those
+    /// recorded among `reversals` of this id before then are added back, so the entry
+    /// stays the gross its reversals are taken from, and a later report neither counts a
+    /// failed refund again nor misses a new one. The latest report is kept beside it
+    /// (`reported`, `at`), for a failure recorded after it (`record_reversal`).
     pub async fn record_refund(
         &self,
         key: &PaymentKey,
-        refund_id: &str,
+        refund: &Refund,
         refund_amount: i64,
         amount: Option<i64>,
     ) -> Result<PaymentDoc, StoreError> {
-        let id = literal(refund_id);
+        let id = literal(refund.id.as_str());
         let others = doc! { "$filter": {
             "input": { "$ifNull": ["$refunds", []] },
             "cond": { "$ne": ["$$this.id", id.clone()] },
@@ -267,13 +333,57 @@ impl Store {
             } },
             "in": "$$this.amount",
         } } };
+        let reported: Bson = match refund.reported_at {
+            Some(at) => doc! { "$add": [ literal(refund_amount), { "$sum": { "$map": {
+                "input": { "$filter": {
+                    "input": { "$ifNull": ["$reversals", []] },
+                    "cond": { "$and": [
+                        { "$eq": ["$$this.of", id.clone()] },
+                        { "$lt": [ { "$ifNull": ["$$this.at", at] }, literal(at) ] },
+                    ] },
+                } },
+                "in": "$$this.amount",
+            } } } ] }
+            .into(),
+            None => literal(refund_amount).into(),
+        };
+        let same_id = doc! { "$filter": {
+            "input": { "$ifNull": ["$refunds", []] },
+            "cond": { "$eq": ["$$this.id", id.clone()] },
+        } };
+        let existing = |field: &str| -> Document {
+            doc! { "$first": { "$map": { "input": same_id.clone(), "in": format!("$$this.{field}") } } }
+        };
+        let full = refund.full == Some(true);
+        let was_full = doc! { "$anyElementTrue": [ { "$map": {
+            "input": { "$filter": {
+                "input": { "$ifNull": ["$refunds", []] },
+                "cond": { "$eq": ["$$this.id", id.clone()] },
+            } },
+            "in": { "$eq": ["$$this.full", true] },
+        } } ] };
+        let mut entry = doc! {
+            "id": id,
+            "amount": { "$max": [known, reported] },
+            "full": { "$or": [literal(full), was_full] },
+        };
+        if let Some(at) = refund.reported_at {
+            // The latest report wins; an older one only raises the gross above.
+            let newer = doc! { "$or": [
+                { "$eq": [ { "$ifNull": [existing("at"), Bson::Null] }, Bson::Null ] },
+                { "$gte": [ literal(at), existing("at") ] },
+            ] };
+            entry.insert(
+                "reported",
+                doc! { "$cond": [newer.clone(), literal(refund_amount), existing("reported")] },
+            );
+            entry.insert("at", doc! { "$cond": [newer, literal(at), existing("at")] });
+        }
         let mut set = doc! {
-            "refunds": { "$concatArrays": [
-                others,
-                [ { "id": id, "amount": { "$max": [known, literal(refund_amount)] } } ],
-            ] },
+            "refunds": { "$concatArrays": [ others, [ entry ] ] },
             "createdAt": { "$ifNull": ["$createdAt", "$$NOW"] },
             "updatedAt": "$$NOW",
+            "moneyVersion": { "$add": [ { "$ifNull": ["$moneyVersion", 0_i64] }, 1_i64 ] },
         };
         if let Some(amount) = amount {
             set.insert("amount", doc! { "$ifNull": ["$amount", literal(amount)] });
@@ -284,6 +394,128 @@ impl Store {
         ] } } };
         self.upsert_payment(key, vec![doc! { "$set": set }, total])
             .await
+    }
+
+    /// Records `reversal` (money that came back) among the payment's `reversals`, one
+    /// per id: its amount only grows and its `at` keeps the earliest report, so a
+    /// redelivered or replayed reversal counts once, whatever its unsigned fields say.
+    /// Like a refund it moves no status and consumes no version.
+    ///
+    /// A reversal of a running total that its latest report already left out (it is
+    /// older than the report: a failure delivered after the next report of its charge)
+    /// is added back to that total's gross, as `record_refund` does for one it knows.
+    pub async fn record_reversal(
+        &self,
+        key: &PaymentKey,
+        reversal: &Reversal,
+    ) -> Result<PaymentDoc, StoreError> {
+        let id = literal(reversal.id.as_str());
+        let same = |input: &str| {
+            doc! { "$filter": {
+                "input": { "$ifNull": [input, []] },
+                "cond": { "$eq": ["$$this.id", id.clone()] },
+            } }
+        };
+        let others = doc! { "$filter": {
+            "input": { "$ifNull": ["$reversals", []] },
+            "cond": { "$ne": ["$$this.id", id.clone()] },
+        } };
+        let known = |field: &str| {
+            doc! { "$max": { "$map": { "input": same("$reversals"), "in": format!("$$this.{field}") } } }
+        };
+        let earliest =
+            doc! { "$min": { "$map": { "input": same("$reversals"), "in": "$$this.at" } } };
+        let at: Bson = match reversal.at {
+            Some(at) => {
+                doc! { "$ifNull": [ { "$min": [earliest, literal(at)] }, literal(at) ] }.into()
+            }
+            None => earliest.into(),
+        };
+        let of: Bson = match &reversal.of {
+            Some(of) => literal(of.as_str()).into(),
+            None => Bson::Null,
+        };
+        let set = doc! {
+            "reversals": { "$concatArrays": [
+                others,
+                [ {
+                    "id": literal(reversal.id.as_str()),
+                    "amount": { "$max": [known("amount"), literal(reversal.amount)] },
+                    "of": of,
+                    "at": at,
+                } ],
+            ] },
+            "createdAt": { "$ifNull": ["$createdAt", "$$NOW"] },
+            "updatedAt": "$$NOW",
+            "moneyVersion": { "$add": [ { "$ifNull": ["$moneyVersion", 0_i64] }, 1_i64 ] },
+        };
+        let mut pipeline = vec![doc! { "$set": set }];
+        if let Some(of) = &reversal.of {
+            let older_reversals = doc! { "$sum": { "$map": {
+                "input": { "$filter": {
+                    "input": "$reversals",
+                    "as": "v",
+                    "cond": { "$and": [
+                        { "$eq": ["$$v.of", "$$r.id"] },
+                        { "$lt": [ { "$ifNull": ["$$v.at", "$$r.at"] }, "$$r.at" ] },
+                    ] },
+                } },
+                "as": "v",
+                "in": "$$v.amount",
+            } } };
+            let regrossed = doc! { "$mergeObjects": [ "$$r", { "amount": { "$max": [
+                "$$r.amount",
+                { "$add": ["$$r.reported", older_reversals] },
+            ] } } ] };
+            let reported_total = doc! { "$and": [
+                { "$eq": ["$$r.id", literal(of.as_str())] },
+                { "$ne": [ { "$ifNull": ["$$r.at", Bson::Null] }, Bson::Null ] },
+                { "$ne": [ { "$ifNull": ["$$r.reported", Bson::Null] }, Bson::Null ] },
+            ] };
+            pipeline.push(doc! { "$set": { "refunds": { "$map": {
+                "input": { "$ifNull": ["$refunds", []] },
+                "as": "r",
+                "in": { "$cond": [reported_total, regrossed, "$$r"] },
+            } } } });
+            pipeline.push(doc! { "$set": { "amountRefunded": { "$max": [
+                { "$ifNull": ["$amountRefunded", 0_i64] },
+                { "$sum": "$refunds.amount" },
+            ] } } });
+        }
+        self.upsert_payment(key, pipeline).await
+    }
+
+    /// Moves `read` (the payment as read) from its status to `to` if it is still at
+    /// that status, version and money (`moneyVersion`): an event projected or money
+    /// recorded meanwhile wins, and the caller decides again on the state returned. The
+    /// version stays, so an older event still loses to it, and `event` is recorded as
+    /// the last. Returns the payment as it now is.
+    pub async fn move_status(
+        &self,
+        read: &PaymentDoc,
+        to: PaymentStatus,
+        event: &PaymentEvent,
+    ) -> Result<Option<PaymentDoc>, StoreError> {
+        let key = read.key()?;
+        let mut filter = issuance_filter(&key);
+        filter.insert("status", read.status.as_str());
+        filter.insert("version", read.version);
+        filter.insert(
+            "$expr",
+            doc! { "$eq": [ { "$ifNull": ["$moneyVersion", 0_i64] }, read.money_version ] },
+        );
+        self.collection(PAYMENTS)
+            .update_one(
+                filter,
+                doc! { "$set": {
+                    "status": to.as_str(),
+                    "lastEventId": event.event_id.as_str(),
+                    "lastEventType": event.event_type.as_str(),
+                    "updatedAt": DateTime::now(),
+                } },
+            )
+            .await?;
+        self.find_payment(&key).await
     }
 
     /// Runs `pipeline` as an upsert on the payment's document; returns it as it now is.
@@ -354,5 +586,52 @@ impl Store {
             .count_documents(in_range("redeemed"))
             .await?;
         Ok((revoked, redeemed))
+    }
+
+    /// Makes active again the tokens of a payment below tokenIndex `below` that a
+    /// withdrawal revoked: those whose last author is `by`, the payment's provider (a
+    /// payment's settle is the only writer that names it, so an operator's revoke, by
+    /// `key:…`, is never undone, nor a token revoked before authors were recorded). The
+    /// last revoked (the lowest tokenIndex, as withdrawals revoke from the highest) come
+    /// back first. Each is written only at the version it was read at and still revoked
+    /// by `by`, and gets `$inc: {_version: 1}`. Returns how many came back.
+    pub async fn reactivate_tokens(
+        &self,
+        key: &PaymentKey,
+        below: i64,
+        by: &Actor,
+    ) -> Result<u64, StoreError> {
+        let mut filter = payment_tokens_filter(key);
+        filter.insert("tokenIndex", doc! { "$lt": below });
+        filter.insert("status", "revoked");
+        filter.insert("lastChangedBy", by.as_str());
+        let candidates: Vec<Document> = self
+            .collection(TOKENS)
+            .find(filter)
+            .projection(doc! { "_id": 1, "_version": 1 })
+            .sort(doc! { "tokenIndex": 1 })
+            .await?
+            .try_collect()
+            .await?;
+        let now = DateTime::now();
+        let mut reactivated = 0;
+        for token in candidates {
+            let (Some(id), Some(version)) = (token.get("_id"), token.get("_version")) else {
+                continue;
+            };
+            let result = self
+                .collection(TOKENS)
+                .update_one(
+                    doc! { "_id": id, "_version": version, "status": "revoked", "lastChangedBy": by.as_str() },
+                    doc! {
+                        "$set": { "status": "active", "reactivatedAt": now, "updatedAt": now },
+                        "$unset": { "revokedAt": "", "revocationReason": "" },
+                        "$inc": { "_version": 1 },
+                    },
+                )
+                .await?;
+            reactivated += result.modified_count;
+        }
+        Ok(reactivated)
     }
 }

@@ -18,6 +18,8 @@ pub const ISSUANCES_TOTAL: &str = "tokenmint_issuances_total";
 pub const TOKENS_CREATED_TOTAL: &str = "tokenmint_tokens_created_total";
 /// Active tokens revoked because their payment no longer stands for them, by `reason`.
 pub const TOKENS_REVOKED_TOTAL: &str = "tokenmint_tokens_revoked_total";
+/// Tokens a withdrawal had revoked made active again, because the money came back.
+pub const TOKENS_REACTIVATED_TOTAL: &str = "tokenmint_tokens_reactivated_total";
 /// Unfinished issuances finished by self-repair, by `outcome`.
 pub const REPAIRS_TOTAL: &str = "tokenmint_repairs_total";
 /// Issuance requests waiting for their payment's event (`Prefer: wait`).
@@ -77,6 +79,7 @@ pub const WEBHOOK_OUTCOMES: &[&str] = &[
     "issued",
     "already_issued",
     "revoked",
+    "reinstated",
     "recorded",
     "stale",
     "ignored",
@@ -110,6 +113,10 @@ pub(super) fn describe() {
     describe_counter!(
         TOKENS_REVOKED_TOTAL,
         "Active tokens revoked because their payment no longer stands for them, by reason (refunded, canceled, partial_refund)"
+    );
+    describe_counter!(
+        TOKENS_REACTIVATED_TOTAL,
+        "Tokens a withdrawal had revoked made active again, because the money came back"
     );
     describe_counter!(
         REPAIRS_TOTAL,
@@ -161,6 +168,7 @@ pub(super) fn describe() {
 pub(super) fn register_known<'a>(providers: impl IntoIterator<Item = &'a str>) {
     for name in [
         TOKENS_CREATED_TOTAL,
+        TOKENS_REACTIVATED_TOTAL,
         DUPLICATE_KEY_RETRIES_TOTAL,
         TRANSACTION_RETRIES_TOTAL,
     ] {

@@ -10,7 +10,7 @@ use serde_json::{Map, Value};
 
 use super::events::{EventError, payment_key, ranked_version, tokenmint_params};
 use super::signature::{SignatureError, SignatureHeaders, TimestampedHeader, is_prefixed_secret};
-use crate::domain::{ParsedEvent, PaymentEvent, PaymentStatus, Provider, Refund};
+use crate::domain::{ParsedEvent, PaymentEvent, PaymentStatus, Provider, Refund, Reversal};
 
 /// What every Paddle notification secret key starts with.
 const SECRET_PREFIX: &str = "pdl_ntfset_";
@@ -61,22 +61,36 @@ pub(super) fn check_secret(secret: &str) -> Result<(), &'static str> {
 /// chargeback itself once the customer's dispute has succeeded, with no review: it
 /// counts as soon as it is reported, unless its status says it does not stand
 /// (`rejected`, or `reversed` once Paddle won the money back).
-fn withdrawal(action: Option<&str>, status: Option<&str>) -> Result<(), String> {
+///
+/// `Ok(Moved::Back)` is a `chargeback_reverse`: Paddle won the dispute and the money came
+/// back. Like a chargeback it needs no review, so it counts unless `rejected`.
+fn money_moved(action: Option<&str>, status: Option<&str>) -> Result<Moved, String> {
     let status_word = status.unwrap_or("missing");
     match action {
-        Some("refund") if status == Some("approved") => Ok(()),
+        Some("refund") if status == Some("approved") => Ok(Moved::Out),
         Some("refund") => Err(format!("refund not approved (status {status_word})")),
         Some("chargeback") => match status {
             Some(status @ ("rejected" | "reversed")) => Err(format!("chargeback {status}")),
-            _ => Ok(()),
+            _ => Ok(Moved::Out),
+        },
+        Some("chargeback_reverse") => match status {
+            Some("rejected") => Err("chargeback reversal rejected".to_owned()),
+            _ => Ok(Moved::Back),
         },
         Some("chargeback_warning") => {
             Err("a chargeback warning takes no money back (a chargeback would)".to_owned())
         }
-        Some("chargeback_reverse") => Err("chargeback reversals are not handled yet".to_owned()),
         Some(other) => Err(format!("a {other} adjustment takes no money back")),
         None => Err("adjustment without an action".to_owned()),
     }
+}
+
+/// Which way an adjustment moves the payment's money.
+enum Moved {
+    /// Back to the customer: a refund or chargeback.
+    Out,
+    /// Back to the merchant: a chargeback reversed.
+    Back,
 }
 
 #[derive(Deserialize)]
@@ -108,15 +122,21 @@ pub fn parse_paddle(
     };
     let data = &event.data;
     let text = |field: &str| data.get(field).and_then(Value::as_str);
+    let mut reverses = false;
     let (status, payment_id) = match event.event_type.as_str() {
         "transaction.completed" => (PaymentStatus::Succeeded, text("id")),
         "transaction.payment_failed" => (PaymentStatus::Failed, text("id")),
         "transaction.canceled" => (PaymentStatus::Canceled, text("id")),
         "adjustment.created" | "adjustment.updated" => {
-            if let Err(reason) = withdrawal(text("action"), text("status")) {
-                return ignored(&reason);
+            match money_moved(text("action"), text("status")) {
+                Ok(Moved::Out) => (PaymentStatus::Refunded, text("transaction_id")),
+                // Money coming back moves no state: the money decides.
+                Ok(Moved::Back) => {
+                    reverses = true;
+                    (PaymentStatus::Succeeded, text("transaction_id"))
+                }
+                Err(reason) => return ignored(&reason),
             }
-            (PaymentStatus::Refunded, text("transaction_id"))
         }
         _ => return ignored("unhandled event type"),
     };
@@ -150,15 +170,28 @@ pub fn parse_paddle(
             Some("partial") => Some(false),
             _ => None,
         },
+        reported_at: None,
     });
-    Ok(ParsedEvent::Payment(PaymentEvent {
+    // Paddle's reversal is an adjustment of its own, naming no chargeback: it gives back
+    // its total, once (by its own id), against the payment's withdrawals.
+    let reversal = match (reverses, totals(&["totals", "total"])) {
+        (true, Some(amount)) => Some(Reversal {
+            id: format!("adjustment:{}", text("id").unwrap_or_default()),
+            amount,
+            of: None,
+            at: Some(occurred.timestamp()),
+        }),
+        (true, None) => return ignored("chargeback reversal without totals.total"),
+        (false, _) => None,
+    };
+    Ok(ParsedEvent::Payment(Box::new(PaymentEvent {
         event_id: event.event_id.clone(),
         event_type: event.event_type.clone(),
         key,
         status,
         version,
         // An adjustment's total is the refund's, not the transaction's.
-        amount: (status != PaymentStatus::Refunded)
+        amount: (status != PaymentStatus::Refunded && !reverses)
             .then(|| totals(&["details", "totals", "grand_total"]))
             .flatten(),
         currency: text("currency_code").map(str::to_owned),
@@ -168,8 +201,9 @@ pub fn parse_paddle(
             .and_then(|custom| tokenmint_params(custom, "", max_quantity)),
         payment_date: (status == PaymentStatus::Succeeded).then_some(occurred),
         refund,
+        reversal,
         authorises_capture: false,
-    }))
+    })))
 }
 
 #[cfg(test)]
@@ -258,7 +292,7 @@ mod tests {
     fn parse(event: &Value) -> PaymentEvent {
         let provider = Provider::parse("paddle").unwrap();
         match parse_paddle(&provider, event.to_string().as_bytes(), 100).unwrap() {
-            ParsedEvent::Payment(event) => event,
+            ParsedEvent::Payment(event) => *event,
             ignored => panic!("{ignored:?}"),
         }
     }
@@ -292,7 +326,8 @@ mod tests {
             Some(Refund {
                 id: "adjustment:adj_1".to_owned(),
                 amount: Some(275),
-                full: Some(false)
+                full: Some(false),
+                reported_at: None,
             })
         );
         assert!(
@@ -339,6 +374,7 @@ mod tests {
                     id: "adjustment:adj_cb".to_owned(),
                     amount: Some(400),
                     full: Some(full),
+                    reported_at: None,
                 }),
                 "{kind}"
             );
@@ -357,11 +393,23 @@ mod tests {
     }
 
     #[test]
-    fn chargeback_warnings_and_reversals_are_ignored_with_their_reason() {
+    fn chargeback_warnings_are_ignored_and_reversals_give_money_back() {
         let warning = ignored_reason(&adjustment("chargeback_warning", "approved", "full"));
         assert!(warning.contains("warning"), "{warning}");
-        let reverse = ignored_reason(&adjustment("chargeback_reverse", "approved", "full"));
-        assert!(reverse.contains("not handled yet"), "{reverse}");
+        let reverse = parse(&adjustment("chargeback_reverse", "approved", "full"));
+        assert_eq!(reverse.refund, None);
+        assert_eq!(reverse.amount, None, "the total is the reversal's");
+        assert_eq!(
+            reverse.reversal,
+            Some(Reversal {
+                id: "adjustment:adj_cb".to_owned(),
+                amount: 400,
+                of: None,
+                at: Some(1_796_040_000),
+            })
+        );
+        let rejected = ignored_reason(&adjustment("chargeback_reverse", "rejected", "full"));
+        assert!(rejected.contains("rejected"), "{rejected}");
         let credit = ignored_reason(&adjustment("credit", "approved", "full"));
         assert!(credit.contains("credit"), "{credit}");
         let pending = ignored_reason(&adjustment("refund", "pending_approval", "full"));

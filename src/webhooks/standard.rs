@@ -12,7 +12,7 @@ use serde_json::{Map, Value};
 
 use super::events::{EventError, payment_key, token_params};
 use super::signature::{SignatureError, SignatureHeaders, any_signature_matches, mac, within};
-use crate::domain::{ParsedEvent, PaymentEvent, PaymentStatus, Provider, Refund};
+use crate::domain::{ParsedEvent, PaymentEvent, PaymentStatus, Provider, Refund, Reversal};
 
 /// The smallest and largest Standard Webhooks key, in bytes (the specification's range).
 pub const STANDARD_KEY_BYTES: std::ops::RangeInclusive<usize> = 24..=64;
@@ -116,6 +116,8 @@ pub fn parse_standard(
         "payment.failed" => PaymentStatus::Failed,
         "payment.canceled" => PaymentStatus::Canceled,
         "payment.refunded" => PaymentStatus::Refunded,
+        // Money coming back moves no state: the money decides.
+        "payment.reinstated" => PaymentStatus::Succeeded,
         _ => return ignored("unhandled event type"),
     };
     let data = &event.data;
@@ -146,10 +148,27 @@ pub fn parse_standard(
                 "",
             ))
         };
+    // `amountReinstated` is what came back so far, a running total like
+    // `amountRefunded`, whose refunds it gives back (never more than them).
+    let reversal = match (event.event_type.as_str(), data.get("amountReinstated")) {
+        ("payment.reinstated", Some(amount)) => match amount.as_i64() {
+            Some(amount) => Some(Reversal {
+                id: "total".to_owned(),
+                amount,
+                of: Some("total".to_owned()),
+                at: None,
+            }),
+            None => return ignored("amountReinstated is not an integer"),
+        },
+        ("payment.reinstated", None) => {
+            return ignored("payment.reinstated without amountReinstated");
+        }
+        _ => None,
+    };
     let payment_date = text("paymentDate")
         .and_then(|d| DateTime::parse_from_rfc3339(d).ok())
         .map(|d| d.with_timezone(&Utc));
-    Ok(ParsedEvent::Payment(PaymentEvent {
+    Ok(ParsedEvent::Payment(Box::new(PaymentEvent {
         event_id: event_id.to_owned(),
         event_type: event.event_type.clone(),
         key,
@@ -167,10 +186,12 @@ pub fn parse_standard(
                 id: "total".to_owned(),
                 amount: refunded,
                 full: refunded.is_none().then_some(true),
+                reported_at: None,
             }
         }),
+        reversal,
         authorises_capture: false,
-    }))
+    })))
 }
 
 #[cfg(test)]

@@ -1,7 +1,7 @@
 //! Stripe: `Stripe-Signature: t=<unix>,v1=<hex>[,v1=<hex>…]`, HMAC-SHA256 of
 //! `"{t}.{raw body}"` keyed with the whole secret string, and its events: PaymentIntents,
-//! the Checkout Sessions that report them, refunded charges and disputes whose funds
-//! were withdrawn (chargebacks).
+//! the Checkout Sessions that report them, refunded charges, disputes whose funds were
+//! withdrawn (chargebacks) or reinstated, and refunds that failed or were canceled.
 
 use chrono::DateTime;
 use secrecy::SecretString;
@@ -10,7 +10,7 @@ use serde_json::{Map, Value};
 
 use super::events::{EventError, RANK_FACTOR, payment_key, ranked_version, tokenmint_params};
 use super::signature::{SignatureError, SignatureHeaders, TimestampedHeader, is_prefixed_secret};
-use crate::domain::{ParsedEvent, PaymentEvent, PaymentStatus, Provider, Refund};
+use crate::domain::{ParsedEvent, PaymentEvent, PaymentStatus, Provider, Refund, Reversal};
 
 /// The fewest characters a Stripe secret has after `whsec_`.
 pub const STRIPE_SECRET_MIN_CHARS: usize = 16;
@@ -98,6 +98,19 @@ pub fn parse_stripe(
         "charge.refunded" | "charge.dispute.funds_withdrawn" => {
             (PaymentStatus::Refunded, id("payment_intent"))
         }
+        // A dispute opened with its funds already taken (its `balance_transactions` name
+        // the withdrawal) is the same withdrawal `funds_withdrawn` reports, under the
+        // same id: whichever arrives, it counts once. One that took nothing yet is not.
+        "charge.dispute.created" if withdrew_funds(object) => {
+            (PaymentStatus::Refunded, id("payment_intent"))
+        }
+        "charge.dispute.created" => return ignored("a dispute whose funds were not withdrawn"),
+        // Money coming back moves no state: the reversal is recorded and the money
+        // decides (the status is the one a standing payment has).
+        "charge.dispute.funds_reinstated"
+        | "refund.failed"
+        | "refund.updated"
+        | "charge.refund.updated" => (PaymentStatus::Succeeded, id("payment_intent")),
         _ if session => match session_status(&event.event_type, object) {
             Ok(status) => match session_payment_intent(object) {
                 Some(intent) => (status, Some(intent)),
@@ -135,6 +148,40 @@ pub fn parse_stripe(
     let object_id = id("id").unwrap_or_default();
     // A session's amount is its `amount_total`, what the PaymentIntent is for.
     let mut amount = number(if session { "amount_total" } else { "amount" });
+    let reversal = match event.event_type.as_str() {
+        // A dispute won gives back what its withdrawal took (the Dispute's `amount`).
+        "charge.dispute.funds_reinstated" => {
+            let Some(reinstated) = amount.take() else {
+                return ignored("dispute without amount");
+            };
+            let dispute = format!("dispute:{object_id}");
+            Some(Reversal {
+                id: dispute.clone(),
+                amount: reinstated,
+                of: Some(dispute),
+                at: Some(event.created),
+            })
+        }
+        // A refund that failed or was canceled gives its amount back. It was counted in
+        // its charge's running total (`charge.refunded`), so it reverses that total;
+        // a later report of the charge leaves it out already (`Store::record_refund`).
+        "refund.failed" | "refund.updated" | "charge.refund.updated" => {
+            let status = id("status");
+            if !matches!(status, Some("failed" | "canceled")) {
+                return ignored("a refund neither failed nor canceled");
+            }
+            let (Some(given_back), Some(charge)) = (amount.take(), id("charge")) else {
+                return ignored("refund without amount or charge");
+            };
+            Some(Reversal {
+                id: format!("refund:{object_id}"),
+                amount: given_back,
+                of: Some(format!("charge:{charge}")),
+                at: Some(event.created),
+            })
+        }
+        _ => None,
+    };
     let (refund, rank) = match event.event_type.as_str() {
         // A charge fully refunded says `refunded: true`; otherwise `amount_refunded` of its
         // `amount` is its refunds so far (a running total, so it is kept per charge). A
@@ -151,6 +198,7 @@ pub fn parse_stripe(
                 id: format!("charge:{object_id}"),
                 amount: refunded,
                 full: full.then_some(true),
+                reported_at: Some(event.created),
             };
             let rank = if full {
                 status.rank()
@@ -162,7 +210,7 @@ pub fn parse_stripe(
         // The Dispute's `amount` is what the cardholder's bank took back: a refund of that
         // much, kept under the dispute's own id so it adds to the charge's refunds. It is
         // not the payment's amount.
-        "charge.dispute.funds_withdrawn" => {
+        "charge.dispute.funds_withdrawn" | "charge.dispute.created" => {
             let Some(disputed) = amount.take() else {
                 return ignored("dispute without amount");
             };
@@ -170,12 +218,13 @@ pub fn parse_stripe(
                 id: format!("dispute:{object_id}"),
                 amount: Some(disputed),
                 full: None,
+                reported_at: None,
             };
             (Some(refund), status.rank())
         }
         _ => (None, status.rank()),
     };
-    Ok(ParsedEvent::Payment(PaymentEvent {
+    Ok(ParsedEvent::Payment(Box::new(PaymentEvent {
         event_id: event.id,
         event_type: event.event_type,
         key,
@@ -189,8 +238,9 @@ pub fn parse_stripe(
         token_params,
         payment_date,
         refund,
+        reversal,
         authorises_capture: false,
-    }))
+    })))
 }
 
 /// What a Checkout Session event says of its payment, or why it says nothing: only
@@ -215,6 +265,14 @@ fn session_status(
         ("checkout.session.expired", _) => Ok(PaymentStatus::Canceled),
         _ => Err("unhandled event type"),
     }
+}
+
+/// Whether a Dispute's funds were withdrawn: its `balance_transactions` list one.
+fn withdrew_funds(dispute: &Map<String, Value>) -> bool {
+    dispute
+        .get("balance_transactions")
+        .and_then(Value::as_array)
+        .is_some_and(|transactions| !transactions.is_empty())
 }
 
 /// The PaymentIntent a session names: its id, or the id of the object when expanded.
@@ -358,7 +416,8 @@ mod tests {
             Some(Refund {
                 id: "charge:ch_1".to_owned(),
                 amount: Some(40),
-                full: Some(true)
+                full: Some(true),
+                reported_at: Some(1),
             }),
             "a full refund refunds it all"
         );
@@ -473,6 +532,77 @@ mod tests {
     }
 
     #[test]
+    fn reinstated_disputes_and_failed_refunds_are_reversals_of_their_withdrawal() {
+        let parse =
+            |body: Value| match parse_stripe(&stripe(), body.to_string().as_bytes(), 10).unwrap() {
+                ParsedEvent::Payment(event) => Some(event),
+                ParsedEvent::Ignored { .. } => None,
+            };
+        let won = parse(json!({"id": "evt_6", "type": "charge.dispute.funds_reinstated", "created": 3,
+            "data": {"object": {"id": "du_1", "charge": "ch_1", "payment_intent": "pi_1", "amount": 300}}}))
+        .unwrap();
+        assert_eq!(
+            won.amount, None,
+            "the dispute's amount is not the payment's"
+        );
+        assert_eq!(won.refund, None);
+        assert_eq!(
+            won.reversal,
+            Some(Reversal {
+                id: "dispute:du_1".to_owned(),
+                amount: 300,
+                of: Some("dispute:du_1".to_owned()),
+                at: Some(3),
+            })
+        );
+        for (event_type, status, reverses) in [
+            ("refund.failed", "failed", true),
+            ("refund.updated", "canceled", true),
+            ("charge.refund.updated", "failed", true),
+            ("refund.updated", "succeeded", false),
+            ("charge.refund.updated", "pending", false),
+        ] {
+            let failed = parse(json!({"id": "evt_7", "type": event_type, "created": 4,
+                "data": {"object": {"id": "re_1", "charge": "ch_1", "payment_intent": "pi_1",
+                "amount": 100, "status": status}}}));
+            assert_eq!(
+                failed.and_then(|e| e.reversal),
+                reverses.then(|| Reversal {
+                    id: "refund:re_1".to_owned(),
+                    amount: 100,
+                    of: Some("charge:ch_1".to_owned()),
+                    at: Some(4),
+                }),
+                "{event_type} {status}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_dispute_created_counts_as_its_withdrawal_only_once_funds_are_taken() {
+        let created = |transactions: Value| {
+            let body = json!({"id": "evt_c", "type": "charge.dispute.created", "created": 2,
+                "data": {"object": {"id": "du_1", "charge": "ch_1", "payment_intent": "pi_1",
+                "amount": 300, "balance_transactions": transactions}}});
+            match parse_stripe(&stripe(), body.to_string().as_bytes(), 10).unwrap() {
+                ParsedEvent::Payment(event) => event.refund,
+                ParsedEvent::Ignored { .. } => None,
+            }
+        };
+        assert_eq!(created(json!([])), None, "nothing withdrawn yet");
+        assert_eq!(
+            created(json!([{"id": "txn_1", "amount": -300}])),
+            Some(Refund {
+                id: "dispute:du_1".to_owned(),
+                amount: Some(300),
+                full: None,
+                reported_at: None,
+            }),
+            "the same withdrawal funds_withdrawn reports"
+        );
+    }
+
+    #[test]
     fn a_withdrawn_dispute_is_a_refund_of_its_amount_under_its_own_id() {
         let body = json!({"id": "evt_5", "type": "charge.dispute.funds_withdrawn", "created": 2,
             "data": {"object": {"id": "du_1", "charge": "ch_1", "payment_intent": "pi_1", "amount": 300}}});
@@ -491,7 +621,8 @@ mod tests {
             Some(Refund {
                 id: "dispute:du_1".to_owned(),
                 amount: Some(300),
-                full: None
+                full: None,
+                reported_at: None,
             })
         );
     }

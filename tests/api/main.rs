@@ -28,6 +28,7 @@ mod public_key;
 mod redemptions;
 mod refunds;
 mod repair;
+mod reversals;
 mod sign_command;
 mod tokens;
 mod validation;

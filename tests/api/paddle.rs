@@ -29,7 +29,7 @@ fn now() -> i64 {
 
 /// A `transaction.completed` for `quantity` tokens of a 1000-cent transaction, shaped as
 /// in Paddle's documentation (amounts are strings of minor units).
-fn completed(event_id: &str, txn: &str, quantity: i64) -> Value {
+pub(crate) fn completed(event_id: &str, txn: &str, quantity: i64) -> Value {
     json!({
         "event_id": event_id, "event_type": "transaction.completed",
         "occurred_at": "2026-11-30T10:00:00.000000Z", "notification_id": "ntf_01",
@@ -55,7 +55,13 @@ fn refund(event_id: &str, adjustment: &str, txn: &str, kind: &str, total: i64) -
 
 /// A chargeback adjustment of `total` cents of `txn`, as Paddle creates it when a
 /// customer's dispute succeeds (approved from the start: no review).
-fn chargeback(event_id: &str, adjustment: &str, txn: &str, kind: &str, total: i64) -> Value {
+pub(crate) fn chargeback(
+    event_id: &str,
+    adjustment: &str,
+    txn: &str,
+    kind: &str,
+    total: i64,
+) -> Value {
     json!({
         "event_id": event_id, "event_type": "adjustment.created",
         "occurred_at": "2026-11-30T11:00:00.000000Z", "notification_id": "ntf_02",
@@ -84,13 +90,13 @@ async fn send_signed(app: &TestApp, event: &Value, secret: &str, ts: i64) -> req
     post(app, &body, Some(sign_paddle(secret, ts, body.as_bytes()))).await
 }
 
-async fn send(app: &TestApp, event: &Value) -> Value {
+pub(crate) async fn send(app: &TestApp, event: &Value) -> Value {
     let answer = send_signed(app, event, PADDLE_NEW, now()).await;
     assert_eq!(answer.status(), 200);
     json(answer).await
 }
 
-async fn active(app: &TestApp, txn: &str) -> Vec<i64> {
+pub(crate) async fn active(app: &TestApp, txn: &str) -> Vec<i64> {
     app.token_states(txn)
         .await
         .into_iter()

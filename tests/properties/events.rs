@@ -17,6 +17,8 @@ fn stripe_event() -> impl Strategy<Value = Value> {
         Just("payment_intent.payment_failed"),
         Just("payment_intent.canceled"),
         Just("charge.refunded"),
+        Just("charge.dispute.funds_reinstated"),
+        Just("refund.failed"),
         Just("customer.created"),
     ];
     let object = (

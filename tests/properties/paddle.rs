@@ -178,9 +178,16 @@ proptest! {
         if let Ok(ParsedEvent::Payment(parsed)) = parse_paddle(&provider, &body, max) {
             check_payment_event(&parsed, max)?;
             prop_assert_eq!(parsed.key.account_id.as_str(), "default");
-            // Only an adjustment that takes money back (an approved refund, a chargeback)
-            // is a payment event, and it names its adjustment.
-            prop_assert_eq!(parsed.refund.is_some(), event["event_type"].as_str().unwrap().starts_with("adjustment."));
+            // Only an adjustment that moves money (an approved refund, a chargeback, a
+            // chargeback reversed) is a payment event, and it names its adjustment: as a
+            // withdrawal or as a reversal, never both.
+            let adjustment = event["event_type"].as_str().unwrap().starts_with("adjustment.");
+            prop_assert_eq!(parsed.refund.is_some() || parsed.reversal.is_some(), adjustment);
+            prop_assert!(!(parsed.refund.is_some() && parsed.reversal.is_some()));
+            if let Some(reversal) = &parsed.reversal {
+                prop_assert_eq!(event["data"]["action"].as_str(), Some("chargeback_reverse"));
+                prop_assert!(reversal.id.starts_with("adjustment:"));
+            }
         }
     }
 }

@@ -1,11 +1,13 @@
 //! The checks `verify` runs, each an aggregation that finds one kind of violation, and
 //! the pipeline pieces they share with the repair scans.
 
-use mongodb::bson::{Document, doc};
+use futures::TryStreamExt;
+use mongodb::bson::{Bson, Document, doc};
 
-use super::{Finding, key_text};
-use crate::domain::PaymentStatus;
-use crate::store::payments::PAYMENTS;
+use super::{Finding, SAMPLES, key_text};
+use crate::domain::{PaymentStatus, entitlement};
+use crate::store::documents::from_document;
+use crate::store::payments::{PAYMENTS, PaymentDoc};
 use crate::store::placeholder::PLACEHOLDER;
 use crate::store::{ISSUANCES, Store, StoreError, TOKENS};
 
@@ -52,55 +54,98 @@ impl Store {
         .await
     }
 
-    pub(super) async fn unbacked_active_tokens(&self) -> Result<Finding, StoreError> {
-        // The entitlement rule of `issuing::entitlement`, in the aggregation language:
-        // keep = 0 when refunded, canceled or failed (or refunded with no amount known), else
-        // quantity - floor(quantity × min(refunded, amount) ÷ amount).
-        let quantity = doc! { "$toLong": { "$ifNull": [ { "$first": "$issuance.quantity" }, 0 ] } };
-        let keep = doc! { "$cond": [
-            { "$or": [
-                { "$in": ["$status", entitled_to_nothing()] },
-                { "$lte": [ { "$ifNull": ["$amount", 0] }, 0 ] },
-            ] },
-            0,
-            { "$subtract": [ quantity.clone(), { "$floor": { "$divide": [
-                { "$multiply": [ quantity, { "$min": ["$amountRefunded", "$amount"] } ] },
-                "$amount",
-            ] } } ] },
-        ] };
+    /// Checks 7 and 8 in one scan of the payments whose money moved or whose state
+    /// takes tokens back: active tokens beyond what the payment is entitled to, and, once
+    /// a record is `issued` (settled), tokens a withdrawal revoked that the payment is
+    /// entitled to again. The entitlement is `domain::entitlement`, the rule every settle
+    /// goes by, computed here on each payment as read: the check cannot drift from it.
+    /// Together with check 1 (every set complete) they say: after quiescence, the active
+    /// and redeemed tokens below the entitlement are all of them but those an operator
+    /// revoked, and none is active beyond it (a redeemed one there is a shortfall).
+    pub(super) async fn entitlement_findings(&self) -> Result<(Finding, Finding), StoreError> {
         let pipeline = vec![
-            doc! { "$match": taking_back_filter() },
+            doc! { "$match": { "$or": [
+                taking_back_filter(),
+                { "reversals.0": { "$exists": true } },
+            ] } },
             same_payment(
                 ISSUANCES,
                 "",
                 doc! {},
                 vec![],
-                doc! { "quantity": 1 },
+                doc! { "quantity": 1, "status": 1 },
                 "issuance",
             ),
-            doc! { "$set": { "keep": keep } },
             same_payment(
                 TOKENS,
                 "",
-                doc! { "keep": "$keep" },
-                vec![
-                    doc! { "$eq": ["$status", "active"] },
-                    doc! { "$gte": ["$tokenIndex", "$$keep"] },
-                ],
-                doc! { "_id": 1 },
-                "active",
+                doc! {},
+                vec![doc! { "$in": ["$status", ["active", "revoked"]] }],
+                doc! { "_id": 0, "tokenIndex": 1, "status": 1, "lastChangedBy": 1 },
+                "tokens",
             ),
-            doc! { "$match": { "active": { "$ne": [] } } },
         ];
-        self.collect_finding(PAYMENTS, pipeline, |row| {
-            let n = row.get_array("active").map(|a| a.len()).unwrap_or(0);
-            format!(
-                "{} ({}): {n} active token(s)",
-                key_text(row),
-                row.get_str("status").unwrap_or("?")
-            )
-        })
-        .await
+        let mut rows = self
+            .collection(PAYMENTS)
+            .aggregate(pipeline)
+            .allow_disk_use(true)
+            .await?;
+        let (mut unbacked, mut unrestored) = (Finding::default(), Finding::default());
+        while let Some(row) = rows.try_next().await? {
+            let payment: PaymentDoc = from_document(row.clone())?;
+            let record = row
+                .get_array("issuance")
+                .ok()
+                .and_then(|r| r.first())
+                .and_then(Bson::as_document);
+            let quantity = record
+                .and_then(|r| r.get("quantity"))
+                .and_then(|q| q.as_i64().or(q.as_i32().map(i64::from)))
+                .unwrap_or(0);
+            let settled = record.and_then(|r| r.get_str("status").ok()) == Some("issued");
+            let keep = entitlement(payment.status, &payment.money(), quantity).kept(quantity);
+            let by = format!("provider:{}", payment.provider);
+            let (mut active, mut revoked) = (0, 0);
+            for token in row.get_array("tokens").into_iter().flatten() {
+                let Some(token) = token.as_document() else {
+                    continue;
+                };
+                let index = token.get_i64("tokenIndex").unwrap_or(0);
+                match token.get_str("status") {
+                    Ok("active") if index >= keep => active += 1,
+                    Ok("revoked")
+                        if settled
+                            && index < keep
+                            && token.get_str("lastChangedBy") == Ok(by.as_str()) =>
+                    {
+                        revoked += 1
+                    }
+                    _ => {}
+                }
+            }
+            let name = key_text(&row);
+            let status = payment.status.as_str();
+            add(&mut unbacked, active, || {
+                format!("{name} ({status}): {active} active token(s) beyond {keep}")
+            });
+            add(&mut unrestored, revoked, || {
+                format!(
+                    "{name} ({status}): {revoked} token(s) revoked by a withdrawal within {keep}"
+                )
+            });
+        }
+        Ok((unbacked, unrestored))
+    }
+}
+
+/// Counts a payment with `n` violations in `finding`, with its sample while there is room.
+fn add(finding: &mut Finding, n: u64, describe: impl FnOnce() -> String) {
+    if n == 0 {
+        return;
+    }
+    finding.count += 1;
+    if finding.samples.len() < SAMPLES as usize {
+        finding.samples.push(describe());
     }
 }
 

@@ -43,8 +43,12 @@ pub struct VerifyReport {
     pub stranded_pending: Finding,
     /// Tokens whose type, or owner (unless transferred), differs from their record.
     pub foreign_tokens: Finding,
-    /// Active tokens a refunded, canceled or partly refunded payment no longer stands for.
+    /// Active tokens a refunded, canceled or partly refunded payment no longer stands for
+    /// (tokenIndex at or past its entitlement).
     pub unbacked_active_tokens: Finding,
+    /// Tokens a withdrawal revoked that an issued payment stands for again (tokenIndex
+    /// below its entitlement, money having come back) and that were not made active.
+    pub unrestored_tokens: Finding,
 }
 
 impl VerifyReport {
@@ -56,7 +60,7 @@ impl VerifyReport {
         self.findings().iter().map(|(_, f)| f.count).sum()
     }
 
-    fn findings(&self) -> [(&'static str, &Finding); 7] {
+    fn findings(&self) -> [(&'static str, &Finding); 8] {
         [
             (
                 "payments whose tokens are not exactly 0..quantity-1",
@@ -79,6 +83,10 @@ impl VerifyReport {
             (
                 "payments refunded or canceled (in whole or part) with active tokens",
                 &self.unbacked_active_tokens,
+            ),
+            (
+                "payments whose money came back with tokens still revoked by a withdrawal",
+                &self.unrestored_tokens,
             ),
         ]
     }
@@ -133,7 +141,8 @@ impl Store {
         report.tokens_without_version = self.tokens_without_version().await?;
         report.stranded_pending = self.stranded_pending().await?;
         report.foreign_tokens = self.foreign_tokens().await?;
-        report.unbacked_active_tokens = self.unbacked_active_tokens().await?;
+        (report.unbacked_active_tokens, report.unrestored_tokens) =
+            self.entitlement_findings().await?;
         Ok(report)
     }
 

@@ -17,7 +17,7 @@ use serde_json::{Map, Value};
 
 use super::events::{EventError, payment_key, ranked_version, tokenmint_params};
 use super::signature::{SignatureError, SignatureHeaders, any_signature_matches, mac};
-use crate::domain::{ParsedEvent, PaymentEvent, PaymentStatus, Provider, Refund};
+use crate::domain::{ParsedEvent, PaymentEvent, PaymentStatus, Provider, Refund, Reversal};
 use crate::settings::Capture;
 
 /// The fields an item's signature covers, in their order.
@@ -219,6 +219,18 @@ fn parse_item(
         id: format!("{kind}:{psp}"),
         amount: value,
         full,
+        reported_at: None,
+    };
+    // Money that came back, against the withdrawal of the same pspReference: a failed
+    // or reversed refund names the refund's, a reversed chargeback the chargeback's. Its
+    // amount is signed; `eventDate` is not, so nothing depends on it but the version.
+    let reversal = |kind: &str| {
+        value.map(|amount| Reversal {
+            id: format!("{kind}:{psp}"),
+            amount,
+            of: Some(format!("{kind}:{psp}")),
+            at: None,
+        })
     };
     let manual = capture == Capture::Manual;
     let (status, payment, refund) = match (code.as_str(), succeeded) {
@@ -251,8 +263,22 @@ fn parse_item(
             &original,
             Some(refund("chargeback", Some(true))),
         ),
+        // Money back moves no state of its own (the status is a standing payment's):
+        // the reversal is recorded and the money decides. Like the chargeback, a
+        // reversed chargeback counts whatever its `success` says.
+        ("CHARGEBACK_REVERSED", _) | ("REFUND_FAILED" | "REFUNDED_REVERSED", true) => {
+            if value.is_none() {
+                return ignored("a reversal without amount.value");
+            }
+            (PaymentStatus::Succeeded, &original, None)
+        }
         (_, false) => return ignored("the operation did not succeed"),
         _ => return ignored("unhandled event code"),
+    };
+    let reversal = match code.as_str() {
+        "CHARGEBACK_REVERSED" => reversal("chargeback"),
+        "REFUND_FAILED" | "REFUNDED_REVERSED" => reversal("refund"),
+        _ => None,
     };
     let account = field(item, "merchantAccountCode");
     let Some(key) = payment_key(provider, &account, Some(payment)) else {
@@ -273,24 +299,26 @@ fn parse_item(
     // The token parameters and the payment's date are the authorisation's, also under
     // manual capture, where the payment keeps them until its CAPTURE.
     let authorised = code == "AUTHORISATION" && succeeded;
-    ParsedEvent::Payment(PaymentEvent {
+    ParsedEvent::Payment(Box::new(PaymentEvent {
         event_id: event_id.clone(),
         event_type: code.clone(),
         key,
         status,
         version,
-        // A refund's or chargeback's amount is its own, not the payment's.
-        amount: value.filter(|_| refund.is_none()),
-        currency: Some(field(item, "currency")).filter(|c| !c.is_empty() && refund.is_none()),
         token_params: item
             .get("additionalData")
             .and_then(Value::as_object)
             .filter(|_| authorised)
             .and_then(|data| tokenmint_params(data, "metadata.", max_quantity)),
         payment_date: authorised.then(|| date.to_utc()),
+        // A refund's, chargeback's or reversal's amount is its own, not the payment's.
+        amount: value.filter(|_| refund.is_none() && reversal.is_none()),
+        currency: Some(field(item, "currency"))
+            .filter(|c| !c.is_empty() && refund.is_none() && reversal.is_none()),
         refund,
+        reversal,
         authorises_capture: authorised && status == PaymentStatus::Processing,
-    })
+    }))
 }
 
 #[cfg(test)]

@@ -195,6 +195,46 @@ fn chargebacks_and_cancel_or_refund_take_everything_back() {
 }
 
 #[test]
+fn reversals_give_back_the_withdrawal_of_their_psp_reference() {
+    let provider = Provider::parse("adyen").unwrap();
+    let item = |code: &str, success: &str| {
+        json!({ "eventCode": code, "success": success, "pspReference": "8815329842815468",
+            "originalReference": "7914073381342284", "merchantAccountCode": "TestMerchant",
+            "amount": { "value": 500, "currency": "EUR" }, "eventDate": "2026-11-30T09:00:00Z" })
+    };
+    let reversal = |code: &str, success: &str| match parse_adyen(
+        &provider,
+        &batch_of(&[item(code, success)]),
+        100,
+        Capture::Auto,
+    )
+    .unwrap()
+    .remove(0)
+    {
+        ParsedEvent::Payment(event) => {
+            assert_eq!(event.key.payment_intent_id.as_str(), "7914073381342284");
+            assert_eq!((event.amount, event.currency.as_deref()), (None, None));
+            assert_eq!(event.refund, None);
+            event.reversal
+        }
+        ParsedEvent::Ignored { .. } => None,
+    };
+    let of = |kind: &str| {
+        Some(Reversal {
+            id: format!("{kind}:8815329842815468"),
+            amount: 500,
+            of: Some(format!("{kind}:8815329842815468")),
+            at: None,
+        })
+    };
+    assert_eq!(reversal("CHARGEBACK_REVERSED", "true"), of("chargeback"));
+    assert_eq!(reversal("CHARGEBACK_REVERSED", "false"), of("chargeback"));
+    assert_eq!(reversal("REFUND_FAILED", "true"), of("refund"));
+    assert_eq!(reversal("REFUNDED_REVERSED", "true"), of("refund"));
+    assert_eq!(reversal("REFUND_FAILED", "false"), None);
+}
+
+#[test]
 fn the_capture_setting_decides_which_item_is_the_success() {
     let provider = Provider::parse("adyen").unwrap();
     let mut authorised = library_item(None);

@@ -197,12 +197,25 @@ async fn a_redelivered_batch_changes_nothing() {
 }
 
 #[tokio::test]
-async fn a_refund_before_the_authorisation_leaves_no_active_token() {
+async fn a_refund_before_the_authorisation_is_whole_until_the_amount_is_known() {
     let app = spawn_app_with(ADYEN).await;
     // A quarter of the payment, but the payment's amount is not known yet: the share
-    // cannot be computed, so the refund is read as whole (the documented choice).
+    // cannot be computed, so the refund is read as whole (the documented choice)...
     send(&app, &[modification("REFUND", "REF_1", "PSP_A", 250)]).await;
+    assert_eq!(
+        payment(&app, "PSP_A").await.get_str("status").unwrap(),
+        "refunded"
+    );
+    // ...until the authorisation names the amount: then the money decides, and a
+    // quarter of 1000 takes floor(3 × 0.25) = 0 of the 3 tokens.
     send(&app, &[authorisation("PSP_A", 3)]).await;
+    assert_eq!(active(&app, "PSP_A").await, vec![0, 1, 2]);
+    assert_eq!(
+        payment(&app, "PSP_A").await.get_str("status").unwrap(),
+        "succeeded"
+    );
+    // A second refund of the rest withdraws it whole again.
+    send(&app, &[modification("REFUND", "REF_2", "PSP_A", 750)]).await;
     assert!(active(&app, "PSP_A").await.is_empty());
     assert_eq!(
         payment(&app, "PSP_A").await.get_str("status").unwrap(),

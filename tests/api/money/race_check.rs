@@ -4,7 +4,7 @@
 
 use mongodb::bson::{Document, doc, oid::ObjectId};
 
-use super::race_scenario::{Action, Answer, Refund, Scenario};
+use super::race_scenario::{Action, Answer, Refund, Reversal, Scenario};
 use super::stored;
 use crate::helpers::*;
 
@@ -43,7 +43,11 @@ pub(super) async fn check_payment(
 ) -> Vec<String> {
     let mut wrong = Vec::new();
     let owner = ObjectId::parse_str(OWNER).unwrap();
-    let fully_refunded = scenario.refund == Refund::Full;
+    // Withdrawn whole at the end, or for a while (then issuances may be refused, and a
+    // checkout's request left pending: money coming back issues nothing it did not ask).
+    let fully_refunded = scenario.ends_refunded();
+    let refused_for_a_while = scenario.may_be_refunded();
+    let reversed = scenario.reversal != Reversal::None;
 
     // The HTTP answers.
     for answer in answers {
@@ -52,14 +56,16 @@ pub(super) async fn check_payment(
             _ if answer.status >= 500 && faults == Faults::Injected => {
                 is_generic_server_error(&answer.body)
             }
-            Action::Success | Action::Session | Action::Refund => answer.status == 200,
+            action if action.is_event() => answer.status == 200,
             Action::Writer | Action::Checkout => match answer.status {
                 200 | 201 => true,
                 // A trusted key never waits for the payment.
                 202 => answer.action == Action::Checkout,
                 // Every request names the parameters of the payment's metadata, so the only
                 // refusal is the payment's: and only a full refund withdraws it.
-                409 => fully_refunded && answer.code.as_deref() == Some("payment_not_succeeded"),
+                409 => {
+                    refused_for_a_while && answer.code.as_deref() == Some("payment_not_succeeded")
+                }
                 _ => false,
             },
             // Spent, or too few tokens left, or it kept losing races for its tokens to
@@ -72,6 +78,7 @@ pub(super) async fn check_payment(
                 (503, Some("database_unavailable")) => is_generic_server_error(&answer.body),
                 _ => false,
             },
+            _ => false,
         };
         if !acceptable {
             wrong.push(format!(
@@ -102,22 +109,31 @@ pub(super) async fn check_payment(
     // A partial refund is no state change: without a success event the payment has
     // only its refunded amount, no status ("?").
     let expected_state = match scenario.refund {
-        Refund::Full => Some("refunded"),
-        Refund::Partial(_) if scenario.succeeds() => Some("succeeded"),
-        Refund::Partial(_) => Some("?"),
-        Refund::None if scenario.succeeds() => Some("succeeded"),
-        Refund::None => None,
+        _ if fully_refunded => Some("refunded"),
+        _ if scenario.succeeds() => Some("succeeded"),
+        Refund::None if !reversed => None,
+        _ => Some("?"),
     };
-    if payment_state.as_deref() != expected_state {
+    // A payment refunded whole for a while and given back stands again as `succeeded`,
+    // even when no success was delivered (a refund says it was paid).
+    let also_fine =
+        refused_for_a_while && !fully_refunded && payment_state.as_deref() == Some("succeeded");
+    if payment_state.as_deref() != expected_state && !also_fine {
         wrong.push(format!(
             "payment state {payment_state:?}, expected {expected_state:?}"
         ));
     }
-    if let Refund::Partial(refunded) = scenario.refund {
+    if matches!(scenario.refund, Refund::Partial(_)) || reversed {
+        let refunded = scenario.amount_refunded();
         let recorded = payment
             .as_ref()
             .and_then(|p| stored_int(p, "amountRefunded"));
-        if recorded != Some(refunded) {
+        // A full refund is recorded as at least the amount.
+        let right = match scenario.refund {
+            Refund::Full => recorded.is_some_and(|r| r >= refunded),
+            _ => recorded == Some(refunded),
+        };
+        if !right {
             wrong.push(format!("amountRefunded {recorded:?}, expected {refunded}"));
         }
     }
@@ -132,7 +148,7 @@ pub(super) async fn check_payment(
     match records.as_slice() {
         [] => {
             // Only a full refund can keep every writer out (a backend retry always runs).
-            if !fully_refunded {
+            if !refused_for_a_while {
                 wrong.push("no issuance record for a payment that stands".to_owned());
             }
             if !tokens.is_empty() {
@@ -185,14 +201,14 @@ pub(super) async fn check_payment(
                         !allowed.contains(&t.status.as_str())
                     }) {
                         wrong.push(format!(
-                            "token {t:?} of a payment standing for 0..{keep} (refund {:?})",
-                            scenario.refund
+                            "token {t:?} of a payment standing for 0..{keep} (refund {:?}, {:?})",
+                            scenario.refund, scenario.reversal
                         ));
                     }
                 }
                 // A checkout's request recorded before a full refund, which then kept every
                 // writer out: it never issues, and expires.
-                "pending" if fully_refunded => {
+                "pending" if refused_for_a_while => {
                     if !tokens.is_empty() {
                         wrong.push(format!("pending record with {} tokens", tokens.len()));
                     }

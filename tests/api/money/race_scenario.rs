@@ -1,5 +1,6 @@
 //! What one payment goes through in a round of the seeded races: its quantity, its refund,
-//! how many success deliveries (of its PaymentIntent's event and of its Checkout
+//! the money that may come back (the refund failing, a dispute withdrawn and won), how
+//! many success deliveries (of its PaymentIntent's event and of its Checkout
 //! Session's), backend retries and checkout requests race, the redemption by amount that
 //! may race them (spending the owner's oldest tokens, of this payment or any other), the
 //! seeded order and timing of those requests, and the HTTP answer each of them got.
@@ -29,12 +30,24 @@ pub(super) enum Refund {
     Partial(i64),
 }
 
+/// Money that comes back in a round, racing everything else.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Reversal {
+    None,
+    /// The round's refund fails: `refund.failed` gives its whole amount back.
+    RefundFails,
+    /// A dispute of this amount is withdrawn (`charge.dispute.funds_withdrawn`) and won
+    /// (`funds_reinstated`), the two in either order.
+    DisputeWon(i64),
+}
+
 /// What happens to one payment in a round.
 #[derive(Debug, Clone)]
 pub(super) struct Scenario {
     pub(super) payment: String,
     pub(super) quantity: i64,
     pub(super) refund: Refund,
+    pub(super) reversal: Reversal,
     /// Deliveries of the (one) success event: 0, 1, or 2 (a duplicate).
     pub(super) success_deliveries: u32,
     /// Deliveries of the payment's Checkout Session completing paid (the same success,
@@ -75,14 +88,23 @@ impl Scenario {
         let success_deliveries = deliveries(rng, 0.8);
         let session_deliveries = deliveries(rng, 0.4);
         let success_created = base - rng.random_range(0..=600);
+        // Money comes back only to a payment that was paid (a success is delivered).
+        let paid = success_deliveries + session_deliveries > 0;
+        let reversal = match rng.random_range(0..4) {
+            0 if paid && refund != Refund::None => Reversal::RefundFails,
+            1 if paid => Reversal::DisputeWon(rng.random_range(1..AMOUNT)),
+            _ => Reversal::None,
+        };
+        let checkout = rng.random_bool(0.5);
         Scenario {
             payment: format!("pi_money_r{round}_p{p}"),
             quantity,
             refund,
+            reversal,
             success_deliveries,
             session_deliveries,
             writer_retries: rng.random_range(1..=3),
-            checkout: rng.random_bool(0.5),
+            checkout,
             spend: if rng.random_bool(0.3) {
                 rng.random_range(1..=MAX_SPEND)
             } else {
@@ -92,6 +114,19 @@ impl Scenario {
             refund_created: success_created + rng.random_range(1..=300),
             refunded_before: false,
         }
+        .without_stranded_checkout()
+    }
+
+    /// No checkout request for a payment withdrawn whole for a while and then given
+    /// back: its success may have been held back meanwhile (`terminal`), and a payment
+    /// standing again does not replay it, so a checkout's pending request would stay
+    /// pending beside a succeeded payment — what `verify` reports (check 5) and a trusted
+    /// backend resolves, not a race outcome to assert.
+    fn without_stranded_checkout(mut self) -> Self {
+        if self.may_be_refunded() && self.reversal != Reversal::None {
+            self.checkout = false;
+        }
+        self
     }
 
     /// Makes this a payment partly refunded long before anyone issued for it, with no
@@ -101,17 +136,76 @@ impl Scenario {
     /// a third, so that most quantities lose a token to it.
     pub(super) fn refund_long_before(&mut self, rng: &mut StdRng) {
         self.refund = Refund::Partial(rng.random_range(AMOUNT / 3..AMOUNT));
+        self.reversal = Reversal::None;
         self.success_deliveries = 0;
         self.session_deliveries = 0;
         self.refunded_before = true;
     }
 
-    /// How many of its tokens (the lowest indexes) the payment stands for in the end.
+    /// How many of its tokens (the lowest indexes) the payment stands for in the end: a
+    /// failed refund gives everything back, a dispute won leaves the refund alone.
     pub(super) fn keep(&self) -> i64 {
+        match (self.refund, self.reversal) {
+            (_, Reversal::RefundFails) | (Refund::None, _) => self.quantity,
+            (Refund::Full, _) => 0,
+            (Refund::Partial(refunded), _) => self.quantity - self.quantity * refunded / AMOUNT,
+        }
+    }
+
+    /// Whether the payment ends withdrawn whole: a full refund that did not fail.
+    pub(super) fn ends_refunded(&self) -> bool {
+        self.refund == Refund::Full && self.reversal != Reversal::RefundFails
+    }
+
+    /// Whether the payment may be withdrawn whole for a while (and refuse issuances
+    /// then): a full refund, or a dispute (which names no payment amount: before the
+    /// success or the refund names it, a withdrawal of unknown share is all of it).
+    pub(super) fn may_be_refunded(&self) -> bool {
+        self.refund == Refund::Full || matches!(self.reversal, Reversal::DisputeWon(_))
+    }
+
+    /// The refunds and chargebacks recorded in the end (`amountRefunded`): money coming
+    /// back does not lower it.
+    pub(super) fn amount_refunded(&self) -> i64 {
+        let disputed = match self.reversal {
+            Reversal::DisputeWon(disputed) => disputed,
+            _ => 0,
+        };
+        self.refunded_amount() + disputed
+    }
+
+    /// The refund's failure (`refund.failed` of all of it, after it) or the dispute's
+    /// two events, when the round has them.
+    fn reversal_event(&self, action: Action) -> Value {
+        let created = self.refund_created + 5;
+        let (event_type, object) = match (action, self.reversal) {
+            (Action::RefundFails, _) => (
+                "refund.failed",
+                serde_json::json!({ "id": format!("re_{}", self.payment), "object": "refund",
+                    "amount": self.refunded_amount(), "charge": "ch_1", "currency": "eur",
+                    "payment_intent": self.payment, "status": "failed" }),
+            ),
+            (Action::DisputeWithdrawn | Action::DisputeWon, Reversal::DisputeWon(amount)) => (
+                if action == Action::DisputeWon {
+                    "charge.dispute.funds_reinstated"
+                } else {
+                    "charge.dispute.funds_withdrawn"
+                },
+                serde_json::json!({ "id": format!("du_{}", self.payment), "object": "dispute",
+                    "amount": amount, "charge": "ch_1", "currency": "eur",
+                    "payment_intent": self.payment }),
+            ),
+            other => panic!("no reversal event for {other:?}"),
+        };
+        serde_json::json!({ "id": format!("evt_{action:?}_{}", self.payment), "type": event_type,
+            "created": created, "account": "acct_1", "data": { "object": object } })
+    }
+
+    fn refunded_amount(&self) -> i64 {
         match self.refund {
-            Refund::None => self.quantity,
-            Refund::Full => 0,
-            Refund::Partial(refunded) => self.quantity - self.quantity * refunded / AMOUNT,
+            Refund::None => 0,
+            Refund::Full => AMOUNT,
+            Refund::Partial(refunded) => refunded,
         }
     }
 
@@ -167,10 +261,21 @@ pub(super) enum Action {
     /// The success reported by the payment's Checkout Session.
     Session,
     Refund,
+    /// The refund's failure.
+    RefundFails,
+    DisputeWithdrawn,
+    DisputeWon,
     Writer,
     Checkout,
     /// A redemption by amount of the owner's standard tokens (`Scenario::spend`).
     Redemption,
+}
+
+impl Action {
+    /// Whether this is a provider event (answered 200 whatever it does).
+    pub(super) fn is_event(self) -> bool {
+        !matches!(self, Self::Writer | Self::Checkout)
+    }
 }
 
 /// The requests of a round, in the order drawn from `rng`: (payment number, action, start
@@ -193,6 +298,14 @@ pub(super) fn round_actions(
         }
         if s.refund != Refund::None && !s.refunded_before {
             push(Action::Refund, rng);
+        }
+        match s.reversal {
+            Reversal::None => {}
+            Reversal::RefundFails => push(Action::RefundFails, rng),
+            Reversal::DisputeWon(_) => {
+                push(Action::DisputeWithdrawn, rng);
+                push(Action::DisputeWon, rng);
+            }
         }
         for _ in 0..s.writer_retries {
             push(Action::Writer, rng);
@@ -233,6 +346,9 @@ pub(super) async fn run(
         Action::Refund => {
             let event = scenario.refund_event().expect("a refund scenario");
             deliver_stripe(app, &event).await
+        }
+        Action::RefundFails | Action::DisputeWithdrawn | Action::DisputeWon => {
+            deliver_stripe(app, &scenario.reversal_event(action)).await
         }
         Action::Writer => {
             app.issue(

@@ -103,7 +103,7 @@ async fn a_later_success_naming_other_parameters_changes_nothing() {
 }
 
 #[tokio::test]
-async fn a_failed_payment_keeps_no_token_and_its_retry_does_not_revive_them() {
+async fn a_failed_payment_keeps_no_token_and_its_retry_makes_them_active_again() {
     let app = app().await;
     send_acme(&app, "msg_p", &acme_event("processing", "pay_v", 1)).await;
     // A trusted backend vouched for the processing payment.
@@ -119,11 +119,27 @@ async fn a_failed_payment_keeps_no_token_and_its_retry_does_not_revive_them() {
     for token in app.tokens_of("pay_v").await {
         assert_eq!(token.get_str("revocationReason").unwrap(), "failed");
     }
-    // The customer retries and pays: the payment stands again, its tokens stay revoked.
+    let ids: Vec<_> = app
+        .tokens_of("pay_v")
+        .await
+        .iter()
+        .map(|t| t.get_object_id("_id").unwrap())
+        .collect();
+    // The customer retries and pays: the payment stands again, and so do the tokens its
+    // failure revoked (the same ones, no new set).
     let retried = json(send_acme(&app, "msg_s", &acme_event("succeeded", "pay_v", 3)).await).await;
     assert_eq!(retried["outcome"], "already_issued", "{retried}");
+    assert_eq!(retried["tokensReactivated"], 2, "{retried}");
     assert_eq!(payment_status(&app, "pay_v").await.0, "succeeded");
-    assert_eq!(app.token_states("pay_v").await, revoked);
+    let active = vec![(0, "active".to_owned()), (1, "active".to_owned())];
+    assert_eq!(app.token_states("pay_v").await, active);
+    let again: Vec<_> = app
+        .tokens_of("pay_v")
+        .await
+        .iter()
+        .map(|t| t.get_object_id("_id").unwrap())
+        .collect();
+    assert_eq!(again, ids);
     assert_eq!(
         app.count_records(doc! { "paymentIntentId": "pay_v" }).await,
         1

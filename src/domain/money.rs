@@ -1,0 +1,342 @@
+//! The money rule, in one place: how much of a payment its provider has taken back for
+//! good, and how many of the payment's tokens that leaves standing. The webhook effects,
+//! every settle and `verify` all decide with [`entitlement`], so the rule cannot drift
+//! between what tokenmint does and what it checks.
+//!
+//! A payment of `amount` for `quantity` tokens is entitled to
+//! `quantity − floor(quantity × withdrawn ÷ amount)` tokens, where `withdrawn` is what
+//! was refunded or charged back minus what came back (a dispute won, a refund that
+//! failed, a chargeback reversed), never below 0 nor above `amount`.
+
+use super::PaymentStatus;
+
+/// One withdrawal among a payment's refunds, as recorded: a refund, chargeback or
+/// dispute, under its own id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Withdrawal {
+    pub id: String,
+    /// Minor units taken back (for a running total, the largest it was reported at).
+    pub amount: i64,
+    /// The provider called it a withdrawal of the whole payment: it counts as the
+    /// payment's amount whatever its own amount says.
+    pub full: bool,
+}
+
+/// Money that came back to the merchant, under its own id (the refund, dispute or
+/// chargeback it reverses, prefixed by its kind).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reversal {
+    /// Names this reversal among the payment's reversals: a replay counts once.
+    pub id: String,
+    /// Minor units given back.
+    pub amount: i64,
+    /// The withdrawal it gives back, when the provider names it: it then counts only
+    /// once that withdrawal is recorded, and never for more than it (a reversal that
+    /// arrives before its withdrawal waits for it instead of offsetting another one).
+    pub of: Option<String>,
+    /// When the provider reported it (unix seconds): a running total reported later
+    /// already leaves it out (see `Store::record_refund`).
+    pub at: Option<i64>,
+}
+
+/// What a payment's records say of its money.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Money {
+    /// The payment's amount, when known.
+    pub amount: Option<i64>,
+    pub withdrawals: Vec<Withdrawal>,
+    pub reversals: Vec<Reversal>,
+    /// A refunded total recorded before withdrawals were kept one by one: at least that
+    /// much was taken back.
+    pub recorded_total: Option<i64>,
+}
+
+impl Money {
+    /// Everything taken back, before reversals: a full withdrawal counts as the amount.
+    pub fn gross(&self) -> i64 {
+        let sum: i64 = self.withdrawals.iter().map(|w| self.counted(w)).sum();
+        sum.max(self.recorded_total.unwrap_or(0))
+    }
+
+    /// What one withdrawal counts for.
+    fn counted(&self, withdrawal: &Withdrawal) -> i64 {
+        match (withdrawal.full, self.amount) {
+            (true, Some(amount)) => withdrawal.amount.max(amount),
+            _ => withdrawal.amount,
+        }
+    }
+
+    /// Everything that came back: each reversal once, one that names its withdrawal only
+    /// once that is known and, with the others of that withdrawal, for at most its amount.
+    pub fn reversed(&self) -> i64 {
+        let mut reversed = 0;
+        let mut named: Vec<(&str, i64)> = Vec::new();
+        for reversal in &self.reversals {
+            let amount = reversal.amount.max(0);
+            match &reversal.of {
+                None => reversed += amount,
+                Some(of) => match named.iter_mut().find(|(id, _)| id == of) {
+                    Some((_, sum)) => *sum += amount,
+                    None => named.push((of, amount)),
+                },
+            }
+        }
+        for (of, sum) in named {
+            if let Some(withdrawal) = self.withdrawals.iter().find(|w| w.id == of) {
+                reversed += sum.min(self.counted(withdrawal));
+            }
+        }
+        reversed
+    }
+
+    /// What is taken back for good: withdrawals minus reversals, never below 0 and, when
+    /// the amount is known, never above it.
+    pub fn withdrawn(&self) -> i64 {
+        let net = (self.gross() - self.reversed()).max(0);
+        match self.amount {
+            Some(amount) if amount > 0 => net.min(amount),
+            _ => net,
+        }
+    }
+
+    /// Whether the withdrawals explain a `refunded` status, so that the money decides
+    /// instead: they reach the whole amount (a full one does); or none was called full,
+    /// and the refund was judged whole only because the payment's amount was not known
+    /// then (a withdrawal of unknown share reads as all of it, until the amount is
+    /// known); or the amount is still unknown. A refund the provider called full is
+    /// recorded as a full withdrawal, so it explains the status and comes back only by a
+    /// reversal of it.
+    pub fn explains_refund(&self) -> bool {
+        let gross = self.gross();
+        let called_full = self.withdrawals.iter().any(|w| w.full);
+        gross > 0
+            && self
+                .amount
+                .is_none_or(|amount| gross >= amount || !called_full)
+    }
+
+    /// Whether less than the whole payment is withdrawn now: some is left, or, the
+    /// amount unknown, nothing is withdrawn at all.
+    pub fn leaves_some(&self) -> bool {
+        match self.amount {
+            Some(amount) if amount > 0 => self.withdrawn() < amount,
+            _ => self.withdrawn() == 0,
+        }
+    }
+}
+
+/// How many of its `quantity` tokens a payment is entitled to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Entitlement {
+    /// Every token: the payment stands (or tokenmint knows nothing against it).
+    All,
+    /// Tokens 0..keep-1 only; the rest are taken back (`reason` says why, and becomes
+    /// the revoked tokens' `revocationReason`).
+    Keep { keep: i64, reason: &'static str },
+}
+
+impl Entitlement {
+    /// The number of tokens kept out of `quantity`.
+    pub fn kept(self, quantity: i64) -> i64 {
+        match self {
+            Self::All => quantity,
+            Self::Keep { keep, .. } => keep.clamp(0, quantity.max(0)),
+        }
+    }
+}
+
+/// The entitlement of a payment of `quantity` tokens in `status` with `money`.
+///
+/// Canceled and failed payments keep nothing. A refunded one keeps nothing either,
+/// unless its withdrawals explain the refund and reversals since gave some back: then
+/// the money decides, as for a standing payment. A standing payment keeps
+/// `quantity − floor(quantity × withdrawn ÷ amount)`; money taken back from a payment of
+/// unknown amount is of unknown proportion, which can only be read as all of it.
+pub fn entitlement(status: PaymentStatus, money: &Money, quantity: i64) -> Entitlement {
+    let none = |reason| Entitlement::Keep { keep: 0, reason };
+    match status {
+        PaymentStatus::Canceled => return none("canceled"),
+        // Only reachable with tokens when the money failed after a success (Adyen's
+        // CAPTURE_FAILED): none of them were paid for.
+        PaymentStatus::Failed => return none("failed"),
+        PaymentStatus::Refunded if !money.explains_refund() => return none("refunded"),
+        PaymentStatus::Refunded | PaymentStatus::Processing | PaymentStatus::Succeeded => {}
+    }
+    let withdrawn = money.withdrawn();
+    if withdrawn == 0 {
+        return Entitlement::All;
+    }
+    match money.amount {
+        Some(amount) if amount > 0 => {
+            // i128: quantity × amount can exceed i64 for absurd amounts.
+            let share = (i128::from(quantity) * i128::from(withdrawn) / i128::from(amount)) as i64;
+            if share == 0 {
+                Entitlement::All
+            } else {
+                Entitlement::Keep {
+                    keep: quantity - share,
+                    reason: if status == PaymentStatus::Refunded && withdrawn == amount {
+                        "refunded"
+                    } else {
+                        "partial_refund"
+                    },
+                }
+            }
+        }
+        _ => none("refunded"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn w(id: &str, amount: i64, full: bool) -> Withdrawal {
+        Withdrawal {
+            id: id.to_owned(),
+            amount,
+            full,
+        }
+    }
+
+    fn r(id: &str, amount: i64, of: Option<&str>) -> Reversal {
+        Reversal {
+            id: id.to_owned(),
+            amount,
+            of: of.map(str::to_owned),
+            at: None,
+        }
+    }
+
+    #[test]
+    fn withdrawn_is_withdrawals_minus_reversals_clamped() {
+        let money = |withdrawals, reversals| Money {
+            amount: Some(1000),
+            withdrawals,
+            reversals,
+            recorded_total: None,
+        };
+        let cases: Vec<(Money, i64)> = vec![
+            (money(vec![], vec![]), 0),
+            (money(vec![w("charge:a", 300, false)], vec![]), 300),
+            (money(vec![w("charge:a", 300, true)], vec![]), 1000),
+            // A dispute won gives its amount back.
+            (
+                money(
+                    vec![w("charge:a", 300, false), w("dispute:d", 200, false)],
+                    vec![r("dispute:d", 200, Some("dispute:d"))],
+                ),
+                300,
+            ),
+            // A reversal before its withdrawal waits for it.
+            (
+                money(
+                    vec![w("charge:a", 300, false)],
+                    vec![r("dispute:d", 200, Some("dispute:d"))],
+                ),
+                300,
+            ),
+            // Never more than the withdrawal it reverses.
+            (
+                money(
+                    vec![w("refund:x", 100, false), w("refund:y", 100, false)],
+                    vec![r("refund:x", 900, Some("refund:x"))],
+                ),
+                100,
+            ),
+            // Unnamed reversals offset the total, never below 0.
+            (
+                money(vec![w("total", 100, false)], vec![r("total", 500, None)]),
+                0,
+            ),
+            // A full chargeback reversed in full.
+            (
+                money(
+                    vec![w("chargeback:c", 1000, true)],
+                    vec![r("chargeback:c", 1000, Some("chargeback:c"))],
+                ),
+                0,
+            ),
+            // Over-reported refunds are capped at the amount.
+            (money(vec![w("refund:x", 5000, false)], vec![]), 1000),
+        ];
+        for (money, expected) in cases {
+            assert_eq!(money.withdrawn(), expected, "{money:?}");
+        }
+        let legacy = Money {
+            amount: Some(1000),
+            recorded_total: Some(400),
+            ..Money::default()
+        };
+        assert_eq!(
+            legacy.withdrawn(),
+            400,
+            "a total recorded before the entries"
+        );
+    }
+
+    #[test]
+    fn entitlement_follows_the_money() {
+        use PaymentStatus::*;
+        let money = |amount: Option<i64>, withdrawn: i64, back: i64| Money {
+            amount,
+            withdrawals: vec![w("refund:a", withdrawn, false)],
+            reversals: vec![r("refund:a", back, Some("refund:a"))],
+            recorded_total: None,
+        };
+        let keep = |keep, reason| Entitlement::Keep { keep, reason };
+        let cases = [
+            (Succeeded, money(Some(1000), 0, 0), 10, Entitlement::All),
+            (
+                Succeeded,
+                money(Some(1000), 250, 0),
+                10,
+                keep(8, "partial_refund"),
+            ),
+            (Succeeded, money(Some(1000), 250, 250), 10, Entitlement::All),
+            (Succeeded, money(Some(1000), 99, 0), 10, Entitlement::All),
+            (Succeeded, money(None, 10, 0), 10, keep(0, "refunded")),
+            (
+                Refunded,
+                money(Some(1000), 1000, 0),
+                10,
+                keep(0, "refunded"),
+            ),
+            // Refunded by its money, half of it back: half the tokens stand.
+            (
+                Refunded,
+                money(Some(1000), 1000, 500),
+                10,
+                keep(5, "partial_refund"),
+            ),
+            (
+                Refunded,
+                money(Some(1000), 1000, 1000),
+                10,
+                Entitlement::All,
+            ),
+            // Refunded without money that explains it (the provider's word only).
+            (Refunded, money(Some(1000), 0, 0), 10, keep(0, "refunded")),
+            // Judged whole while the amount was unknown: the money decides once known.
+            (
+                Refunded,
+                money(Some(1000), 250, 0),
+                10,
+                keep(8, "partial_refund"),
+            ),
+            (Refunded, money(None, 250, 0), 10, keep(0, "refunded")),
+            (Refunded, money(None, 250, 250), 10, Entitlement::All),
+            (Canceled, money(Some(1000), 0, 0), 10, keep(0, "canceled")),
+            (Failed, money(Some(1000), 0, 0), 10, keep(0, "failed")),
+        ];
+        for (status, money, quantity, expected) in cases {
+            assert_eq!(
+                entitlement(status, &money, quantity),
+                expected,
+                "{status:?} {money:?}"
+            );
+        }
+        assert_eq!(keep(8, "x").kept(10), 8);
+        assert_eq!(Entitlement::All.kept(10), 10);
+    }
+}

@@ -1,0 +1,590 @@
+//! Money that comes back: a dispute won, a refund that failed, a chargeback reversed.
+//! The entitlement follows the money, so the tokens a withdrawal revoked become active
+//! again — the same token ids, version-gated — while an operator's revoke and a
+//! redemption stay as they are. Each reversal counts once (by the provider's id of what
+//! it reverses), also when replayed or when it arrives before its withdrawal. Stripe
+//! here, the other providers in [`providers`]; every test reads the database.
+
+mod providers;
+
+use mongodb::bson::{Document, doc};
+use serde_json::{Value, json};
+
+use crate::helpers::*;
+use crate::provider_events::{PROVIDERS, deliver_stripe, intent_event, partial_refund_event};
+
+/// When the test payments were paid (Stripe `created`).
+const PAID_AT: i64 = 1_780_000_000;
+
+async fn app() -> TestApp {
+    spawn_app_with(&format!("{PROVIDERS}{}", crate::adyen::ADYEN)).await
+}
+
+/// Delivers a Stripe event, asserting the 200; the receipt.
+async fn stripe(app: &TestApp, event: &Value) -> Value {
+    let answer = deliver_stripe(app, event).await;
+    assert_eq!(answer.status(), 200);
+    json(answer).await
+}
+
+/// Pays Stripe payment `payment` (1000 cents) for `quantity` tokens; their ids, by
+/// tokenIndex.
+async fn paid(app: &TestApp, payment: &str, quantity: &str) -> Vec<String> {
+    let receipt = stripe(
+        app,
+        &intent_event("evt_paid", "succeeded", payment, PAID_AT, quantity),
+    )
+    .await;
+    assert_eq!(receipt["outcome"], "issued", "{receipt}");
+    token_ids(app, payment).await
+}
+
+async fn token_ids(app: &TestApp, payment: &str) -> Vec<String> {
+    app.tokens_of(payment)
+        .await
+        .iter()
+        .map(|t| t.get_object_id("_id").unwrap().to_hex())
+        .collect()
+}
+
+/// A Stripe Dispute event (`funds_withdrawn` or `funds_reinstated`) of `amount`.
+fn dispute(event_id: &str, kind: &str, payment: &str, amount: i64, created: i64) -> Value {
+    json!({
+        "id": event_id, "object": "event", "type": format!("charge.dispute.{kind}"),
+        "created": created, "account": "acct_1", "livemode": false,
+        "data": { "object": {
+            "id": "du_1", "object": "dispute", "charge": "ch_1", "payment_intent": payment,
+            "amount": amount, "currency": "eur", "reason": "fraudulent",
+            "status": if kind == "funds_reinstated" { "won" } else { "needs_response" },
+        } },
+    })
+}
+
+/// A Stripe Refund event (`refund.failed`, `refund.updated`, `charge.refund.updated`) of
+/// refund `refund` of `amount` of charge `ch_1`, in `status`.
+fn refund_event(
+    event_id: &str,
+    event_type: &str,
+    refund: &str,
+    payment: &str,
+    amount: i64,
+    status: &str,
+    created: i64,
+) -> Value {
+    json!({
+        "id": event_id, "object": "event", "type": event_type, "created": created,
+        "account": "acct_1", "livemode": false,
+        "data": { "object": {
+            "id": refund, "object": "refund", "amount": amount, "charge": "ch_1",
+            "currency": "eur", "payment_intent": payment, "status": status,
+            "failure_reason": if status == "failed" { json!("expired_or_canceled_card") } else { Value::Null },
+        } },
+    })
+}
+
+/// The full refund of charge `ch_1` (`refunded: true`).
+fn full_refund(event_id: &str, payment: &str, created: i64) -> Value {
+    json!({
+        "id": event_id, "type": "charge.refunded", "created": created, "account": "acct_1",
+        "data": { "object": { "id": "ch_1", "payment_intent": payment, "amount": 1000,
+            "refunded": true, "amount_refunded": 1000 } },
+    })
+}
+
+/// The token's stored status and `_version`.
+async fn state(app: &TestApp, token: &str) -> (String, i64) {
+    let token = app.stored_token(token).await;
+    (
+        token.get_str("status").unwrap().to_owned(),
+        token
+            .get("_version")
+            .and_then(|v| v.as_i64().or(v.as_i32().map(i64::from)))
+            .unwrap(),
+    )
+}
+
+/// The statuses of a payment's tokens, by tokenIndex.
+async fn statuses(app: &TestApp, payment: &str) -> Vec<String> {
+    app.token_states(payment)
+        .await
+        .into_iter()
+        .map(|(_, status)| status)
+        .collect()
+}
+
+async fn payment(app: &TestApp, payment: &str) -> Document {
+    app.find_stored("payments", doc! { "paymentIntentId": payment })
+        .await
+}
+
+/// Asserts `verify` finds nothing wrong, the reversal checks included.
+async fn verify_clean(app: &TestApp) {
+    let report = app.store().await.verify().await.unwrap();
+    assert!(report.is_clean(), "{report}");
+}
+
+/// Sends `event` again as a replay after its dedupe record expired: the record is
+/// removed as the TTL index would, and the delivery is processed as new.
+async fn replay_after_expiry(app: &TestApp, event: &Value) -> Value {
+    let id = event["id"].as_str().unwrap();
+    app.db
+        .collection::<Document>("webhook_events")
+        .delete_one(doc! { "provider": "stripe", "eventId": id })
+        .await
+        .unwrap();
+    let receipt = stripe(app, event).await;
+    assert_eq!(receipt["duplicate"], false, "{receipt}");
+    receipt
+}
+
+#[tokio::test]
+async fn a_dispute_won_makes_the_same_tokens_active_again() {
+    let app = app().await;
+    let ids = paid(&app, "pi_won", "4").await;
+    // Half disputed: tokens 2 and 3 revoked, highest first.
+    let withdrawn = stripe(
+        &app,
+        &dispute("evt_dw", "funds_withdrawn", "pi_won", 500, PAID_AT + 10),
+    )
+    .await;
+    assert_eq!(withdrawn["tokensRevoked"], 2, "{withdrawn}");
+    assert_eq!(state(&app, &ids[3]).await, ("revoked".to_owned(), 1));
+
+    let reinstated = stripe(
+        &app,
+        &dispute("evt_dr", "funds_reinstated", "pi_won", 500, PAID_AT + 20),
+    )
+    .await;
+    assert_eq!(reinstated["outcome"], "reinstated", "{reinstated}");
+    assert_eq!(reinstated["tokensReactivated"], 2, "{reinstated}");
+    assert_eq!(
+        token_ids(&app, "pi_won").await,
+        ids,
+        "the same tokens, no new ones"
+    );
+    for id in &ids[2..] {
+        // Revoked at 1, active again at 2: every state change bumps the version.
+        assert_eq!(state(&app, id).await, ("active".to_owned(), 2), "{id}");
+        let token = app.stored_token(id).await;
+        assert!(token.get("revocationReason").is_none(), "{token}");
+        assert!(token.get("reactivatedAt").is_some(), "{token}");
+    }
+    let stored = payment(&app, "pi_won").await;
+    assert_eq!(stored.get_str("status").unwrap(), "succeeded");
+    let reversals = stored.get_array("reversals").unwrap();
+    assert_eq!(reversals.len(), 1, "{stored}");
+    assert_eq!(
+        app.find_stored("webhook_events", doc! { "eventId": "evt_dr" })
+            .await
+            .get_str("outcome")
+            .unwrap(),
+        "reinstated"
+    );
+    verify_clean(&app).await;
+}
+
+#[tokio::test]
+async fn an_operators_revoke_and_a_redemption_outlast_a_failed_full_refund() {
+    let app = app().await;
+    let ids = paid(&app, "pi_op", "4").await;
+    let revoke = app
+        .http
+        .post(app.url(&format!("/v1/tokens/{}/revoke", ids[0])))
+        .bearer_auth(ADMIN_KEY)
+        .json(&json!({ "reason": "refunded" }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(revoke.status(), 200);
+    let redeem = app
+        .http
+        .post(app.url(&format!("/v1/tokens/{}/redeem", ids[1])))
+        .bearer_auth(ADMIN_KEY)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(redeem.status(), 200);
+
+    let refunded = stripe(&app, &full_refund("evt_full", "pi_op", PAID_AT + 10)).await;
+    assert_eq!(refunded["tokensRevoked"], 2, "{refunded}");
+    assert_eq!(
+        payment(&app, "pi_op").await.get_str("status").unwrap(),
+        "refunded"
+    );
+
+    // The refund failed: the whole amount came back, the payment stands again.
+    let failed = stripe(
+        &app,
+        &refund_event(
+            "evt_rf",
+            "refund.failed",
+            "re_1",
+            "pi_op",
+            1000,
+            "failed",
+            PAID_AT + 20,
+        ),
+    )
+    .await;
+    assert_eq!(failed["outcome"], "reinstated", "{failed}");
+    assert_eq!(failed["tokensReactivated"], 2, "{failed}");
+    assert_eq!(
+        statuses(&app, "pi_op").await,
+        ["revoked", "redeemed", "active", "active"],
+        "the operator's revoke (even with the reason `refunded`) stays"
+    );
+    let operator = app.stored_token(&ids[0]).await;
+    assert_eq!(operator.get_str("lastChangedBy").unwrap(), "key:admin");
+    assert_eq!(
+        payment(&app, "pi_op").await.get_str("status").unwrap(),
+        "succeeded"
+    );
+    // Issuable again: a trusted retry of the payment is a replay, not a refusal.
+    let retry = app.issue(WRITER_KEY, &issuance_body("pi_op", 4)).await;
+    assert_ne!(retry.status(), 409, "{:?}", retry.text().await);
+
+    // The full refund's event replayed a month later (its dedupe record expired): the
+    // refund that failed is not counted again, and the payment stays standing.
+    let replayed = replay_after_expiry(&app, &full_refund("evt_full", "pi_op", PAID_AT + 10)).await;
+    assert_eq!(
+        replayed["tokensRevoked"].as_u64().unwrap_or(0),
+        0,
+        "{replayed}"
+    );
+    assert_eq!(
+        statuses(&app, "pi_op").await,
+        ["revoked", "redeemed", "active", "active"]
+    );
+    assert_eq!(
+        payment(&app, "pi_op").await.get_str("status").unwrap(),
+        "succeeded"
+    );
+    verify_clean(&app).await;
+}
+
+#[tokio::test]
+async fn a_failed_refund_gives_its_tokens_back_and_later_charge_reports_count_it_once() {
+    let app = app().await;
+    paid(&app, "pi_rf", "4").await;
+    // 500 of 1000 refunded (re_1): two tokens back.
+    let refunded = stripe(
+        &app,
+        &partial_refund_event("evt_r1", "pi_rf", PAID_AT + 10, 1000, 500),
+    )
+    .await;
+    assert_eq!(refunded["tokensRevoked"], 2, "{refunded}");
+    // Stripe reports the failure twice, once per event type: it counts once.
+    for (event_id, event_type) in [
+        ("evt_f1", "charge.refund.updated"),
+        ("evt_f2", "refund.failed"),
+    ] {
+        let receipt = stripe(
+            &app,
+            &refund_event(
+                event_id,
+                event_type,
+                "re_1",
+                "pi_rf",
+                500,
+                "failed",
+                PAID_AT + 20,
+            ),
+        )
+        .await;
+        assert_eq!(receipt["outcome"], "reinstated", "{receipt}");
+    }
+    assert_eq!(statuses(&app, "pi_rf").await, ["active"; 4]);
+
+    // The charge's report from before the failure, replayed after its dedupe record
+    // expired, says 500 again: it is the refund that failed, nothing more is taken.
+    let replayed = replay_after_expiry(
+        &app,
+        &partial_refund_event("evt_r1", "pi_rf", PAID_AT + 10, 1000, 500),
+    )
+    .await;
+    assert_eq!(
+        replayed["tokensRevoked"].as_u64().unwrap_or(0),
+        0,
+        "{replayed}"
+    );
+    assert_eq!(statuses(&app, "pi_rf").await, ["active"; 4]);
+
+    // A new refund of 250 after the failure: Stripe's running total is now 250 (the
+    // failed 500 left out), and that is what is taken back: one token.
+    let second = stripe(
+        &app,
+        &partial_refund_event("evt_r2", "pi_rf", PAID_AT + 30, 1000, 250),
+    )
+    .await;
+    assert_eq!(second["tokensRevoked"], 1, "{second}");
+    assert_eq!(
+        statuses(&app, "pi_rf").await,
+        ["active", "active", "active", "revoked"]
+    );
+    verify_clean(&app).await;
+}
+
+#[tokio::test]
+async fn a_refund_update_that_did_not_fail_gives_nothing_back() {
+    let app = app().await;
+    paid(&app, "pi_ok", "4").await;
+    stripe(
+        &app,
+        &partial_refund_event("evt_r1", "pi_ok", PAID_AT + 10, 1000, 500),
+    )
+    .await;
+    let receipt = stripe(
+        &app,
+        &refund_event(
+            "evt_u",
+            "refund.updated",
+            "re_1",
+            "pi_ok",
+            500,
+            "succeeded",
+            PAID_AT + 20,
+        ),
+    )
+    .await;
+    assert_eq!(receipt["outcome"], "ignored", "{receipt}");
+    assert_eq!(
+        statuses(&app, "pi_ok").await,
+        ["active", "active", "revoked", "revoked"]
+    );
+}
+
+#[tokio::test]
+async fn a_reversal_replayed_under_any_id_or_after_expiry_counts_once() {
+    let app = app().await;
+    paid(&app, "pi_rep", "4").await;
+    stripe(
+        &app,
+        &dispute("evt_dw", "funds_withdrawn", "pi_rep", 500, PAID_AT + 10),
+    )
+    .await;
+    // Part of the disputed amount also refunded separately: 300 of the charge.
+    stripe(
+        &app,
+        &partial_refund_event("evt_r", "pi_rep", PAID_AT + 15, 1000, 300),
+    )
+    .await;
+    assert_eq!(
+        statuses(&app, "pi_rep").await,
+        ["active", "revoked", "revoked", "revoked"]
+    );
+
+    let won = dispute("evt_dr", "funds_reinstated", "pi_rep", 500, PAID_AT + 20);
+    let first = stripe(&app, &won).await;
+    // 300 of 1000 still withdrawn: floor(4 × 0.3) = 1 token stays revoked.
+    assert_eq!(first["tokensReactivated"], 2, "{first}");
+    let after_first = crate::provider_events::payment_state(&app).await;
+
+    let mut other_id = won.clone();
+    other_id["id"] = json!("evt_dr_again");
+    let again = stripe(&app, &other_id).await;
+    assert_eq!(again["tokensReactivated"], 0, "{again}");
+    let replayed = replay_after_expiry(&app, &won).await;
+    assert_eq!(replayed["tokensReactivated"], 0, "{replayed}");
+
+    // Nothing but the write's time and counter moved: the same tokens, versions and money.
+    let strip = |docs: Vec<Document>| -> Vec<Document> {
+        docs.into_iter()
+            .map(|mut d| {
+                d.remove("updatedAt");
+                d.remove("moneyVersion");
+                d
+            })
+            .collect()
+    };
+    assert_eq!(
+        strip(crate::provider_events::payment_state(&app).await),
+        strip(after_first)
+    );
+    assert_eq!(
+        statuses(&app, "pi_rep").await,
+        ["active", "active", "active", "revoked"]
+    );
+    verify_clean(&app).await;
+}
+
+#[tokio::test]
+async fn a_reinstatement_before_its_withdrawal_converges() {
+    let app = app().await;
+    paid(&app, "pi_ooo", "4").await;
+    let early = stripe(
+        &app,
+        &dispute("evt_dr", "funds_reinstated", "pi_ooo", 500, PAID_AT + 20),
+    )
+    .await;
+    assert_eq!(early["outcome"], "reinstated", "{early}");
+    assert_eq!(early["tokensReactivated"], 0, "{early}");
+    // An unrelated refund in between is not offset by the dispute's early reversal.
+    let refund = stripe(
+        &app,
+        &partial_refund_event("evt_r", "pi_ooo", PAID_AT + 15, 1000, 250),
+    )
+    .await;
+    assert_eq!(refund["tokensRevoked"], 1, "{refund}");
+    let late = stripe(
+        &app,
+        &dispute("evt_dw", "funds_withdrawn", "pi_ooo", 500, PAID_AT + 10),
+    )
+    .await;
+    assert_eq!(late["tokensRevoked"].as_u64().unwrap_or(0), 0, "{late}");
+    assert_eq!(
+        statuses(&app, "pi_ooo").await,
+        ["active", "active", "active", "revoked"]
+    );
+    verify_clean(&app).await;
+}
+
+#[tokio::test]
+async fn verify_reports_tokens_a_lost_reversal_left_revoked_and_repair_restores_them() {
+    let app = app().await;
+    paid(&app, "pi_lost", "4").await;
+    stripe(
+        &app,
+        &dispute("evt_dw", "funds_withdrawn", "pi_lost", 500, PAID_AT + 10),
+    )
+    .await;
+    // The reversal recorded, its settle lost (the process died in between).
+    app.db
+        .collection::<Document>("payments")
+        .update_one(
+            doc! { "paymentIntentId": "pi_lost" },
+            doc! { "$set": { "reversals": [
+                { "id": "dispute:du_1", "amount": 500_i64, "of": "dispute:du_1", "at": PAID_AT + 20 },
+            ] } },
+        )
+        .await
+        .unwrap();
+    let report = app.store().await.verify().await.unwrap();
+    assert_eq!(report.unrestored_tokens.count, 1, "{report}");
+    assert!(
+        report.unrestored_tokens.samples[0].contains("2 token(s)"),
+        "{report}"
+    );
+    assert_eq!(report.unbacked_active_tokens.count, 0, "{report}");
+
+    let repaired = run_command(&mongo_uri(), &app.db_name, &["verify", "--repair"], &[]).await;
+    assert_eq!(
+        repaired.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&repaired.stdout)
+    );
+    assert_eq!(statuses(&app, "pi_lost").await, ["active"; 4]);
+    verify_clean(&app).await;
+}
+
+#[tokio::test]
+async fn a_reversal_whose_reactivation_fails_is_answered_503_and_its_retry_counts_once() {
+    let name = unique_app_name();
+    let app = spawn_app_named(&name, PROVIDERS).await;
+    let ids = paid(&app, "pi_retry", "4").await;
+    stripe(
+        &app,
+        &dispute("evt_dw", "funds_withdrawn", "pi_retry", 500, PAID_AT + 10),
+    )
+    .await;
+    assert_eq!(
+        statuses(&app, "pi_retry").await,
+        ["active", "active", "revoked", "revoked"]
+    );
+
+    // The settle's revoke (the first `update`) passes; the reactivation's writes fail.
+    let won = dispute("evt_dr", "funds_reinstated", "pi_retry", 500, PAID_AT + 20);
+    let failpoint = FailPoint::after_first(&name, &["update"], Fault::error(91)).await;
+    let answer = deliver_stripe(&app, &won).await;
+    assert!(failpoint.off().await > 0, "the fault never happened");
+    assert_eq!(answer.status(), 503, "the provider is asked to retry");
+    assert_eq!(
+        app.count("webhook_events", doc! { "eventId": "evt_dr" })
+            .await,
+        0,
+        "not recorded as processed before its effects"
+    );
+    // The reversal itself was recorded, once; its tokens are not back yet.
+    assert_eq!(
+        payment(&app, "pi_retry")
+            .await
+            .get_array("reversals")
+            .unwrap()
+            .len(),
+        1
+    );
+
+    // The provider's retry finishes it: the same tokens, the reversal still counted once.
+    let retried = stripe(&app, &won).await;
+    assert_eq!(retried["outcome"], "reinstated", "{retried}");
+    assert_eq!(statuses(&app, "pi_retry").await, ["active"; 4]);
+    assert_eq!(token_ids(&app, "pi_retry").await, ids);
+    assert_eq!(
+        payment(&app, "pi_retry")
+            .await
+            .get_array("reversals")
+            .unwrap()
+            .len(),
+        1
+    );
+    verify_clean(&app).await;
+}
+
+#[tokio::test]
+async fn a_failure_delivered_after_its_charges_next_report_is_counted_against_the_gross() {
+    let app = app().await;
+    paid(&app, "pi_late", "4").await;
+    // re_1: 500 refunded; it fails at +20, but that event is delayed.
+    stripe(
+        &app,
+        &partial_refund_event("evt_r1", "pi_late", PAID_AT + 10, 1000, 500),
+    )
+    .await;
+    // re_2: 250 more at +30. Stripe's running total then leaves the failed 500 out: 250.
+    stripe(
+        &app,
+        &partial_refund_event("evt_r2", "pi_late", PAID_AT + 30, 1000, 250),
+    )
+    .await;
+    // Until the failure is heard of, the larger figure stands: two tokens taken back.
+    assert_eq!(
+        statuses(&app, "pi_late").await,
+        ["active", "active", "revoked", "revoked"]
+    );
+    let failed = stripe(
+        &app,
+        &refund_event(
+            "evt_f",
+            "refund.failed",
+            "re_1",
+            "pi_late",
+            500,
+            "failed",
+            PAID_AT + 20,
+        ),
+    )
+    .await;
+    // The report at +30 left re_1 out: the gross is 250 + 500, re_1's 500 comes back,
+    // and re_2's 250 stays taken: floor(4 × 0.25) = 1 token.
+    assert_eq!(failed["tokensReactivated"], 1, "{failed}");
+    assert_eq!(
+        statuses(&app, "pi_late").await,
+        ["active", "active", "active", "revoked"]
+    );
+    // Its redelivery counts nothing more.
+    let again = refund_event(
+        "evt_f2",
+        "charge.refund.updated",
+        "re_1",
+        "pi_late",
+        500,
+        "failed",
+        PAID_AT + 25,
+    );
+    assert_eq!(stripe(&app, &again).await["tokensReactivated"], 0);
+    assert_eq!(
+        statuses(&app, "pi_late").await,
+        ["active", "active", "active", "revoked"]
+    );
+    verify_clean(&app).await;
+}

@@ -1,0 +1,239 @@
+//! Reversals at Adyen (`CHARGEBACK_REVERSED`, `REFUND_FAILED`, `REFUNDED_REVERSED`),
+//! Paddle (`chargeback_reverse` adjustments) and Standard Webhooks
+//! (`payment.reinstated`), from their documented notification shapes; and what an Adyen
+//! item signed once but sent again with its unsigned fields changed can do (nothing).
+
+use mongodb::bson::{Document, doc};
+use serde_json::json;
+
+use super::{payment, statuses, verify_clean};
+use crate::adyen::{self, ADYEN, authorisation, modification};
+use crate::helpers::*;
+use crate::paddle::{self, PADDLE};
+use crate::provider_events::{PROVIDERS, send_acme};
+
+/// Forgets that Adyen's item `event_id` was processed, as the dedupe record's expiry does.
+async fn expire(app: &TestApp, event_id: &str) {
+    app.db
+        .collection::<Document>("webhook_events")
+        .delete_one(doc! { "eventId": event_id })
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn an_adyen_chargeback_reversed_makes_the_payment_stand_again() {
+    let app = spawn_app_with(ADYEN).await;
+    adyen::send(&app, &[authorisation("PSP_A", 3)]).await;
+    let ids: Vec<_> = app
+        .tokens_of("PSP_A")
+        .await
+        .iter()
+        .map(|t| t.get_object_id("_id").unwrap())
+        .collect();
+    adyen::send(&app, &[modification("CHARGEBACK", "CB_1", "PSP_A", 1000)]).await;
+    assert!(adyen::active(&app, "PSP_A").await.is_empty());
+    assert_eq!(
+        payment(&app, "PSP_A").await.get_str("status").unwrap(),
+        "refunded"
+    );
+
+    let mut reversed = modification("CHARGEBACK_REVERSED", "CB_1", "PSP_A", 1000);
+    reversed["eventDate"] = json!("2026-12-20T12:00:00+01:00");
+    adyen::send(&app, &[reversed]).await;
+    assert_eq!(adyen::active(&app, "PSP_A").await, vec![0, 1, 2]);
+    let now: Vec<_> = app
+        .tokens_of("PSP_A")
+        .await
+        .iter()
+        .map(|t| t.get_object_id("_id").unwrap())
+        .collect();
+    assert_eq!(now, ids, "the same tokens");
+    assert_eq!(
+        payment(&app, "PSP_A").await.get_str("status").unwrap(),
+        "succeeded"
+    );
+    let receipt = app
+        .find_stored(
+            "webhook_events",
+            doc! { "eventId": "CHARGEBACK_REVERSED:CB_1:true" },
+        )
+        .await;
+    assert_eq!(receipt.get_str("outcome").unwrap(), "reinstated");
+    assert_eq!(
+        receipt.get_i64("tokensReactivated").unwrap(),
+        3,
+        "{receipt}"
+    );
+
+    // The chargeback's item, signed once, sent again after its dedupe record expired
+    // with a later `eventDate` (which the signature does not cover): the chargeback is
+    // already counted, and the reversal stands.
+    expire(&app, "CHARGEBACK:CB_1:true").await;
+    let mut replayed = modification("CHARGEBACK", "CB_1", "PSP_A", 1000);
+    replayed["eventDate"] = json!("2027-01-30T12:00:00+01:00");
+    adyen::send(&app, &[replayed]).await;
+    assert_eq!(adyen::active(&app, "PSP_A").await, vec![0, 1, 2]);
+    assert_eq!(
+        payment(&app, "PSP_A").await.get_str("status").unwrap(),
+        "succeeded"
+    );
+    // And the reversal replayed with other unsigned fields counts once.
+    expire(&app, "CHARGEBACK_REVERSED:CB_1:true").await;
+    let mut again = modification("CHARGEBACK_REVERSED", "CB_1", "PSP_A", 1000);
+    again["eventDate"] = json!("2025-01-01T00:00:00Z");
+    again["additionalData"] = json!({ "metadata.tokenmint_quantity": "9" });
+    adyen::send(&app, &[again]).await;
+    let stored = payment(&app, "PSP_A").await;
+    assert_eq!(stored.get_array("reversals").unwrap().len(), 1, "{stored}");
+    assert_eq!(adyen::active(&app, "PSP_A").await, vec![0, 1, 2]);
+    verify_clean(&app).await;
+}
+
+#[tokio::test]
+async fn an_adyen_reversal_before_its_chargeback_converges() {
+    let app = spawn_app_with(ADYEN).await;
+    adyen::send(&app, &[authorisation("PSP_B", 2)]).await;
+    adyen::send(
+        &app,
+        &[modification("CHARGEBACK_REVERSED", "CB_2", "PSP_B", 1000)],
+    )
+    .await;
+    adyen::send(&app, &[modification("CHARGEBACK", "CB_2", "PSP_B", 1000)]).await;
+    assert_eq!(adyen::active(&app, "PSP_B").await, vec![0, 1]);
+    assert_eq!(
+        payment(&app, "PSP_B").await.get_str("status").unwrap(),
+        "succeeded"
+    );
+    verify_clean(&app).await;
+}
+
+#[tokio::test]
+async fn adyen_failed_and_reversed_refunds_give_their_amount_back() {
+    let app = spawn_app_with(ADYEN).await;
+    adyen::send(&app, &[authorisation("PSP_C", 4)]).await;
+    adyen::send(
+        &app,
+        &[
+            modification("REFUND", "RF_1", "PSP_C", 500),
+            modification("REFUND", "RF_2", "PSP_C", 250),
+        ],
+    )
+    .await;
+    assert_eq!(adyen::active(&app, "PSP_C").await, vec![0]);
+    // RF_1 failed at the card scheme: its 500 back, floor(4 × 250 ÷ 1000) = 1 revoked.
+    adyen::send(&app, &[modification("REFUND_FAILED", "RF_1", "PSP_C", 500)]).await;
+    assert_eq!(adyen::active(&app, "PSP_C").await, vec![0, 1, 2]);
+    // RF_2's money came back to the merchant's account.
+    adyen::send(
+        &app,
+        &[modification("REFUNDED_REVERSED", "RF_2", "PSP_C", 250)],
+    )
+    .await;
+    assert_eq!(adyen::active(&app, "PSP_C").await, vec![0, 1, 2, 3]);
+    // A reversal never gives back more than its refund: RF_3's failure reported for
+    // 900 gives back RF_3's 500, and RF_4's 250 stays taken: one token revoked.
+    adyen::send(
+        &app,
+        &[
+            modification("REFUND", "RF_3", "PSP_C", 500),
+            modification("REFUND", "RF_4", "PSP_C", 250),
+        ],
+    )
+    .await;
+    assert_eq!(adyen::active(&app, "PSP_C").await, vec![0]);
+    adyen::send(&app, &[modification("REFUND_FAILED", "RF_3", "PSP_C", 900)]).await;
+    assert_eq!(
+        statuses(&app, "PSP_C").await,
+        ["active", "active", "active", "revoked"]
+    );
+    verify_clean(&app).await;
+}
+
+#[tokio::test]
+async fn a_paddle_chargeback_reverse_gives_the_chargeback_back() {
+    let app = spawn_app_with(PADDLE).await;
+    paddle::send(&app, &paddle::completed("evt_c", "txn_1", 4)).await;
+    paddle::send(
+        &app,
+        &paddle::chargeback("evt_cb", "adj_cb", "txn_1", "partial", 500),
+    )
+    .await;
+    assert_eq!(paddle::active(&app, "txn_1").await, vec![0, 1]);
+    let mut reverse = paddle::chargeback("evt_cbr", "adj_cbr", "txn_1", "partial", 500);
+    reverse["data"]["action"] = json!("chargeback_reverse");
+    reverse["occurred_at"] = json!("2026-12-15T11:00:00.000000Z");
+    let receipt = paddle::send(&app, &reverse).await;
+    assert_eq!(receipt["outcome"], "reinstated", "{receipt}");
+    assert_eq!(receipt["tokensReactivated"], 2, "{receipt}");
+    assert_eq!(paddle::active(&app, "txn_1").await, vec![0, 1, 2, 3]);
+    // A chargeback warning moves no money.
+    let mut warning = paddle::chargeback("evt_w", "adj_w", "txn_1", "full", 1000);
+    warning["data"]["action"] = json!("chargeback_warning");
+    assert_eq!(paddle::send(&app, &warning).await["outcome"], "ignored");
+    assert_eq!(paddle::active(&app, "txn_1").await, vec![0, 1, 2, 3]);
+    verify_clean(&app).await;
+}
+
+#[tokio::test]
+async fn a_standard_webhooks_reinstatement_gives_back_what_it_names() {
+    let app = spawn_app_with(PROVIDERS).await;
+    let event = |kind: &str, version: i64, data: serde_json::Value| {
+        let mut body = json!({ "type": format!("payment.{kind}"), "timestamp": "2026-11-30T00:00:00Z",
+            "data": { "paymentIntentId": "pay_1", "version": version, "amount": 1000 } });
+        for (field, value) in data.as_object().unwrap() {
+            body["data"][field] = value.clone();
+        }
+        body
+    };
+    let send = |id: &'static str, body: serde_json::Value| {
+        let app = &app;
+        async move {
+            let answer = send_acme(app, id, &body).await;
+            assert_eq!(answer.status(), 200);
+            json(answer).await
+        }
+    };
+    send(
+        "msg_paid",
+        event(
+            "succeeded",
+            1,
+            json!({ "owner": OWNER, "tokenType": "standard", "quantity": 4 }),
+        ),
+    )
+    .await;
+    let refunded = send(
+        "msg_ref",
+        event("refunded", 2, json!({ "amountRefunded": 1000 })),
+    )
+    .await;
+    assert_eq!(refunded["tokensRevoked"], 4, "{refunded}");
+    let back = send(
+        "msg_back",
+        event("reinstated", 3, json!({ "amountReinstated": 750 })),
+    )
+    .await;
+    assert_eq!(back["outcome"], "reinstated", "{back}");
+    assert_eq!(back["tokensReactivated"], 3, "{back}");
+    assert_eq!(
+        statuses(&app, "pay_1").await,
+        ["active", "active", "active", "revoked"]
+    );
+    assert_eq!(
+        payment(&app, "pay_1").await.get_str("status").unwrap(),
+        "succeeded"
+    );
+    // A running total: an older, smaller report changes nothing.
+    let older = send(
+        "msg_older",
+        event("reinstated", 3, json!({ "amountReinstated": 250 })),
+    )
+    .await;
+    assert_eq!(older["tokensReactivated"], 0, "{older}");
+    assert_eq!(
+        statuses(&app, "pay_1").await,
+        ["active", "active", "active", "revoked"]
+    );
+    verify_clean(&app).await;
+}
