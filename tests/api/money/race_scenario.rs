@@ -274,7 +274,7 @@ pub(super) enum Action {
 impl Action {
     /// Whether this is a provider event (answered 200 whatever it does).
     pub(super) fn is_event(self) -> bool {
-        !matches!(self, Self::Writer | Self::Checkout)
+        !matches!(self, Self::Writer | Self::Checkout | Self::Redemption)
     }
 }
 
