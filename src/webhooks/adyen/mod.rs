@@ -263,6 +263,14 @@ fn parse_item(
             &original,
             Some(refund("chargeback", Some(true))),
         ),
+        // The issuer disputes again after a reversed chargeback and the money is taken
+        // back a second time: a withdrawal of its own, which the first reversal (of
+        // the first chargeback) does not offset.
+        ("SECOND_CHARGEBACK", _) => (
+            PaymentStatus::Refunded,
+            &original,
+            Some(refund("second_chargeback", Some(true))),
+        ),
         // Money back moves no state of its own (the status is a standing payment's):
         // the reversal is recorded and the money decides. Like the chargeback, a
         // reversed chargeback counts whatever its `success` says.
@@ -284,10 +292,13 @@ fn parse_item(
     let Some(key) = payment_key(provider, &account, Some(payment)) else {
         return ignored("invalid merchantAccountCode or payment reference");
     };
-    // A failed capture ranks with the success it undoes, so the later of the two (by
-    // eventDate) stands: the failure after its capture, a re-capture after the failure.
+    // A failed capture outranks every success, whatever the dates: Adyen signs no date,
+    // and an AUTHORISATION or CAPTURE signed once and sent again (once its dedupe record
+    // expired) with a later `eventDate` would otherwise make the payment succeeded again,
+    // and bring back the tokens the failure took, with no money behind them. A capture
+    // retried after a failure is then settled by the operator.
     let rank = match code.as_str() {
-        "CAPTURE_FAILED" => PaymentStatus::Succeeded.rank(),
+        "CAPTURE_FAILED" => PaymentStatus::Refunded.rank(),
         _ => status.rank(),
     };
     let Some((version, date)) = DateTime::parse_from_rfc3339(&field(item, "eventDate"))

@@ -237,3 +237,57 @@ async fn a_standard_webhooks_reinstatement_gives_back_what_it_names() {
     );
     verify_clean(&app).await;
 }
+
+#[tokio::test]
+async fn a_success_replayed_after_its_capture_failed_gives_no_token_back() {
+    // Adyen signs neither `eventDate` nor `additionalData`: a captured AUTHORISATION,
+    // sent again once its dedupe record expired with a date after the CAPTURE_FAILED,
+    // makes the payment succeeded again by its date — but no money came, so the tokens
+    // the failure took back stay revoked.
+    let app = spawn_app_with(ADYEN).await;
+    adyen::send(&app, &[authorisation("PSP_F", 4)]).await;
+    assert_eq!(adyen::active(&app, "PSP_F").await, vec![0, 1, 2, 3]);
+    let mut failed = modification("CAPTURE_FAILED", "CAP_F", "PSP_F", 1000);
+    failed["eventDate"] = json!("2026-11-30T13:00:00+01:00");
+    adyen::send(&app, &[failed]).await;
+    assert!(adyen::active(&app, "PSP_F").await.is_empty());
+
+    expire(&app, "AUTHORISATION:PSP_F:true").await;
+    let mut replayed = authorisation("PSP_F", 4);
+    replayed["eventDate"] = json!("2027-01-30T12:00:00+01:00");
+    adyen::send(&app, &[replayed]).await;
+    assert!(
+        adyen::active(&app, "PSP_F").await.is_empty(),
+        "a token the failure revoked came back"
+    );
+    let tokens = app.tokens_of("PSP_F").await;
+    assert!(
+        tokens
+            .iter()
+            .all(|t| t.get_str("revocationReason") == Ok("failed")),
+        "{tokens:?}"
+    );
+    verify_clean(&app).await;
+}
+
+#[tokio::test]
+async fn a_second_chargeback_after_a_reversal_takes_the_tokens_back_again() {
+    let app = spawn_app_with(ADYEN).await;
+    adyen::send(&app, &[authorisation("PSP_S", 3)]).await;
+    adyen::send(&app, &[modification("CHARGEBACK", "CB_S", "PSP_S", 1000)]).await;
+    let mut reversed = modification("CHARGEBACK_REVERSED", "CB_S", "PSP_S", 1000);
+    reversed["eventDate"] = json!("2026-12-20T12:00:00+01:00");
+    adyen::send(&app, &[reversed]).await;
+    assert_eq!(adyen::active(&app, "PSP_S").await, vec![0, 1, 2]);
+
+    // The issuer disputes again and wins: the money is taken back a second time.
+    let mut second = modification("SECOND_CHARGEBACK", "CB_S", "PSP_S", 1000);
+    second["eventDate"] = json!("2027-01-20T12:00:00+01:00");
+    adyen::send(&app, &[second]).await;
+    assert!(adyen::active(&app, "PSP_S").await.is_empty());
+    assert_eq!(
+        payment(&app, "PSP_S").await.get_str("status").unwrap(),
+        "refunded"
+    );
+    verify_clean(&app).await;
+}
