@@ -134,7 +134,12 @@ impl Issuer {
         for _ in 0..SETTLE_PASSES {
             let state = fresh.as_ref().or(payment);
             let pass = self.settle_with(key, quantity, state).await?;
-            let keep = entitlement(state, quantity).kept(quantity);
+            // Tokens come back only by a read taken now: the caller's (an event's, or a
+            // sweep's listing from minutes ago) may predate a withdrawal whose own settle
+            // already ran and found nothing to take back. Revoking by an older read is
+            // undone by this one; bringing back by it would not be.
+            fresh = self.store.find_payment(key).await?;
+            let keep = entitlement(fresh.as_ref(), quantity).kept(quantity);
             let reactivated = if keep > 0 {
                 self.store.reactivate_tokens(key, keep, &by).await?
             } else {
@@ -151,7 +156,6 @@ impl Issuer {
             if pass.revoked == 0 && reactivated == 0 {
                 break;
             }
-            fresh = self.store.find_payment(key).await?;
         }
         Ok(settled)
     }
