@@ -31,11 +31,13 @@ async fn an_orphaned_transaction_fails_its_own_payment_only(mode: &str) {
     let mut orphan = orphan_holding(&app, "pi_stuck").await;
 
     // Both writer tasks are busy with a batch each (their payment reads held up), so
-    // that what queues meanwhile goes out as one batch.
+    // that what queues meanwhile goes out as one batch. The second issuance is sent only
+    // once the first one's read is held: sent together, both could form one batch.
     let busy = FailPoint::set(&name, &["find"], Fault::Block { millis: 1500 }, 2).await;
-    let warm_up = ["pi_busy_a", "pi_busy_b"].map(|payment| {
+    let mut warm_up = Vec::new();
+    for (i, payment) in ["pi_busy_a", "pi_busy_b"].into_iter().enumerate() {
         let (http, url) = (app.http.clone(), app.url("/v1/issuances"));
-        tokio::spawn(async move {
+        warm_up.push(tokio::spawn(async move {
             let answer = http
                 .post(url)
                 .bearer_auth(WRITER_KEY)
@@ -44,12 +46,13 @@ async fn an_orphaned_transaction_fails_its_own_payment_only(mode: &str) {
                 .await
                 .unwrap();
             answer.status().as_u16()
-        })
-    });
-    assert!(
-        busy.fired_within(2, std::time::Duration::from_secs(10))
-            .await
-    );
+        }));
+        assert!(
+            busy.fired_within(i as i64 + 1, std::time::Duration::from_secs(10))
+                .await,
+            "writer {i} is held in its payment read"
+        );
+    }
 
     // Its retry and twenty fresh issuances arrive together, and share batches.
     let mut bodies = vec![issuance_body("pi_stuck", 2)];
