@@ -120,7 +120,7 @@ async fn record_metrics(req: Request, next: Next) -> Response {
         .map(|p| p.as_str().to_owned())
         .unwrap_or_else(|| "unmatched".to_owned());
     let method = method_label(req.method()).to_owned();
-    traces::rename(&tracing::Span::current(), format!("{method} {route}"));
+    traces::rename(&tracing::Span::current(), || format!("{method} {route}"));
     let started = Instant::now();
     let response = next.run(req).await;
     let status = response.status().as_u16().to_string();

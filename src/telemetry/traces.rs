@@ -7,6 +7,8 @@
 //! command events (`commands`). Without an endpoint nothing here runs: no exporter, no
 //! command events (they copy every command document), no cost.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use axum::http::HeaderMap;
 use opentelemetry::propagation::{Extractor, TextMapPropagator};
 use opentelemetry::trace::TracerProvider as _;
@@ -16,6 +18,11 @@ use opentelemetry_sdk::trace::SdkTracerProvider;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::settings::OtlpEndpoint;
+
+/// Whether spans are exported: without it, what only feeds OpenTelemetry (a request's
+/// span name, a batch's links) is not computed at all — it would cost every request an
+/// allocation and a context lookup for nothing.
+static EXPORTING: AtomicBool = AtomicBool::new(false);
 
 /// The exporting side of tracing, kept by whoever runs the process: `shutdown` sends
 /// what is still buffered.
@@ -38,6 +45,7 @@ impl Traces {
             .with_batch_exporter(exporter)
             .with_resource(resource)
             .build();
+        EXPORTING.store(true, Ordering::Relaxed);
         Ok(Self { provider })
     }
 
@@ -70,7 +78,7 @@ pub fn continue_trace(span: &tracing::Span, headers: &HeaderMap) {
             self.0.keys().map(|name| name.as_str()).collect()
         }
     }
-    if !headers.contains_key("traceparent") {
+    if !EXPORTING.load(Ordering::Relaxed) || !headers.contains_key("traceparent") {
         return;
     }
     let parent = TraceContextPropagator::new().extract(&Headers(headers));
@@ -81,15 +89,20 @@ pub fn continue_trace(span: &tracing::Span, headers: &HeaderMap) {
 /// Names `span`'s OpenTelemetry span `name` (a request's method and route template,
 /// known only once the router matched; by then the span has started, and
 /// `tracing-opentelemetry` takes an `otel.name` recorded after the start no more).
-pub fn rename(span: &tracing::Span, name: String) {
+pub fn rename(span: &tracing::Span, name: impl FnOnce() -> String) {
     use opentelemetry::trace::TraceContextExt;
-    span.context().span().update_name(name);
+    if EXPORTING.load(Ordering::Relaxed) {
+        span.context().span().update_name(name());
+    }
 }
 
 /// Links `span` to the trace of each request it serves (a group-commit batch serves
 /// many, and belongs to none of them).
 pub fn link_to(span: &tracing::Span, requests: impl IntoIterator<Item = tracing::Span>) {
     use opentelemetry::trace::TraceContextExt;
+    if !EXPORTING.load(Ordering::Relaxed) {
+        return;
+    }
     for request in requests {
         let context = request.context();
         let request = context.span().span_context().clone();
