@@ -7,6 +7,9 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 scripts/install-mongod.sh
+# A failing test's own message (a race's violations, say) is what to read; a backtrace
+# of its assertion names only the test and pushes that message out of a log's tail.
+export RUST_BACKTRACE="${RUST_BACKTRACE_IN_TESTS:-0}"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo test --workspace --all-targets --locked "$@"

@@ -106,6 +106,10 @@ impl Issuer {
             return self.apply_reversal(event, reversal).await;
         }
         if let Some(state) = self.record_partial_refund(event).await? {
+            // The status may still say `refunded` for money that came back since: this
+            // refund's own first delivery projected it, and failed before it moved the
+            // status back (its redelivery, here, finds the refund already counted).
+            let state = self.status_by_money(event, state).await?;
             let mut outcome = self.apply_state(event, &state).await?;
             if outcome.outcome != "conflict" {
                 outcome.outcome = "revoked".to_owned();

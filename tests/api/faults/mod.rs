@@ -4,6 +4,7 @@
 mod lost_settles;
 mod marks;
 mod settle_quantity;
+mod status_moves;
 mod stuck_payments;
 
 use crate::helpers::*;
