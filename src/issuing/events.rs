@@ -43,8 +43,17 @@ use crate::store::{PaymentDoc, ProjectionGate, StoreError};
 use crate::telemetry::{Bounded, metric};
 
 /// How often a status the money decides is tried again after another event changed the
-/// payment meanwhile (that event decides on what it wrote, too).
+/// payment meanwhile; then the delivery fails, and its redelivery decides again.
 const STATUS_ATTEMPTS: usize = 3;
+
+/// What the event being applied withdraws, as its caller judged it: a refund read as
+/// all of the payment may make it `refunded` by its money; anything else only brings it
+/// back when money came back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Withdraws {
+    Whole,
+    Part,
+}
 
 /// The outcome of one delivery; `duplicate` when the event was processed before.
 pub struct Processed {
@@ -108,8 +117,9 @@ impl Issuer {
         if let Some(state) = self.record_partial_refund(event).await? {
             // The status may still say `refunded` for money that came back since: this
             // refund's own first delivery projected it, and failed before it moved the
-            // status back (its redelivery, here, finds the refund already counted).
-            let state = self.status_by_money(event, state).await?;
+            // status back (its redelivery, here, finds the refund already counted). It
+            // withdraws less than the whole, so it never makes the payment `refunded`.
+            let state = self.status_by_money(event, state, Withdraws::Part).await?;
             let mut outcome = self.apply_state(event, &state).await?;
             if outcome.outcome != "conflict" {
                 outcome.outcome = "revoked".to_owned();
@@ -124,7 +134,12 @@ impl Issuer {
             tracing::warn!(payment = %Bounded(event.key.payment_intent_id.as_str()), event = %Bounded(&event.event_id), outcome = %refused.outcome, "provider event held back");
             return Ok(refused);
         }
-        let state = self.status_by_money(event, state).await?;
+        let withdraws = if event.refund.is_some() {
+            Withdraws::Whole
+        } else {
+            Withdraws::Part
+        };
+        let state = self.status_by_money(event, state, withdraws).await?;
         let mut outcome = self.apply_state(event, &state).await?;
         // A failure that took tokens back (a capture rejected after the payment was
         // reported paid) is a withdrawal too.
@@ -203,7 +218,7 @@ impl Issuer {
         reversal: &Reversal,
     ) -> Result<EventOutcome, StoreError> {
         let state = self.store.record_reversal(&event.key, reversal).await?;
-        let state = self.status_by_money(event, state).await?;
+        let state = self.status_by_money(event, state, Withdraws::Part).await?;
         let mut outcome = self.apply_state(event, &state).await?;
         // Always answered, 0 included: what a reversal did is how many came back.
         outcome.tokens_reactivated = Some(outcome.tokens_reactivated.unwrap_or(0));
@@ -217,7 +232,7 @@ impl Issuer {
     /// not: a payment refunded by its money moves back to `succeeded` when money came
     /// back (`stands_again`), and one whose money is withdrawn whole by a refund that
     /// lost to a newer version (a reversal had reopened it meanwhile) is `refunded`
-    /// again (`withdrawn_whole`). Each event decides on the document as it read it after
+    /// again (`withdrawn_whole`, only for a refund the caller judged whole). Each event decides on the document as it read it after
     /// writing its money, and the move is gated on that read's status, version and money:
     /// when another event changed any of them meanwhile, the move does nothing and the
     /// decision is taken again on the document as it now is. Returns that state.
@@ -225,22 +240,36 @@ impl Issuer {
         &self,
         event: &PaymentEvent,
         mut state: PaymentDoc,
+        withdraws: Withdraws,
     ) -> Result<PaymentDoc, StoreError> {
-        for _ in 0..STATUS_ATTEMPTS {
-            let to = if stands_again(&state) {
-                PaymentStatus::Succeeded
-            } else if event.refund.is_some() && withdrawn_whole(&state) {
-                PaymentStatus::Refunded
+        let decide = |state: &PaymentDoc| {
+            if stands_again(state) {
+                Some(PaymentStatus::Succeeded)
+            } else if withdraws == Withdraws::Whole && withdrawn_whole(state) {
+                Some(PaymentStatus::Refunded)
             } else {
-                break;
+                None
+            }
+        };
+        for _ in 0..STATUS_ATTEMPTS {
+            let Some(to) = decide(&state) else {
+                return Ok(state);
             };
             match self.store.move_status(&state, to, event).await? {
                 Some(now) if now.status == to => return Ok(now),
                 Some(now) => state = now,
-                None => break,
+                None => return Ok(state),
             }
         }
-        Ok(state)
+        // Still to move after every attempt lost to another write: answering now would
+        // leave a status the money contradicts, and nothing later moves it. An error
+        // makes the provider deliver again, and the redelivery decides afresh.
+        match decide(&state) {
+            None => Ok(state),
+            Some(_) => Err(StoreError::Internal(
+                "the payment kept changing while its status was moved by its money".to_owned(),
+            )),
+        }
     }
 
     /// The effects the payment's state calls for.

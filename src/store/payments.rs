@@ -498,7 +498,12 @@ impl Store {
     ) -> Result<Option<PaymentDoc>, StoreError> {
         let key = read.key()?;
         let mut filter = issuance_filter(&key);
-        filter.insert("status", read.status.as_str());
+        if read.status == status_before_any_event() {
+            // Read so because no event set a status yet (only money was recorded).
+            filter.insert("status", doc! { "$in": [read.status.as_str(), Bson::Null] });
+        } else {
+            filter.insert("status", read.status.as_str());
+        }
         filter.insert("version", read.version);
         filter.insert(
             "$expr",

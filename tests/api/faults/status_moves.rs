@@ -30,7 +30,7 @@ async fn a_refund_whose_status_move_failed_moves_it_when_redelivered() {
     // projection of `refunded`) is held while the other instance records that the
     // refund failed.
     let failpoint =
-        FailPoint::after_first(&name, &["findAndModify"], Fault::Block { millis: 1500 }).await;
+        FailPoint::after_first(&name, &["findAndModify"], Fault::Block { millis: 4000 }).await;
     let refund = refund_event("evt_sm_refund", payment, now() - 30);
     let first = {
         let faulty = &faulty;
