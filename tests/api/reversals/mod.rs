@@ -6,6 +6,7 @@
 //! here, the other providers in [`providers`]; every test reads the database.
 
 mod providers;
+mod races;
 
 use mongodb::bson::{Document, doc};
 use serde_json::{Value, json};
