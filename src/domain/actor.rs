@@ -34,6 +34,11 @@ impl Actor {
         Self(stored)
     }
 
+    /// Whether this is a provider (`provider:…`): a token it revoked, a withdrawal took.
+    pub fn is_provider(&self) -> bool {
+        self.0.starts_with("provider:")
+    }
+
     pub fn as_str(&self) -> &str {
         &self.0
     }
@@ -55,5 +60,8 @@ mod tests {
         assert_eq!(Actor::api_key("checkout-web").as_str(), "key:checkout-web");
         assert_eq!(Actor::provider(&stripe).as_str(), "provider:stripe");
         assert_eq!(Actor::repair().as_str(), "tokenmint:repair");
+        assert!(Actor::provider(&stripe).is_provider());
+        assert!(!Actor::api_key("provider").is_provider());
+        assert!(!Actor::repair().is_provider());
     }
 }

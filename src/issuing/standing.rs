@@ -122,6 +122,9 @@ impl Issuer {
     /// event records the money before it settles, and settles by a read taken after
     /// recording; the last pass's read follows this settle's writes, so an event it does
     /// not show was recorded after them, and its own settle then finds these tokens.
+    /// Tokens come back only while the payment is still as that read showed it
+    /// (`Store::reactivate_tokens`): one recorded between the read and the write brings
+    /// nothing back, and the next pass decides by a newer read.
     pub(super) async fn settle_both_ways(
         &self,
         key: &PaymentKey,
@@ -140,10 +143,17 @@ impl Issuer {
             // undone by this one; bringing back by it would not be.
             fresh = self.store.find_payment(key).await?;
             let keep = entitlement(fresh.as_ref(), quantity).kept(quantity);
-            let reactivated = if keep > 0 {
-                self.store.reactivate_tokens(key, keep, &by).await?
-            } else {
-                0
+            // Gated on this read: if the payment moved since (a withdrawal recorded in
+            // between), nothing comes back and the next pass decides by a newer read. No
+            // payment: no settle ever revoked a token of it (it stands).
+            let (reactivated, moved) = match fresh.as_ref() {
+                Some(read) if keep > 0 => {
+                    match self.store.reactivate_tokens(read, keep, &by).await? {
+                        Some(reactivated) => (reactivated, false),
+                        None => (0, true),
+                    }
+                }
+                _ => (0, false),
             };
             if reactivated > 0 {
                 metrics::counter!(metric::TOKENS_REACTIVATED_TOTAL).increment(reactivated);
@@ -153,7 +163,7 @@ impl Issuer {
                 reactivated: settled.reactivated + reactivated,
                 ..pass
             };
-            if pass.revoked == 0 && reactivated == 0 {
+            if pass.revoked == 0 && reactivated == 0 && !moved {
                 break;
             }
         }

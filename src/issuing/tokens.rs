@@ -101,11 +101,26 @@ pub(super) fn redeemed_fields(reference: Option<&str>, by: &Actor, now: DateTime
     set
 }
 
-/// The state machine: only an active token changes; revoking a revoked one is a no-op.
-/// Every write names its author (`lastChangedBy`).
-fn decide(status: TokenStatus, transition: &Transition, by: &Actor, now: DateTime) -> Decision {
+/// The state machine: only an active token changes; revoking a revoked one is a no-op,
+/// but for a token a withdrawal revoked (`withdrawn`: its last author is a provider):
+/// the revoke then makes `by` its author, so that money coming back, which makes active
+/// again only what the provider revoked, leaves it revoked. Every write names its author
+/// (`lastChangedBy`).
+fn decide(
+    status: TokenStatus,
+    withdrawn: bool,
+    transition: &Transition,
+    by: &Actor,
+    now: DateTime,
+) -> Decision {
     let mut set = doc! { "updatedAt": now, "lastChangedBy": by.as_str() };
     match (status, transition) {
+        (TokenStatus::Revoked, Transition::Revoke { reason }) if withdrawn && !by.is_provider() => {
+            // `revokedAt` stays the withdrawal's: the token has been revoked since.
+            if let Some(reason) = reason {
+                set.insert("revocationReason", reason.as_str());
+            }
+        }
         (TokenStatus::Active, Transition::Redeem { reference }) => {
             return Decision::Write(redeemed_fields(reference.as_deref(), by, now));
         }
@@ -171,7 +186,11 @@ impl Issuer {
                 record_rejection(transition);
                 return Ok(TransitionOutcome::VersionConflict(current));
             }
-            let set = match decide(current.status, transition, by, DateTime::now()) {
+            let withdrawn = current
+                .last_changed_by
+                .as_ref()
+                .is_some_and(|author| Actor::from_stored(author.clone()).is_provider());
+            let set = match decide(current.status, withdrawn, transition, by, DateTime::now()) {
                 Decision::Write(set) => set,
                 Decision::AlreadyDone => return Ok(TransitionOutcome::AlreadyDone(current)),
                 Decision::Forbidden => return Ok(TransitionOutcome::StateConflict(current)),
@@ -304,7 +323,7 @@ mod tests {
         for (status, transition, expected) in &table {
             covered.insert((status.as_str(), transition.operation()));
             let row = format!("{status:?} × {transition:?}");
-            match (decide(*status, transition, &by, now), expected) {
+            match (decide(*status, false, transition, &by, now), expected) {
                 (Decision::Write(set), Write(fields)) => {
                     let mut want = doc! { "updatedAt": now, "lastChangedBy": "key:ops" };
                     want.extend(fields.clone());
@@ -321,6 +340,25 @@ mod tests {
             3 * 3,
             "the table names every (status, transition) pair"
         );
+
+        // A token a withdrawal revoked: an operator's revoke makes it theirs (written),
+        // the provider's own is done already, and nothing else applies still.
+        match decide(Revoked, true, &revoke(Some("fraud")), &by, now) {
+            Decision::Write(set) => assert_eq!(
+                set,
+                doc! { "updatedAt": now, "lastChangedBy": "key:ops", "revocationReason": "fraud" }
+            ),
+            _ => panic!("an operator's revoke of a withdrawn token writes its author"),
+        }
+        let stripe = Actor::provider(&crate::domain::Provider::parse("stripe").unwrap());
+        assert!(matches!(
+            decide(Revoked, true, &revoke(None), &stripe, now),
+            Decision::AlreadyDone
+        ));
+        assert!(matches!(
+            decide(Revoked, true, &redeem(None), &by, now),
+            Decision::Forbidden
+        ));
     }
 
     #[test]

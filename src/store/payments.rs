@@ -8,13 +8,17 @@
 //! apart from the state, one amount per refund id, because they only grow and add up
 //! whatever order they arrive in.
 
+use std::time::Duration;
+
 use futures::TryStreamExt;
+use mongodb::ClientSession;
 use mongodb::bson::{Bson, DateTime, Document, doc, oid::ObjectId};
-use mongodb::options::ReturnDocument;
+use mongodb::options::{ReadConcern, ReturnDocument};
 use serde::Deserialize;
 
+use super::atomic::{MAX_TRANSACTION_ATTEMPTS, commit_with_retry};
 use super::documents::{bson_time, from_document};
-use super::error::StoreError;
+use super::error::{StoreError, is_transient_transaction_error, is_write_conflict};
 use super::filters::{issuance_filter, payment_tokens_filter};
 use super::indexes::PAYMENTS_INDEX;
 use super::{Store, TOKENS};
@@ -22,6 +26,7 @@ use crate::domain::{
     Actor, IssuanceParams, Money, Owner, PaymentEvent, PaymentKey, PaymentStatus, Quantity, Refund,
     Reversal, TokenType, Withdrawal,
 };
+use crate::telemetry::metric;
 
 pub const PAYMENTS: &str = "payments";
 
@@ -497,18 +502,7 @@ impl Store {
         event: &PaymentEvent,
     ) -> Result<Option<PaymentDoc>, StoreError> {
         let key = read.key()?;
-        let mut filter = issuance_filter(&key);
-        if read.status == status_before_any_event() {
-            // Read so because no event set a status yet (only money was recorded).
-            filter.insert("status", doc! { "$in": [read.status.as_str(), Bson::Null] });
-        } else {
-            filter.insert("status", read.status.as_str());
-        }
-        filter.insert("version", read.version);
-        filter.insert(
-            "$expr",
-            doc! { "$eq": [ { "$ifNull": ["$moneyVersion", 0_i64] }, read.money_version ] },
-        );
+        let filter = as_read(read)?;
         self.collection(PAYMENTS)
             .update_one(
                 filter,
@@ -596,47 +590,156 @@ impl Store {
     /// Makes active again the tokens of a payment below tokenIndex `below` that a
     /// withdrawal revoked: those whose last author is `by`, the payment's provider (a
     /// payment's settle is the only writer that names it, so an operator's revoke, by
-    /// `key:…`, is never undone, nor a token revoked before authors were recorded). The
-    /// last revoked (the lowest tokenIndex, as withdrawals revoke from the highest) come
-    /// back first. Each is written only at the version it was read at and still revoked
-    /// by `by`, and gets `$inc: {_version: 1}`. Returns how many came back.
+    /// `key:…`, is never undone, nor a token revoked before authors were recorded).
+    /// `below` is the entitlement of `read`, the payment as read; `None`: the payment is
+    /// no longer as read (money or a state was recorded since), nothing was written, and
+    /// the caller decides again by a fresh read.
+    ///
+    /// Why a transaction: the tokens come back by `read`, and a withdrawal recorded
+    /// after it takes some of them back. The transaction first writes the payment's
+    /// document, only while it is still as read ([`as_read`]), then the tokens, and
+    /// commits both or neither: a withdrawal recorded before the commit either makes the
+    /// payment no longer match (nothing comes back) or write-conflicts with it (retried,
+    /// then it no longer matches), and one recorded after the commit finds the tokens
+    /// active and its own settle takes them back. Each token is written only at the
+    /// version it was read at and still revoked by `by`, and gets `$inc: {_version: 1}`;
+    /// all in one `update_many` (they are at most `below`, fewer by every active or
+    /// redeemed one below it). Returns how many came back.
+    ///
+    /// A deployment without transactions (a standalone server) writes the tokens alone:
+    /// a withdrawal recorded between the read and the write leaves them active until
+    /// its own settle, which runs after recording it, takes them back.
     pub async fn reactivate_tokens(
         &self,
-        key: &PaymentKey,
+        read: &PaymentDoc,
         below: i64,
         by: &Actor,
-    ) -> Result<u64, StoreError> {
-        let mut filter = payment_tokens_filter(key);
+    ) -> Result<Option<u64>, StoreError> {
+        let key = read.key()?;
+        let mut filter = payment_tokens_filter(&key);
         filter.insert("tokenIndex", doc! { "$lt": below });
         filter.insert("status", "revoked");
         filter.insert("lastChangedBy", by.as_str());
         let candidates: Vec<Document> = self
             .collection(TOKENS)
-            .find(filter)
+            .find(filter.clone())
             .projection(doc! { "_id": 1, "_version": 1 })
-            .sort(doc! { "tokenIndex": 1 })
             .await?
             .try_collect()
             .await?;
-        let now = DateTime::now();
-        let mut reactivated = 0;
-        for token in candidates {
-            let (Some(id), Some(version)) = (token.get("_id"), token.get("_version")) else {
-                continue;
-            };
-            let result = self
-                .collection(TOKENS)
-                .update_one(
-                    doc! { "_id": id, "_version": version, "status": "revoked", "lastChangedBy": by.as_str() },
-                    doc! {
-                        "$set": { "status": "active", "reactivatedAt": now, "updatedAt": now },
-                        "$unset": { "revokedAt": "", "revocationReason": "" },
-                        "$inc": { "_version": 1 },
-                    },
-                )
-                .await?;
-            reactivated += result.modified_count;
+        let gates: Vec<Document> = candidates
+            .iter()
+            .filter_map(|token| match (token.get("_id"), token.get("_version")) {
+                (Some(id), Some(version)) => Some(doc! { "_id": id, "_version": version }),
+                _ => None,
+            })
+            .collect();
+        if gates.is_empty() {
+            return Ok(Some(0));
         }
-        Ok(reactivated)
+        filter.insert("$or", gates);
+        let now = DateTime::now();
+        let update = doc! {
+            "$set": { "status": "active", "reactivatedAt": now, "updatedAt": now },
+            "$unset": { "revokedAt": "", "revocationReason": "" },
+            "$inc": { "_version": 1 },
+        };
+        if !self.supports_transactions().await? {
+            let written = self.collection(TOKENS).update_many(filter, update).await?;
+            return Ok(Some(written.modified_count));
+        }
+        let mut session = self.client.start_session().await?;
+        let mut attempt = 1;
+        loop {
+            match self
+                .reactivate_in_transaction(&mut session, read, &filter, &update)
+                .await
+            {
+                Err(err)
+                    if is_transient_transaction_error(&err)
+                        && attempt < MAX_TRANSACTION_ATTEMPTS =>
+                {
+                    attempt += 1;
+                    metrics::counter!(metric::TRANSACTION_RETRIES_TOTAL).increment(1);
+                    // A short, growing pause lets the conflicting write commit.
+                    tokio::time::sleep(Duration::from_millis(u64::from(attempt) * 5)).await;
+                }
+                Err(err) if is_transient_transaction_error(&err) => {
+                    return Err(if is_write_conflict(&err) {
+                        StoreError::Contended(err)
+                    } else {
+                        StoreError::Unavailable(err)
+                    });
+                }
+                other => return Ok(other?),
+            }
+        }
     }
+
+    /// One attempt of [`Store::reactivate_tokens`]' transaction; aborted unless committed.
+    async fn reactivate_in_transaction(
+        &self,
+        session: &mut ClientSession,
+        read: &PaymentDoc,
+        tokens: &Document,
+        update: &Document,
+    ) -> Result<Option<u64>, mongodb::error::Error> {
+        session
+            .start_transaction()
+            .read_concern(ReadConcern::snapshot())
+            // The commit inherits the client's pinned `w: majority`, journaled.
+            .await?;
+        let written = self.write_reactivation(session, read, tokens, update).await;
+        if !matches!(written, Ok(Some(_))) {
+            // Leave nothing behind; the abort's own failure is moot.
+            let _ = session.abort_transaction().await;
+        }
+        written
+    }
+
+    async fn write_reactivation(
+        &self,
+        session: &mut ClientSession,
+        read: &PaymentDoc,
+        tokens: &Document,
+        update: &Document,
+    ) -> Result<Option<u64>, mongodb::error::Error> {
+        let filter = as_read(read).map_err(|e| mongodb::error::Error::custom(e.to_string()))?;
+        // A write, not a read: only a write conflicts with a concurrent one.
+        let held = self
+            .collection(PAYMENTS)
+            .update_one(filter, doc! { "$inc": { "reactivations": 1_i64 } })
+            .session(&mut *session)
+            .await?;
+        if held.matched_count == 0 {
+            return Ok(None);
+        }
+        let reactivated = self
+            .collection(TOKENS)
+            .update_many(tokens.clone(), update.clone())
+            .session(&mut *session)
+            .await?
+            .modified_count;
+        commit_with_retry(session).await?;
+        Ok(Some(reactivated))
+    }
+}
+
+/// The filter matching `read`'s payment only while it is still as read: at its status,
+/// version and money (`moneyVersion`), each missing field read as [`PaymentDoc`] reads it
+/// (a payment heard of only through a refund has no status nor version yet).
+fn as_read(read: &PaymentDoc) -> Result<Document, StoreError> {
+    let mut filter = issuance_filter(&read.key()?);
+    filter.insert(
+        "$expr",
+        doc! { "$and": [
+            { "$eq": [
+                { "$ifNull": ["$status", PaymentStatus::Processing.as_str()] },
+                literal(read.status.as_str()),
+            ] },
+            { "$eq": [ { "$ifNull": ["$version", 0_i64] }, literal(read.version) ] },
+            { "$eq": [ { "$ifNull": ["$moneyVersion", 0_i64] }, literal(read.money_version) ] },
+        ] },
+    );
+    Ok(filter)
 }

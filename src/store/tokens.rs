@@ -1,4 +1,4 @@
-//! Reading tokens, and the `_version` gate's write: `_version` (and `status: active`) in
+//! Reading tokens, and the `_version` gate's write: `_version` (and the status read) in
 //! the filter and `$inc: {_version: 1}`, so a write based on a stale read matches nothing.
 //! What to write, and what to do when the gate says no, is `issuing`'s to decide. A write
 //! under an `Idempotency-Key` commits with its answer, in one transaction.
@@ -69,7 +69,7 @@ impl Store {
     }
 
     /// Writes `set` to the token and increments `_version`, but only if it is still at
-    /// `version` and `active` (the version gate). `Stale`: another writer got there first
+    /// `version` and in the status read (the version gate). `Stale`: another writer got there first
     /// (`matchedCount == 0`); `Conflict`: a transaction still open holds the token (one a
     /// dead instance left, until the server ends it). Nothing was written for either.
     pub async fn write_token_gated(
@@ -162,7 +162,7 @@ pub enum GatedWrite<T> {
     TakenOver,
 }
 
-/// The version gate on `current`: its id, active, at the version read. It names the
+/// The version gate on `current`: its id, in the status read, at the version read. It names the
 /// token's payment too — the shard key of a sharded `tokens`, which a `findAndModify`
 /// there must name; a token's payment never changes, so it narrows nothing. A token
 /// written before the `_version` backfill has no `_version` and is read as version 0:
@@ -175,7 +175,7 @@ fn gate(current: &TokenDoc) -> Document {
         "origin.provider": &origin.provider,
         "origin.accountId": &origin.account_id,
         "origin.paymentIntentId": &origin.payment_intent_id,
-        "status": "active",
+        "status": current.status.as_str(),
     };
     let version = current.version;
     if version == 0 {

@@ -6,6 +6,7 @@
 //! here, the other providers in [`providers`]; every test reads the database.
 
 mod providers;
+mod races;
 
 use mongodb::bson::{Document, doc};
 use serde_json::{Value, json};
@@ -258,6 +259,64 @@ async fn an_operators_revoke_and_a_redemption_outlast_a_failed_full_refund() {
     assert_eq!(
         payment(&app, "pi_op").await.get_str("status").unwrap(),
         "succeeded"
+    );
+    verify_clean(&app).await;
+}
+
+#[tokio::test]
+async fn an_operators_revoke_of_a_token_a_refund_revoked_outlasts_the_refunds_failure() {
+    let app = app().await;
+    let ids = paid(&app, "pi_opr", "4").await;
+    let refunded = stripe(&app, &full_refund("evt_full", "pi_opr", PAID_AT + 10)).await;
+    assert_eq!(refunded["tokensRevoked"], 4, "{refunded}");
+    let (_, withdrawn_version) = state(&app, &ids[0]).await;
+
+    // The operator revokes token 0 too: it is theirs to keep revoked from now on.
+    let revoke = app
+        .http
+        .post(app.url(&format!("/v1/tokens/{}/revoke", ids[0])))
+        .bearer_auth(ADMIN_KEY)
+        .json(&json!({ "reason": "fraud" }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(revoke.status(), 200);
+    let answer = json(revoke).await;
+    assert_eq!(answer["status"], "revoked", "{answer}");
+    let operator = app.stored_token(&ids[0]).await;
+    assert_eq!(operator.get_str("lastChangedBy").unwrap(), "key:admin");
+    assert_eq!(operator.get_str("revocationReason").unwrap(), "fraud");
+    assert_eq!(
+        state(&app, &ids[0]).await,
+        ("revoked".to_owned(), withdrawn_version + 1),
+        "a write, through the version gate"
+    );
+
+    // The refund failed: the whole amount came back, but not token 0.
+    let failed = stripe(
+        &app,
+        &refund_event(
+            "evt_rf",
+            "refund.failed",
+            "re_1",
+            "pi_opr",
+            1000,
+            "failed",
+            PAID_AT + 20,
+        ),
+    )
+    .await;
+    assert_eq!(failed["tokensReactivated"], 3, "{failed}");
+    assert_eq!(
+        statuses(&app, "pi_opr").await,
+        ["revoked", "active", "active", "active"]
+    );
+    assert_eq!(
+        app.stored_token(&ids[0])
+            .await
+            .get_str("lastChangedBy")
+            .unwrap(),
+        "key:admin"
     );
     verify_clean(&app).await;
 }
