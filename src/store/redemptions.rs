@@ -170,7 +170,7 @@ impl Store {
         let written = tokens
             .update_many(
                 doc! { "_id": { "$in": ids }, "status": TokenStatus::Active.as_str() },
-                doc! { "$set": set, "$inc": { "_version": 1 } },
+                doc! { "$set": set.clone(), "$inc": { "_version": 1 } },
             )
             .session(&mut *session)
             .await?;
@@ -184,16 +184,11 @@ impl Store {
             .insert_one(&record)
             .session(&mut *session)
             .await?;
-        // The tokens as the transaction wrote them, read back rather than re-derived.
-        let redeemed: Vec<TokenDoc> = tokens
-            .find(doc! { "_id": { "$in": ids } })
-            .session(&mut *session)
-            .await?
-            .stream(&mut *session)
-            .try_collect()
-            .await?;
+        // The tokens as the transaction wrote them: the snapshot read plus the plan's
+        // fields and the version's increment, exactly what `update_many` applied (every
+        // chosen token matched, checked above), without another round trip.
         let redeemed = Redeemed {
-            tokens: in_order(redeemed, ids),
+            tokens: as_written(&found, ids, &set)?,
             record,
         };
         if let Some(answered) = answered {
@@ -208,6 +203,30 @@ impl Store {
         commit_with_retry(session).await?;
         Ok(RedemptionAttempt::Committed(redeemed))
     }
+}
+
+/// The tokens of `found` named by `ids`, in that order, as `{ $set: set, $inc: {
+/// _version: 1 } }` leaves them. `set` holds top-level fields only (the plan's), so
+/// inserting them into each token's document is what the server's `$set` does.
+fn as_written(
+    found: &[TokenDoc],
+    ids: &[ObjectId],
+    set: &Document,
+) -> Result<Vec<TokenDoc>, Error> {
+    let mut written = Vec::with_capacity(ids.len());
+    for id in ids {
+        let Some(token) = found.iter().find(|t| t.id == *id) else {
+            continue;
+        };
+        let mut document = mongodb::bson::to_document(token)?;
+        for (field, value) in set {
+            document.insert(field.clone(), value.clone());
+        }
+        let mut token: TokenDoc = mongodb::bson::from_document(document)?;
+        token.version += 1;
+        written.push(token);
+    }
+    Ok(written)
 }
 
 /// `found`, in the order of `ids`.
