@@ -10,6 +10,9 @@
 
 use super::PaymentStatus;
 
+/// The kind that starts a chargeback's withdrawal id (`chargeback:…`).
+pub const CHARGEBACK_KIND: &str = "chargeback:";
+
 /// One withdrawal among a payment's refunds, as recorded: a refund, chargeback or
 /// dispute, under its own id.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -33,6 +36,9 @@ pub struct Reversal {
     /// The withdrawal it gives back, when the provider names it: it then counts only
     /// once that withdrawal is recorded, and never for more than it (a reversal that
     /// arrives before its withdrawal waits for it instead of offsetting another one).
+    /// `None`: a reversed chargeback that names none (Paddle's); it gives back only what
+    /// the payment's chargebacks (withdrawals of the `chargeback:` kind) took, never a
+    /// refund, and waits while none is recorded.
     pub of: Option<String>,
     /// When the provider reported it (unix seconds): a running total reported later
     /// already leaves it out (see `Store::record_refund`).
@@ -67,23 +73,39 @@ impl Money {
     }
 
     /// Everything that came back: each reversal once, one that names its withdrawal only
-    /// once that is known and, with the others of that withdrawal, for at most its amount.
+    /// once that is known and, with the others of that withdrawal, for at most its amount;
+    /// those naming none, together, for at most what the chargebacks took.
     pub fn reversed(&self) -> i64 {
-        let mut reversed = 0;
+        let mut unnamed = 0;
         let mut named: Vec<(&str, i64)> = Vec::new();
         for reversal in &self.reversals {
             let amount = reversal.amount.max(0);
             match &reversal.of {
-                None => reversed += amount,
+                None => unnamed += amount,
                 Some(of) => match named.iter_mut().find(|(id, _)| id == of) {
                     Some((_, sum)) => *sum += amount,
                     None => named.push((of, amount)),
                 },
             }
         }
+        let charged_back: i64 = self
+            .withdrawals
+            .iter()
+            .filter(|w| w.id.starts_with(CHARGEBACK_KIND))
+            .map(|w| self.counted(w))
+            .sum();
+        let mut reversed = unnamed.min(charged_back);
         for (of, sum) in named {
             if let Some(withdrawal) = self.withdrawals.iter().find(|w| w.id == of) {
-                reversed += sum.min(self.counted(withdrawal));
+                // Giving back all a withdrawal took undoes all it counted for: a
+                // chargeback of 400 read as the whole payment (Adyen's, whatever its
+                // amount), reversed for 400, leaves nothing withdrawn.
+                let undone = if sum >= withdrawal.amount {
+                    self.counted(withdrawal)
+                } else {
+                    sum
+                };
+                reversed += undone.min(self.counted(withdrawal));
             }
         }
         reversed
@@ -244,10 +266,40 @@ mod tests {
                 ),
                 100,
             ),
-            // Unnamed reversals offset the total, never below 0.
+            // Unnamed reversals give back chargebacks only, never a refund, never below 0.
             (
-                money(vec![w("total", 100, false)], vec![r("total", 500, None)]),
+                money(vec![w("total", 100, false)], vec![r("rev", 500, None)]),
+                100,
+            ),
+            (
+                money(
+                    vec![w("adjustment:r", 500, false), w("chargeback:c", 300, false)],
+                    vec![r("adjustment:v", 500, None)],
+                ),
+                500,
+            ),
+            (
+                money(
+                    vec![w("chargeback:a", 200, false), w("chargeback:b", 300, false)],
+                    vec![r("adjustment:v", 250, None), r("adjustment:w", 250, None)],
+                ),
                 0,
+            ),
+            // A chargeback read as the whole payment, reversed for all it named, is
+            // undone; reversed for part of it, that part comes back.
+            (
+                money(
+                    vec![w("chargeback:c", 400, true)],
+                    vec![r("chargeback:c", 400, Some("chargeback:c"))],
+                ),
+                0,
+            ),
+            (
+                money(
+                    vec![w("chargeback:c", 400, true)],
+                    vec![r("chargeback:c", 300, Some("chargeback:c"))],
+                ),
+                700,
             ),
             // A full chargeback reversed in full.
             (

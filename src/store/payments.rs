@@ -245,7 +245,24 @@ impl Store {
             }
             None => {}
         }
+        // An older event fills a gap only; metadata only if none was ever judged, or if
+        // what was judged unusable came from an event no newer than this one (the stored
+        // version is this event's: a tie, which usable parameters win — a Checkout
+        // Session's metadata beside its PaymentIntent's incomplete one, same second).
+        let params_gap = doc! { "$and": [
+            { "$eq": [ { "$ifNull": ["$tokenParams", Bson::Null] }, Bson::Null ] },
+            { "$or": [
+                { "$eq": [ { "$ifNull": ["$metadataError", Bson::Null] }, Bson::Null ] },
+                { "$eq": [ "$version", literal(event.version) ] },
+            ] },
+        ] };
         let mut filled = doc! { "createdAt": { "$ifNull": ["$createdAt", "$$NOW"] } };
+        if matches!(event.token_params, Some(Ok(_))) {
+            filled.insert(
+                "metadataError",
+                doc! { "$cond": [params_gap.clone(), Bson::Null, "$metadataError"] },
+            );
+        }
         for (field, value) in &facts {
             let current = format!("${field}");
             let is_param = field == "tokenParams" || field == "tokenParamsFixedBy";
@@ -257,12 +274,8 @@ impl Store {
                     literal(value.clone())
                 },
             );
-            // An older event fills a gap only; metadata only if none was ever judged.
             let gap = if is_param {
-                doc! { "$and": [
-                    { "$eq": [ { "$ifNull": ["$tokenParams", Bson::Null] }, Bson::Null ] },
-                    { "$eq": [ { "$ifNull": ["$metadataError", Bson::Null] }, Bson::Null ] },
-                ] }
+                params_gap.clone()
             } else {
                 doc! { "$eq": [ { "$ifNull": [&current, Bson::Null] }, Bson::Null ] }
             };

@@ -70,6 +70,14 @@ pub(super) fn delivery_mode(body: &[u8], field: &str) -> Option<bool> {
     }
 }
 
+/// The top-level `id` and `type` of an event body (Stripe's shape), when both are strings:
+/// enough to record a delivery that is ignored without reading the rest.
+pub(super) fn named_event(body: &[u8]) -> Option<(String, String)> {
+    let value: Value = serde_json::from_slice(body).ok()?;
+    let text = |field: &str| value.get(field)?.as_str().map(str::to_owned);
+    Some((text("id")?, text("type")?))
+}
+
 pub(super) fn payment_key(
     provider: &Provider,
     account: &str,

@@ -141,23 +141,35 @@ impl ProviderConfig {
     /// parsed before that. `Err` is a body that is not an event (400). A delivery of the
     /// other mode than the provider's `livemode` (or one that does not say its mode, when
     /// a mode is configured) is read as its events ignored, `livemode_mismatch`: signed
-    /// alike, a test payment must not mint tokens on a live endpoint.
+    /// alike, a test payment must not mint tokens on a live endpoint. Such a delivery is
+    /// the other mode's even when this mode cannot read it: a Stripe event that names
+    /// itself (`id`, `type`) is then ignored too, rather than answered 400 and retried.
     pub fn parse(
         &self,
         headers: &SignatureHeaders<'_>,
         body: &[u8],
         max_quantity: u32,
     ) -> Result<Delivery, EventError> {
-        let delivery = self.parse_events(headers, body, max_quantity)?;
         let mode = match self.scheme {
             WebhookScheme::Stripe => events::delivery_mode(body, "livemode"),
             WebhookScheme::Adyen => events::delivery_mode(body, "live"),
-            WebhookScheme::StandardWebhooks | WebhookScheme::Paddle => return Ok(delivery),
+            WebhookScheme::StandardWebhooks | WebhookScheme::Paddle => {
+                return self.parse_events(headers, body, max_quantity);
+            }
         };
-        Ok(match self.livemode {
-            Some(expected) if mode != Some(expected) => delivery.ignored(LIVEMODE_MISMATCH),
-            _ => delivery,
-        })
+        let mismatch = self.livemode.is_some_and(|expected| mode != Some(expected));
+        match self.parse_events(headers, body, max_quantity) {
+            Ok(delivery) if mismatch => Ok(delivery.ignored(LIVEMODE_MISMATCH)),
+            Err(unreadable) if mismatch && self.scheme == WebhookScheme::Stripe => {
+                let (event_id, event_type) = events::named_event(body).ok_or(unreadable)?;
+                Ok(Delivery::Single(Box::new(ParsedEvent::Ignored {
+                    event_id,
+                    event_type,
+                    reason: LIVEMODE_MISMATCH.to_owned(),
+                })))
+            }
+            parsed => parsed,
+        }
     }
 
     fn parse_events(

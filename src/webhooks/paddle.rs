@@ -162,8 +162,14 @@ pub fn parse_paddle(
         }
         minor_units(value)
     };
+    // A chargeback's id says its kind (`chargeback:`), which a reversal, naming no
+    // chargeback, is matched by.
+    let kind = match text("action") {
+        Some("chargeback") => "chargeback",
+        _ => "adjustment",
+    };
     let refund = (status == PaymentStatus::Refunded).then(|| Refund {
-        id: format!("adjustment:{}", text("id").unwrap_or_default()),
+        id: format!("{kind}:{}", text("id").unwrap_or_default()),
         amount: totals(&["totals", "total"]),
         full: match text("type") {
             Some("full") => Some(true),
@@ -173,7 +179,8 @@ pub fn parse_paddle(
         reported_at: None,
     });
     // Paddle's reversal is an adjustment of its own, naming no chargeback: it gives back
-    // its total, once (by its own id), against the payment's withdrawals.
+    // its total, once (by its own id), against the payment's chargebacks only (`of:
+    // None`), never against a refund.
     let reversal = match (reverses, totals(&["totals", "total"])) {
         (true, Some(amount)) => Some(Reversal {
             id: format!("adjustment:{}", text("id").unwrap_or_default()),
@@ -371,7 +378,7 @@ mod tests {
             assert_eq!(
                 chargeback.refund,
                 Some(Refund {
-                    id: "adjustment:adj_cb".to_owned(),
+                    id: "chargeback:adj_cb".to_owned(),
                     amount: Some(400),
                     full: Some(full),
                     reported_at: None,

@@ -45,7 +45,7 @@ pub(crate) fn completed(event_id: &str, txn: &str, quantity: i64) -> Value {
 }
 
 /// An approved refund adjustment of `total` cents of `txn`.
-fn refund(event_id: &str, adjustment: &str, txn: &str, kind: &str, total: i64) -> Value {
+pub(crate) fn refund(event_id: &str, adjustment: &str, txn: &str, kind: &str, total: i64) -> Value {
     let mut event = chargeback(event_id, adjustment, txn, kind, total);
     event["event_type"] = json!("adjustment.updated");
     event["data"]["action"] = json!("refund");

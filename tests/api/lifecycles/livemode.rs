@@ -59,6 +59,17 @@ async fn a_live_stripe_endpoint_ignores_test_events_and_unmarked_ones() {
     assert_eq!(payment_status(&app, "pi_test").await.0, "succeeded");
 }
 
+/// A signed event of the other mode is ignored before it is read any further: a body
+/// this mode could not parse is still only the other mode's, not a malformed delivery.
+#[tokio::test]
+async fn an_event_of_the_other_mode_is_ignored_even_when_it_does_not_parse() {
+    let app = spawn_app_with(&stripe_with("livemode = true")).await;
+    let event = json!({ "id": "evt_odd", "type": "payment_intent.succeeded", "created": -1,
+        "livemode": false, "data": { "object": {} } });
+    assert_ignored(&app, &event).await;
+    nothing_written(&app).await;
+}
+
 #[tokio::test]
 async fn a_test_stripe_endpoint_ignores_live_events() {
     let app = spawn_app_with(&stripe_with("livemode = false")).await;

@@ -143,6 +143,35 @@ async fn a_payment_reported_by_session_and_payment_intent_is_issued_once_in_any_
     assert_eq!(app.count("tokens", doc! {}).await, 6 * 2);
 }
 
+/// The PaymentIntent's metadata names only part of the parameters (unusable) and its
+/// event arrives first; the session's, complete, arrives with the same `created`: the
+/// session's parameters are the ones to use, so the payment is issued from them.
+#[tokio::test]
+async fn a_session_issues_after_its_payment_intent_with_unusable_metadata() {
+    let app = app().await;
+    let created = now();
+    let intent = intent_with(
+        "evt_pi_partial",
+        "succeeded",
+        "pi_partial",
+        created,
+        json!({ "tokenmint_owner": OWNER }),
+    );
+    let receipt = json(deliver_stripe(&app, &intent).await).await;
+    assert_ne!(receipt["outcome"], "issued", "{receipt}");
+    let session = session_event(
+        "evt_cs_partial",
+        "completed",
+        "pi_partial",
+        "paid",
+        created,
+        token_metadata(3),
+    );
+    let receipt = json(deliver_stripe(&app, &session).await).await;
+    assert_eq!(receipt["outcome"], "issued", "{receipt}");
+    issued_once(&app, "pi_partial", 3).await;
+}
+
 #[tokio::test]
 async fn an_asynchronous_payment_is_issued_when_it_succeeds_later() {
     let app = app().await;

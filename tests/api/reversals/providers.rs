@@ -175,6 +175,57 @@ async fn a_paddle_chargeback_reverse_gives_the_chargeback_back() {
     verify_clean(&app).await;
 }
 
+/// Paddle's reversal names no chargeback, so it gives back only what chargebacks took:
+/// never a refund's share, and a reversal delivered before its chargeback waits for it.
+#[tokio::test]
+async fn a_paddle_chargeback_reverse_never_gives_back_a_refund() {
+    let app = spawn_app_with(PADDLE).await;
+    paddle::send(&app, &paddle::completed("evt_c", "txn_2", 4)).await;
+    paddle::send(
+        &app,
+        &paddle::refund("evt_r", "adj_r", "txn_2", "partial", 500),
+    )
+    .await;
+    assert_eq!(paddle::active(&app, "txn_2").await, vec![0, 1]);
+    // The chargeback's reversal arrives first (or its chargeback was never counted).
+    let mut reverse = paddle::chargeback("evt_cbr", "adj_cbr", "txn_2", "partial", 500);
+    reverse["data"]["action"] = json!("chargeback_reverse");
+    reverse["occurred_at"] = json!("2026-12-15T11:00:00.000000Z");
+    let receipt = paddle::send(&app, &reverse).await;
+    assert_ne!(receipt["tokensReactivated"], 2, "{receipt}");
+    assert_eq!(
+        paddle::active(&app, "txn_2").await,
+        vec![0, 1],
+        "the refund stands"
+    );
+    // Its chargeback, then: taken and given back, the refund's share stays withdrawn.
+    paddle::send(
+        &app,
+        &paddle::chargeback("evt_cb", "adj_cb", "txn_2", "partial", 500),
+    )
+    .await;
+    assert_eq!(paddle::active(&app, "txn_2").await, vec![0, 1]);
+    verify_clean(&app).await;
+}
+
+/// An Adyen chargeback of part of the payment takes the whole payment back, and its
+/// reversal, for all the chargeback named, undoes it: the tokens all stand again.
+#[tokio::test]
+async fn an_adyen_partial_chargeback_reversed_in_full_gives_every_token_back() {
+    let app = spawn_app_with(ADYEN).await;
+    adyen::send(&app, &[authorisation("PSP_P", 10)]).await;
+    adyen::send(&app, &[modification("CHARGEBACK", "CB_P", "PSP_P", 400)]).await;
+    assert!(adyen::active(&app, "PSP_P").await.is_empty());
+    let mut reversed = modification("CHARGEBACK_REVERSED", "CB_P", "PSP_P", 400);
+    reversed["eventDate"] = json!("2026-12-20T12:00:00+01:00");
+    adyen::send(&app, &[reversed]).await;
+    assert_eq!(
+        adyen::active(&app, "PSP_P").await,
+        (0..10).collect::<Vec<i64>>()
+    );
+    verify_clean(&app).await;
+}
+
 #[tokio::test]
 async fn a_standard_webhooks_reinstatement_gives_back_what_it_names() {
     let app = spawn_app_with(PROVIDERS).await;
