@@ -26,7 +26,7 @@ pub use issuance::{
 };
 pub use money::{Entitlement, Money, Reversal, Withdrawal, entitlement};
 pub use owner::Owner;
-pub use payment::{EventOutcome, ParsedEvent, PaymentEvent, PaymentStatus, Refund};
+pub use payment::{CapturedPart, EventOutcome, ParsedEvent, PaymentEvent, PaymentStatus, Refund};
 pub use quantity::Quantity;
 pub use redemption::NewRedemption;
 pub use scope::{AccountGrant, Scope};

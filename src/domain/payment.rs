@@ -60,6 +60,10 @@ pub struct PaymentEvent {
     /// failed, a chargeback reversed); `None` for other events. Such an event moves no
     /// state of its own: its effect is the entitlement the money leaves.
     pub reversal: Option<Reversal>,
+    /// One capture of an authorised payment (Adyen under manual capture, which may
+    /// capture in parts); `None` for other events. The payment's amount is then what its
+    /// captures add up to, so such an event names no `amount` of its own.
+    pub capture: Option<CapturedPart>,
     /// An authorisation the provider will capture later (Adyen under manual capture): not
     /// the payment's success, but the event whose parameters the capture issues, so its
     /// parameters are fixed like a success's.
@@ -74,6 +78,14 @@ impl PaymentEvent {
         (self.status == PaymentStatus::Succeeded || self.authorises_capture)
             && matches!(self.token_params, Some(Ok(_)))
     }
+}
+
+/// One capture of a payment, under its own id: a replay counts once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CapturedPart {
+    pub id: String,
+    /// Minor units captured.
+    pub amount: i64,
 }
 
 /// One refund (or chargeback) of a payment, as a refund event reports it.

@@ -23,8 +23,8 @@ use super::filters::{issuance_filter, payment_tokens_filter};
 use super::indexes::PAYMENTS_INDEX;
 use super::{Store, TOKENS};
 use crate::domain::{
-    Actor, IssuanceParams, Money, Owner, PaymentEvent, PaymentKey, PaymentStatus, Quantity, Refund,
-    Reversal, TokenType, Withdrawal,
+    Actor, CapturedPart, IssuanceParams, Money, Owner, PaymentEvent, PaymentKey, PaymentStatus,
+    Quantity, Refund, Reversal, TokenType, Withdrawal,
 };
 use crate::telemetry::metric;
 
@@ -115,6 +115,41 @@ pub struct ReversalEntry {
     pub amount: i64,
     pub of: Option<String>,
     pub at: Option<i64>,
+}
+
+/// The stages that record `capture` among the payment's `captures` (one amount per
+/// capture id, only growing: a replay counts once) and make the payment's `amount` their
+/// sum, whatever order the parts arrive in; nothing for a held-back event. A change of
+/// the amount is a change of the money (`moneyVersion`).
+fn captured(capture: &CapturedPart) -> [Document; 2] {
+    let id = literal(capture.id.as_str());
+    let captures = doc! { "$ifNull": ["$captures", []] };
+    let others = doc! { "$filter": {
+        "input": captures.clone(),
+        "cond": { "$ne": ["$$this.id", id.clone()] },
+    } };
+    let known = doc! { "$max": { "$map": {
+        "input": { "$filter": {
+            "input": captures,
+            "cond": { "$eq": ["$$this.id", id.clone()] },
+        } },
+        "in": "$$this.amount",
+    } } };
+    let unless_held_back = |field: &str, value: Bson| -> Document {
+        doc! { "$cond": [format!("${HELD_BACK}"), format!("${field}"), value] }
+    };
+    [
+        doc! { "$set": { "captures": unless_held_back("captures", doc! { "$concatArrays": [
+            others,
+            [ { "id": id, "amount": { "$max": [known, literal(capture.amount)] } } ],
+        ] }.into()) } },
+        doc! { "$set": {
+            "amount": unless_held_back("amount", doc! { "$sum": "$captures.amount" }.into()),
+            "moneyVersion": unless_held_back("moneyVersion", doc! { "$add": [
+                { "$ifNull": ["$moneyVersion", 0_i64] }, 1_i64,
+            ] }.into()),
+        } },
+    ]
 }
 
 fn status_before_any_event() -> PaymentStatus {
@@ -301,7 +336,7 @@ impl Store {
         ] };
         // Decided once, on the stored document, before anything of it changes; the mark
         // is removed again at the end, so a held-back event leaves the document as it was.
-        let pipeline = vec![
+        let mut pipeline = vec![
             doc! { "$set": { HELD_BACK: held_back } },
             doc! { "$replaceWith": { "$cond": [
                 { "$or": [format!("${HELD_BACK}"), { "$not": [newer] }] },
@@ -314,8 +349,11 @@ impl Store {
                 "$$ROOT",
                 { "$mergeObjects": [ "$$ROOT", filled ] },
             ] } },
-            doc! { "$unset": HELD_BACK },
         ];
+        if let Some(capture) = &event.capture {
+            pipeline.extend(captured(capture));
+        }
+        pipeline.push(doc! { "$unset": HELD_BACK });
         self.upsert_payment(&event.key, pipeline).await
     }
 

@@ -209,6 +209,7 @@ pub fn parse_paddle(
         payment_date: (status == PaymentStatus::Succeeded).then_some(occurred),
         refund,
         reversal,
+        capture: None,
         authorises_capture: false,
     })))
 }

@@ -190,6 +190,7 @@ pub fn parse_standard(
             }
         }),
         reversal,
+        capture: None,
         authorises_capture: false,
     })))
 }

@@ -239,6 +239,7 @@ pub fn parse_stripe(
         payment_date,
         refund,
         reversal,
+        capture: None,
         authorises_capture: false,
     })))
 }

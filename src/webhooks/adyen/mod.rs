@@ -17,7 +17,9 @@ use serde_json::{Map, Value};
 
 use super::events::{EventError, payment_key, ranked_version, tokenmint_params};
 use super::signature::{SignatureError, SignatureHeaders, any_signature_matches, mac};
-use crate::domain::{ParsedEvent, PaymentEvent, PaymentStatus, Provider, Refund, Reversal};
+use crate::domain::{
+    CapturedPart, ParsedEvent, PaymentEvent, PaymentStatus, Provider, Refund, Reversal,
+};
 use crate::settings::Capture;
 
 /// The fields an item's signature covers, in their order.
@@ -310,6 +312,8 @@ fn parse_item(
     // The token parameters and the payment's date are the authorisation's, also under
     // manual capture, where the payment keeps them until its CAPTURE.
     let authorised = code == "AUTHORISATION" && succeeded;
+    // Under manual capture a payment may be captured in parts, each a CAPTURE of its own.
+    let captures = manual && code == "CAPTURE" && succeeded;
     ParsedEvent::Payment(Box::new(PaymentEvent {
         event_id: event_id.clone(),
         event_type: code.clone(),
@@ -322,12 +326,17 @@ fn parse_item(
             .filter(|_| authorised)
             .and_then(|data| tokenmint_params(data, "metadata.", max_quantity)),
         payment_date: authorised.then(|| date.to_utc()),
-        // A refund's, chargeback's or reversal's amount is its own, not the payment's.
-        amount: value.filter(|_| refund.is_none() && reversal.is_none()),
+        // A refund's, chargeback's or reversal's amount is its own, not the payment's; a
+        // capture's is its part of the payment (`capture`).
+        amount: value.filter(|_| refund.is_none() && reversal.is_none() && !captures),
         currency: Some(field(item, "currency"))
             .filter(|c| !c.is_empty() && refund.is_none() && reversal.is_none()),
         refund,
         reversal,
+        capture: value.filter(|_| captures).map(|amount| CapturedPart {
+            id: format!("capture:{psp}"),
+            amount,
+        }),
         authorises_capture: authorised && status == PaymentStatus::Processing,
     }))
 }

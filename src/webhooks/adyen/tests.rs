@@ -273,6 +273,17 @@ fn the_capture_setting_decides_which_item_is_the_success() {
         capture.token_params.is_none(),
         "the authorisation's are kept"
     );
+    // A capture is a part of the payment, under its own pspReference: the parts make
+    // the amount.
+    assert_eq!(capture.amount, None);
+    assert_eq!(
+        capture.capture,
+        Some(CapturedPart {
+            id: "capture:C1".to_owned(),
+            amount: 1130
+        })
+    );
+    assert_eq!(failed.capture, None);
     assert_eq!(failed.status, PaymentStatus::Failed);
     assert!(
         failed.version > capture.version,

@@ -58,6 +58,35 @@ async fn under_manual_capture_the_capture_issues_the_authorisations_tokens() {
     assert_eq!(app.token_indexes("PSP_M").await, vec![0, 1, 2]);
 }
 
+/// Adyen captures a payment in parts when asked to: each `CAPTURE` is of its own amount,
+/// and the payment is what they add up to, whatever order they arrive in. A refund is
+/// then judged against that sum, not against the last capture's amount.
+#[tokio::test]
+async fn partial_captures_add_up_to_the_payment_a_refund_is_judged_against() {
+    let app = spawn_app_with(&manual()).await;
+    send(&app, &[authorisation("PSP_PC", 10)]).await;
+    let part = |psp: &str, value: i64, date: &str| {
+        let mut item = at("CAPTURE", psp, "PSP_PC", date);
+        item["amount"]["value"] = json!(value);
+        item
+    };
+    // The later capture is delivered first; the earlier one, then, and again.
+    send(&app, &[part("CAP_B", 700, "2026-11-30T16:00:00Z")]).await;
+    send(&app, &[part("CAP_A", 300, "2026-11-30T15:00:00Z")]).await;
+    send(&app, &[part("CAP_A", 300, "2026-11-30T15:00:00Z")]).await;
+    let payment = app
+        .find_stored("payments", doc! { "paymentIntentId": "PSP_PC" })
+        .await;
+    assert_eq!(stored_int(&payment, "amount"), Some(1000), "{payment}");
+    assert_eq!(active(&app, "PSP_PC").await, (0..10).collect::<Vec<i64>>());
+    // A refund of 700 of the 1000 captured keeps 3 of the 10 tokens.
+    let mut refund = modification("REFUND", "REF_PC", "PSP_PC", 700);
+    refund["eventDate"] = json!("2026-11-30T17:00:00Z");
+    send(&app, &[refund]).await;
+    assert_eq!(active(&app, "PSP_PC").await, vec![0, 1, 2]);
+    assert_eq!(payment_status(&app, "PSP_PC").await.0, "succeeded");
+}
+
 #[tokio::test]
 async fn a_capture_before_its_authorisation_issues_once_the_parameters_arrive() {
     let app = spawn_app_with(&manual()).await;
