@@ -97,10 +97,16 @@ impl Money {
         let mut reversed = unnamed.min(charged_back);
         for (of, sum) in named {
             if let Some(withdrawal) = self.withdrawals.iter().find(|w| w.id == of) {
-                // Giving back all a withdrawal took undoes all it counted for: a
-                // chargeback of 400 read as the whole payment (Adyen's, whatever its
-                // amount), reversed for 400, leaves nothing withdrawn.
-                let undone = if sum >= withdrawal.amount {
+                // A chargeback read as the whole payment (Adyen's, whatever its own
+                // amount) reversed for all it named is undone whole: a chargeback of 400
+                // reversed for 400 leaves nothing withdrawn. Only a chargeback's own
+                // amount says what it named; a full refund's stored amount may be 0 (it
+                // named none) or a partial report before it, so its reversals give back
+                // what they say.
+                let whole_chargeback = withdrawal.id.starts_with(CHARGEBACK_KIND)
+                    && withdrawal.amount > 0
+                    && sum >= withdrawal.amount;
+                let undone = if whole_chargeback {
                     self.counted(withdrawal)
                 } else {
                     sum
@@ -298,6 +304,21 @@ mod tests {
                 money(
                     vec![w("chargeback:c", 400, true)],
                     vec![r("chargeback:c", 300, Some("chargeback:c"))],
+                ),
+                700,
+            ),
+            // A full refund of no amount, or of a partial report, reinstated in part.
+            (
+                money(
+                    vec![w("total", 0, true)],
+                    vec![r("total", 250, Some("total"))],
+                ),
+                750,
+            ),
+            (
+                money(
+                    vec![w("total", 300, true)],
+                    vec![r("total", 300, Some("total"))],
                 ),
                 700,
             ),

@@ -226,6 +226,38 @@ async fn an_adyen_partial_chargeback_reversed_in_full_gives_every_token_back() {
     verify_clean(&app).await;
 }
 
+/// A full refund that named no amount (kept as a full withdrawal of 0) is the whole
+/// payment: a reinstatement of part of it gives back that part, not everything.
+#[tokio::test]
+async fn a_partial_reinstatement_of_a_refund_of_no_amount_gives_back_only_its_part() {
+    let app = spawn_app_with(PROVIDERS).await;
+    let event = |kind: &str, version: i64, data: serde_json::Value| {
+        let mut body = json!({ "type": format!("payment.{kind}"), "timestamp": "2026-11-30T00:00:00Z",
+            "data": { "paymentIntentId": "pay_0", "version": version, "amount": 1000 } });
+        for (field, value) in data.as_object().unwrap() {
+            body["data"][field] = value.clone();
+        }
+        body
+    };
+    let paid = json!({ "owner": OWNER, "tokenType": "standard", "quantity": 4 });
+    for (id, body) in [
+        ("msg_paid0", event("succeeded", 1, paid)),
+        ("msg_ref0", event("refunded", 2, json!({}))),
+        (
+            "msg_back0",
+            event("reinstated", 3, json!({ "amountReinstated": 250 })),
+        ),
+    ] {
+        assert_eq!(send_acme(&app, id, &body).await.status(), 200, "{id}");
+    }
+    // 1000 − 250 withdrawn of 1000: floor(4 × 750 ÷ 1000) = 3 taken back.
+    assert_eq!(
+        statuses(&app, "pay_0").await,
+        ["active", "revoked", "revoked", "revoked"]
+    );
+    verify_clean(&app).await;
+}
+
 #[tokio::test]
 async fn a_standard_webhooks_reinstatement_gives_back_what_it_names() {
     let app = spawn_app_with(PROVIDERS).await;
