@@ -31,14 +31,10 @@
 //! The event is recorded in `webhook_events` only after its effects, so nothing the
 //! provider was told is done can be lost.
 
-use chrono::Utc;
-
 use super::issue::usable_metadata;
 use super::standing::{stands_again, takes_back, withdrawn_whole};
 use super::{IssueError, IssueOutcome, Issuer, Settlement};
-use crate::domain::{
-    Actor, EventOutcome, NewIssuance, ParsedEvent, PaymentEvent, PaymentStatus, Reversal,
-};
+use crate::domain::{EventOutcome, ParsedEvent, PaymentEvent, PaymentStatus, Reversal};
 use crate::store::{PaymentDoc, ProjectionGate, StoreError};
 use crate::telemetry::{Bounded, metric};
 
@@ -325,17 +321,7 @@ impl Issuer {
                 "the payment names no tokens",
             ));
         };
-        let request = NewIssuance {
-            key: event.key.clone(),
-            params,
-            payment_date: state
-                .payment_date
-                .map(crate::store::chrono_time)
-                .or(event.payment_date)
-                .unwrap_or_else(Utc::now),
-            mode: self.config.default_mode,
-            requested_by: Actor::provider(&event.key.provider),
-        };
+        let request = self.provider_request(&event.key, state, params, event.payment_date);
         Ok(match self.issue_authorised(&request).await {
             Ok(IssueOutcome::Created(issued)) => EventOutcome {
                 tokens_created: Some(issued.created),

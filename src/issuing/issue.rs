@@ -11,11 +11,14 @@
 
 use std::time::Duration;
 
+use chrono::Utc;
 use mongodb::bson::DateTime;
 
 use super::standing::takes_back;
 use super::{Caller, IssueError, IssueOutcome, IssuedTokens, Issuer};
-use crate::domain::{IssuanceMode, IssuanceStatus, NewIssuance, PaymentStatus};
+use crate::domain::{
+    Actor, IssuanceMode, IssuanceParams, IssuanceStatus, NewIssuance, PaymentKey, PaymentStatus,
+};
 use crate::store::{AtomicInsert, Existing, IssuanceDoc, PaymentDoc, StoreError, TokenSummary};
 
 /// A record that keeps changing under us (taken over, expired, re-created) is re-read
@@ -63,9 +66,37 @@ impl Issuer {
                 if !mismatches.is_empty() {
                     return Err(IssueError::Conflict(mismatches));
                 }
-                self.issue_authorised(request).await
+                // The provider's success authorises the issuance, so it is the provider's
+                // request that is recorded (its author, date and the default mode), not
+                // what the anonymous caller sent beside the matching parameters.
+                let authorised = self.provider_request(&request.key, &payment, known, None);
+                self.issue_authorised(&authorised).await
             }
             _ => self.record_pending(request).await,
+        }
+    }
+
+    /// The issuance a provider's report of `payment` vouches for: its `params`, its
+    /// payment date (else `reported`, the event's, else now), the default mode, the
+    /// provider as author. Whoever triggers it — the success event, or a checkout request
+    /// that matches it — records these facts and nothing of its own.
+    pub(super) fn provider_request(
+        &self,
+        key: &PaymentKey,
+        payment: &PaymentDoc,
+        params: IssuanceParams,
+        reported: Option<chrono::DateTime<Utc>>,
+    ) -> NewIssuance {
+        NewIssuance {
+            key: key.clone(),
+            params,
+            payment_date: payment
+                .payment_date
+                .map(crate::store::chrono_time)
+                .or(reported)
+                .unwrap_or_else(Utc::now),
+            mode: self.config.default_mode,
+            requested_by: Actor::provider(&key.provider),
         }
     }
 

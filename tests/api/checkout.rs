@@ -408,3 +408,35 @@ async fn a_take_over_records_the_authorising_request_not_the_checkouts() {
     );
     assert_eq!(dates, vec![date; 3]);
 }
+
+/// The provider reported the payment paid, and its own issuance failed (the provider
+/// will deliver it again later); a checkout request for the same tokens then issues them
+/// — from the provider's facts: its author and date are the provider's, not the
+/// anonymous caller's.
+#[tokio::test]
+async fn a_checkout_request_after_the_providers_success_records_the_providers_facts() {
+    let name = unique_app_name();
+    let app = spawn_app_named(&name, &format!("{PROVIDERS}[repair]\nenabled = false\n")).await;
+    let event = intent_event("evt_paid_first", "succeeded", "pi_paid_first", now(), "2");
+    let failpoint = FailPoint::always(&name, &["insert"], Fault::error(91)).await;
+    let delivered = deliver_stripe(&app, &event).await;
+    assert!(
+        delivered.status().is_server_error(),
+        "{}",
+        delivered.status()
+    );
+    failpoint.off().await;
+    assert_eq!(payment_status(&app, "pi_paid_first").await.0, "succeeded");
+    assert_eq!(app.count_records(doc! {}).await, 0, "nothing issued yet");
+
+    let mut asked = issuance_body("pi_paid_first", 2);
+    asked["paymentDate"] = json!("1999-01-01T00:00:00Z");
+    let answer = app.issue(REQUEST_KEY, &asked).await;
+    assert_eq!(answer.status(), 201);
+    let (record, dates) = recorded_dates(&app, "pi_paid_first").await;
+    assert_eq!(record.get_str("requestedBy").unwrap(), "provider:stripe");
+    let forged = mongodb::bson::DateTime::parse_rfc3339_str("1999-01-01T00:00:00Z").unwrap();
+    let date = *record.get_datetime("paymentDate").unwrap();
+    assert_ne!(date, forged);
+    assert_eq!(dates, vec![date; 2]);
+}
