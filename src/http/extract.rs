@@ -14,7 +14,7 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 use serde_path_to_error::{Path, Segment};
 
-use super::error::ApiError;
+use super::error::{ApiError, MAX_LISTED_ERRORS};
 use crate::domain::FieldErrors;
 
 /// A JSON request body of type `T` (which should `deny_unknown_fields`), and the errors
@@ -111,7 +111,11 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<(T, FieldErrors),
     }
     let mut errors = FieldErrors::default();
     // serde stops at the first unknown field: record it, take it out and parse again, so
-    // that the other fields are still judged. Every round removes a key, so this ends.
+    // that the other fields are still judged. Every round removes a key, so this ends;
+    // each round reads the whole body again, so the rounds stop one past what a problem
+    // lists (a body of thousands of made-up keys would otherwise cost their square), and
+    // the count of invalid fields is then at least what it says.
+    let mut unknown = 0;
     loop {
         let err = match serde_path_to_error::deserialize(&value) {
             Ok(body) => return Ok((body, errors)),
@@ -123,6 +127,12 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<(T, FieldErrors),
             && let Some(field) = remove_unknown(&mut value, err.path(), &name)
         {
             errors.push(&field, "is not a known field");
+            unknown += 1;
+            if unknown > MAX_LISTED_ERRORS {
+                return Err(errors
+                    .finish()
+                    .map_or_else(ApiError::Validation, |()| ApiError::Internal));
+            }
             continue;
         }
         let path = err.path().to_string();

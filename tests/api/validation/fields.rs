@@ -310,3 +310,28 @@ async fn a_query_of_repeated_parameters_gets_a_capped_error_list() {
     let total = 8 * 1024 / 5;
     assert_eq!(problem["errorsOmitted"], total - 20, "{problem}");
 }
+
+/// A body of thousands of made-up keys beside a large known field: the answer names the
+/// first 20 unknown ones, says more are wrong, and writes nothing. (Each unknown key
+/// costs a parse of the whole body, so the service stops looking one past what it lists.)
+#[tokio::test]
+async fn a_body_of_thousands_of_unknown_fields_is_answered_with_the_first_ones() {
+    let app = spawn_app().await;
+    let mut body = issuance_body("pi_many_unknown", 1);
+    body["owner"] = json!(vec![0; 8 * 1024]);
+    for i in 0..3000 {
+        body[format!("z{i:04}")] = json!(0);
+    }
+    let response = app.issue(REQUEST_KEY, &body).await;
+    let problem = assert_problem(response, 422, "validation_failed").await;
+    let listed = problem["errors"].as_array().unwrap();
+    assert_eq!(listed.len(), 20, "{problem}");
+    assert!(
+        listed
+            .iter()
+            .all(|e| e["message"] == "is not a known field"),
+        "{problem}"
+    );
+    assert!(problem["errorsOmitted"].as_u64().unwrap() >= 1, "{problem}");
+    assert_nothing_written(&app).await;
+}
