@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use axum::Router;
-use axum::extract::State;
+use axum::extract::{Extension, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -19,6 +19,7 @@ use super::auth::Principal;
 use super::error::{ApiError, Problem};
 use super::extract::{JsonBody, PathParams};
 use super::idempotency::IDEMPOTENT_REPLAYED;
+use super::middleware::WaitAllowance;
 use super::openapi::KeyedErrors;
 use super::payment_path::PaymentPath;
 use super::prefer::{PREFERENCE_APPLIED, preferred_wait};
@@ -27,7 +28,7 @@ use crate::domain::{
     NewIssuance, Owner, PaymentIntentId, PaymentKey, Provider, Quantity, Scope, TokenStatus,
     TokenType,
 };
-use crate::issuing::{Caller, IssueOutcome, IssuedTokens};
+use crate::issuing::{Caller, IssueOutcome, IssuedTokens, longest_wait};
 use crate::store::{TokenSummary, chrono_time};
 use crate::telemetry::metric;
 
@@ -295,6 +296,7 @@ pub async fn create_issuance(
     State(state): State<AppState>,
     principal: Arc<Principal>,
     client: ClientAddress,
+    Extension(allowance): Extension<WaitAllowance>,
     headers: HeaderMap,
     body: Result<JsonBody<IssuanceRequest>, ApiError>,
 ) -> Result<Response, ApiError> {
@@ -314,9 +316,14 @@ pub async fn create_issuance(
         Actor::api_key(&principal.key_id),
     )?;
     principal.require_account(&request.key)?;
+    let wait = preferred_wait(&headers);
+    if let Some(secs) = wait {
+        // Judged and authorised: now it may spend its wait beyond the request timeout.
+        allowance.grant(longest_wait(secs));
+    }
     let answer = state
         .issuer
-        .issue_waiting(caller, &request, preferred_wait(&headers), client)
+        .issue_waiting(caller, &request, wait, client)
         .await;
     let mut response = match answer.result {
         Ok(outcome) => issued_response(outcome),

@@ -6,6 +6,8 @@
 //! from closed sets (`method_label`, route templates, status codes) and log fields carry
 //! at most `telemetry::Bounded::LIMIT` bytes of what the client wrote.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::Router;
@@ -19,10 +21,8 @@ use tracing::Instrument;
 
 use super::error::ApiError;
 use super::idempotency::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
-use super::issuances::ISSUANCES_PATH;
-use super::prefer::{PREFER, PREFERENCE_APPLIED, preferred_wait};
+use super::prefer::{PREFER, PREFERENCE_APPLIED};
 use super::rate_limit::{RATE_LIMIT, RATE_LIMIT_POLICY};
-use crate::issuing::longest_wait;
 use crate::settings::Settings;
 use crate::telemetry::{Bounded, metric, traces};
 
@@ -91,21 +91,49 @@ fn is_sane_request_id(id: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b))
 }
 
+/// More time a request has earned: the wait an issuance was allowed to spend on its
+/// payment's event (`Prefer: wait=N`), granted by its handler once the key and body have
+/// been judged, and added once to the request's timeout.
+#[derive(Debug, Clone, Default)]
+pub struct WaitAllowance(Arc<AtomicU64>);
+
+impl WaitAllowance {
+    /// Allows `wait` on top of the request timeout (the last grant counts).
+    pub fn grant(&self, wait: Duration) {
+        let millis = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
+        self.0.store(millis, Ordering::Relaxed);
+    }
+
+    /// The allowance not yet spent, spending it.
+    fn take(&self) -> Option<Duration> {
+        let millis = self.0.swap(0, Ordering::Relaxed);
+        (millis > 0).then(|| Duration::from_millis(millis))
+    }
+}
+
 /// Answers 503 `request_timeout` when the handler runs past `server.request_timeout_ms`,
-/// plus, for an issuance, the wait it asked for (`Prefer: wait=N`, bounded as the issuer
-/// bounds it): waiting for a payment's event is not work, and must not turn into a 503.
-/// No other route waits, so no other route gets longer.
-async fn with_timeout(timeout: Duration, req: Request, next: Next) -> Response {
-    let may_wait = req.method() == Method::POST && req.uri().path() == ISSUANCES_PATH;
-    let waiting = preferred_wait(req.headers())
-        .filter(|_| may_wait)
-        .map_or(Duration::ZERO, longest_wait);
-    let timeout = timeout + waiting;
-    match tokio::time::timeout(timeout, next.run(req)).await {
-        Ok(response) => response,
-        Err(_) => {
-            tracing::warn!(timeout_ms = timeout.as_millis() as u64, "request timed out");
-            ApiError::Timeout.into_response()
+/// plus the wait its handler granted (`WaitAllowance`): waiting for a payment's event is
+/// not work, and must not turn into a 503. Only a request that got that far is granted
+/// it — a client that names a wait and then trickles its body, or whose key or body is
+/// refused, has the ordinary timeout, so it cannot hold a connection for the wait.
+async fn with_timeout(timeout: Duration, mut req: Request, next: Next) -> Response {
+    let allowance = WaitAllowance::default();
+    req.extensions_mut().insert(allowance.clone());
+    let run = next.run(req);
+    tokio::pin!(run);
+    let started = tokio::time::Instant::now();
+    let mut deadline = started + timeout;
+    loop {
+        match tokio::time::timeout_at(deadline, &mut run).await {
+            Ok(response) => return response,
+            Err(_) => match allowance.take() {
+                Some(wait) => deadline += wait,
+                None => {
+                    let ran = started.elapsed().as_millis() as u64;
+                    tracing::warn!(timeout_ms = ran, "request timed out");
+                    return ApiError::Timeout.into_response();
+                }
+            },
         }
     }
 }

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use mongodb::bson::{Document, doc};
 use serde_json::Value;
 use tokenmint::startup::Application;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::helpers::*;
@@ -439,4 +439,45 @@ async fn one_address_waits_at_most_its_share_and_others_still_wait() {
     assert_eq!(app.token_indexes("pi_held").await, vec![0]);
     assert_eq!(app.token_indexes("pi_more").await, Vec::<i64>::new());
     until_waiters(&app, 0.0).await;
+}
+
+/// `Prefer: wait` lengthens a request's time only once it waits: a client that sends the
+/// header and then trickles its body (no key checked, no body judged yet) gets the
+/// ordinary request timeout, so it cannot hold a connection for the wait it named.
+#[tokio::test]
+async fn a_trickled_body_gets_no_longer_for_asking_to_wait() {
+    let _turn = WAITING.lock().await;
+    let app = spawn_app_with(&format!(
+        "{PROVIDERS}\n[server]\nrequest_timeout_ms = 1000\n"
+    ))
+    .await;
+    let address = app.address.trim_start_matches("http://");
+    let mut client = TcpStream::connect(address).await.unwrap();
+    let head = format!(
+        "POST /v1/issuances HTTP/1.1\r\nHost: {address}\r\nAuthorization: Bearer {REQUEST_KEY}\r\nPrefer: wait=30\r\nContent-Type: application/json\r\nContent-Length: 200\r\n\r\n{{\"provider\""
+    );
+    client.write_all(head.as_bytes()).await.unwrap();
+    let started = Instant::now();
+    let mut answer = Vec::new();
+    // The rest of the body never comes; the answer does, well before the 30 s asked for.
+    let read = tokio::time::timeout(Duration::from_secs(15), async {
+        let mut chunk = [0u8; 4096];
+        loop {
+            let n = client.read(&mut chunk).await.unwrap();
+            answer.extend_from_slice(&chunk[..n]);
+            if n == 0 || answer.windows(4).any(|w| w == b"\r\n\r\n") {
+                break;
+            }
+        }
+    })
+    .await;
+    assert!(read.is_ok(), "no answer within 15 s");
+    let text = String::from_utf8_lossy(&answer);
+    assert!(text.starts_with("HTTP/1.1 503"), "{text}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(app.count("issuances", doc! {}).await, 0);
 }
