@@ -32,7 +32,8 @@ pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 pub fn apply(router: Router, settings: &Settings) -> Router {
     let timeout = settings.request_timeout();
     router
-        .route_layer(from_fn(record_metrics))
+        // A layer, not a route layer: the fallback (no route: 404 `unmatched`) is counted too.
+        .layer(from_fn(record_metrics))
         .layer(from_fn(move |req: Request, next: Next| {
             with_timeout(timeout, req, next)
         }))

@@ -307,3 +307,35 @@ async fn made_up_methods_share_one_other_series_and_metrics_stay_small() {
         metrics.len()
     );
 }
+
+/// A path that is no route is counted too, under the one route value `unmatched` (never
+/// the raw path): scans of made-up paths show in the request metrics without adding a
+/// series per path.
+#[tokio::test]
+async fn requests_for_no_route_are_counted_as_unmatched() {
+    let app = spawn_app().await;
+    let path = format!("/zz-scan-{}", uuid::Uuid::new_v4().simple());
+    let unmatched = |metrics: &str| -> f64 {
+        metrics
+            .lines()
+            .filter(|l| {
+                l.starts_with("tokenmint_http_requests_total{")
+                    && l.contains("route=\"unmatched\"")
+                    && l.contains("status=\"404\"")
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    let before = unmatched(&app.metrics().await);
+    for _ in 0..3 {
+        let response = app.http.get(app.url(&path)).send().await.unwrap();
+        assert_eq!(response.status(), 404);
+    }
+    let metrics = app.metrics().await;
+    assert!(
+        unmatched(&metrics) >= before + 3.0,
+        "{before} → {}",
+        unmatched(&metrics)
+    );
+    assert!(!metrics.contains("zz-scan-"), "the raw path became a label");
+}
