@@ -100,6 +100,7 @@ fn networks<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Vec<IpN
                         "entry {i} is not a CIDR (address/prefix length) nor an IP address"
                     ))
                 })
+                .map(ipv4_when_mapped)
                 .and_then(|net| {
                     // Trusting every address lets every client name its own address,
                     // and take a fresh allowance with each request.
@@ -113,6 +114,20 @@ fn networks<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Vec<IpN
                 })
         })
         .collect()
+}
+
+/// An IPv4-mapped IPv6 network (`::ffff:10.0.0.0/104`) as the IPv4 network it maps
+/// (`10.0.0.0/8`): peers and forwarded hops are compared as IPv4 once unmapped, so the
+/// mapped form would never match and everyone behind that proxy would share its address.
+fn ipv4_when_mapped(net: IpNet) -> IpNet {
+    match net {
+        IpNet::V6(v6) if v6.prefix_len() >= 96 => v6
+            .network()
+            .to_ipv4_mapped()
+            .and_then(|v4| ipnet::Ipv4Net::new(v4, v6.prefix_len() - 96).ok())
+            .map_or(net, IpNet::V4),
+        _ => net,
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -399,7 +399,7 @@ mod tests {
     fn trusted_proxies_are_networks_named_by_index() {
         let proxies = |list: &str| format!("[server]\ntrusted_proxies = {list}");
         let settings = Settings::with_overrides(&[&proxies(
-            r#"["10.0.0.0/8", "192.0.2.7", "2001:db8::/32", "10.1.2.3/16"]"#,
+            r#"["10.0.0.0/8", "192.0.2.7", "2001:db8::/32", "10.1.2.3/16", "::ffff:172.16.0.0/108", "::ffff:192.0.2.9"]"#,
         )])
         .expect("CIDRs and single addresses");
         let nets: Vec<String> = settings
@@ -410,8 +410,15 @@ mod tests {
             .collect();
         assert_eq!(
             nets,
-            ["10.0.0.0/8", "192.0.2.7/32", "2001:db8::/32", "10.1.0.0/16"],
-            "host bits dropped, addresses as one-host networks"
+            [
+                "10.0.0.0/8",
+                "192.0.2.7/32",
+                "2001:db8::/32",
+                "10.1.0.0/16",
+                "172.16.0.0/12",
+                "192.0.2.9/32"
+            ],
+            "host bits dropped, addresses as one-host networks, IPv4-mapped ones as IPv4"
         );
         for bad in [
             "10.0.0.0/33",
