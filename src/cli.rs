@@ -280,7 +280,7 @@ fn dev_key(settings: &Settings) -> anyhow::Result<Finished> {
     if !settings.auth.keys.is_empty() {
         anyhow::bail!("[[auth.keys]] is configured, so no development key is in use");
     }
-    if !settings.mongo.uri.is_empty() {
+    if settings.mongo.configured_uri().is_some() {
         anyhow::bail!(
             "mongo.uri is set: a development key is only kept with the embedded database (a start with mongo.uri and no [[auth.keys]] prints a key valid for that run)"
         );

@@ -22,7 +22,7 @@ use std::time::Duration;
 use figment::Figment;
 use figment::providers::{Env, Format, Toml};
 use ipnet::IpNet;
-use secrecy::SecretString;
+use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
 
 use crate::domain::IssuanceMode;
@@ -133,8 +133,9 @@ fn ipv4_when_mapped(net: IpNet) -> IpNet {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MongoSettings {
-    /// Empty: start the embedded mongod.
-    pub uri: String,
+    /// Empty: start the embedded mongod. A secret: it carries the database password, so
+    /// no `Debug` of the settings prints it.
+    pub uri: SecretString,
     /// A file holding `uri` (it carries the database password); read at load.
     #[serde(default)]
     pub uri_file: Option<PathBuf>,
@@ -142,6 +143,13 @@ pub struct MongoSettings {
     pub server_selection_timeout_ms: u64,
     pub max_pool_size: u32,
     pub embedded: EmbeddedMongoSettings,
+}
+
+impl MongoSettings {
+    /// The configured URI; `None`: the embedded mongod.
+    pub fn configured_uri(&self) -> Option<&str> {
+        Some(self.uri.expose_secret()).filter(|uri| !uri.is_empty())
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -18,8 +18,8 @@ impl Settings {
     /// Reads every `<key>_file` into `<key>`; giving both is refused, naming both.
     pub(super) fn read_secret_files(&mut self) -> Result<(), SettingsError> {
         if let Some(path) = self.mongo.uri_file.take() {
-            let given = !self.mongo.uri.is_empty();
-            self.mongo.uri = read_one("mongo.uri", given, &path)?;
+            let given = self.mongo.configured_uri().is_some();
+            self.mongo.uri = read_one("mongo.uri", given, &path)?.into();
         }
         for (name, provider) in &mut self.providers {
             let at = format!("providers.{name}");
@@ -109,8 +109,8 @@ mod tests {
         )])
         .unwrap();
         assert_eq!(
-            settings.mongo.uri,
-            "mongodb://db.internal:27017/?replicaSet=rs"
+            settings.mongo.configured_uri(),
+            Some("mongodb://db.internal:27017/?replicaSet=rs")
         );
         let pay = &settings.providers["pay"];
         let secrets: Vec<&str> = pay.secrets.iter().map(|s| s.expose_secret()).collect();

@@ -396,6 +396,19 @@ mod tests {
     }
 
     #[test]
+    fn the_mongo_uri_is_a_secret_no_debug_prints() {
+        let settings = Settings::with_overrides(&[
+            "[mongo]\nuri = \"mongodb://app:S3cretPassw0rd@db.internal:27017/?replicaSet=rs\"",
+        ])
+        .unwrap();
+        assert_eq!(
+            settings.mongo.configured_uri(),
+            Some("mongodb://app:S3cretPassw0rd@db.internal:27017/?replicaSet=rs")
+        );
+        assert!(!format!("{settings:?}").contains("S3cret"));
+    }
+
+    #[test]
     fn trusted_proxies_are_networks_named_by_index() {
         let proxies = |list: &str| format!("[server]\ntrusted_proxies = {list}");
         let settings = Settings::with_overrides(&[&proxies(

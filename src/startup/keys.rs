@@ -24,7 +24,7 @@ pub(super) fn api_keys(settings: &Settings) -> anyhow::Result<ApiKeys> {
     if settings.is_production() {
         anyhow::bail!("TOKENMINT_ENV=production requires at least one [[auth.keys]] entry");
     }
-    let key = if settings.mongo.uri.is_empty() {
+    let key = if settings.mongo.configured_uri().is_none() {
         let path = dev_key_path(settings);
         let (key, created) = load_or_create_dev_key(&path)?;
         let origin = if created {

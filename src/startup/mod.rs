@@ -66,7 +66,7 @@ async fn open_store(
     observer: Option<EventHandler<CommandEvent>>,
 ) -> anyhow::Result<(Store, Option<EmbeddedMongo>)> {
     refuse_embedded_in_production(settings)?;
-    let embedded = if settings.mongo.uri.is_empty() {
+    let embedded = if settings.mongo.configured_uri().is_none() {
         let embedded_settings = &settings.mongo.embedded;
         Some(if share {
             EmbeddedMongo::attach_or_start(embedded_settings).await?
@@ -76,9 +76,10 @@ async fn open_store(
     } else {
         None
     };
-    let uri = embedded
-        .as_ref()
-        .map_or(settings.mongo.uri.as_str(), |e| e.uri());
+    let uri = match (&embedded, settings.mongo.configured_uri()) {
+        (Some(embedded), _) => embedded.uri(),
+        (None, uri) => uri.unwrap_or_default(),
+    };
     let connected = Store::connect(
         uri,
         &settings.mongo.database,
@@ -114,7 +115,7 @@ async fn open_store(
 
 /// The embedded mongod is for development: production needs `mongo.uri`.
 fn refuse_embedded_in_production(settings: &Settings) -> anyhow::Result<()> {
-    if settings.is_production() && settings.mongo.uri.is_empty() {
+    if settings.is_production() && settings.mongo.configured_uri().is_none() {
         anyhow::bail!(
             "TOKENMINT_ENV=production requires mongo.uri (TOKENMINT__MONGO__URI): the embedded \
              mongod is for development only"

@@ -144,7 +144,14 @@ pub async fn spawn_app_from(settings: &Settings) -> TestApp {
             })
             .await;
     });
-    let client = Client::with_uri_str(&settings.mongo.uri).await.unwrap();
+    let client = Client::with_uri_str(
+        settings
+            .mongo
+            .configured_uri()
+            .expect("a test app names its mongod"),
+    )
+    .await
+    .unwrap();
     let db_name = settings.mongo.database.clone();
     TestApp {
         address,
