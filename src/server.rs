@@ -15,12 +15,18 @@
 //! so an idle HTTP/2 client could hold a connection slot for ever. TLS and HTTP/2 belong
 //! to the proxy in front.
 //!
-//! A leaf module: it knows axum and hyper, nothing of the application.
+//! One client address may hold at most `max_connections_per_address` of the connections
+//! (the trusted proxies' peers excepted): a client that opens connections and sends
+//! nothing is bounded per address, not only in total.
+//!
+//! It knows axum and hyper, and of the application only how a client address is counted
+//! (`domain::ClientAddress`).
 
+use std::collections::HashMap;
 use std::future::Future;
-use std::net::SocketAddr;
-use std::sync::Arc;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::Router;
@@ -29,9 +35,12 @@ use axum::middleware::AddExtension;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
+use ipnet::IpNet;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tower_service::Service;
+
+use crate::domain::ClientAddress;
 
 /// Set once shutdown has begun; `/readyz` answers 503 from then on (the router carries it
 /// as an extension).
@@ -49,13 +58,64 @@ impl ShuttingDown {
 }
 
 /// Limits on what clients may hold.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Limits {
     /// How long a client may take to send a request's headers (and how long a keep-alive
     /// connection may stay idle).
     pub header_read_timeout: Duration,
     /// Connections served at once.
     pub max_connections: usize,
+    /// Connections one client address (`ClientAddress`: an IPv6 /64 counts as one) may
+    /// hold at once; a new one beyond it is closed at once, so one address cannot take
+    /// every connection from the others.
+    pub max_connections_per_address: usize,
+    /// Peers not counted per address: the trusted proxies, behind which every client
+    /// arrives from the proxy's address.
+    pub exempt: Vec<IpNet>,
+}
+
+/// The connections each client address holds; an entry leaves with its last connection,
+/// so the table never holds more than `max_connections` entries.
+#[derive(Debug, Default)]
+struct PerAddress(Mutex<HashMap<ClientAddress, usize>>);
+
+/// One connection counted against its address; uncounted when dropped.
+struct AddressSlot {
+    table: Arc<PerAddress>,
+    address: ClientAddress,
+}
+
+impl PerAddress {
+    /// Counts a connection from `peer` unless its address holds `max` already.
+    fn admit(self: &Arc<Self>, peer: IpAddr, max: usize) -> Option<AddressSlot> {
+        let address = ClientAddress::of(peer);
+        let mut table = self.0.lock().expect("the table's lock is never poisoned");
+        let held = table.entry(address).or_insert(0);
+        if *held >= max {
+            return None;
+        }
+        *held += 1;
+        Some(AddressSlot {
+            table: Arc::clone(self),
+            address,
+        })
+    }
+}
+
+impl Drop for AddressSlot {
+    fn drop(&mut self) {
+        let mut table = self
+            .table
+            .0
+            .lock()
+            .expect("the table's lock is never poisoned");
+        if let Some(held) = table.get_mut(&self.address) {
+            *held -= 1;
+            if *held == 0 {
+                table.remove(&self.address);
+            }
+        }
+    }
 }
 
 /// How often "connection limit reached" may be logged.
@@ -76,6 +136,7 @@ pub async fn serve(
     http.timer(TokioTimer::new())
         .header_read_timeout(limits.header_read_timeout);
     let permits = Arc::new(Semaphore::new(limits.max_connections));
+    let per_address = Arc::new(PerAddress::default());
     // `stop` tells connections to finish; every connection holds an `open` receiver, so
     // `open_tx.closed()` resolves once the last one is gone.
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -118,6 +179,23 @@ pub async fn serve(
             },
             () = &mut shutdown => break,
         };
+        let exempt = limits
+            .exempt
+            .iter()
+            .any(|net| net.contains(&remote.ip().to_canonical()));
+        let slot = if exempt {
+            None
+        } else {
+            match per_address.admit(remote.ip(), limits.max_connections_per_address) {
+                Some(slot) => Some(slot),
+                None => {
+                    // Closed unanswered: at this many connections the client is not
+                    // waiting for one more, and an answer would cost what it spends.
+                    tracing::debug!(peer = %remote.ip(), "connection limit per address reached; connection closed");
+                    continue;
+                }
+            }
+        };
         let service = match make_service.call(remote).await {
             Ok(service) => service,
             Err(never) => match never {},
@@ -128,7 +206,7 @@ pub async fn serve(
             connection,
             stop_rx.clone(),
             open_rx.clone(),
-            permit,
+            (permit, slot),
         ));
     }
     drop(listener);
@@ -145,7 +223,7 @@ async fn serve_connection(
     connection: http1::Connection<TokioIo<TcpStream>, ConnectionService>,
     mut stop: watch::Receiver<bool>,
     _open: watch::Receiver<()>,
-    _permit: OwnedSemaphorePermit,
+    _held: (OwnedSemaphorePermit, Option<AddressSlot>),
 ) {
     tokio::pin!(connection);
     let mut stopping = false;
@@ -205,14 +283,83 @@ mod tests {
         response
     }
 
-    const LIMITS: Limits = Limits {
-        header_read_timeout: Duration::from_secs(10),
-        max_connections: 16,
-    };
+    fn limits() -> Limits {
+        Limits {
+            header_read_timeout: Duration::from_secs(10),
+            max_connections: 16,
+            max_connections_per_address: 16,
+            exempt: Vec::new(),
+        }
+    }
+
+    /// A connection to `address` from the loopback address `from` (127.0.0.2, …).
+    async fn connect_from(from: &str, address: SocketAddr) -> TcpStream {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind(format!("{from}:0").parse().unwrap()).unwrap();
+        socket.connect(address).await.unwrap()
+    }
+
+    #[tokio::test]
+    async fn one_address_holds_at_most_its_connections_and_others_are_served() {
+        let (address, _stop) = start(Limits {
+            max_connections_per_address: 3,
+            ..limits()
+        })
+        .await;
+        // An abuser's address opens three idle connections: its fourth is closed unanswered.
+        let mut held = Vec::new();
+        for _ in 0..3 {
+            held.push(connect_from("127.0.0.2", address).await);
+        }
+        // Give the server the time to have counted the three.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let mut fourth = connect_from("127.0.0.2", address).await;
+        let request = "GET /peer HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+        let _ = fourth.write_all(request.as_bytes()).await;
+        let mut answer = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(5), fourth.read_to_end(&mut answer))
+            .await
+            .expect("the server closes the fourth connection");
+        assert!(answer.is_empty(), "{}", String::from_utf8_lossy(&answer));
+        // A shopper at another address is served meanwhile.
+        let mut shopper = connect_from("127.0.0.3", address).await;
+        assert!(
+            get_on(&mut shopper, "/peer")
+                .await
+                .starts_with("HTTP/1.1 200")
+        );
+        // Once one of the abuser's connections closes, its address may open another.
+        drop(held.pop());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let mut again = connect_from("127.0.0.2", address).await;
+        assert!(
+            get_on(&mut again, "/peer")
+                .await
+                .starts_with("HTTP/1.1 200")
+        );
+    }
+
+    #[tokio::test]
+    async fn a_trusted_proxy_is_not_counted_per_address() {
+        let (address, _stop) = start(Limits {
+            max_connections_per_address: 1,
+            exempt: vec!["127.0.0.4/32".parse().unwrap()],
+            ..limits()
+        })
+        .await;
+        let _first = connect_from("127.0.0.4", address).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let mut second = connect_from("127.0.0.4", address).await;
+        assert!(
+            get_on(&mut second, "/peer")
+                .await
+                .starts_with("HTTP/1.1 200")
+        );
+    }
 
     #[tokio::test]
     async fn handlers_see_the_peer_address() {
-        let (address, _stop) = start(LIMITS).await;
+        let (address, _stop) = start(limits()).await;
         let mut stream = TcpStream::connect(address).await.unwrap();
         let local = stream.local_addr().unwrap();
         let response = get_on(&mut stream, "/peer").await;
@@ -233,7 +380,7 @@ mod tests {
     async fn slow_and_silent_clients_are_closed_after_the_header_timeout() {
         let limits = Limits {
             header_read_timeout: Duration::from_millis(300),
-            ..LIMITS
+            ..limits()
         };
         let (address, _stop) = start(limits).await;
         // Timed from before the connections exist, so never shorter than the server's.
@@ -260,7 +407,7 @@ mod tests {
     async fn connections_beyond_the_cap_wait_for_a_free_slot() {
         let limits = Limits {
             max_connections: 2,
-            ..LIMITS
+            ..limits()
         };
         let (address, _stop) = start(limits).await;
         let first = TcpStream::connect(address).await.unwrap();
@@ -315,7 +462,7 @@ mod tests {
         );
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = listener.local_addr().unwrap();
-        tokio::spawn(serve(listener, router, LIMITS, std::future::pending()));
+        tokio::spawn(serve(listener, router, limits(), std::future::pending()));
         let mut client = TcpStream::connect(address).await.unwrap();
         client
             .write_all(b"GET /forever HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -338,7 +485,7 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = listener.local_addr().unwrap();
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let server = tokio::spawn(serve(listener, router, LIMITS, async move {
+        let server = tokio::spawn(serve(listener, router, limits(), async move {
             let _ = rx.await;
         }));
         let mut idle = TcpStream::connect(address).await.unwrap();

@@ -71,6 +71,9 @@ pub struct ServerSettings {
     pub header_read_timeout_ms: u64,
     /// Connections served at once; more wait in the listen backlog.
     pub max_connections: usize,
+    /// Connections one client address (an IPv6 /64) may hold at once, trusted proxies
+    /// excepted; a new one beyond it is closed.
+    pub max_connections_per_address: usize,
     /// When set, `/metrics` is served on this address only (e.g. a port the load
     /// balancer does not expose), and the public listener answers it 404.
     #[serde(default)]

@@ -209,6 +209,8 @@ impl Application {
             limits: Limits {
                 header_read_timeout: Duration::from_millis(settings.server.header_read_timeout_ms),
                 max_connections: settings.server.max_connections,
+                max_connections_per_address: settings.server.max_connections_per_address,
+                exempt: settings.server.trusted_proxies.clone(),
             },
             shutting_down,
             fulfilments,
