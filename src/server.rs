@@ -15,9 +15,9 @@
 //! so an idle HTTP/2 client could hold a connection slot for ever. TLS and HTTP/2 belong
 //! to the proxy in front.
 //!
-//! One client address may hold at most `max_connections_per_address` of the connections
-//! (the trusted proxies' peers excepted): a client that opens connections and sends
-//! nothing is bounded per address, not only in total.
+//! When `max_connections_per_address` is set, one client address may hold at most that
+//! many of the connections (the trusted proxies' peers excepted): a client that opens
+//! connections and sends nothing is then bounded per address, not only in total.
 //!
 //! It knows axum and hyper, and of the application only how a client address is counted
 //! (`domain::ClientAddress`).
@@ -67,7 +67,7 @@ pub struct Limits {
     pub max_connections: usize,
     /// Connections one client address (`ClientAddress`: an IPv6 /64 counts as one) may
     /// hold at once; a new one beyond it is closed at once, so one address cannot take
-    /// every connection from the others.
+    /// every connection from the others. 0: no such limit.
     pub max_connections_per_address: usize,
     /// Peers not counted per address: the trusted proxies, behind which every client
     /// arrives from the proxy's address.
@@ -179,10 +179,11 @@ pub async fn serve(
             },
             () = &mut shutdown => break,
         };
-        let exempt = limits
-            .exempt
-            .iter()
-            .any(|net| net.contains(&remote.ip().to_canonical()));
+        let exempt = limits.max_connections_per_address == 0
+            || limits
+                .exempt
+                .iter()
+                .any(|net| net.contains(&remote.ip().to_canonical()));
         let slot = if exempt {
             None
         } else {

@@ -72,7 +72,7 @@ pub struct ServerSettings {
     /// Connections served at once; more wait in the listen backlog.
     pub max_connections: usize,
     /// Connections one client address (an IPv6 /64) may hold at once, trusted proxies
-    /// excepted; a new one beyond it is closed.
+    /// excepted; a new one beyond it is closed. 0: no such limit.
     pub max_connections_per_address: usize,
     /// When set, `/metrics` is served on this address only (e.g. a port the load
     /// balancer does not expose), and the public listener answers it 404.

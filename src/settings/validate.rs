@@ -20,10 +20,6 @@ impl Settings {
             ),
             ("server.max_connections", self.server.max_connections as u64),
             (
-                "server.max_connections_per_address",
-                self.server.max_connections_per_address as u64,
-            ),
-            (
                 "server.body_limit_bytes",
                 self.server.body_limit_bytes as u64,
             ),
