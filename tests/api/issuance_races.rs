@@ -9,7 +9,9 @@ use serde_json::{Value, json};
 use crate::helpers::*;
 
 async fn identical_requests_race(mode: &str) {
-    let app = spawn_app().await;
+    // 640 requests at once from this test's one address: more connections than one
+    // address may hold by default (`server.max_connections_per_address`).
+    let app = spawn_app_with("[server]\nmax_connections_per_address = 0\n").await;
     const PAYMENTS: usize = 20;
     const COPIES: usize = 32;
     let requests = (0..PAYMENTS)
