@@ -28,7 +28,7 @@ use crate::domain::{
     NewIssuance, Owner, PaymentIntentId, PaymentKey, Provider, Quantity, Scope, TokenStatus,
     TokenType,
 };
-use crate::issuing::{Caller, IssueOutcome, IssuedTokens, longest_wait};
+use crate::issuing::{Caller, IssueOutcome, IssuedTokens};
 use crate::store::{TokenSummary, chrono_time};
 use crate::telemetry::metric;
 
@@ -316,14 +316,13 @@ pub async fn create_issuance(
         Actor::api_key(&principal.key_id),
     )?;
     principal.require_account(&request.key)?;
-    let wait = preferred_wait(&headers);
-    if let Some(secs) = wait {
-        // Judged and authorised: now it may spend its wait beyond the request timeout.
-        allowance.grant(longest_wait(secs));
-    }
+    // The wait, once the issuer holds the request (its key and body accepted, a place
+    // given, the answer pending), is added to the request timeout: waiting is not work.
     let answer = state
         .issuer
-        .issue_waiting(caller, &request, wait, client)
+        .issue_waiting(caller, &request, preferred_wait(&headers), client, |wait| {
+            allowance.grant(wait)
+        })
         .await;
     let mut response = match answer.result {
         Ok(outcome) => issued_response(outcome),

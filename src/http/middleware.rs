@@ -92,9 +92,9 @@ fn is_sane_request_id(id: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b))
 }
 
-/// More time a request has earned: the wait an issuance was allowed to spend on its
-/// payment's event (`Prefer: wait=N`), granted by its handler once the key and body have
-/// been judged, and added once to the request's timeout.
+/// More time a request has earned: the wait an issuance spends on its payment's event
+/// (`Prefer: wait=N`), granted once the issuer holds it waiting (its key and body
+/// accepted, a place given, its answer pending), and added once to the request's timeout.
 #[derive(Debug, Clone, Default)]
 pub struct WaitAllowance(Arc<AtomicU64>);
 
@@ -114,9 +114,10 @@ impl WaitAllowance {
 
 /// Answers 503 `request_timeout` when the handler runs past `server.request_timeout_ms`,
 /// plus the wait its handler granted (`WaitAllowance`): waiting for a payment's event is
-/// not work, and must not turn into a 503. Only a request that got that far is granted
-/// it — a client that names a wait and then trickles its body, or whose key or body is
-/// refused, has the ordinary timeout, so it cannot hold a connection for the wait.
+/// not work, and must not turn into a 503. Only a request that waits is granted it — a
+/// client that names a wait and then trickles its body, whose key or body is refused,
+/// that gets no place or is answered at once has the ordinary timeout, so naming a wait
+/// neither holds a connection nor lets slow work outlast the timeout.
 async fn with_timeout(timeout: Duration, mut req: Request, next: Next) -> Response {
     let allowance = WaitAllowance::default();
     req.extensions_mut().insert(allowance.clone());

@@ -68,15 +68,18 @@ impl Issuer {
     }
 
     /// Issues `request` as `caller` (from `client`) may; a checkout that asked to wait
-    /// `wait_secs`, would be answered pending and finds a place is held until its payment's next applied event (then
-    /// checked again, and held again while still pending) or until the wait is over (then
-    /// checked a last time).
+    /// `wait_secs`, would be answered pending and finds a place is held until its
+    /// payment's next applied event (then checked again, and held again while still
+    /// pending) or until the wait is over (then checked a last time). `waits` hears the
+    /// wait just before it begins, and only then: the caller's timeout grows by the wait,
+    /// never for a request that does not wait (a trusted key, no place, not pending).
     pub async fn issue_waiting(
         &self,
         caller: Caller,
         request: &NewIssuance,
         wait_secs: Option<u64>,
         client: ClientAddress,
+        waits: impl FnOnce(Duration),
     ) -> Waited {
         let deadline_from = Instant::now();
         // Registered before the first check, so nothing applied during it goes unheard.
@@ -90,6 +93,7 @@ impl Issuer {
             };
         };
         let deadline = deadline_from + Duration::from_secs(secs);
+        waits(Duration::from_secs(secs));
         loop {
             let woken = slot.woken_before(deadline).await;
             let result = self.issue(caller, request).await;

@@ -481,3 +481,32 @@ async fn a_trickled_body_gets_no_longer_for_asking_to_wait() {
     );
     assert_eq!(app.count("issuances", doc! {}).await, 0);
 }
+
+/// Naming a wait does not lengthen the work of a request that does not wait: a trusted
+/// key's issuance (which never waits) on a database that hangs is answered 503 at the
+/// ordinary request timeout, not after the 30 s it named.
+#[tokio::test]
+async fn a_request_that_does_not_wait_gets_no_longer_for_naming_a_wait() {
+    let _turn = WAITING.lock().await;
+    let name = unique_app_name();
+    let app = spawn_app_named(
+        &name,
+        &format!("{PROVIDERS}\n[server]\nrequest_timeout_ms = 1000\n[repair]\nenabled = false\n"),
+    )
+    .await;
+    let hang = FailPoint::always(&name, &["find"], Fault::Block { millis: 4000 }).await;
+    let started = Instant::now();
+    let answer = app
+        .http
+        .post(app.url("/v1/issuances"))
+        .bearer_auth(WRITER_KEY)
+        .header("prefer", "wait=30")
+        .json(&issuance_body("pi_trusted_waits", 1))
+        .send()
+        .await
+        .unwrap();
+    let elapsed = started.elapsed();
+    hang.off().await;
+    assert_eq!(answer.status(), 503);
+    assert!(elapsed < Duration::from_millis(3500), "{elapsed:?}");
+}
