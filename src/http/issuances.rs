@@ -67,10 +67,14 @@ pub struct IssuanceRequest {
     /// Integer from 1 to `issuance.max_quantity` (configurable, default 1000, at most 10 000).
     #[schema(value_type = i64, required = true, minimum = 1, example = 4)]
     quantity: Option<Value>,
-    /// RFC 3339; default now. Set on the first write only, never compared on retry.
+    /// RFC 3339; default now. Set on the first write only, never compared on retry. A
+    /// checkout key's is never recorded: its tokens carry the provider's payment date
+    /// (or the trusted backend's, when that issues them).
     #[schema(value_type = Option<String>, required = false, format = DateTime)]
     payment_date: Option<Value>,
-    /// `upsert` or `atomic`; default `issuance.default_mode`.
+    /// `upsert` or `atomic`; default `issuance.default_mode`. A checkout key's is
+    /// checked but not used: the issuance that fulfils it runs in the provider's
+    /// (the default) or the trusted backend's mode.
     #[schema(value_type = Option<IssuanceMode>, required = false)]
     mode: Option<Value>,
 }
