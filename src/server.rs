@@ -85,20 +85,33 @@ struct AddressSlot {
     address: ClientAddress,
 }
 
+/// A connection its address may not open: it holds `max_connections_per_address`.
+struct AddressFull;
+
 impl PerAddress {
-    /// Counts a connection from `peer` unless its address holds `max` already.
-    fn admit(self: &Arc<Self>, peer: IpAddr, max: usize) -> Option<AddressSlot> {
+    /// Counts a connection from `peer` (`None`: not counted — no limit is set, or the peer
+    /// is a trusted proxy), unless its address holds the most it may already.
+    fn admit(
+        self: &Arc<Self>,
+        peer: IpAddr,
+        limits: &Limits,
+    ) -> Result<Option<AddressSlot>, AddressFull> {
+        let max = limits.max_connections_per_address;
+        let peer = peer.to_canonical();
+        if max == 0 || limits.exempt.iter().any(|net| net.contains(&peer)) {
+            return Ok(None);
+        }
         let address = ClientAddress::of(peer);
         let mut table = self.0.lock().expect("the table's lock is never poisoned");
         let held = table.entry(address).or_insert(0);
         if *held >= max {
-            return None;
+            return Err(AddressFull);
         }
         *held += 1;
-        Some(AddressSlot {
+        Ok(Some(AddressSlot {
             table: Arc::clone(self),
             address,
-        })
+        }))
     }
 }
 
@@ -179,23 +192,11 @@ pub async fn serve(
             },
             () = &mut shutdown => break,
         };
-        let exempt = limits.max_connections_per_address == 0
-            || limits
-                .exempt
-                .iter()
-                .any(|net| net.contains(&remote.ip().to_canonical()));
-        let slot = if exempt {
-            None
-        } else {
-            match per_address.admit(remote.ip(), limits.max_connections_per_address) {
-                Some(slot) => Some(slot),
-                None => {
-                    // Closed unanswered: at this many connections the client is not
-                    // waiting for one more, and an answer would cost what it spends.
-                    tracing::debug!(peer = %remote.ip(), "connection limit per address reached; connection closed");
-                    continue;
-                }
-            }
+        let Ok(slot) = per_address.admit(remote.ip(), &limits) else {
+            // Closed unanswered: at this many connections the client is not waiting for
+            // one more, and an answer would cost what it spends.
+            tracing::debug!(peer = %remote.ip(), "connection limit per address reached; connection closed");
+            continue;
         };
         let service = match make_service.call(remote).await {
             Ok(service) => service,

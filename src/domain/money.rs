@@ -106,12 +106,12 @@ impl Money {
                 let whole_chargeback = withdrawal.id.starts_with(CHARGEBACK_KIND)
                     && withdrawal.amount > 0
                     && sum >= withdrawal.amount;
-                let undone = if whole_chargeback {
-                    self.counted(withdrawal)
+                let counted = self.counted(withdrawal);
+                reversed += if whole_chargeback {
+                    counted
                 } else {
-                    sum
+                    sum.min(counted)
                 };
-                reversed += undone.min(self.counted(withdrawal));
             }
         }
         reversed

@@ -213,20 +213,18 @@ fn as_written(
     ids: &[ObjectId],
     set: &Document,
 ) -> Result<Vec<TokenDoc>, Error> {
-    let mut written = Vec::with_capacity(ids.len());
-    for id in ids {
-        let Some(token) = found.iter().find(|t| t.id == *id) else {
-            continue;
-        };
-        let mut document = mongodb::bson::to_document(token)?;
-        for (field, value) in set {
-            document.insert(field.clone(), value.clone());
-        }
-        let mut token: TokenDoc = mongodb::bson::from_document(document)?;
-        token.version += 1;
-        written.push(token);
-    }
-    Ok(written)
+    let written = found
+        .iter()
+        .filter(|token| ids.contains(&token.id))
+        .map(|token| {
+            let mut document = mongodb::bson::to_document(token)?;
+            document.extend(set.clone());
+            let mut token: TokenDoc = mongodb::bson::from_document(document)?;
+            token.version += 1;
+            Ok(token)
+        })
+        .collect::<Result<Vec<_>, Error>>()?;
+    Ok(in_order(written, ids))
 }
 
 /// `found`, in the order of `ids`.
