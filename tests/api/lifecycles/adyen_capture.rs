@@ -6,7 +6,9 @@
 use mongodb::bson::doc;
 use serde_json::{Value, json};
 
-use crate::adyen::{ADYEN, active, authorisation, modification, send};
+use crate::adyen::{
+    ADYEN, ADYEN_NEW, active, authorisation, modification, post_batch, send, signed_batch,
+};
 use crate::helpers::*;
 use crate::provider_events::payment_status;
 
@@ -85,6 +87,59 @@ async fn partial_captures_add_up_to_the_payment_a_refund_is_judged_against() {
     send(&app, &[refund]).await;
     assert_eq!(active(&app, "PSP_PC").await, vec![0, 1, 2]);
     assert_eq!(payment_status(&app, "PSP_PC").await.0, "succeeded");
+}
+
+/// A part of a capture whose issuance fails after its projection recorded the part (the
+/// batch is refused, Adyen delivers it again), then delivered again, and once more after
+/// its dedupe record expired: the part counts once, the tokens are issued once, and a
+/// refund is still judged against the sum of the parts.
+#[tokio::test]
+async fn a_capture_part_recorded_before_a_failure_counts_once_when_delivered_again() {
+    let name = unique_app_name();
+    let app = spawn_app_named(&name, &format!("{}[repair]\nenabled = false\n", manual())).await;
+    send(&app, &[authorisation("PSP_CF", 10)]).await;
+    let part = |psp: &str, value: i64, date: &str| {
+        let mut item = at("CAPTURE", psp, "PSP_CF", date);
+        item["amount"]["value"] = json!(value);
+        item
+    };
+    let first = part("CAP_X", 300, "2026-11-30T15:00:00Z");
+    // The projection (a findAndModify upsert) passes; the issuance's inserts fail.
+    let failing = FailPoint::always(&name, &["insert"], Fault::error(91)).await;
+    let refused = post_batch(&app, signed_batch(std::slice::from_ref(&first), ADYEN_NEW)).await;
+    failing.off().await;
+    assert_ne!(refused.text().await.unwrap(), "[accepted]");
+    let payment = app
+        .find_stored("payments", doc! { "paymentIntentId": "PSP_CF" })
+        .await;
+    assert_eq!(
+        stored_int(&payment, "amount"),
+        Some(300),
+        "the part was recorded"
+    );
+    assert_eq!(app.count("tokens", doc! {}).await, 0);
+
+    // Adyen delivers it again, then the other part; then the first once more, after its
+    // dedupe record expired.
+    send(&app, std::slice::from_ref(&first)).await;
+    send(&app, &[part("CAP_Y", 700, "2026-11-30T16:00:00Z")]).await;
+    app.db
+        .collection::<mongodb::bson::Document>("webhook_events")
+        .delete_one(doc! { "eventId": "CAPTURE:CAP_X:true" })
+        .await
+        .unwrap();
+    send(&app, &[first]).await;
+    let payment = app
+        .find_stored("payments", doc! { "paymentIntentId": "PSP_CF" })
+        .await;
+    assert_eq!(stored_int(&payment, "amount"), Some(1000), "{payment}");
+    assert_eq!(payment.get_array("captures").unwrap().len(), 2);
+    assert_eq!(app.count_records(doc! {}).await, 1);
+    assert_eq!(active(&app, "PSP_CF").await, (0..10).collect::<Vec<i64>>());
+    let mut refund = modification("REFUND", "REF_CF", "PSP_CF", 700);
+    refund["eventDate"] = json!("2026-11-30T17:00:00Z");
+    send(&app, &[refund]).await;
+    assert_eq!(active(&app, "PSP_CF").await, vec![0, 1, 2]);
 }
 
 #[tokio::test]

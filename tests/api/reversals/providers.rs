@@ -226,18 +226,29 @@ async fn an_adyen_partial_chargeback_reversed_in_full_gives_every_token_back() {
     verify_clean(&app).await;
 }
 
+/// A Standard Webhooks `payment.<kind>` event of `payment` (1000 cents) at `version`,
+/// with `data`'s fields added to its `data`.
+fn standard_event(
+    payment: &str,
+    kind: &str,
+    version: i64,
+    data: serde_json::Value,
+) -> serde_json::Value {
+    let mut body = json!({ "type": format!("payment.{kind}"), "timestamp": "2026-11-30T00:00:00Z",
+        "data": { "paymentIntentId": payment, "version": version, "amount": 1000 } });
+    for (field, value) in data.as_object().unwrap() {
+        body["data"][field] = value.clone();
+    }
+    body
+}
+
 /// A full refund that named no amount (kept as a full withdrawal of 0) is the whole
 /// payment: a reinstatement of part of it gives back that part, not everything.
 #[tokio::test]
 async fn a_partial_reinstatement_of_a_refund_of_no_amount_gives_back_only_its_part() {
     let app = spawn_app_with(PROVIDERS).await;
     let event = |kind: &str, version: i64, data: serde_json::Value| {
-        let mut body = json!({ "type": format!("payment.{kind}"), "timestamp": "2026-11-30T00:00:00Z",
-            "data": { "paymentIntentId": "pay_0", "version": version, "amount": 1000 } });
-        for (field, value) in data.as_object().unwrap() {
-            body["data"][field] = value.clone();
-        }
-        body
+        standard_event("pay_0", kind, version, data)
     };
     let paid = json!({ "owner": OWNER, "tokenType": "standard", "quantity": 4 });
     for (id, body) in [
@@ -262,12 +273,7 @@ async fn a_partial_reinstatement_of_a_refund_of_no_amount_gives_back_only_its_pa
 async fn a_standard_webhooks_reinstatement_gives_back_what_it_names() {
     let app = spawn_app_with(PROVIDERS).await;
     let event = |kind: &str, version: i64, data: serde_json::Value| {
-        let mut body = json!({ "type": format!("payment.{kind}"), "timestamp": "2026-11-30T00:00:00Z",
-            "data": { "paymentIntentId": "pay_1", "version": version, "amount": 1000 } });
-        for (field, value) in data.as_object().unwrap() {
-            body["data"][field] = value.clone();
-        }
-        body
+        standard_event("pay_1", kind, version, data)
     };
     let send = |id: &'static str, body: serde_json::Value| {
         let app = &app;

@@ -332,6 +332,8 @@ async fn a_body_of_thousands_of_unknown_fields_is_answered_with_the_first_ones()
             .all(|e| e["message"] == "is not a known field"),
         "{problem}"
     );
-    assert!(problem["errorsOmitted"].as_u64().unwrap() >= 1, "{problem}");
+    // It stopped looking one past the 20 it lists (each look parses the whole body):
+    // the count is a lower bound, not the 3 000.
+    assert_eq!(problem["errorsOmitted"], 1, "{problem}");
     assert_nothing_written(&app).await;
 }
