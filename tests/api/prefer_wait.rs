@@ -209,15 +209,17 @@ async fn a_wait_with_no_event_ends_pending_after_its_seconds() {
     );
 }
 
+/// The providers, and a request timeout (1 s) far below the waits the tests ask for.
+fn short_timeout() -> String {
+    format!("{PROVIDERS}\n[server]\nrequest_timeout_ms = 1000\n")
+}
+
 #[tokio::test]
 async fn a_wait_outlasts_the_request_timeout() {
     let _turn = WAITING.lock().await;
     // Waiting is not work: a wait longer than the request timeout is answered 202 when
     // it is over, not 503 `request_timeout` when the timeout would have been.
-    let app = spawn_app_with(&format!(
-        "{PROVIDERS}\n[server]\nrequest_timeout_ms = 1000\n"
-    ))
-    .await;
+    let app = spawn_app_with(&short_timeout()).await;
     let started = std::time::Instant::now();
     let answer = issue_preferring(&app, REQUEST_KEY, "pi_outlasts", "wait=3").await;
     assert_eq!(answer.status(), 202);
@@ -447,10 +449,7 @@ async fn one_address_waits_at_most_its_share_and_others_still_wait() {
 #[tokio::test]
 async fn a_trickled_body_gets_no_longer_for_asking_to_wait() {
     let _turn = WAITING.lock().await;
-    let app = spawn_app_with(&format!(
-        "{PROVIDERS}\n[server]\nrequest_timeout_ms = 1000\n"
-    ))
-    .await;
+    let app = spawn_app_with(&short_timeout()).await;
     let address = app.address.trim_start_matches("http://");
     let mut client = TcpStream::connect(address).await.unwrap();
     let head = format!(
@@ -491,7 +490,7 @@ async fn a_request_that_does_not_wait_gets_no_longer_for_naming_a_wait() {
     let name = unique_app_name();
     let app = spawn_app_named(
         &name,
-        &format!("{PROVIDERS}\n[server]\nrequest_timeout_ms = 1000\n[repair]\nenabled = false\n"),
+        &format!("{}[repair]\nenabled = false\n", short_timeout()),
     )
     .await;
     let hang = FailPoint::always(&name, &["find"], Fault::Block { millis: 4000 }).await;
