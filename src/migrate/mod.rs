@@ -4,7 +4,8 @@
 //! A migration is a list of steps: `createIndex` (unique ones are preceded by a duplicate
 //! check that reports offending groups instead of a raw server error) and `backfill`
 //! (an `$set` applied in batches to documents matching a filter, so a large collection
-//! is never updated by one long-running command).
+//! is never updated by one long-running command), and `dropIndex` (an index a later one
+//! made redundant: every write to its collection pays for each index it keeps).
 
 mod duplicates;
 mod lease;
@@ -76,6 +77,10 @@ const FILES: &[(&str, &str)] = &[
         "0014_tokens_spending_order_index",
         include_str!("../../migrations/0014_tokens_spending_order_index.json"),
     ),
+    (
+        "0015_tokens_drop_owner_balance_index",
+        include_str!("../../migrations/0015_tokens_drop_owner_balance_index.json"),
+    ),
 ];
 
 /// One parsed migration file.
@@ -100,6 +105,7 @@ struct MigrationFile {
 pub enum Step {
     CreateIndex(IndexStep),
     Backfill(BackfillStep),
+    DropIndex(DropIndexStep),
 }
 
 /// Creates an index (idempotent: an identical existing index is fine).
@@ -115,6 +121,14 @@ pub struct IndexStep {
     pub partial_filter_expression: Option<Document>,
     /// A TTL index: documents expire this many seconds after the date in its key.
     pub expire_after_seconds: Option<u64>,
+}
+
+/// Drops an index by name (idempotent: one already gone is fine).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DropIndexStep {
+    pub collection: String,
+    pub name: String,
 }
 
 /// Sets fields on matching documents, `batch_size` documents at a time.

@@ -12,7 +12,7 @@ use futures::TryStreamExt;
 use mongodb::bson::{DateTime, Document, doc};
 
 use super::lease::Lease;
-use super::steps::{backfill, create_index};
+use super::steps::{backfill, create_index, drop_index};
 use super::{DuplicateReport, Migration, Step, migrations};
 use crate::store::{Store, StoreError, duplicate_key_index};
 
@@ -122,6 +122,7 @@ async fn apply_pending(
                 match step {
                     Step::CreateIndex(index) => create_index(store, &migration.id, index).await,
                     Step::Backfill(step) => backfill(store, &migration.id, step).await,
+                    Step::DropIndex(index) => drop_index(store, index).await,
                 }
             };
             lease.while_held(&migration.id, work).await??;

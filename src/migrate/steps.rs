@@ -1,4 +1,4 @@
-//! What each kind of step does. Both are idempotent, so a holder that dies (or loses its
+//! What each kind of step does. Each is idempotent, so a holder that dies (or loses its
 //! lease) mid-step leaves nothing a successor cannot redo.
 
 use futures::TryStreamExt;
@@ -6,7 +6,7 @@ use mongodb::IndexModel;
 use mongodb::bson::{Bson, Document, doc};
 use mongodb::options::IndexOptions;
 
-use super::{BackfillStep, IndexStep, MigrateError, find_duplicates};
+use super::{BackfillStep, DropIndexStep, IndexStep, MigrateError, find_duplicates};
 use crate::store::{Store, duplicate_key_index};
 
 /// Builds the index, after a duplicate check when it is unique.
@@ -54,6 +54,24 @@ pub(super) async fn create_index(
         // A duplicate written between the check and the build: report it the same way.
         Err(err) if duplicate_key_index(&err).is_some() || is_duplicate_build_error(&err) => {
             Err(duplicates().await?)
+        }
+        Err(err) => Err(err.into()),
+    }
+}
+
+/// Drops the index; one that is already gone (a successor dropped it, or it was never
+/// built on this deployment) is done.
+pub(super) async fn drop_index(store: &Store, index: &DropIndexStep) -> Result<(), MigrateError> {
+    /// IndexNotFound, and NamespaceNotFound (no collection, so no index either).
+    const ALREADY_GONE: [i32; 2] = [27, 26];
+    match store
+        .collection(&index.collection)
+        .drop_index(&index.name)
+        .await
+    {
+        Ok(()) => Ok(()),
+        Err(err) if matches!(err.kind.as_ref(), mongodb::error::ErrorKind::Command(c) if ALREADY_GONE.contains(&c.code)) => {
+            Ok(())
         }
         Err(err) => Err(err.into()),
     }

@@ -1,5 +1,6 @@
 //! An owner's balances: one aggregation over `tokens`, matched on the owner (and type)
-//! through `tokens_owner_type_status`, grouped by token type with a count per status.
+//! through the first keys of `tokens_owner_type_status_age` (owner, type, status), grouped
+//! by token type with a count per status.
 
 use futures::TryStreamExt;
 use mongodb::bson::{Document, doc};

@@ -1,6 +1,6 @@
 //! Applying migrations: each once and recorded with its checksum, an edited applied file
-//! refused, concurrent starts applying each migration once, and a dry run that lists and
-//! writes nothing.
+//! refused, concurrent starts applying each migration once, a dropped index dropped again
+//! when its migration was not recorded, and a dry run that lists and writes nothing.
 
 use mongodb::bson::{DateTime, doc};
 use tokenmint::migrate::{MigrateError, parse, pending, run, verify_applied};
@@ -91,6 +91,36 @@ async fn run_applies_every_migration_once() {
         0,
         "the lock is released"
     );
+}
+
+#[tokio::test]
+async fn a_dropped_index_is_gone_and_dropping_it_again_is_done() {
+    let fresh = FreshDb::new().await;
+    let store = fresh.store().await;
+    run(&store, false).await.unwrap();
+    let names = |indexes: Vec<(String, bool)>| -> Vec<String> {
+        indexes.into_iter().map(|(name, _)| name).collect()
+    };
+    let tokens = names(fresh.indexes("tokens").await);
+    assert!(
+        !tokens.contains(&"tokens_owner_type_status".to_owned()),
+        "0011's index is dropped by 0015: {tokens:?}"
+    );
+    assert!(
+        tokens.contains(&"tokens_owner_type_status_age".to_owned()),
+        "{tokens:?}"
+    );
+
+    // As if an instance died after the drop, before recording it: the step runs again
+    // on an index already gone, and the migration is recorded.
+    fresh
+        .collection("_migrations")
+        .delete_one(doc! { "_id": "0015_tokens_drop_owner_balance_index" })
+        .await
+        .unwrap();
+    let again = run(&store, false).await.unwrap();
+    assert_eq!(again.applied, ["0015_tokens_drop_owner_balance_index"]);
+    assert_eq!(names(fresh.indexes("tokens").await), tokens);
 }
 
 #[tokio::test]
