@@ -84,7 +84,7 @@ async fn outage_answers_503_fast_and_recovers_without_restart() {
     tokio::spawn(app.run_until_stopped(async move {
         let _ = stop_rx.await;
     }));
-    let http = reqwest::Client::builder()
+    let http = tokenmint_test_support::http_client_builder()
         .timeout(Duration::from_secs(60))
         .build()
         .unwrap();
@@ -174,7 +174,7 @@ async fn the_database_gauge_follows_an_outage_without_readiness_calls() {
             ("TOKENMINT__MONGO__SERVER_SELECTION_TIMEOUT_MS", &selection),
         ],
     );
-    let http = reqwest::Client::builder()
+    let http = tokenmint_test_support::http_client_builder()
         .timeout(Duration::from_secs(20))
         .build()
         .unwrap();

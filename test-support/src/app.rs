@@ -67,6 +67,19 @@ pub fn test_settings_at(uri: &str, database: &str, extra: &str) -> Settings {
     Settings::with_overrides(&[&toml, extra]).expect("test settings")
 }
 
+/// How long the tests' HTTP clients keep an idle connection: well below the server's
+/// idle bound (`server.header_read_timeout_ms`, 10 s by default). A client that keeps
+/// one longer can pick it from its pool at the moment the server closes it, and that
+/// request dies on the wire (reset, or the answer cut off): the keep-alive race every
+/// client of a server with an idle timeout must avoid this way.
+pub const CLIENT_IDLE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// An HTTP client builder for talking to the service under test: idle connections are
+/// dropped after [`CLIENT_IDLE_TIMEOUT`].
+pub fn http_client_builder() -> reqwest::ClientBuilder {
+    reqwest::Client::builder().pool_idle_timeout(CLIENT_IDLE_TIMEOUT)
+}
+
 /// A running app and a direct handle on its database.
 pub struct TestApp {
     pub address: String,
@@ -155,7 +168,7 @@ pub async fn spawn_app_from(settings: &Settings) -> TestApp {
     let db_name = settings.mongo.database.clone();
     TestApp {
         address,
-        http: reqwest::Client::builder()
+        http: http_client_builder()
             .timeout(Duration::from_secs(60))
             .build()
             .unwrap(),

@@ -403,7 +403,7 @@ async fn one_address_waits_at_most_its_share_and_others_still_wait() {
     ))
     .await;
     let from = |address: &str| {
-        reqwest::Client::builder()
+        tokenmint_test_support::http_client_builder()
             .local_address(address.parse::<std::net::IpAddr>().unwrap())
             .build()
             .unwrap()

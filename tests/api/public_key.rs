@@ -21,7 +21,7 @@ const POLICY: &str = "\"address\";q=2;w=2";
 
 /// An HTTP client whose connections come from `address`.
 fn client_from(address: &str) -> reqwest::Client {
-    reqwest::Client::builder()
+    tokenmint_test_support::http_client_builder()
         .local_address(address.parse::<IpAddr>().unwrap())
         .timeout(Duration::from_secs(60))
         .build()

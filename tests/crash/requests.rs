@@ -33,7 +33,7 @@ pub(super) enum Answer {
 }
 
 pub(super) fn http_client() -> reqwest::Client {
-    reqwest::Client::builder()
+    tokenmint_test_support::http_client_builder()
         .timeout(Duration::from_secs(60))
         .build()
         .unwrap()

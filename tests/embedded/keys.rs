@@ -15,7 +15,7 @@ async fn the_development_key_survives_a_restart() {
     let dir = tempfile::tempdir().unwrap();
     let data_dir = dir.path().join("data");
     let config = write_config_with(dir.path(), &data_dir, "", false);
-    let http = reqwest::Client::builder()
+    let http = tokenmint_test_support::http_client_builder()
         .timeout(Duration::from_secs(60))
         .build()
         .unwrap();

@@ -22,7 +22,7 @@ async fn serve_with_embedded_mongod_survives_a_restart() {
     let dir = tempfile::tempdir().unwrap();
     let data_dir = dir.path().join("data");
     let config = write_config(dir.path(), &data_dir);
-    let http = reqwest::Client::builder()
+    let http = tokenmint_test_support::http_client_builder()
         .timeout(Duration::from_secs(60))
         .build()
         .unwrap();

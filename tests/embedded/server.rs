@@ -286,7 +286,7 @@ pub(super) async fn readyz(http: &reqwest::Client, server: &Server) -> u16 {
 /// A client for a server whose idle keep-alive connections close quickly (a short
 /// header-read timeout): no pooled connection is reused, so none is caught closing.
 pub(super) fn unpooled_client() -> reqwest::Client {
-    reqwest::Client::builder()
+    tokenmint_test_support::http_client_builder()
         .timeout(Duration::from_secs(60))
         .pool_max_idle_per_host(0)
         .build()

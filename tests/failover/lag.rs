@@ -25,7 +25,7 @@ pub(super) async fn scenario() {
     let database = "tokenmint_failover_lag";
     let app = start_app(&set, database).await;
     let base = app.address.clone();
-    let http = reqwest::Client::builder()
+    let http = tokenmint_test_support::http_client_builder()
         .timeout(Duration::from_secs(15))
         .build()
         .unwrap();

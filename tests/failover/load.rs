@@ -115,7 +115,7 @@ pub(super) async fn client(
     stop: Arc<AtomicBool>,
 ) -> Observed {
     let mut rng = StdRng::seed_from_u64(seed.wrapping_add(id as u64));
-    let http = reqwest::Client::builder()
+    let http = tokenmint_test_support::http_client_builder()
         .timeout(Duration::from_secs(30))
         .build()
         .unwrap();
