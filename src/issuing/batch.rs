@@ -3,11 +3,8 @@
 //! Requests queue, one queue per mode; a few writer tasks per queue each take whatever has
 //! queued (at least one, at most `MAX_BATCH`, no waiting for more: at low load a batch is
 //! one request and nothing is added to its latency) and commit it with a fixed number of commands, whatever its size:
-//! 1. one read of the batch's payments, sent beside step 2's insert (neither waits for
-//!    the other): a payment known failed, canceled or refunded is refused, and the record
-//!    step 2 inserted for it, under which no token was written, becomes a placeholder
-//!    before the answer (as a refund's hold would leave it: the place stays taken). This
-//!    read is also the one every set is settled against;
+//! 1. one read of the batch's payments: a payment known failed, canceled or refunded is
+//!    refused, nothing written. This read is also the one every set is settled against;
 //! 2. one `insert` of the records (status `issuing`): a record that exists already makes
 //!    its request a replay (step 5);
 //! 3. one `insert` of the claimed payments' tokens (`w: majority`);
@@ -20,7 +17,7 @@
 //!    one-request path (verify, complete with the upsert bulk, settle, take over a
 //!    pending record).
 //!
-//! Why step 1's read is enough to settle against: a refund the read does not see holds the
+//! Why step 1's read is enough to settle against: a refund recorded after it holds the
 //! payment's place in `issuances` before it revokes (`store::placeholder`). A hold before
 //! step 2 leaves a placeholder the record insert runs into (a replay, step 5); a hold
 //! after step 2 marks the `issuing` record held, so step 4's mark leaves it and it is
@@ -217,30 +214,47 @@ struct Claimed {
 type Written = (Claimed, Vec<TokenSummary>);
 
 impl Issuer {
-    /// Steps 1–5 in upsert mode. Step 1's read runs beside step 2's insert: neither
-    /// waits for the other, and the read still comes before anything is settled against
-    /// it (why that is enough: the module's comment).
-    async fn commit_upserts(&self, batch: Vec<Queued>) {
+    /// Step 1: refuses what the payment's known state forbids, before writing anything;
+    /// returns the others with the read.
+    async fn admit(&self, batch: Vec<Queued>) -> (Vec<Queued>, FirstRead) {
         let at = Instant::now();
-        let keys: Vec<PaymentKey> = batch.iter().map(|q| q.request.key.clone()).collect();
-        let read = async {
-            let keys: Vec<&PaymentKey> = keys.iter().collect();
-            self.store.find_payments(&keys).await
-        };
-        let (read, (claimed, replays)) = tokio::join!(read, self.claim_records(batch));
-        let payments = match read {
-            Ok(payments) => payments,
-            Err(err) => {
-                // Nothing to settle against: the inserted records stay `issuing`, for the
-                // retry or self-repair, which read the payment themselves. (Deleting them
-                // could race a replay that took one over and wrote its tokens.)
-                fail_all(claimed.into_iter().map(|c| c.answer), &err);
-                return fail_all(replays.into_iter().map(|q| q.answer), &err);
+        match self.refusals(&batch).await {
+            Ok((payments, refused)) => {
+                let admitted = match refused {
+                    None => batch,
+                    Some(refused) => answer_refused(batch, refused),
+                };
+                (admitted, FirstRead { payments, at })
             }
-        };
-        let claimed = self.refuse_claimed(claimed, &payments).await;
-        let replays = refuse_queued(replays, &payments);
-        let first_read = FirstRead { payments, at };
+            Err(err) => {
+                fail_all(batch.into_iter().map(|q| q.answer), &err);
+                (
+                    Vec::new(),
+                    FirstRead {
+                        payments: Payments::new(),
+                        at,
+                    },
+                )
+            }
+        }
+    }
+
+    /// The read of step 1: the payments, and the requests whose payment is known not to
+    /// stand (`None` when every one may go on).
+    async fn refusals(&self, batch: &[Queued]) -> Result<(Payments, Option<Refusals>), StoreError> {
+        if batch.is_empty() {
+            return Ok((Payments::new(), None));
+        }
+        let keys: Vec<&PaymentKey> = batch.iter().map(|q| &q.request.key).collect();
+        let payments = self.store.find_payments(&keys).await?;
+        let refused = refusals_of(batch.iter().map(|q| &q.request), &payments);
+        Ok((payments, refused))
+    }
+
+    /// Steps 1–5 in upsert mode.
+    async fn commit_upserts(&self, batch: Vec<Queued>) {
+        let (admitted, first_read) = self.admit(batch).await;
+        let (claimed, replays) = self.claim_records(admitted).await;
         let writes = async {
             let (written, raced) = self.insert_tokens(claimed).await;
             self.settle_and_mark(written, first_read).await;
@@ -252,37 +266,6 @@ impl Issuer {
             .await;
         };
         tokio::join!(writes, self.replay_batch(replays));
-    }
-
-    /// Step 1's refusals among the claimed: their records, under which no token was
-    /// written, become placeholders before the refusal is answered, so that a refused
-    /// request leaves no record, and the payment's place stays taken (deleting the record
-    /// would free it under an issuance that read the payment before a refund whose hold
-    /// found this record). A change that fails leaves them `issuing`: self-repair then
-    /// writes their tokens and its settle revokes them all, as it does for any record a
-    /// crash left. (A replay that read the payment before the refusal may have taken
-    /// such a record over and be writing its tokens: its settle and the refund's revoke
-    /// take them back, and its mark, finding a placeholder, puts the record back in its
-    /// place.) Returns the rest.
-    async fn refuse_claimed(&self, claimed: Vec<Claimed>, payments: &Payments) -> Vec<Claimed> {
-        let mut admitted = Vec::with_capacity(claimed.len());
-        let mut refused = Vec::new();
-        for claim in claimed {
-            match refuse_unless_standing(payments.get(&claim.request.key)) {
-                Ok(()) => admitted.push(claim),
-                Err(refusal) => refused.push((claim, refusal)),
-            }
-        }
-        if !refused.is_empty() {
-            let ids: Vec<ObjectId> = refused.iter().map(|(c, _)| c.record.id).collect();
-            if let Err(err) = self.store.vacate_records(&ids).await {
-                tracing::warn!(error = %err, records = ids.len(), "cannot turn the records of refused issuances into placeholders; self-repair settles them");
-            }
-            for (claim, refusal) in refused {
-                let _ = claim.answer.send(Err(refusal));
-            }
-        }
-        admitted
     }
 
     /// Step 2 (upsert mode): insert the records; a record that exists makes its request a
@@ -551,14 +534,6 @@ fn refusals_of<'a>(
         })
         .collect();
     (!refused.is_empty()).then_some(refused)
-}
-
-/// Answers the queued requests `payments` refuses; returns the others.
-fn refuse_queued(queued: Vec<Queued>, payments: &Payments) -> Vec<Queued> {
-    match refusals_of(queued.iter().map(|q| &q.request), payments) {
-        None => queued,
-        Some(refused) => answer_refused(queued, refused),
-    }
 }
 
 /// Answers the refused requests; returns the others.

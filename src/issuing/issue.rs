@@ -312,15 +312,8 @@ impl Issuer {
             tokens = self.store.payment_tokens(&key).await?;
         }
         if record.status != IssuanceStatus::Issued {
+            self.store.mark_issued(record.id).await?;
             record.status = IssuanceStatus::Issued;
-            if !self.store.mark_issued(record.id).await? {
-                // Issued by someone else, or turned into a placeholder by the batch that
-                // claimed it and then found its payment refused, while these tokens were
-                // written under it: put the record back (in place, settled), so that no
-                // token is left without its record. A record that is not a placeholder
-                // is left as it is.
-                self.store.take_over_placeholder(record.id, &record).await?;
-            }
         }
         if let Some(status) = settlement.withdrawn {
             return Err(IssueError::PaymentNotSucceeded(status));

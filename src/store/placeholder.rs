@@ -118,34 +118,6 @@ impl Store {
         }
     }
 
-    /// Turns these `issuing` records, under which no token was written (their payment
-    /// was refused), into placeholders, in place: the payment's place stays taken, as a
-    /// refund's hold would leave it, so an issuance that read the payment before the
-    /// refusal cannot claim it meanwhile. Returns how many it turned; a record that left
-    /// `issuing` meanwhile is kept.
-    pub async fn vacate_records(&self, ids: &[ObjectId]) -> Result<u64, StoreError> {
-        if ids.is_empty() {
-            return Ok(0);
-        }
-        let lifetime_ms = PLACEHOLDER_LIFETIME.as_millis() as i64;
-        let mut placeholder: Document = RECORD_KEY_FIELDS
-            .into_iter()
-            .map(|field| (field.to_owned(), Bson::String(format!("${field}"))))
-            .collect();
-        placeholder.insert("_id", "$_id");
-        placeholder.insert("status", PLACEHOLDER);
-        placeholder.insert("createdAt", "$createdAt");
-        placeholder.insert("expiresAt", doc! { "$add": ["$$NOW", lifetime_ms] });
-        let turned = self
-            .collection(ISSUANCES)
-            .update_many(
-                doc! { "_id": { "$in": ids }, "status": IssuanceStatus::Issuing.as_str() },
-                vec![doc! { "$replaceWith": placeholder }],
-            )
-            .await?;
-        Ok(turned.modified_count)
-    }
-
     /// Replaces the placeholder `id` by `record`, in place: the record takes the
     /// placeholder's `_id`, so the payment's index key is never free. Returns the record
     /// as stored, or `None` when the placeholder is gone (expired, or taken over).

@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use mongodb::bson::doc;
+use mongodb::bson::{DateTime, doc};
 use serde_json::json;
 
 use crate::helpers::*;
@@ -22,7 +22,24 @@ const REPAIRER: &str = "[repair]\ninterval_ms = 200\nmin_age_ms = 500\n";
 /// lookback of the sweep of recent withdrawals has passed.
 async fn refunded_long_ago(app: &TestApp, payment: &str) {
     let refund = partial_refund_event(&format!("evt_{payment}_r"), payment, now(), 1000, 250);
-    super::withdrawn_long_ago(app, payment, &refund).await;
+    assert_eq!(deliver_stripe(app, &refund).await.status(), 200);
+    let removed = app
+        .db
+        .collection::<mongodb::bson::Document>("issuances")
+        .delete_many(doc! { "paymentIntentId": payment, "status": "placeholder" })
+        .await
+        .unwrap();
+    assert_eq!(removed.deleted_count, 1, "the refund left a placeholder");
+    // Recorded two hours ago: far beyond the sweep of recent withdrawals' lookback.
+    let long_ago = DateTime::from_millis(DateTime::now().timestamp_millis() - 7_200_000);
+    app.db
+        .collection::<mongodb::bson::Document>("payments")
+        .update_one(
+            doc! { "paymentIntentId": payment },
+            doc! { "$set": { "updatedAt": long_ago } },
+        )
+        .await
+        .unwrap();
 }
 
 /// Active token indexes of `payment`, once they are `want` (or whatever they are after

@@ -3,15 +3,11 @@
 
 mod lost_settles;
 mod marks;
-mod refusals;
 mod settle_quantity;
 mod status_moves;
 mod stuck_payments;
 
-use mongodb::bson::{DateTime, doc};
-
 use crate::helpers::*;
-use crate::provider_events::*;
 
 /// A faulty app whose own sweeps send no command: self-repair's reads and writes would
 /// meet the failpoint a test aimed at the app's requests.
@@ -48,30 +44,4 @@ async fn a_failpoint_counts_only_its_own_failures() {
         assert_eq!(faulty.get(ADMIN_KEY, path).await.status(), 503);
         assert_eq!(failpoint.off().await, 2);
     }
-}
-
-/// Delivers `event`, which takes `payment` back, then makes it as old as two hours: the
-/// placeholder its hold left is gone (as after its hour), and the lookback of the sweep of
-/// recent withdrawals has passed.
-async fn withdrawn_long_ago(app: &TestApp, payment: &str, event: &serde_json::Value) {
-    assert_eq!(deliver_stripe(app, event).await.status(), 200);
-    let removed = app
-        .db
-        .collection::<mongodb::bson::Document>("issuances")
-        .delete_many(doc! { "paymentIntentId": payment, "status": "placeholder" })
-        .await
-        .unwrap();
-    assert_eq!(
-        removed.deleted_count, 1,
-        "the withdrawal left a placeholder"
-    );
-    let long_ago = DateTime::from_millis(DateTime::now().timestamp_millis() - 7_200_000);
-    app.db
-        .collection::<mongodb::bson::Document>("payments")
-        .update_one(
-            doc! { "paymentIntentId": payment },
-            doc! { "$set": { "updatedAt": long_ago } },
-        )
-        .await
-        .unwrap();
 }
