@@ -275,11 +275,6 @@ impl EmbeddedMongo {
         self.pid
     }
 
-    /// Whether this handle uses a mongod another process started (and will not stop it).
-    pub fn is_attached(&self) -> bool {
-        self.child.is_none()
-    }
-
     /// The URI to connect to it.
     pub fn uri(&self) -> &str {
         &self.uri

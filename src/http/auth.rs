@@ -154,13 +154,6 @@ pub fn dev_key_settings(key: &str) -> ApiKeySettings {
     }
 }
 
-/// A fresh random admin key for a development start with no keys configured.
-pub fn generate_dev_key() -> (String, ApiKeySettings) {
-    let key = random_key(DEV_KEY_PREFIX);
-    let settings = dev_key_settings(&key);
-    (key, settings)
-}
-
 impl FromRequestParts<AppState> for Arc<Principal> {
     type Rejection = ApiError;
 
@@ -211,6 +204,13 @@ impl FromRequestParts<AppState> for Arc<Principal> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A fresh random admin key, as a development start makes one.
+    fn generate_dev_key() -> (String, ApiKeySettings) {
+        let key = random_key(DEV_KEY_PREFIX);
+        let settings = dev_key_settings(&key);
+        (key, settings)
+    }
 
     fn registry() -> (String, ApiKeys) {
         let (key, mut settings) = generate_dev_key();
