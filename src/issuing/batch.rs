@@ -57,7 +57,7 @@ use tokio::sync::{Mutex, mpsc, oneshot};
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use super::issue::refuse_unless_standing;
+use super::issue::{record_lost, refuse_unless_standing};
 use super::standing::takes_back;
 use super::{IssueError, IssueOutcome, IssuedTokens, Issuer, Settlement};
 use crate::domain::{IssuanceMode, IssuanceStatus, NewIssuance, PaymentKey};
@@ -391,10 +391,7 @@ impl Issuer {
                         // The record is gone (a failover rolled back its insert): nothing is
                         // acknowledged; a retry records it again and converges on the tokens.
                         Some(Unmarked::Lost) => {
-                            let lost = StoreError::Unavailable(mongodb::error::Error::custom(
-                                "the issuance record was lost before it was marked",
-                            ));
-                            let _ = claim.answer.send(Err(IssueError::Store(lost)));
+                            let _ = claim.answer.send(Err(IssueError::Store(record_lost())));
                             return;
                         }
                         None => {}

@@ -312,7 +312,16 @@ impl Issuer {
             tokens = self.store.payment_tokens(&key).await?;
         }
         if record.status != IssuanceStatus::Issued {
-            self.store.mark_issued(record.id).await?;
+            if !self.store.mark_issued(record.id).await? {
+                // Not `issuing` any more: another writer marked it, or it is gone — a
+                // failover rolled back its insert (a batch's records are acknowledged by
+                // the primary alone, and an election may come before the tokens' majority
+                // covers them). The tokens just written do not make it an issuance.
+                let now = self.store.records_by_id(&[record.id]).await?;
+                if !now.iter().any(|r| r.status == IssuanceStatus::Issued) {
+                    return Err(IssueError::Store(record_lost()));
+                }
+            }
             record.status = IssuanceStatus::Issued;
         }
         if let Some(status) = settlement.withdrawn {
@@ -352,6 +361,15 @@ fn hide_mismatches(err: IssueError) -> IssueError {
         IssueError::Conflict(_) => IssueError::Conflict(Vec::new()),
         other => other,
     }
+}
+
+/// An issuance record that vanished before it was marked `issued`: a failover rolled back
+/// its insert. Nothing is acknowledged; a retry records it again and converges on the
+/// tokens.
+pub(super) fn record_lost() -> StoreError {
+    StoreError::Unavailable(mongodb::error::Error::custom(
+        "the issuance record was lost before it was marked",
+    ))
 }
 
 /// A record (or placeholder) that changed under every attempt to claim or take it over.

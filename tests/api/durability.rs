@@ -153,3 +153,66 @@ async fn commands_carry_majority_whatever_the_uri_says() {
         );
     }
 }
+
+#[tokio::test]
+async fn a_batch_has_the_primary_alone_acknowledge_its_records_and_the_majority_its_tokens() {
+    let app = spawn_app().await;
+    app.db.run_command(doc! { "profile": 2 }).await.unwrap();
+    let ids = app.issue_tokens("pi_durable_batch", 3).await;
+    app.db.run_command(doc! { "profile": 0 }).await.unwrap();
+    assert_eq!(ids.len(), 3);
+    let record = app
+        .find_stored("issuances", doc! { "paymentIntentId": "pi_durable_batch" })
+        .await;
+    assert_eq!(record.get_str("status"), Ok("issued"), "{record}");
+
+    // The record: the primary's acknowledgement alone, unjournaled, the one exception;
+    // then the tokens, majority and journaled, which cover it; then the mark.
+    let records = profiled(&app, "insert", "issuances").await;
+    let tokens = profiled(&app, "insert", "tokens").await;
+    assert_eq!(
+        (records.len(), tokens.len()),
+        (1, 1),
+        "{records:?} {tokens:?}"
+    );
+    let (record_insert, token_insert) = (&records[0], &tokens[0]);
+    let concern = record_insert
+        .get_document("writeConcern")
+        .expect("a write concern");
+    assert_eq!(concern.get_i32("w"), Ok(1), "{record_insert}");
+    assert_eq!(concern.get_bool("j"), Ok(false), "{record_insert}");
+    let concern = token_insert
+        .get_document("writeConcern")
+        .expect("a write concern");
+    assert_eq!(concern.get_str("w"), Ok("majority"), "{token_insert}");
+    assert_eq!(concern.get_bool("j"), Ok(true), "{token_insert}");
+    assert_eq!(
+        concern.get_str("provenance"),
+        Ok("clientSupplied"),
+        "{token_insert}"
+    );
+    // The profiler does not record an update's write concern: only that the mark came last.
+    let marks: Vec<Document> = app
+        .db
+        .collection::<Document>("system.profile")
+        .find(doc! {
+            "op": "update",
+            "ns": format!("{}.issuances", app.db_name),
+            "appName": "tokenmint",
+        })
+        .await
+        .unwrap()
+        .try_collect()
+        .await
+        .unwrap();
+    assert_eq!(marks.len(), 1, "{marks:?}");
+    let at = |entry: &Document| *entry.get_datetime("ts").expect("a ts");
+    assert!(
+        at(token_insert) >= at(record_insert),
+        "{tokens:?} before {records:?}"
+    );
+    assert!(
+        at(&marks[0]) >= at(token_insert),
+        "{marks:?} before {tokens:?}"
+    );
+}

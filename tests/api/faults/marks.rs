@@ -16,6 +16,9 @@ async fn a_set_a_refund_held_is_never_answered_unsettled_when_the_mark_fails() {
     let issuer = spawn_app_named(&name, &format!("{PROVIDERS}[repair]\nenabled = false\n")).await;
     let webhooks = spawn_app_on(&issuer.db_name, PROVIDERS).await;
     let payment = "pi_held_mark_fails";
+    // The failpoint goes on mid-flow, while the issuance waits: the turn is taken first,
+    // so that waiting for another test's failpoint cannot stretch that wait.
+    let turn = FailPointTurn::take().await;
 
     // Another transaction holds the key of the payment's first token: the batch's token
     // insert waits for it (a write never overtakes an uncommitted one of the same key).
@@ -60,7 +63,7 @@ async fn a_set_a_refund_held_is_never_answered_unsettled_when_the_mark_fails() {
     // and finds no token to revoke yet. Then the tokens go in, and the mark fails.
     let refund = refund_event("evt_hmf_r", payment, now());
     assert_eq!(deliver_stripe(&webhooks, &refund).await.status(), 200);
-    let mark_fails = FailPoint::set(&name, &["update"], Fault::error(91), 1).await;
+    let mark_fails = turn.set(&name, &["update"], Fault::error(91), 1).await;
     holder.abort_transaction().await.unwrap();
 
     let answer = issuance.await.unwrap();
@@ -114,4 +117,82 @@ async fn an_outage_inside_atomic_transactions_fails_the_batch_without_retrying_e
     assert!(inserts <= 60, "{inserts} inserts for 20 requests");
     assert_eq!(app.count("tokens", doc! {}).await, 0);
     assert_eq!(app.count_records(doc! {}).await, 0);
+}
+
+/// The stored token ids of stripe/acct_1 `payment`, in tokenIndex order.
+async fn stored_ids(app: &TestApp, payment: &str) -> Vec<String> {
+    let mut tokens = app.tokens_of(payment).await;
+    tokens.sort_by_key(|t| t.get_i64("tokenIndex").unwrap());
+    tokens
+        .iter()
+        .map(|t| t.get_object_id("_id").unwrap().to_hex())
+        .collect()
+}
+
+#[tokio::test]
+async fn a_set_whose_record_vanished_is_not_answered_when_its_mark_fails() {
+    // The mark fails, so the set is settled again on the one-request path, which completes
+    // and marks it there: a record that is gone by then makes that mark find nothing, and
+    // the tokens just written are no issuance. A retry records it again and converges.
+    let name = unique_app_name();
+    let app = spawn_app_named(&name, "[repair]\nenabled = false\n").await;
+    let payment = "pi_record_rolled_back";
+    let turn = FailPointTurn::take().await;
+    // Another transaction holds the key of the payment's first token: the batch's token
+    // insert waits for it, with the record in.
+    let client = Client::with_uri_str(mongo_uri()).await.unwrap();
+    let mut holder = client.start_session().await.unwrap();
+    holder.start_transaction().await.unwrap();
+    client
+        .database(&app.db_name)
+        .collection::<Document>("tokens")
+        .insert_one(doc! {
+            "origin": { "provider": "stripe", "accountId": "acct_1", "paymentIntentId": payment },
+            "tokenIndex": 0_i64,
+        })
+        .session(&mut holder)
+        .await
+        .unwrap();
+    let issuance = {
+        let (http, url) = (app.http.clone(), app.url("/v1/issuances"));
+        tokio::spawn(async move {
+            http.post(url)
+                .bearer_auth(WRITER_KEY)
+                .json(&issuance_body(payment, 4))
+                .send()
+                .await
+                .unwrap()
+        })
+    };
+    let record = doc! { "paymentIntentId": payment };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while app.count_records(record.clone()).await == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the record never went in"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let removed = app
+        .db
+        .collection::<Document>("issuances")
+        .delete_many(record.clone())
+        .await
+        .unwrap();
+    assert_eq!(removed.deleted_count, 1);
+    let mark_fails = turn.set(&name, &["update"], Fault::error(91), 1).await;
+    holder.abort_transaction().await.unwrap();
+
+    let answer = issuance.await.unwrap();
+    assert_eq!(mark_fails.off().await, 1, "the mark never failed");
+    assert_problem(answer, 503, "database_unavailable").await;
+    assert_eq!(app.count_records(record.clone()).await, 0);
+
+    let retried = app.issue(WRITER_KEY, &issuance_body(payment, 4)).await;
+    assert_eq!(retried.status(), 201);
+    let answered = token_ids(&json(retried).await);
+    assert_eq!(answered, stored_ids(&app, payment).await);
+    assert_eq!(answered.len(), 4);
+    let stored = app.find_stored("issuances", record).await;
+    assert_eq!(stored.get_str("status"), Ok("issued"), "{stored}");
 }
