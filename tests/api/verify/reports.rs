@@ -264,3 +264,96 @@ async fn verify_reports_active_tokens_a_refund_or_cancellation_no_longer_backs()
     assert!(!samples.contains("pi_spent"), "{report}");
     assert_eq!(report.violations(), 3, "{report}");
 }
+
+/// Every payment state against the money rule: `verify` selects the payments to check
+/// with a MongoDB filter and judges them with `domain::entitlement`; over every status,
+/// each with no refund, a share too small to take a token, a partial refund, that refund
+/// given back, and a full refund, it flags exactly the payments whose four active tokens
+/// the rule says are not all backed — a filter that missed a state would miss them.
+#[tokio::test]
+async fn verify_flags_unbacked_tokens_where_the_money_rule_says_in_every_payment_state() {
+    let app = spawn_app().await;
+    let statuses = ["processing", "succeeded", "failed", "canceled", "refunded"];
+    // (name, refunds as (id, amount, full), reversals as (id, amount, of))
+    type Refund = (&'static str, i64, bool);
+    type Reversal = (&'static str, i64, &'static str);
+    let money: [(&str, Vec<Refund>, Vec<Reversal>); 5] = [
+        ("none", vec![], vec![]),
+        ("small", vec![("re_s", 100, false)], vec![]),
+        ("half", vec![("re_h", 500, false)], vec![]),
+        (
+            "given_back",
+            vec![("re_g", 500, false)],
+            vec![("rv_g", 500, "re_g")],
+        ),
+        ("full", vec![("re_f", 1000, true)], vec![]),
+    ];
+    let mut expected_unbacked = Vec::new();
+    for status in statuses {
+        for (name, refunds, reversals) in &money {
+            let payment = format!("pi_state_{status}_{name}");
+            let mut stored = doc! {
+                "provider": "stripe", "accountId": "acct_1", "paymentIntentId": &payment,
+                "status": status, "version": 1_i64, "amount": 1000_i64, "currency": "eur",
+                "refunds": refunds.iter().map(|(id, amount, full)| doc! { "id": *id, "amount": *amount, "full": *full }).collect::<Vec<_>>(),
+                "reversals": reversals.iter().map(|(id, amount, of)| doc! { "id": *id, "amount": *amount, "of": *of }).collect::<Vec<_>>(),
+                "moneyVersion": 1_i64,
+                "lastEventId": format!("evt_{payment}"), "lastEventType": "test",
+                "createdAt": DateTime::now(), "updatedAt": DateTime::now(),
+            };
+            let refunded: i64 = refunds.iter().map(|(_, amount, _)| amount).sum();
+            if refunded > 0 {
+                stored.insert("amountRefunded", refunded);
+            }
+            let read: tokenmint::store::PaymentDoc =
+                mongodb::bson::from_document(stored.clone()).unwrap();
+            assert_eq!(read.status.as_str(), status);
+            let keep = tokenmint::domain::entitlement(read.status, &read.money(), 4).kept(4);
+            if keep < 4 {
+                expected_unbacked.push(format!("{payment} ({status}): {} active", 4 - keep));
+            }
+            app.db
+                .collection("payments")
+                .insert_one(stored)
+                .await
+                .unwrap();
+            app.db
+                .collection("issuances")
+                .insert_one(doc! {
+                    "provider": "stripe", "accountId": "acct_1", "paymentIntentId": &payment,
+                    "owner": ObjectId::parse_str(OWNER).unwrap(), "tokenType": "standard",
+                    "quantity": 4_i64, "paymentDate": DateTime::now(), "mode": "upsert",
+                    "status": "issued", "createdAt": DateTime::now(),
+                })
+                .await
+                .unwrap();
+            let tokens: Vec<Document> = (0..4).map(|i| token(&payment, i)).collect();
+            app.db
+                .collection("tokens")
+                .insert_many(tokens)
+                .await
+                .unwrap();
+        }
+    }
+    // The rule takes tokens back in most of these states, and not in all of them.
+    assert!(
+        (10..25).contains(&expected_unbacked.len()),
+        "{expected_unbacked:?}"
+    );
+
+    let report = app.store().await.verify().await.unwrap();
+    let found = &report.unbacked_active_tokens;
+    assert_eq!(found.count as usize, expected_unbacked.len(), "{report}");
+    for expected in &expected_unbacked {
+        let (payment_status, active) = expected.rsplit_once(": ").unwrap();
+        let payment = payment_status.split(' ').next().unwrap();
+        assert!(
+            found
+                .samples
+                .iter()
+                .any(|s| s.contains(payment) && s.contains(&format!("{active} token"))),
+            "{expected} not flagged: {:?}",
+            found.samples
+        );
+    }
+}
