@@ -313,14 +313,10 @@ impl Issuer {
         }
         if record.status != IssuanceStatus::Issued {
             if !self.store.mark_issued(record.id).await? {
-                // Not `issuing` any more: another writer marked it, or it is gone — a
-                // failover rolled back its insert (a batch's records are acknowledged by
-                // the primary alone, and an election may come before the tokens' majority
-                // covers them). The tokens just written do not make it an issuance.
-                let now = self.store.records_by_id(&[record.id]).await?;
-                if !now.iter().any(|r| r.status == IssuanceStatus::Issued) {
-                    return Err(IssueError::Store(record_lost()));
-                }
+                // Gone: a failover rolled back its insert (a batch's records are
+                // acknowledged by the primary alone, and an election may come before the
+                // tokens' majority covers them). The tokens just written make no issuance.
+                return Err(IssueError::Store(record_lost()));
             }
             record.status = IssuanceStatus::Issued;
         }

@@ -97,17 +97,20 @@ impl Store {
     }
 
     /// Marks an `issuing` record `issued`: its set is complete and checked against the
-    /// payment. Idempotent; false when it was not `issuing` any more. Majority like every
-    /// write (`durability`): the next read of the record, at majority, must see the mark.
+    /// payment. Idempotent: true when the record is `issued` now, by this write or an
+    /// earlier one; false when there is no such record (a failover rolled its insert
+    /// back). Majority like every write (`durability`): the next read of the record, at
+    /// majority, must see the mark.
     pub async fn mark_issued(&self, id: ObjectId) -> Result<bool, StoreError> {
+        let marked = [IssuanceStatus::Issuing, IssuanceStatus::Issued].map(|s| s.as_str());
         let result = self
             .collection(ISSUANCES)
             .update_one(
-                doc! { "_id": id, "status": IssuanceStatus::Issuing.as_str() },
+                doc! { "_id": id, "status": { "$in": marked.to_vec() } },
                 doc! { "$set": { "status": IssuanceStatus::Issued.as_str() }, "$unset": { "repairLeaseUntil": "" } },
             )
             .await?;
-        Ok(result.modified_count == 1)
+        Ok(result.matched_count == 1)
     }
 
     /// Leases one `issuing` record created before `created_before` whose lease (if any)

@@ -90,6 +90,19 @@ async fn a_uri_asking_for_what_tokenmint_does_anyway_is_accepted() {
     app.db.drop().await.unwrap();
 }
 
+/// A profiled write's applied concern is majority, journaled, and the client's own (not
+/// mongod's implicit default, which a replica set may set to `w: 1`).
+fn assert_majority_journaled(write: &Document) {
+    let concern = write.get_document("writeConcern").expect("a write concern");
+    assert_eq!(concern.get_str("w"), Ok("majority"), "{write}");
+    assert_eq!(concern.get_bool("j"), Ok(true), "{write}");
+    assert_eq!(
+        concern.get_str("provenance"),
+        Ok("clientSupplied"),
+        "{write}"
+    );
+}
+
 /// The profiler's entries of `command` (its name, e.g. `findAndModify`) on `collection`
 /// that the service sent (its client is named `tokenmint`; the test's own is not).
 async fn profiled(app: &TestApp, command: &str, collection: &str) -> Vec<Document> {
@@ -130,16 +143,7 @@ async fn commands_carry_majority_whatever_the_uri_says() {
     // The redeem's version-gated write: majority, journaled.
     let writes = profiled(&app, "findAndModify", "tokens").await;
     assert!(!writes.is_empty(), "no findAndModify profiled");
-    for write in &writes {
-        let concern = write.get_document("writeConcern").expect("a write concern");
-        assert_eq!(concern.get_str("w"), Ok("majority"), "{write}");
-        assert_eq!(concern.get_bool("j"), Ok(true), "{write}");
-        assert_eq!(
-            concern.get_str("provenance"),
-            Ok("clientSupplied"),
-            "{write}"
-        );
-    }
+    writes.iter().for_each(assert_majority_journaled);
     // Every read of tokens (the redeem's read, GET /v1/tokens/{id}): read concern majority.
     let reads = profiled(&app, "find", "tokens").await;
     assert!(reads.len() >= 2, "{reads:?}");
@@ -181,16 +185,7 @@ async fn a_batch_has_the_primary_alone_acknowledge_its_records_and_the_majority_
         .expect("a write concern");
     assert_eq!(concern.get_i32("w"), Ok(1), "{record_insert}");
     assert_eq!(concern.get_bool("j"), Ok(false), "{record_insert}");
-    let concern = token_insert
-        .get_document("writeConcern")
-        .expect("a write concern");
-    assert_eq!(concern.get_str("w"), Ok("majority"), "{token_insert}");
-    assert_eq!(concern.get_bool("j"), Ok(true), "{token_insert}");
-    assert_eq!(
-        concern.get_str("provenance"),
-        Ok("clientSupplied"),
-        "{token_insert}"
-    );
+    assert_majority_journaled(token_insert);
     // The profiler does not record an update's write concern: only that the mark came last.
     let marks: Vec<Document> = app
         .db

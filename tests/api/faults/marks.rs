@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use mongodb::Client;
 use mongodb::bson::{Document, doc};
+use mongodb::{Client, ClientSession};
 
 use crate::helpers::*;
 use crate::provider_events::*;
@@ -20,51 +20,13 @@ async fn a_set_a_refund_held_is_never_answered_unsettled_when_the_mark_fails() {
     // so that waiting for another test's failpoint cannot stretch that wait.
     let turn = FailPointTurn::take().await;
 
-    // Another transaction holds the key of the payment's first token: the batch's token
-    // insert waits for it (a write never overtakes an uncommitted one of the same key).
-    let client = Client::with_uri_str(mongo_uri()).await.unwrap();
-    let mut holder = client.start_session().await.unwrap();
-    holder.start_transaction().await.unwrap();
-    client
-        .database(&issuer.db_name)
-        .collection::<Document>("tokens")
-        .insert_one(doc! {
-            "origin": { "provider": "stripe", "accountId": "acct_1", "paymentIntentId": payment },
-            "tokenIndex": 0_i64,
-        })
-        .session(&mut holder)
-        .await
-        .unwrap();
-    let issuance = {
-        let (http, url) = (issuer.http.clone(), issuer.url("/v1/issuances"));
-        tokio::spawn(async move {
-            http.post(url)
-                .bearer_auth(WRITER_KEY)
-                .json(&issuance_body(payment, 4))
-                .send()
-                .await
-                .unwrap()
-        })
-    };
-    // The record is in; the tokens are on their way.
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while issuer
-        .count_records(doc! { "paymentIntentId": payment, "status": "issuing" })
-        .await
-        == 0
-    {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the record never went in"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let (holder, issuance) = issue_with_tokens_held(&issuer, payment).await;
     // Meanwhile the payment is refunded in full: the refund holds the `issuing` record
     // and finds no token to revoke yet. Then the tokens go in, and the mark fails.
     let refund = refund_event("evt_hmf_r", payment, now());
     assert_eq!(deliver_stripe(&webhooks, &refund).await.status(), 200);
     let mark_fails = turn.set(&name, &["update"], Fault::error(91), 1).await;
-    holder.abort_transaction().await.unwrap();
+    holder.abort().await;
 
     let answer = issuance.await.unwrap();
     let states = issuer.token_states(payment).await;
@@ -138,41 +100,8 @@ async fn a_set_whose_record_vanished_is_not_answered_when_its_mark_fails() {
     let app = spawn_app_named(&name, "[repair]\nenabled = false\n").await;
     let payment = "pi_record_rolled_back";
     let turn = FailPointTurn::take().await;
-    // Another transaction holds the key of the payment's first token: the batch's token
-    // insert waits for it, with the record in.
-    let client = Client::with_uri_str(mongo_uri()).await.unwrap();
-    let mut holder = client.start_session().await.unwrap();
-    holder.start_transaction().await.unwrap();
-    client
-        .database(&app.db_name)
-        .collection::<Document>("tokens")
-        .insert_one(doc! {
-            "origin": { "provider": "stripe", "accountId": "acct_1", "paymentIntentId": payment },
-            "tokenIndex": 0_i64,
-        })
-        .session(&mut holder)
-        .await
-        .unwrap();
-    let issuance = {
-        let (http, url) = (app.http.clone(), app.url("/v1/issuances"));
-        tokio::spawn(async move {
-            http.post(url)
-                .bearer_auth(WRITER_KEY)
-                .json(&issuance_body(payment, 4))
-                .send()
-                .await
-                .unwrap()
-        })
-    };
+    let (holder, issuance) = issue_with_tokens_held(&app, payment).await;
     let record = doc! { "paymentIntentId": payment };
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while app.count_records(record.clone()).await == 0 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the record never went in"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
     let removed = app
         .db
         .collection::<Document>("issuances")
@@ -181,7 +110,7 @@ async fn a_set_whose_record_vanished_is_not_answered_when_its_mark_fails() {
         .unwrap();
     assert_eq!(removed.deleted_count, 1);
     let mark_fails = turn.set(&name, &["update"], Fault::error(91), 1).await;
-    holder.abort_transaction().await.unwrap();
+    holder.abort().await;
 
     let answer = issuance.await.unwrap();
     assert_eq!(mark_fails.off().await, 1, "the mark never failed");
@@ -195,4 +124,67 @@ async fn a_set_whose_record_vanished_is_not_answered_when_its_mark_fails() {
     assert_eq!(answered.len(), 4);
     let stored = app.find_stored("issuances", record).await;
     assert_eq!(stored.get_str("status"), Ok("issued"), "{stored}");
+}
+
+/// An open transaction holding the key of a payment's first token, and what it holds up.
+struct HeldTokens {
+    _client: Client,
+    session: ClientSession,
+}
+
+impl HeldTokens {
+    /// Lets the held-up token insert go on.
+    async fn abort(mut self) {
+        self.session.abort_transaction().await.unwrap();
+    }
+}
+
+/// Holds the key of `payment`'s first token in another transaction, sends a 4-token
+/// issuance for it and waits until its `issuing` record is in: the batch's token insert
+/// then waits for the holder (a write never overtakes an uncommitted one of the same key).
+async fn issue_with_tokens_held(
+    app: &TestApp,
+    payment: &'static str,
+) -> (HeldTokens, tokio::task::JoinHandle<reqwest::Response>) {
+    let client = Client::with_uri_str(mongo_uri()).await.unwrap();
+    let mut session = client.start_session().await.unwrap();
+    session.start_transaction().await.unwrap();
+    client
+        .database(&app.db_name)
+        .collection::<Document>("tokens")
+        .insert_one(doc! {
+            "origin": { "provider": "stripe", "accountId": "acct_1", "paymentIntentId": payment },
+            "tokenIndex": 0_i64,
+        })
+        .session(&mut session)
+        .await
+        .unwrap();
+    let issuance = {
+        let (http, url) = (app.http.clone(), app.url("/v1/issuances"));
+        tokio::spawn(async move {
+            http.post(url)
+                .bearer_auth(WRITER_KEY)
+                .json(&issuance_body(payment, 4))
+                .send()
+                .await
+                .unwrap()
+        })
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while app
+        .count_records(doc! { "paymentIntentId": payment, "status": "issuing" })
+        .await
+        == 0
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the record never went in"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let held = HeldTokens {
+        _client: client,
+        session,
+    };
+    (held, issuance)
 }
