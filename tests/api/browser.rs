@@ -261,12 +261,7 @@ async fn a_checkout_page_in_a_browser_waits_for_its_tokens_and_reads_the_headers
         String::from_utf8_lossy(&output.stdout)
     );
 
-    let stored: Vec<String> = app
-        .tokens_of(payment)
-        .await
-        .iter()
-        .map(|t| t.get_object_id("_id").unwrap().to_hex())
-        .collect();
+    let stored = app.stored_token_ids(payment).await;
     assert_eq!(stored.len(), 2, "the provider's quantity was issued");
     let states = app.token_states(payment).await;
     assert_eq!(states, [(0, "active".to_owned()), (1, "active".to_owned())]);

@@ -167,11 +167,7 @@ async fn a_waiting_checkout_gets_its_tokens_once_another_instance_applies_the_su
     );
     assert_eq!(preference_applied(&answer), Some("wait=10"));
     let body = json(answer).await;
-    let stored = b.tokens_of("pi_wait").await;
-    let stored: Vec<String> = stored
-        .iter()
-        .map(|t| t.get_object_id("_id").unwrap().to_hex())
-        .collect();
+    let stored = b.stored_token_ids("pi_wait").await;
     assert_eq!(token_ids(&body), stored);
     let states = b.token_states("pi_wait").await;
     assert_eq!(
