@@ -37,13 +37,14 @@ pub fn apply(router: Router, settings: &Settings) -> Router {
         .layer(from_fn(move |req: Request, next: Next| {
             with_timeout(timeout, req, next)
         }))
-        .layer(cors(&settings.server.cors_origins))
         // A bug that panics in a handler answers 500 problem+json (logged), instead of a
-        // dropped connection the client would have to guess about.
+        // dropped connection the client would have to guess about. Inside CORS: that
+        // answer gets the CORS headers too, or a browser would hide it from the page.
         .layer(CatchPanicLayer::custom(|_| {
             tracing::error!("handler panicked");
             ApiError::Internal.into_response()
         }))
+        .layer(cors(&settings.server.cors_origins))
         .layer(from_fn(request_id))
 }
 
@@ -208,4 +209,44 @@ fn cors(origins: &[String]) -> CorsLayer {
             HeaderName::from_static(PREFERENCE_APPLIED),
         ])
         .max_age(Duration::from_secs(600))
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::body::Body;
+    use axum::routing::get;
+    use tower_service::Service;
+
+    use super::*;
+
+    /// A handler's panic is answered 500 problem+json with the CORS headers every other
+    /// answer to an allowed origin gets: without them a checkout page could not read the
+    /// answer (nor its `x-request-id`, to quote to support), only see the call fail.
+    #[tokio::test]
+    async fn a_panic_is_answered_with_the_cors_headers() {
+        let origin = "https://shop.example";
+        let settings =
+            Settings::with_overrides(&[&format!("[server]\ncors_origins = [\"{origin}\"]\n")])
+                .expect("settings");
+        async fn buggy() -> &'static str {
+            panic!("a bug")
+        }
+        let routes = Router::new().route("/boom", get(buggy));
+        let request = Request::builder()
+            .uri("/boom")
+            .header(header::ORIGIN, origin)
+            .body(Body::empty())
+            .unwrap();
+        let response = apply(routes, &settings).call(request).await.unwrap();
+        assert_eq!(response.status(), 500);
+        assert_eq!(
+            response.headers()[header::ACCESS_CONTROL_ALLOW_ORIGIN],
+            origin
+        );
+        let exposed = response.headers()[header::ACCESS_CONTROL_EXPOSE_HEADERS]
+            .to_str()
+            .unwrap();
+        assert!(exposed.contains("x-request-id"), "{exposed}");
+        assert!(response.headers().contains_key(REQUEST_ID));
+    }
 }

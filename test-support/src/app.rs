@@ -378,6 +378,15 @@ impl TestApp {
         payment_tokens(&self.db, payment).await
     }
 
+    /// The ids of the tokens stored for `payment`, in tokenIndex order.
+    pub async fn stored_token_ids(&self, payment: &str) -> Vec<String> {
+        self.tokens_of(payment)
+            .await
+            .iter()
+            .map(|t| t.get_object_id("_id").unwrap().to_hex())
+            .collect()
+    }
+
     /// The tokenIndexes stored for `payment`, sorted.
     pub async fn token_indexes(&self, payment: &str) -> Vec<i64> {
         self.tokens_of(payment)

@@ -183,12 +183,7 @@ async fn concurrent_atomic_issuances_sharing_batches_each_answer_as_if_alone() {
         answered.entry(payment).or_default().push(token_ids(body));
     }
     for (payment, ids) in &answered {
-        let stored: Vec<String> = app
-            .tokens_of(payment)
-            .await
-            .iter()
-            .map(|t| t.get_object_id("_id").unwrap().to_hex())
-            .collect();
+        let stored = app.stored_token_ids(payment).await;
         assert!(
             ids.iter().all(|i| *i == stored),
             "{payment}: {ids:?} vs {stored:?}"

@@ -2,8 +2,9 @@
 //! until its payment's event has been applied, on any instance, or N seconds passed.
 //!
 //! The waiter gauge is one per process and these tests read it, so they take `WAITING`
-//! in turn: no other test of this binary sends `Prefer`, so while one of them holds it,
-//! every waiter the gauge counts is its own.
+//! in turn: the only other test of this binary that sends `Prefer` (the browser's,
+//! `browser.rs`) takes it too, so while one of them holds it, every waiter the gauge
+//! counts is its own.
 
 use std::time::{Duration, Instant};
 
@@ -16,7 +17,7 @@ use tokio::net::TcpStream;
 use crate::helpers::*;
 use crate::provider_events::*;
 
-static WAITING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+pub(crate) static WAITING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// `POST {base}/v1/issuances` of `body` as `key` with `Prefer: {prefer}`; the answer and
 /// the moment it arrived.
@@ -87,13 +88,13 @@ async fn until_waiters_at(http: &reqwest::Client, base: &str, expected: f64) {
     }
 }
 
-async fn until_waiters(app: &TestApp, expected: f64) {
+pub(crate) async fn until_waiters(app: &TestApp, expected: f64) {
     until_waiters_at(&app.http, &app.address, expected).await;
 }
 
 /// Waits until `payment`'s checkout is waiting: counted by the gauge (it registers before
 /// its first check) and its pending record written (that check done, or nearly).
-async fn until_waiting(app: &TestApp, payment: &str) {
+pub(crate) async fn until_waiting(app: &TestApp, payment: &str) {
     until_waiters(app, 1.0).await;
     let deadline = Instant::now() + Duration::from_secs(10);
     let pending = doc! { "paymentIntentId": payment, "status": "pending" };
@@ -105,7 +106,7 @@ async fn until_waiting(app: &TestApp, payment: &str) {
 
 /// Sends a Stripe event of `kind` for `payment` whose metadata names `quantity` tokens;
 /// returns when it was answered (200).
-async fn apply(app: &TestApp, kind: &str, payment: &str, quantity: &str) -> Instant {
+pub(crate) async fn apply(app: &TestApp, kind: &str, payment: &str, quantity: &str) -> Instant {
     let event = intent_event(
         &format!("evt_{payment}_{kind}"),
         kind,
@@ -166,11 +167,7 @@ async fn a_waiting_checkout_gets_its_tokens_once_another_instance_applies_the_su
     );
     assert_eq!(preference_applied(&answer), Some("wait=10"));
     let body = json(answer).await;
-    let stored = b.tokens_of("pi_wait").await;
-    let stored: Vec<String> = stored
-        .iter()
-        .map(|t| t.get_object_id("_id").unwrap().to_hex())
-        .collect();
+    let stored = b.stored_token_ids("pi_wait").await;
     assert_eq!(token_ids(&body), stored);
     let states = b.token_states("pi_wait").await;
     assert_eq!(

@@ -37,15 +37,7 @@ async fn paid(app: &TestApp, payment: &str, quantity: &str) -> Vec<String> {
     )
     .await;
     assert_eq!(receipt["outcome"], "issued", "{receipt}");
-    token_ids(app, payment).await
-}
-
-async fn token_ids(app: &TestApp, payment: &str) -> Vec<String> {
-    app.tokens_of(payment)
-        .await
-        .iter()
-        .map(|t| t.get_object_id("_id").unwrap().to_hex())
-        .collect()
+    app.stored_token_ids(payment).await
 }
 
 /// A Stripe Dispute event (`funds_withdrawn` or `funds_reinstated`) of `amount`.
@@ -159,7 +151,7 @@ async fn a_dispute_won_makes_the_same_tokens_active_again() {
     assert_eq!(reinstated["outcome"], "reinstated", "{reinstated}");
     assert_eq!(reinstated["tokensReactivated"], 2, "{reinstated}");
     assert_eq!(
-        token_ids(&app, "pi_won").await,
+        app.stored_token_ids("pi_won").await,
         ids,
         "the same tokens, no new ones"
     );
@@ -577,7 +569,7 @@ async fn a_reversal_whose_reactivation_fails_is_answered_503_and_its_retry_count
     let retried = stripe(&app, &won).await;
     assert_eq!(retried["outcome"], "reinstated", "{retried}");
     assert_eq!(statuses(&app, "pi_retry").await, ["active"; 4]);
-    assert_eq!(token_ids(&app, "pi_retry").await, ids);
+    assert_eq!(app.stored_token_ids("pi_retry").await, ids);
     assert_eq!(
         payment(&app, "pi_retry")
             .await
