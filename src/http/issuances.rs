@@ -4,11 +4,9 @@
 
 use std::sync::Arc;
 
-use axum::Router;
 use axum::extract::{Extension, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -31,18 +29,6 @@ use crate::domain::{
 use crate::issuing::{Caller, IssueOutcome, IssuedTokens};
 use crate::store::{TokenSummary, chrono_time};
 use crate::telemetry::metric;
-
-/// Where issuances are created.
-pub(super) const ISSUANCES_PATH: &str = "/v1/issuances";
-
-pub fn router() -> Router<AppState> {
-    Router::new()
-        .route(ISSUANCES_PATH, post(create_issuance))
-        .route(
-            "/v1/issuances/{provider}/{accountId}/{paymentIntentId}",
-            get(get_issuance),
-        )
-}
 
 /// Body of `POST /v1/issuances`. Fields are parsed into domain types all at once so that
 /// every bad field is reported in one 422.

@@ -3,9 +3,7 @@
 
 use std::sync::Arc;
 
-use axum::Router;
 use axum::extract::State;
-use axum::routing::get;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use utoipa::ToSchema;
@@ -19,13 +17,6 @@ use super::payment_path::PaymentPath;
 use crate::domain::PaymentStatus;
 use crate::domain::Scope;
 use crate::store::{PaymentDoc, chrono_time};
-
-pub fn router() -> Router<AppState> {
-    Router::new().route(
-        "/v1/payments/{provider}/{accountId}/{paymentIntentId}",
-        get(get_payment),
-    )
-}
 
 /// A payment as tokenmint knows it.
 #[derive(Debug, Serialize, ToSchema)]

@@ -2,20 +2,13 @@
 //! `type` resolves here, to a description of its code from the one table below. No
 //! authentication: it describes the API, nothing about payments or tokens.
 
-use axum::Router;
 use axum::extract::Path;
 use axum::extract::rejection::PathRejection;
 use axum::http::StatusCode;
-use axum::routing::get;
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use super::AppState;
 use super::error::{ApiError, Problem};
-
-pub fn router() -> Router<AppState> {
-    Router::new().route("/problems/{code}", get(problem_type))
-}
 
 /// Describe a problem type.
 ///

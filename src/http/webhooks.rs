@@ -3,13 +3,11 @@
 //! where they are configured (Adyen); answered 200 for every verified
 //! event, including duplicates and events tokenmint ignores, so providers stop retrying.
 
-use axum::Router;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::http::header::CONTENT_TYPE;
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
 use serde::Serialize;
 use tracing::Instrument;
 use utoipa::ToSchema;
@@ -23,10 +21,6 @@ use crate::webhooks::{Delivery, SignatureError, SignatureHeaders};
 
 /// The answer Adyen requires to a batch it may consider delivered.
 pub const ADYEN_ACCEPTED: &str = "[accepted]";
-
-pub fn router() -> Router<AppState> {
-    Router::new().route("/v1/webhooks/{provider}", post(receive_webhook))
-}
 
 /// The answer to a delivery.
 #[derive(Debug, Serialize, ToSchema)]
