@@ -11,9 +11,8 @@ use utoipa::ToSchema;
 
 use super::AppState;
 use super::auth::Principal;
-use super::error::{ApiError, Problem};
+use super::error::{ApiError, KeyedErrors, Problem};
 use super::extract::PathParams;
-use super::openapi::KeyedErrors;
 use crate::domain::{FieldErrors, Owner, Scope, TokenType};
 use crate::store::BalanceRow;
 

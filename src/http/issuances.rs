@@ -14,11 +14,10 @@ use utoipa::ToSchema;
 
 use super::AppState;
 use super::auth::Principal;
-use super::error::{ApiError, Problem};
+use super::error::{ApiError, KeyedErrors, Problem};
 use super::extract::{JsonBody, PathParams};
 use super::idempotency::IDEMPOTENT_REPLAYED;
 use super::middleware::WaitAllowance;
-use super::openapi::KeyedErrors;
 use super::payment_path::PaymentPath;
 use super::prefer::{PREFERENCE_APPLIED, preferred_wait};
 use crate::domain::{

@@ -13,6 +13,7 @@ mod ops;
 mod payment_path;
 mod payments;
 mod prefer;
+mod problem_types;
 mod problems;
 mod rate_limit;
 mod redemptions;
@@ -99,7 +100,7 @@ fn route_table(state: Option<&AppState>, metrics_here: bool) -> OpenApiRouter<Ap
         .routes(routes!(webhooks::receive_webhook))
         .routes(routes!(ops::healthz))
         .routes(routes!(ops::readyz))
-        .routes(routes!(problems::problem_type));
+        .routes(routes!(problem_types::problem_type));
     if metrics_here {
         table = table.routes(routes!(ops::metrics));
     }

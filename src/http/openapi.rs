@@ -1,17 +1,15 @@
 //! The OpenAPI document's own parts: its top-level info, tags and security scheme
-//! (`Base`), and what every operation shares written once (`complete`): the API-key
-//! failures (`KeyedErrors`), the headers of 401 and `Retry-After` answers, and the
-//! identifier patterns, taken from the domain types that enforce them. The paths come
-//! from the route table (`http::route_table`), which adds each handler's annotation.
-
-use std::collections::BTreeMap;
+//! (`Base`), and what every operation shares written once (`complete`): the headers of
+//! 401, 429 and `Retry-After` answers, and the identifier patterns, taken from the domain
+//! types that enforce them. The paths come from the route table (`http::route_table`),
+//! which adds each handler's annotation; the API-key failures every keyed operation lists
+//! are `error::KeyedErrors`.
 
 use utoipa::openapi::path::{Operation, PathItem};
-use utoipa::openapi::response::{Response, ResponseBuilder};
 use utoipa::openapi::schema::{Object, Schema, Type};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
-use utoipa::openapi::{ContentBuilder, HeaderBuilder, Ref, RefOr};
-use utoipa::{IntoResponses, Modify, OpenApi};
+use utoipa::openapi::{HeaderBuilder, RefOr};
+use utoipa::{Modify, OpenApi};
 
 use super::{error, tokens};
 use crate::domain::{AccountId, OBJECT_ID_PATTERN, PaymentIntentId, Provider, TokenType};
@@ -159,50 +157,6 @@ fn operations(item: &mut PathItem) -> impl Iterator<Item = &mut Operation> {
     ]
     .into_iter()
     .flatten()
-}
-
-/// The failures every operation behind an API key may answer, whatever it does: no or
-/// an unknown key (401), a key without the scope or the account (403), the key's rate
-/// limit (429), and the database or the request running out of time (503). Listed in an
-/// operation's `responses(...)` after its own.
-pub struct KeyedErrors;
-
-impl IntoResponses for KeyedErrors {
-    fn responses() -> BTreeMap<String, RefOr<Response>> {
-        [
-            ("401", "`unauthorized`: missing or unknown API key"),
-            (
-                "403",
-                "`forbidden`: the key lacks the scope, or may not act on the account the request names",
-            ),
-            (
-                "429",
-                "`rate_limited`: the key exceeded its rate limit (a checkout key: its client address did); see Retry-After",
-            ),
-            (
-                "503",
-                "`database_unavailable` or `request_timeout`: retry after Retry-After",
-            ),
-        ]
-        .into_iter()
-        .map(|(status, description)| (status.to_owned(), RefOr::T(problem(description))))
-        .collect()
-    }
-}
-
-/// A problem+json answer described by `description`; 429 and 503 also carry
-/// `Retry-After`, which `HttpConventions` documents.
-fn problem(description: &str) -> Response {
-    let mut response = ResponseBuilder::new().description(description).content(
-        "application/problem+json",
-        ContentBuilder::new()
-            .schema(Some(Ref::from_schema_name("Problem")))
-            .build(),
-    );
-    if description.contains("Retry-After") {
-        response = response.header("Retry-After", HeaderBuilder::new().build());
-    }
-    response.build()
 }
 
 /// Sets the pattern of every parameter and schema property that carries an identifier

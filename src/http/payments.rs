@@ -10,9 +10,8 @@ use utoipa::ToSchema;
 
 use super::AppState;
 use super::auth::Principal;
-use super::error::{ApiError, Problem};
+use super::error::{ApiError, KeyedErrors, Problem};
 use super::extract::PathParams;
-use super::openapi::KeyedErrors;
 use super::payment_path::PaymentPath;
 use crate::domain::PaymentStatus;
 use crate::domain::Scope;

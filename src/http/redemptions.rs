@@ -17,10 +17,9 @@ use utoipa::ToSchema;
 
 use super::AppState;
 use super::auth::Principal;
-use super::error::{ApiError, Problem};
+use super::error::{ApiError, KeyedErrors, Problem};
 use super::extract::{JsonBody, PathParams};
 use super::idempotency::{IDEMPOTENT_REPLAYED, json_answer, respond, transient};
-use super::openapi::KeyedErrors;
 use super::tokens::OriginView;
 use crate::domain::{
     AccountId, Actor, FieldErrors, NewRedemption, Owner, Quantity, RedemptionReference, Scope,

@@ -24,9 +24,8 @@ pub use changes::{
 
 use super::AppState;
 use super::auth::Principal;
-use super::error::{ApiError, Problem};
+use super::error::{ApiError, KeyedErrors, Problem};
 use super::idempotency::{json_answer, respond};
-use super::openapi::KeyedErrors;
 use crate::domain::{FieldErrors, Owner, Scope, TokenId, TokenStatus, TokenType};
 use crate::http::extract::PathParams;
 use crate::issuing::Answer;
