@@ -66,6 +66,8 @@ impl AppState {
 /// The whole application: routes, then the layers every request goes through.
 pub fn router(state: AppState, settings: &Settings) -> Router {
     let metrics_here = settings.server.metrics_bind.is_none();
+    // This table's own document is not served: `/openapi.json` is the whole document, as
+    // `openapi.yaml` is, `/metrics` included wherever it is served.
     let (routes, _) = route_table(Some(&state), metrics_here).split_for_parts();
     let routes = routes
         .merge(swagger_ui())
