@@ -1,13 +1,15 @@
 //! `tokenmint healthcheck`: asks a running service's `/readyz` whether it is ready, so
-//! a container's `HEALTHCHECK` needs no curl or wget in the image. A plain HTTP/1.1 GET
-//! over a TCP connection is all it takes, bounded in time.
+//! a container's `HEALTHCHECK` needs no curl or wget in the image. One HTTP/1.1 GET with
+//! hyper's client is all it takes, bounded in time.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
 
 use anyhow::Context;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use axum::body::Body;
+use axum::http::{Request, header};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
 
 /// How long the whole check may take: connect, request, status line.
 pub const TIMEOUT: Duration = Duration::from_secs(5);
@@ -15,7 +17,7 @@ pub const TIMEOUT: Duration = Duration::from_secs(5);
 /// Where to ask: `http://host:port/path`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Target {
-    /// `host:port`, as `TcpStream::connect` and the `Host` header take it.
+    /// `host:port`, the URL's authority.
     host: String,
     path: String,
 }
@@ -75,34 +77,14 @@ pub async fn check(target: &Target) -> bool {
     )
 }
 
-/// The status code of `GET path`.
+/// The status code of `GET path`; the body is not read.
 async fn status(target: &Target) -> anyhow::Result<u16> {
-    let mut stream = TcpStream::connect(&target.host).await?;
-    let request = format!(
-        "GET {} HTTP/1.1\r\nHost: {}\r\nUser-Agent: tokenmint-healthcheck\r\nConnection: close\r\n\r\n",
-        target.path, target.host
-    );
-    stream.write_all(request.as_bytes()).await?;
-    // The status line is all that matters; it fits the first few bytes.
-    let mut head = [0u8; 64];
-    let mut read = 0;
-    while read < head.len() {
-        let n = stream.read(&mut head[read..]).await?;
-        if n == 0 {
-            break;
-        }
-        read += n;
-        if head[..read].contains(&b'\n') {
-            break;
-        }
-    }
-    let line = String::from_utf8_lossy(&head[..read]);
-    let code = line
-        .strip_prefix("HTTP/1.")
-        .and_then(|rest| rest.get(2..5))
-        .and_then(|code| code.parse().ok())
-        .with_context(|| format!("not an HTTP answer: {line:?}"))?;
-    Ok(code)
+    let client = Client::builder(TokioExecutor::new()).build_http::<Body>();
+    let request = Request::get(format!("http://{}{}", target.host, target.path))
+        .header(header::USER_AGENT, "tokenmint-healthcheck")
+        .body(Body::empty())?;
+    let response = client.request(request).await?;
+    Ok(response.status().as_u16())
 }
 
 #[cfg(test)]

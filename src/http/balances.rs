@@ -4,24 +4,17 @@
 
 use std::sync::Arc;
 
-use axum::Router;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
-use axum::routing::get;
 use serde::Serialize;
 use utoipa::ToSchema;
 
 use super::AppState;
 use super::auth::Principal;
-use super::error::{ApiError, Problem};
+use super::error::{ApiError, KeyedErrors, Problem};
 use super::extract::PathParams;
-use super::openapi::KeyedErrors;
 use crate::domain::{FieldErrors, Owner, Scope, TokenType};
 use crate::store::BalanceRow;
-
-pub fn router() -> Router<AppState> {
-    Router::new().route("/v1/balances/{owner}", get(get_balances))
-}
 
 /// An owner's balances, one row per token type.
 #[derive(Debug, Serialize, ToSchema)]

@@ -12,8 +12,9 @@ use std::sync::Arc;
 use axum::body::{Body, to_bytes};
 use axum::extract::{FromRequestParts, Request, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
-use axum::middleware::Next;
+use axum::middleware::{Next, from_fn_with_state};
 use axum::response::{IntoResponse, Response};
+use utoipa_axum::router::{UtoipaMethodRouter, UtoipaMethodRouterExt};
 
 use super::AppState;
 use super::auth::Principal;
@@ -36,9 +37,20 @@ const KEPT_HEADERS: [HeaderName; 4] = [
     IDEMPOTENT_REPLAYED,
 ];
 
-/// The layer (`axum::middleware::from_fn_with_state`): requests without the header pass
-/// straight through.
-pub async fn idempotent(State(state): State<AppState>, req: Request, next: Next) -> Response {
+/// `route` behind the layer that answers its retries, when it is served (`state`); the
+/// document alone (`None`) has no state to give the layer, and needs none.
+pub fn answering_retries(
+    route: UtoipaMethodRouter<AppState>,
+    state: Option<&AppState>,
+) -> UtoipaMethodRouter<AppState> {
+    match state {
+        Some(state) => route.layer(from_fn_with_state(state.clone(), idempotent)),
+        None => route,
+    }
+}
+
+/// The layer: requests without the header pass straight through.
+async fn idempotent(State(state): State<AppState>, req: Request, next: Next) -> Response {
     if !req.headers().contains_key(&IDEMPOTENCY_KEY) {
         return next.run(req).await;
     }

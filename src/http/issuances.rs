@@ -4,11 +4,9 @@
 
 use std::sync::Arc;
 
-use axum::Router;
 use axum::extract::{Extension, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -16,11 +14,10 @@ use utoipa::ToSchema;
 
 use super::AppState;
 use super::auth::Principal;
-use super::error::{ApiError, Problem};
+use super::error::{ApiError, KeyedErrors, Problem};
 use super::extract::{JsonBody, PathParams};
 use super::idempotency::IDEMPOTENT_REPLAYED;
 use super::middleware::WaitAllowance;
-use super::openapi::KeyedErrors;
 use super::payment_path::PaymentPath;
 use super::prefer::{PREFERENCE_APPLIED, preferred_wait};
 use crate::domain::{
@@ -31,18 +28,6 @@ use crate::domain::{
 use crate::issuing::{Caller, IssueOutcome, IssuedTokens};
 use crate::store::{TokenSummary, chrono_time};
 use crate::telemetry::metric;
-
-/// Where issuances are created.
-pub(super) const ISSUANCES_PATH: &str = "/v1/issuances";
-
-pub fn router() -> Router<AppState> {
-    Router::new()
-        .route(ISSUANCES_PATH, post(create_issuance))
-        .route(
-            "/v1/issuances/{provider}/{accountId}/{paymentIntentId}",
-            get(get_issuance),
-        )
-}
 
 /// Body of `POST /v1/issuances`. Fields are parsed into domain types all at once so that
 /// every bad field is reported in one 422.

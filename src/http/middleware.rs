@@ -1,6 +1,8 @@
 //! What wraps every request: a request id and the API key id (on every log line), an
 //! access log, HTTP metrics by route template, a per-request timeout answered as
-//! problem+json, a panic guard, and CORS for the configured checkout origins only.
+//! problem+json, a panic guard, and CORS for the configured checkout origins only. The id,
+//! the span and the access log are tower-http's layers (`request-id`, `trace`), told
+//! which ids to keep and what to log; `Authorization` is marked sensitive for every layer.
 //!
 //! Anyone can send any method token and any path, with no key: metric labels come only
 //! from closed sets (`method_label`, route templates, status codes) and log fields carry
@@ -13,11 +15,13 @@ use std::time::{Duration, Instant};
 use axum::Router;
 use axum::extract::{MatchedPath, Request};
 use axum::http::{HeaderName, HeaderValue, Method, header};
-use axum::middleware::{Next, from_fn};
+use axum::middleware::{Next, from_fn, map_request};
 use axum::response::{IntoResponse, Response};
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::cors::{AllowOrigin, CorsLayer};
-use tracing::Instrument;
+use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
+use tower_http::sensitive_headers::SetSensitiveRequestHeadersLayer;
+use tower_http::trace::TraceLayer;
 
 use super::error::ApiError;
 use super::idempotency::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
@@ -45,19 +49,53 @@ pub fn apply(router: Router, settings: &Settings) -> Router {
             ApiError::Internal.into_response()
         }))
         .layer(cors(&settings.server.cors_origins))
-        .layer(from_fn(request_id))
+        // The request's span and access log line, and nothing else (tower-http's own
+        // request, body and failure events are off: the access log says it all).
+        .layer(
+            TraceLayer::new_for_http()
+                .make_span_with(request_span)
+                .on_request(())
+                .on_response(log_completed)
+                .on_body_chunk(())
+                .on_eos(())
+                .on_failure(()),
+        )
+        // A client's sane id is kept, any other replaced by a fresh one, and it is echoed
+        // on the response.
+        .layer(PropagateRequestIdLayer::new(REQUEST_ID))
+        .layer(SetRequestIdLayer::new(REQUEST_ID, MakeRequestUuid))
+        .layer(map_request(forget_insane_request_id))
+        // Outermost, so that no layer's or handler's `Debug` of the headers shows an API
+        // key or a webhook's Basic password.
+        .layer(SetSensitiveRequestHeadersLayer::new(SENSITIVE))
 }
 
-/// Accepts a sane `x-request-id` (1–128 visible characters from a safe set) or makes one,
-/// then runs the request inside a span carrying it and echoes it on the response.
-async fn request_id(req: Request, next: Next) -> Response {
+/// The request headers that carry secrets: API keys and Basic credentials.
+const SENSITIVE: [HeaderName; 1] = [header::AUTHORIZATION];
+
+/// Forgets a client's `x-request-id` unless it is sane (1–128 visible characters from a
+/// safe set), so that `SetRequestIdLayer` makes a fresh one instead: the id goes on every
+/// log line of the request and back to the client.
+async fn forget_insane_request_id(mut req: Request) -> Request {
+    let sane = req
+        .headers()
+        .get(&REQUEST_ID)
+        .and_then(|v| v.to_str().ok())
+        .is_none_or(is_sane_request_id);
+    if !sane {
+        req.headers_mut().remove(&REQUEST_ID);
+    }
+    req
+}
+
+/// The span the request runs in, carrying its id; continues the client's trace
+/// (`traceparent`), if it sent one.
+fn request_span(req: &Request) -> tracing::Span {
     let id = req
         .headers()
         .get(&REQUEST_ID)
         .and_then(|v| v.to_str().ok())
-        .filter(|v| is_sane_request_id(v))
-        .map(str::to_owned)
-        .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+        .unwrap_or_default();
     // `key_id` is filled in once the API key is known (`auth`), so every line the
     // request logs from then on, and its access log line, says who asked.
     let span = tracing::info_span!(
@@ -70,20 +108,17 @@ async fn request_id(req: Request, next: Next) -> Response {
         http.response.status_code = tracing::field::Empty,
     );
     traces::continue_trace(&span, req.headers());
-    let started = Instant::now();
-    let mut response = next.run(req).instrument(span.clone()).await;
+    span
+}
+
+/// The access log line, inside the request's span.
+fn log_completed<B>(response: &Response<B>, latency: Duration, span: &tracing::Span) {
     span.record("http.response.status_code", response.status().as_u16());
-    span.in_scope(|| {
-        tracing::info!(
-            status = response.status().as_u16(),
-            latency_ms = started.elapsed().as_secs_f64() * 1000.0,
-            "request completed"
-        );
-    });
-    if let Ok(value) = HeaderValue::from_str(&id) {
-        response.headers_mut().insert(REQUEST_ID, value);
-    }
-    response
+    tracing::info!(
+        status = response.status().as_u16(),
+        latency_ms = latency.as_secs_f64() * 1000.0,
+        "request completed"
+    );
 }
 
 fn is_sane_request_id(id: &str) -> bool {

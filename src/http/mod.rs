@@ -13,6 +13,7 @@ mod ops;
 mod payment_path;
 mod payments;
 mod prefer;
+mod problem_types;
 mod problems;
 mod rate_limit;
 mod redemptions;
@@ -24,6 +25,8 @@ use std::sync::Arc;
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use utoipa::OpenApi;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 use utoipa_swagger_ui::SwaggerUi;
 
 use crate::issuing::Issuer;
@@ -31,7 +34,6 @@ use crate::settings::Settings;
 use crate::webhooks::Providers;
 use auth::ApiKeys;
 use error::ApiError;
-pub use openapi::ApiDoc;
 
 /// What every handler can reach.
 #[derive(Clone)]
@@ -63,15 +65,11 @@ impl AppState {
 
 /// The whole application: routes, then the layers every request goes through.
 pub fn router(state: AppState, settings: &Settings) -> Router {
-    let routes = Router::new()
-        .merge(issuances::router())
-        .merge(tokens::router(&state))
-        .merge(balances::router())
-        .merge(redemptions::router(&state))
-        .merge(payments::router())
-        .merge(webhooks::router())
-        .merge(ops::router(settings))
-        .merge(problems::router())
+    let metrics_here = settings.server.metrics_bind.is_none();
+    // This table's own document is not served: `/openapi.json` is the whole document, as
+    // `openapi.yaml` is, `/metrics` included wherever it is served.
+    let (routes, _) = route_table(Some(&state), metrics_here).split_for_parts();
+    let routes = routes
         .merge(swagger_ui())
         .fallback(|| async { ApiError::NotFound("No such resource.".to_owned()) })
         // Applies to every route registered above. axum's MethodRouter adds the `Allow`
@@ -83,10 +81,51 @@ pub fn router(state: AppState, settings: &Settings) -> Router {
     middleware::apply(routes, settings)
 }
 
+/// Every documented route, each written once: its `#[utoipa::path]` gives both the route
+/// and its part of the OpenAPI document. `state` is `None` when only the document is
+/// wanted (the layers need it, the document does not); `/metrics` is left out where it has
+/// a listener of its own (`metrics_here` false), and documented all the same.
+fn route_table(state: Option<&AppState>, metrics_here: bool) -> OpenApiRouter<AppState> {
+    let retried = |route| idempotency::answering_retries(route, state);
+    let mut table = OpenApiRouter::with_openapi(openapi::Base::openapi())
+        .routes(routes!(issuances::create_issuance))
+        .routes(routes!(issuances::get_issuance))
+        .routes(routes!(tokens::list_tokens))
+        .routes(routes!(tokens::get_token))
+        .routes(retried(routes!(tokens::redeem_token)))
+        .routes(retried(routes!(tokens::revoke_token)))
+        .routes(retried(routes!(tokens::transfer_token)))
+        .routes(routes!(balances::get_balances))
+        .routes(retried(routes!(redemptions::create_redemption)))
+        .routes(routes!(redemptions::get_redemption))
+        .routes(routes!(payments::get_payment))
+        .routes(routes!(webhooks::receive_webhook))
+        .routes(routes!(ops::healthz))
+        .routes(routes!(ops::readyz))
+        .routes(routes!(problem_types::problem_type));
+    if metrics_here {
+        table = table.routes(routes!(ops::metrics));
+    }
+    openapi::complete(table.get_openapi_mut());
+    table
+}
+
+/// The OpenAPI document: `openapi::Base` with every route of the route table.
+pub struct ApiDoc;
+
+impl OpenApi for ApiDoc {
+    fn openapi() -> utoipa::openapi::OpenApi {
+        route_table(None, true).into_openapi()
+    }
+}
+
 /// What the metrics listener (`server.metrics_bind`) serves: `/metrics`, and 404 for
 /// anything else. No middleware: it is for the scraper, not for clients.
 pub fn metrics_router(state: AppState) -> Router {
-    ops::metrics_router()
+    let (metrics, _) = OpenApiRouter::new()
+        .routes(routes!(ops::metrics))
+        .split_for_parts();
+    metrics
         .fallback(|| async { ApiError::NotFound("Only /metrics is served here.".to_owned()) })
         .with_state(state)
 }

@@ -1,21 +1,20 @@
-//! The OpenAPI document, generated from the handlers' annotations, and what every
-//! operation shares written once: the API-key failures (`KeyedErrors`), the headers of
-//! 401 and `Retry-After` answers, and the identifier patterns, taken from the domain
-//! types that enforce them.
-
-use std::collections::BTreeMap;
+//! The OpenAPI document's own parts: its top-level info, tags and security scheme
+//! (`Base`), and what every operation shares written once (`complete`): the headers of
+//! 401, 429 and `Retry-After` answers, and the identifier patterns, taken from the domain
+//! types that enforce them. The paths come from the route table (`http::route_table`),
+//! which adds each handler's annotation; the API-key failures every keyed operation lists
+//! are `error::KeyedErrors`.
 
 use utoipa::openapi::path::{Operation, PathItem};
-use utoipa::openapi::response::{Response, ResponseBuilder};
 use utoipa::openapi::schema::{Object, Schema, Type};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
-use utoipa::openapi::{ContentBuilder, HeaderBuilder, Ref, RefOr};
-use utoipa::{IntoResponses, OpenApi};
+use utoipa::openapi::{HeaderBuilder, RefOr};
+use utoipa::{Modify, OpenApi};
 
-use super::{balances, error, issuances, ops, payments, problems, redemptions, tokens, webhooks};
+use super::{error, tokens};
 use crate::domain::{AccountId, OBJECT_ID_PATTERN, PaymentIntentId, Provider, TokenType};
 
-/// The OpenAPI document, generated from the handlers' annotations.
+/// The document before the route table adds its paths: info, tags, the `bearer` scheme.
 #[derive(OpenApi)]
 #[openapi(
     info(
@@ -43,25 +42,7 @@ address: the peer's, or from a trusted proxy the right-most untrusted `X-Forward
 hop; IPv6 by /64), `provider` and `signature` for webhook deliveries.",
         license(name = "MIT")
     ),
-    paths(
-        issuances::create_issuance,
-        issuances::get_issuance,
-        tokens::get_token,
-        tokens::list_tokens,
-        tokens::redeem_token,
-        tokens::revoke_token,
-        tokens::transfer_token,
-        balances::get_balances,
-        redemptions::create_redemption,
-        redemptions::get_redemption,
-        payments::get_payment,
-        webhooks::receive_webhook,
-        ops::healthz,
-        ops::readyz,
-        ops::metrics,
-        problems::problem_type,
-    ),
-    modifiers(&BearerAuth, &HttpConventions, &IdentifierPatterns),
+    modifiers(&BearerAuth),
     tags(
         (name = "issuances", description = "Issue a payment's tokens exactly once"),
         (name = "tokens", description = "Read tokens and change their state through the version gate"),
@@ -72,12 +53,19 @@ hop; IPv6 by /64), `provider` and `signature` for webhook deliveries.",
         (name = "problems", description = "What each problem `type` (`/problems/{code}`) means"),
     )
 )]
-pub struct ApiDoc;
+pub struct Base;
+
+/// Completes `openapi` once the route table has added every path: documents the headers
+/// and patterns its operations share, which annotations do not repeat.
+pub fn complete(openapi: &mut utoipa::openapi::OpenApi) {
+    HttpConventions.modify(openapi);
+    IdentifierPatterns.modify(openapi);
+}
 
 /// Declares the `bearer` security scheme the handlers reference.
 struct BearerAuth;
 
-impl utoipa::Modify for BearerAuth {
+impl Modify for BearerAuth {
     fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
         let components = openapi.components.get_or_insert_with(Default::default);
         components.add_security_scheme(
@@ -93,7 +81,7 @@ impl utoipa::Modify for BearerAuth {
 /// rate-limit fields on every 429.
 struct HttpConventions;
 
-impl utoipa::Modify for HttpConventions {
+impl Modify for HttpConventions {
     fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
         let header = |schema: Type, description: String| {
             RefOr::T(
@@ -171,50 +159,6 @@ fn operations(item: &mut PathItem) -> impl Iterator<Item = &mut Operation> {
     .flatten()
 }
 
-/// The failures every operation behind an API key may answer, whatever it does: no or
-/// an unknown key (401), a key without the scope or the account (403), the key's rate
-/// limit (429), and the database or the request running out of time (503). Listed in an
-/// operation's `responses(...)` after its own.
-pub struct KeyedErrors;
-
-impl IntoResponses for KeyedErrors {
-    fn responses() -> BTreeMap<String, RefOr<Response>> {
-        [
-            ("401", "`unauthorized`: missing or unknown API key"),
-            (
-                "403",
-                "`forbidden`: the key lacks the scope, or may not act on the account the request names",
-            ),
-            (
-                "429",
-                "`rate_limited`: the key exceeded its rate limit (a checkout key: its client address did); see Retry-After",
-            ),
-            (
-                "503",
-                "`database_unavailable` or `request_timeout`: retry after Retry-After",
-            ),
-        ]
-        .into_iter()
-        .map(|(status, description)| (status.to_owned(), RefOr::T(problem(description))))
-        .collect()
-    }
-}
-
-/// A problem+json answer described by `description`; 429 and 503 also carry
-/// `Retry-After`, which `HttpConventions` documents.
-fn problem(description: &str) -> Response {
-    let mut response = ResponseBuilder::new().description(description).content(
-        "application/problem+json",
-        ContentBuilder::new()
-            .schema(Some(Ref::from_schema_name("Problem")))
-            .build(),
-    );
-    if description.contains("Retry-After") {
-        response = response.header("Retry-After", HeaderBuilder::new().build());
-    }
-    response.build()
-}
-
 /// Sets the pattern of every parameter and schema property that carries an identifier
 /// (or an `If-Match` precondition), by its name, from the type that enforces it: the
 /// document cannot promise another alphabet than the parser accepts.
@@ -258,7 +202,7 @@ fn is_string(object: &Object) -> bool {
     }
 }
 
-impl utoipa::Modify for IdentifierPatterns {
+impl Modify for IdentifierPatterns {
     fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
         for item in openapi.paths.paths.values_mut() {
             for operation in operations(item) {
@@ -316,7 +260,7 @@ mod tests {
 
     #[test]
     fn every_operation_behind_a_key_documents_the_shared_failures() {
-        let doc = ApiDoc::openapi();
+        let doc = crate::http::ApiDoc::openapi();
         let mut keyed = 0;
         for (path, item) in &doc.paths.paths {
             for operation in [&item.get, &item.post].into_iter().flatten() {

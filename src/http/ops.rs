@@ -1,34 +1,15 @@
 //! Operations endpoints: liveness, readiness, Prometheus metrics. No authentication:
 //! they reveal nothing about payments or tokens.
 
+use axum::Extension;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
-use axum::routing::get;
-use axum::{Extension, Router};
 use serde::Serialize;
 use utoipa::ToSchema;
 
 use super::AppState;
 use crate::server::ShuttingDown;
-use crate::settings::Settings;
-
-/// The probes, and `/metrics` unless it has a listener of its own (`metrics_bind`).
-pub fn router(settings: &Settings) -> Router<AppState> {
-    let probes = Router::new()
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz));
-    if settings.server.metrics_bind.is_some() {
-        probes
-    } else {
-        probes.merge(metrics_router())
-    }
-}
-
-/// `/metrics` alone: what the metrics listener serves, when there is one.
-pub fn metrics_router() -> Router<AppState> {
-    Router::new().route("/metrics", get(metrics))
-}
 
 /// Liveness and readiness answers.
 #[derive(Debug, Serialize, ToSchema)]

@@ -3,29 +3,19 @@
 
 use std::sync::Arc;
 
-use axum::Router;
 use axum::extract::State;
-use axum::routing::get;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use utoipa::ToSchema;
 
 use super::AppState;
 use super::auth::Principal;
-use super::error::{ApiError, Problem};
+use super::error::{ApiError, KeyedErrors, Problem};
 use super::extract::PathParams;
-use super::openapi::KeyedErrors;
 use super::payment_path::PaymentPath;
 use crate::domain::PaymentStatus;
 use crate::domain::Scope;
 use crate::store::{PaymentDoc, chrono_time};
-
-pub fn router() -> Router<AppState> {
-    Router::new().route(
-        "/v1/payments/{provider}/{accountId}/{paymentIntentId}",
-        get(get_payment),
-    )
-}
 
 /// A payment as tokenmint knows it.
 #[derive(Debug, Serialize, ToSchema)]

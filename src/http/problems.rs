@@ -1,40 +1,10 @@
-//! The catalogue of problem codes, and `GET /problems/{code}`: every problem document's
-//! `type` resolves here, to a description of its code from the one table below. No
-//! authentication: it describes the API, nothing about payments or tokens.
+//! The catalogue of problem codes: every problem document's `type` resolves, through
+//! `GET /problems/{code}` (`http::problem_types`), to a description of its code from the
+//! one table below.
 
-use axum::Router;
-use axum::extract::Path;
-use axum::extract::rejection::PathRejection;
 use axum::http::StatusCode;
-use axum::routing::get;
 use serde::Serialize;
 use utoipa::ToSchema;
-
-use super::AppState;
-use super::error::{ApiError, Problem};
-
-pub fn router() -> Router<AppState> {
-    Router::new().route("/problems/{code}", get(problem_type))
-}
-
-/// Describe a problem type.
-///
-/// Every error answer is `application/problem+json` whose `type` is `/problems/{code}`;
-/// this resolves it to the code's title, status and what a client should do about it.
-#[utoipa::path(get, path = "/problems/{code}", tag = "problems",
-    params(("code" = ProblemCode, Path, description = "A problem document's `code`")),
-    responses(
-        (status = 200, description = "The problem type", body = ProblemType),
-        (status = 404, description = "`not_found`: no problem type of that code", body = Problem, content_type = "application/problem+json"),
-    ))]
-pub async fn problem_type(
-    code: Result<Path<String>, PathRejection>,
-) -> Result<axum::Json<ProblemType>, ApiError> {
-    code.ok()
-        .and_then(|Path(code)| ProblemCode::parse(&code))
-        .map(|code| axum::Json(code.describe()))
-        .ok_or_else(|| ApiError::NotFound("No problem type of that code.".to_owned()))
-}
 
 /// Defines [`ProblemCode`] from one table, so the codes problem documents carry, the
 /// descriptions `GET /problems/{code}` serves and the OpenAPI enum cannot drift apart.

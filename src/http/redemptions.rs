@@ -6,12 +6,10 @@
 
 use std::sync::Arc;
 
+use axum::Extension;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
-use axum::middleware::from_fn_with_state;
 use axum::response::Response;
-use axum::routing::{get, post};
-use axum::{Extension, Router};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -19,10 +17,9 @@ use utoipa::ToSchema;
 
 use super::AppState;
 use super::auth::Principal;
-use super::error::{ApiError, Problem};
+use super::error::{ApiError, KeyedErrors, Problem};
 use super::extract::{JsonBody, PathParams};
-use super::idempotency::{IDEMPOTENT_REPLAYED, idempotent, json_answer, respond, transient};
-use super::openapi::KeyedErrors;
+use super::idempotency::{IDEMPOTENT_REPLAYED, json_answer, respond, transient};
 use super::tokens::OriginView;
 use crate::domain::{
     AccountId, Actor, FieldErrors, NewRedemption, Owner, Quantity, RedemptionReference, Scope,
@@ -33,16 +30,6 @@ use crate::store::{TokenDoc, chrono_time};
 
 /// Where redemptions are created.
 const REDEMPTIONS_PATH: &str = "/v1/redemptions";
-
-/// The routes; a redemption also answers retries that carry an `Idempotency-Key`.
-pub fn router(state: &AppState) -> Router<AppState> {
-    Router::new()
-        .route(
-            REDEMPTIONS_PATH,
-            post(create_redemption).layer(from_fn_with_state(state.clone(), idempotent)),
-        )
-        .route("/v1/redemptions/{owner}/{reference}", get(get_redemption))
-}
 
 /// Body of `POST /v1/redemptions`; every bad field is reported in one 422.
 #[derive(Debug, Deserialize, ToSchema)]

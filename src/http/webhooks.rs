@@ -3,13 +3,12 @@
 //! where they are configured (Adyen); answered 200 for every verified
 //! event, including duplicates and events tokenmint ignores, so providers stop retrying.
 
-use axum::Router;
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::HeaderMap;
+use axum::extract::rejection::BytesRejection;
 use axum::http::header::CONTENT_TYPE;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
 use serde::Serialize;
 use tracing::Instrument;
 use utoipa::ToSchema;
@@ -19,14 +18,10 @@ use super::error::{ApiError, Problem};
 use super::extract::PathParams;
 use crate::domain::{ClientAddress, EventOutcome};
 use crate::telemetry::metric;
-use crate::webhooks::{Delivery, SignatureError, SignatureHeaders};
+use crate::webhooks::{Delivery, ProviderConfig, SignatureError, SignatureHeaders};
 
 /// The answer Adyen requires to a batch it may consider delivered.
 pub const ADYEN_ACCEPTED: &str = "[accepted]";
-
-pub fn router() -> Router<AppState> {
-    Router::new().route("/v1/webhooks/{provider}", post(receive_webhook))
-}
 
 /// The answer to a delivery.
 #[derive(Debug, Serialize, ToSchema)]
@@ -90,53 +85,15 @@ pub async fn receive_webhook(
     client: ClientAddress,
     PathParams(provider): PathParams<String>,
     headers: HeaderMap,
-    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+    body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let body = body.map_err(|rejection| {
-        if rejection.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::PayloadTooLarge
-        } else {
-            ApiError::MalformedJson("the body could not be read".to_owned())
-        }
-    })?;
-    let Some(config) = state.providers.get(&provider) else {
-        // Never the requested name as a label: anyone can invent names.
-        count("-", "unknown_provider");
-        return Err(ApiError::NotFound(
-            "No provider of that name is configured.".to_owned(),
-        ));
-    };
+    let body = body.map_err(unreadable)?;
+    let config = configured(&state, &provider)?;
     let provider = config.name.as_str();
-    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
-    let signature_headers = SignatureHeaders {
-        stripe_signature: header("stripe-signature"),
-        webhook_id: header("webhook-id"),
-        webhook_timestamp: header("webhook-timestamp"),
-        webhook_signature: header("webhook-signature"),
-        paddle_signature: header("paddle-signature"),
-    };
-    // Then the provider's Basic credentials, when it has them, before any HMAC work:
-    // they cost a hash to check, the batch's signatures a parse. Failures are limited
-    // per client address like failed signatures (a guess at the password is one).
-    if !config.admits(header("authorization")) {
-        count(provider, "credentials_rejected");
-        state.rate_limits.check_failed_signature(client)?;
-        return Err(ApiError::WebhookCredentials);
-    }
-    // The signature first: only the provider's own deliveries may spend its allowance,
-    // so unsigned noise cannot delay its events. Failures are limited per client address.
-    let now = chrono::Utc::now().timestamp();
-    let verified = tracing::info_span!("webhook.verify", provider)
-        .in_scope(|| config.verify(&signature_headers, &body, now));
-    if let Err(refused) = verified {
-        count(provider, "signature_rejected");
-        state.rate_limits.check_failed_signature(client)?;
-        return Err(ApiError::WebhookSignature(match refused {
-            SignatureError::Missing => "signature_missing",
-            SignatureError::Invalid => "signature_invalid",
-            SignatureError::OutOfTolerance => "signature_timestamp_out_of_tolerance",
-        }));
-    }
+    let signature_headers = signature_headers(&headers);
+    authenticate(&state, config, client, &headers, &signature_headers, &body)?;
+    // Only after the signature: only the provider's own deliveries may spend its
+    // allowance, so unsigned noise cannot delay its events.
     state.rate_limits.check_provider(provider)?;
     let delivery = config
         .parse(&signature_headers, &body, state.max_quantity)
@@ -144,6 +101,86 @@ pub async fn receive_webhook(
             count(provider, "malformed");
             ApiError::MalformedJson(malformed.0)
         })?;
+    apply(&state, provider, delivery).await
+}
+
+/// The answer to a body that could not be read: too large, or cut off.
+fn unreadable(rejection: BytesRejection) -> ApiError {
+    if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        ApiError::PayloadTooLarge
+    } else {
+        ApiError::MalformedJson("the body could not be read".to_owned())
+    }
+}
+
+/// The provider named in the path, if it is configured.
+fn configured<'a>(state: &'a AppState, name: &str) -> Result<&'a ProviderConfig, ApiError> {
+    state.providers.get(name).ok_or_else(|| {
+        // Never the requested name as a label: anyone can invent names.
+        count("-", "unknown_provider");
+        ApiError::NotFound("No provider of that name is configured.".to_owned())
+    })
+}
+
+/// The headers any provider's signature scheme may read.
+fn signature_headers(headers: &HeaderMap) -> SignatureHeaders<'_> {
+    SignatureHeaders {
+        stripe_signature: text(headers, "stripe-signature"),
+        webhook_id: text(headers, "webhook-id"),
+        webhook_timestamp: text(headers, "webhook-timestamp"),
+        webhook_signature: text(headers, "webhook-signature"),
+        paddle_signature: text(headers, "paddle-signature"),
+    }
+}
+
+/// The value of the header `name`, when it is present and visible ASCII.
+fn text<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers.get(name).and_then(|v| v.to_str().ok())
+}
+
+/// Checks that the delivery is the provider's: its Basic credentials, when it has them,
+/// then its signature over the raw body. Each refusal is also counted against the client
+/// address's allowance of failed checks (a guess at the password is one), which may
+/// answer 429 instead.
+fn authenticate(
+    state: &AppState,
+    config: &ProviderConfig,
+    client: ClientAddress,
+    headers: &HeaderMap,
+    signature_headers: &SignatureHeaders<'_>,
+    body: &[u8],
+) -> Result<(), ApiError> {
+    let provider = config.name.as_str();
+    // The credentials before any HMAC work: they cost a hash to check, the batch's
+    // signatures a parse.
+    if !config.admits(text(headers, "authorization")) {
+        count(provider, "credentials_rejected");
+        state.rate_limits.check_failed_signature(client)?;
+        return Err(ApiError::WebhookCredentials);
+    }
+    let now = chrono::Utc::now().timestamp();
+    let verified = tracing::info_span!("webhook.verify", provider)
+        .in_scope(|| config.verify(signature_headers, body, now));
+    if let Err(refused) = verified {
+        count(provider, "signature_rejected");
+        state.rate_limits.check_failed_signature(client)?;
+        return Err(signature_refused(refused));
+    }
+    Ok(())
+}
+
+/// The answer to a signature the provider's scheme refused.
+fn signature_refused(refused: SignatureError) -> ApiError {
+    ApiError::WebhookSignature(match refused {
+        SignatureError::Missing => "signature_missing",
+        SignatureError::Invalid => "signature_invalid",
+        SignatureError::OutOfTolerance => "signature_timestamp_out_of_tolerance",
+    })
+}
+
+/// Applies a verified delivery's events and answers as the provider expects: the JSON
+/// receipt for one event, `[accepted]` for an Adyen batch.
+async fn apply(state: &AppState, provider: &str, delivery: Delivery) -> Result<Response, ApiError> {
     match delivery {
         Delivery::Single(event) => {
             let processed = timed(provider, state.issuer.apply_event(provider, &event)).await?;

@@ -1,16 +1,21 @@
 //! The one error envelope: every failure is `application/problem+json` (RFC 9457) with a
 //! stable `code` clients can branch on. Internal causes are logged here, once, and never
-//! put in the body.
+//! put in the body. The failures every operation behind an API key may answer are
+//! documented here too, once (`KeyedErrors`).
 
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use utoipa::ToSchema;
 
+mod keyed;
+
 use super::problems::ProblemCode;
 use crate::domain::{FieldError, Mismatch, TokenStatus};
 use crate::issuing::{IssueError, RedemptionError};
 use crate::store::StoreError;
+
+pub use keyed::KeyedErrors;
 
 /// Seconds a client should wait before retrying a 503 or a request still in progress.
 const RETRY_AFTER_UNAVAILABLE: &str = "1";

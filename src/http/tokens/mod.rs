@@ -7,13 +7,10 @@ mod if_match;
 
 use std::sync::Arc;
 
-use axum::Router;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
 use axum::http::{StatusCode, header};
-use axum::middleware::from_fn_with_state;
 use axum::response::Response;
-use axum::routing::{get, post};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use utoipa::ToSchema;
@@ -27,9 +24,8 @@ pub use changes::{
 
 use super::AppState;
 use super::auth::Principal;
-use super::error::{ApiError, Problem};
-use super::idempotency::{idempotent, json_answer, respond};
-use super::openapi::KeyedErrors;
+use super::error::{ApiError, KeyedErrors, Problem};
+use super::idempotency::{json_answer, respond};
 use crate::domain::{FieldErrors, Owner, Scope, TokenId, TokenStatus, TokenType};
 use crate::http::extract::PathParams;
 use crate::issuing::Answer;
@@ -38,26 +34,6 @@ use crate::store::{TokenDoc, TokenQuery, chrono_time};
 /// Listing page size: default and maximum.
 const DEFAULT_LIMIT: u32 = 50;
 const MAX_LIMIT: u32 = 500;
-
-/// The routes; the state changes answer retries that carry an `Idempotency-Key`.
-pub fn router(state: &AppState) -> Router<AppState> {
-    let idempotent = || from_fn_with_state(state.clone(), idempotent);
-    Router::new()
-        .route("/v1/tokens", get(list_tokens))
-        .route("/v1/tokens/{tokenId}", get(get_token))
-        .route(
-            "/v1/tokens/{tokenId}/redeem",
-            post(redeem_token).layer(idempotent()),
-        )
-        .route(
-            "/v1/tokens/{tokenId}/revoke",
-            post(revoke_token).layer(idempotent()),
-        )
-        .route(
-            "/v1/tokens/{tokenId}/transfer",
-            post(transfer_token).layer(idempotent()),
-        )
-}
 
 /// The payment a token was issued for.
 #[derive(Debug, Serialize, ToSchema)]
