@@ -216,12 +216,7 @@ fn new_key(
     } else {
         let mut parsed: Vec<String> = Vec::new();
         for scope in &scopes {
-            let Some(scope) = Scope::parse(scope.trim()) else {
-                anyhow::bail!(
-                    "unknown scope `{}` (known: issuances:write, issuances:request, read, tokens:redeem, tokens:revoke, tokens:transfer, admin)",
-                    scope.trim()
-                );
-            };
+            let scope: Scope = scope.trim().parse()?;
             if !parsed.iter().any(|known| known == scope.as_str()) {
                 parsed.push(scope.as_str().to_owned());
             }

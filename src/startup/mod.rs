@@ -19,6 +19,7 @@ use mongodb::event::EventHandler;
 use mongodb::event::command::CommandEvent;
 use tokio::net::TcpListener;
 
+use crate::domain::Provider;
 use crate::embedded::EmbeddedMongo;
 use crate::http::{AppState, metrics_router, router};
 use crate::issuing::{
@@ -188,16 +189,17 @@ impl Application {
             None
         };
         if settings.repair.enabled {
+            let repair = &settings.repair;
             spawn_repair(
                 issuer.clone(),
-                Duration::from_millis(settings.repair.interval_ms),
-                Duration::from_millis(settings.repair.min_age_ms),
-                Duration::from_millis(settings.repair.withdrawal_lookback_ms),
+                repair.interval,
+                repair.min_age,
+                repair.withdrawal_lookback,
             );
         }
         let state = AppState::new(issuer, keys, settings);
         crate::telemetry::spawn_metrics_upkeep(state.metrics.clone());
-        crate::telemetry::register_known_metrics(settings.providers.keys().map(String::as_str));
+        crate::telemetry::register_known_metrics(settings.providers.keys().map(Provider::as_str));
         let shutting_down = ShuttingDown::default();
         Ok(Self {
             listener,
@@ -205,9 +207,9 @@ impl Application {
             router: router(state, settings).layer(Extension(shutting_down.clone())),
             store,
             embedded,
-            grace: Duration::from_millis(settings.server.shutdown_grace_ms),
+            grace: settings.server.shutdown_grace,
             limits: Limits {
-                header_read_timeout: Duration::from_millis(settings.server.header_read_timeout_ms),
+                header_read_timeout: settings.server.header_read_timeout,
                 max_connections: settings.server.max_connections,
                 max_connections_per_address: settings.server.max_connections_per_address,
                 exempt: settings.server.trusted_proxies.clone(),
@@ -313,7 +315,7 @@ pub fn issuer(settings: &Settings, store: Store) -> Issuer {
         store,
         IssuingConfig {
             default_mode: settings.issuance.default_mode,
-            providers: settings.providers.keys().cloned().collect(),
+            providers: settings.providers.keys().map(ToString::to_string).collect(),
             pending_ttl: Duration::from_secs(
                 u64::from(settings.issuance.pending_ttl_days) * 86_400,
             ),
@@ -333,10 +335,10 @@ pub fn issuer(settings: &Settings, store: Store) -> Issuer {
 fn version_gate_policy(settings: &Settings) -> RetryPolicy {
     let gate = &settings.version_gate;
     RetryPolicy {
-        base: Duration::from_millis(gate.base_delay_ms),
-        max_jitter: Duration::from_millis(gate.max_jitter_ms),
+        base: gate.base_delay,
+        max_jitter: gate.max_jitter,
         max_attempts: gate.max_attempts,
-        budget: Duration::from_millis(gate.budget_ms),
+        budget: gate.budget,
     }
 }
 

@@ -40,19 +40,20 @@ pub struct ProviderConfig {
 
 /// The configured providers, by name.
 #[derive(Default)]
-pub struct Providers(HashMap<String, ProviderConfig>);
+pub struct Providers(HashMap<Provider, ProviderConfig>);
 
 impl Providers {
-    /// From validated settings: names are valid provider identifiers, every secret
-    /// passed [`signature::check_secret`] for its scheme, and Basic credentials come as a
-    /// pair (`Settings::validate`), so nothing is left out here.
-    pub fn from_settings(providers: &std::collections::BTreeMap<String, ProviderSettings>) -> Self {
+    /// From validated settings: every secret passed [`signature::check_secret`] for its
+    /// scheme, and Basic credentials come as a pair (`Settings::validate`).
+    pub fn from_settings(
+        providers: &std::collections::BTreeMap<Provider, ProviderSettings>,
+    ) -> Self {
         Self(
             providers
                 .iter()
-                .filter_map(|(name, settings)| {
+                .map(|(name, settings)| {
                     let config = ProviderConfig {
-                        name: Provider::parse(name).ok()?,
+                        name: name.clone(),
                         scheme: settings.scheme,
                         secrets: settings.secrets.clone(),
                         tolerance_secs: settings.tolerance_secs,
@@ -64,7 +65,7 @@ impl Providers {
                         livemode: settings.livemode,
                         capture: settings.capture.unwrap_or_default(),
                     };
-                    Some((name.clone(), config))
+                    (name.clone(), config)
                 })
                 .collect(),
         )
