@@ -269,9 +269,7 @@ fn toml_string(text: &str) -> String {
 
 /// `keys dev`: the development key kept by the embedded default, on stdout.
 fn dev_key(settings: &Settings) -> anyhow::Result<Finished> {
-    if settings.is_production() {
-        anyhow::bail!("TOKENMINT_ENV=production never uses a development key");
-    }
+    settings.refuse_development_key()?;
     if !settings.auth.keys.is_empty() {
         anyhow::bail!("[[auth.keys]] is configured, so no development key is in use");
     }

@@ -14,6 +14,10 @@ pub enum SettingsError {
     Load(String),
     #[error("invalid configuration: `{key}` {message}")]
     Invalid { key: String, message: String },
+    /// A rule of `TOKENMINT_ENV=production` the configuration does not meet for what the
+    /// command does (`production`); the message names the settings it needs.
+    #[error("{0}")]
+    Production(&'static str),
 }
 
 pub(super) fn invalid(key: impl Into<String>, message: impl Into<String>) -> SettingsError {

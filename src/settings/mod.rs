@@ -7,9 +7,11 @@
 //! silently ignored setting; every validation error names the offending key.
 //!
 //! The sections are here, how a load error is told without echoing a value in
-//! `errors`, and the rules a loaded configuration must meet in `validate`.
+//! `errors`, the rules a loaded configuration must meet in `validate`, and what
+//! production asks besides, per command, in `production`.
 
 mod errors;
+mod production;
 mod secret_files;
 mod validate;
 

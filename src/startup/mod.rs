@@ -1,9 +1,10 @@
 //! Building and running the application. `Application::build` binds the listener (port 0
 //! works: tests use it), so callers can read the address before serving.
 //!
-//! Order of a start: what can be refused without a database (production rules, the API
-//! keys) is refused first, before any mongod start or migration; then the database
-//! (the embedded mongod when no URI is configured), migrations and the listener. A start
+//! Order of a start: what can be refused without a database (production's rules, which
+//! are `settings`', the API keys) is refused first, before any mongod start or
+//! migration; then the database (the embedded mongod when no URI is configured),
+//! migrations and the listener. A start
 //! that fails once the embedded mongod runs stops it cleanly. The API keys, and the
 //! development key kept beside the embedded data, are `keys`'.
 
@@ -66,7 +67,7 @@ async fn open_store(
     share: bool,
     observer: Option<EventHandler<CommandEvent>>,
 ) -> anyhow::Result<(Store, Option<EmbeddedMongo>)> {
-    refuse_embedded_in_production(settings)?;
+    settings.require_database_uri()?;
     let embedded = if settings.mongo.configured_uri().is_none() {
         let embedded_settings = &settings.mongo.embedded;
         Some(if share {
@@ -114,17 +115,6 @@ async fn open_store(
     }
 }
 
-/// The embedded mongod is for development: production needs `mongo.uri`.
-fn refuse_embedded_in_production(settings: &Settings) -> anyhow::Result<()> {
-    if settings.is_production() && settings.mongo.configured_uri().is_none() {
-        anyhow::bail!(
-            "TOKENMINT_ENV=production requires mongo.uri (TOKENMINT__MONGO__URI): the embedded \
-             mongod is for development only"
-        );
-    }
-    Ok(())
-}
-
 impl Application {
     pub async fn build(settings: &Settings) -> anyhow::Result<Self> {
         Self::build_observed(settings, None).await
@@ -138,7 +128,7 @@ impl Application {
         observer: Option<EventHandler<CommandEvent>>,
     ) -> anyhow::Result<Self> {
         // Refused before any mongod start or migration.
-        refuse_embedded_in_production(settings)?;
+        settings.require_database_uri()?;
         let keys = api_keys(settings)?;
         warn_if_few_descriptors(settings);
         let (store, embedded) = open_store(settings, false, observer).await?;
