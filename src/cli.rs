@@ -156,6 +156,9 @@ impl Cli {
             _ => {}
         }
         let settings = Settings::load(self.config.as_deref())?;
+        // A provider secret no delivery could verify stops every command, as any bad
+        // setting does, though only `serve` and `webhooks sign` use the providers.
+        crate::webhooks::Providers::from_settings(&settings.providers)?;
         let traces = crate::telemetry::init(&settings.log, &settings.telemetry)?;
         let finished = async {
             match self.command {
@@ -314,7 +317,7 @@ pub fn sign_webhook(
     body: &[u8],
     id: Option<&str>,
 ) -> anyhow::Result<String> {
-    let providers = crate::webhooks::Providers::from_settings(&settings.providers);
+    let providers = crate::webhooks::Providers::from_settings(&settings.providers)?;
     let config = providers
         .get(provider)
         .with_context(|| format!("no provider `{provider}` is configured"))?;

@@ -2,7 +2,7 @@
 //! works: tests use it), so callers can read the address before serving.
 //!
 //! Order of a start: what can be refused without a database (production's rules, which
-//! are `settings`', the API keys) is refused first, before any mongod start or
+//! are `settings`', the API keys, the providers' secrets) is refused first, before any mongod start or
 //! migration; then the database (the embedded mongod when no URI is configured),
 //! migrations and the listener. A start
 //! that fails once the embedded mongod runs stops it cleanly. The API keys, and the
@@ -29,6 +29,7 @@ use crate::issuing::{
 use crate::server::{Limits, ShuttingDown};
 use crate::settings::Settings;
 use crate::store::{ConnectError, RetryPolicy, Store, StoreConfig};
+use crate::webhooks::Providers;
 use keys::api_keys;
 pub use keys::{DEV_KEY_FILE, dev_key_path, read_dev_key};
 
@@ -130,6 +131,7 @@ impl Application {
         // Refused before any mongod start or migration.
         settings.require_database_uri()?;
         let keys = api_keys(settings)?;
+        let providers = Providers::from_settings(&settings.providers)?;
         warn_if_few_descriptors(settings);
         let (store, embedded) = open_store(settings, false, observer).await?;
         let ready = async {
@@ -187,7 +189,7 @@ impl Application {
                 repair.withdrawal_lookback,
             );
         }
-        let state = AppState::new(issuer, keys, settings);
+        let state = AppState::new(issuer, keys, providers, settings);
         crate::telemetry::spawn_metrics_upkeep(state.metrics.clone());
         crate::telemetry::register_known_metrics(settings.providers.keys().map(Provider::as_str));
         let shutting_down = ShuttingDown::default();
