@@ -1,13 +1,15 @@
 //! Payment providers as webhook senders: signature verification and event parsing into
 //! domain events, one module per scheme (`stripe`, `standard`, `paddle`, `adyen`) over the
-//! shared pieces of `signature` and `events`, and the HTTP Basic credentials a provider
-//! may send besides (`basic_auth`). What an event does is `issuing`'s to decide.
+//! shared pieces of `signing` and `events`, the schemes' common surface (`signature`), and
+//! the HTTP Basic credentials a provider may send besides (`basic_auth`). What an event
+//! does is `issuing`'s to decide.
 
 pub mod adyen;
 mod basic_auth;
 mod events;
 pub mod paddle;
 pub mod signature;
+mod signing;
 mod standard;
 mod stripe;
 

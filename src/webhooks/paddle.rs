@@ -9,7 +9,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use super::events::{EventError, payment_key, ranked_version, tokenmint_params};
-use super::signature::{SignatureError, SignatureHeaders, TimestampedHeader, is_prefixed_secret};
+use super::signing::{SignatureError, SignatureHeaders, TimestampedHeader, is_prefixed_secret};
 use crate::domain::{ParsedEvent, PaymentEvent, PaymentStatus, Provider, Refund, Reversal};
 
 /// What every Paddle notification secret key starts with.

@@ -9,7 +9,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use super::events::{EventError, RANK_FACTOR, payment_key, ranked_version, tokenmint_params};
-use super::signature::{SignatureError, SignatureHeaders, TimestampedHeader, is_prefixed_secret};
+use super::signing::{SignatureError, SignatureHeaders, TimestampedHeader, is_prefixed_secret};
 use crate::domain::{ParsedEvent, PaymentEvent, PaymentStatus, Provider, Refund, Reversal};
 
 /// The fewest characters a Stripe secret has after `whsec_`.
@@ -289,7 +289,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::webhooks::signature::secrets;
+    use crate::webhooks::signing::secrets;
 
     const NOW: i64 = 1_780_000_000;
 
