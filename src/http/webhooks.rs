@@ -19,7 +19,7 @@ use super::error::{ApiError, Problem};
 use super::extract::PathParams;
 use crate::domain::{ClientAddress, EventOutcome};
 use crate::telemetry::metric;
-use crate::webhooks::{Delivery, SignatureError, SignatureHeaders};
+use crate::webhooks::{Delivery, SignatureHeaders};
 
 /// The answer Adyen requires to a batch it may consider delivered.
 pub const ADYEN_ACCEPTED: &str = "[accepted]";
@@ -131,11 +131,7 @@ pub async fn receive_webhook(
     if let Err(refused) = verified {
         count(provider, "signature_rejected");
         state.rate_limits.check_failed_signature(client)?;
-        return Err(ApiError::WebhookSignature(match refused {
-            SignatureError::Missing => "signature_missing",
-            SignatureError::Invalid => "signature_invalid",
-            SignatureError::OutOfTolerance => "signature_timestamp_out_of_tolerance",
-        }));
+        return Err(ApiError::WebhookSignature(refused));
     }
     state.rate_limits.check_provider(provider)?;
     let delivery = config

@@ -21,6 +21,17 @@ pub enum SignatureError {
     OutOfTolerance,
 }
 
+/// The refusal's problem `code`, as the 401 answer carries it.
+impl std::fmt::Display for SignatureError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Missing => "signature_missing",
+            Self::Invalid => "signature_invalid",
+            Self::OutOfTolerance => "signature_timestamp_out_of_tolerance",
+        })
+    }
+}
+
 /// Header values a scheme reads.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct SignatureHeaders<'a> {
