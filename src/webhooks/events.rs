@@ -97,6 +97,11 @@ pub(super) fn named_event(body: &[u8]) -> Option<(String, String)> {
     Some((text("id")?, text("type")?))
 }
 
+/// An object's string field, when it is one.
+pub(super) fn text<'a>(object: &'a Map<String, Value>, field: &str) -> Option<&'a str> {
+    object.get(field).and_then(Value::as_str)
+}
+
 pub(super) fn payment_key(
     provider: &Provider,
     account: &str,

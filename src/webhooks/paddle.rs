@@ -8,7 +8,7 @@ use secrecy::SecretString;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
-use super::events::{EventError, payment_key, ranked_version, tokenmint_params};
+use super::events::{EventError, payment_key, ranked_version, text, tokenmint_params};
 use super::signing::{SignatureError, SignatureHeaders, TimestampedHeader, is_prefixed_secret};
 use crate::domain::{ParsedEvent, PaymentEvent, PaymentStatus, Provider, Refund, Reversal};
 
@@ -220,10 +220,6 @@ fn reversal(
         of: None,
         at: Some(occurred_secs),
     }))
-}
-
-fn text<'a>(data: &'a Map<String, Value>, field: &str) -> Option<&'a str> {
-    data.get(field).and_then(Value::as_str)
 }
 
 /// The amount at `path` in `data`: Paddle amounts are strings of minor units (`"1100"`),

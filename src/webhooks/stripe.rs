@@ -8,7 +8,7 @@ use secrecy::SecretString;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
-use super::events::{EventError, EventTime, payment_key, tokenmint_params};
+use super::events::{EventError, EventTime, payment_key, text, tokenmint_params};
 use super::signing::{SignatureError, SignatureHeaders, TimestampedHeader, is_prefixed_secret};
 use crate::domain::{
     IssuanceParams, ParsedEvent, PaymentEvent, PaymentStatus, Provider, Refund, Reversal,
@@ -282,10 +282,6 @@ fn refund(
         }
         _ => (None, status.rank()),
     })
-}
-
-fn text<'a>(object: &'a Map<String, Value>, field: &str) -> Option<&'a str> {
-    object.get(field).and_then(Value::as_str)
 }
 
 fn number(object: &Map<String, Value>, field: &str) -> Option<i64> {
