@@ -71,6 +71,7 @@ pub enum Environment {
 }
 
 impl Environment {
+    /// The name as `TOKENMINT_ENV` gives it (and `config/<name>.toml` is named).
     pub fn as_str(&self) -> &str {
         match self {
             Self::Development => "development",
