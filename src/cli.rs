@@ -156,6 +156,9 @@ impl Cli {
             _ => {}
         }
         let settings = Settings::load(self.config.as_deref())?;
+        // A provider secret no delivery could verify stops every command, as any bad
+        // setting does, though only `serve` and `webhooks sign` use the providers.
+        crate::webhooks::Providers::from_settings(&settings.providers)?;
         let traces = crate::telemetry::init(&settings.log, &settings.telemetry)?;
         let finished = async {
             match self.command {
@@ -216,12 +219,7 @@ fn new_key(
     } else {
         let mut parsed: Vec<String> = Vec::new();
         for scope in &scopes {
-            let Some(scope) = Scope::parse(scope.trim()) else {
-                anyhow::bail!(
-                    "unknown scope `{}` (known: issuances:write, issuances:request, read, tokens:redeem, tokens:revoke, tokens:transfer, admin)",
-                    scope.trim()
-                );
-            };
+            let scope: Scope = scope.trim().parse()?;
             if !parsed.iter().any(|known| known == scope.as_str()) {
                 parsed.push(scope.as_str().to_owned());
             }
@@ -274,9 +272,7 @@ fn toml_string(text: &str) -> String {
 
 /// `keys dev`: the development key kept by the embedded default, on stdout.
 fn dev_key(settings: &Settings) -> anyhow::Result<Finished> {
-    if settings.is_production() {
-        anyhow::bail!("TOKENMINT_ENV=production never uses a development key");
-    }
+    settings.refuse_development_key()?;
     if !settings.auth.keys.is_empty() {
         anyhow::bail!("[[auth.keys]] is configured, so no development key is in use");
     }
@@ -321,7 +317,7 @@ pub fn sign_webhook(
     body: &[u8],
     id: Option<&str>,
 ) -> anyhow::Result<String> {
-    let providers = crate::webhooks::Providers::from_settings(&settings.providers);
+    let providers = crate::webhooks::Providers::from_settings(&settings.providers)?;
     let config = providers
         .get(provider)
         .with_context(|| format!("no provider `{provider}` is configured"))?;

@@ -81,6 +81,27 @@ identifier!(
 /// exactly what `ObjectId::parse_str` accepts.
 pub const OBJECT_ID_PATTERN: &str = r"^[0-9a-fA-F]{24}$";
 
+/// A configured provider's name (`[providers.NAME]`) is a `Provider` from the start; a
+/// name outside the alphabet is refused as an invalid value, naming the key, not quoting it.
+impl<'de> serde::Deserialize<'de> for Provider {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(deserializer)?;
+        Self::parse(&name).map_err(|_| {
+            serde::de::Error::invalid_value(
+                serde::de::Unexpected::Other("a name outside the alphabet"),
+                &format!("a provider name matching {}", Self::PATTERN).as_str(),
+            )
+        })
+    }
+}
+
+/// Configured providers are looked up by the name a request path carries.
+impl std::borrow::Borrow<str> for Provider {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
 impl Default for AccountId {
     fn default() -> Self {
         Self("default".to_owned())

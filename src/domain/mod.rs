@@ -29,7 +29,7 @@ pub use owner::Owner;
 pub use payment::{CapturedPart, EventOutcome, ParsedEvent, PaymentEvent, PaymentStatus, Refund};
 pub use quantity::Quantity;
 pub use redemption::NewRedemption;
-pub use scope::{AccountGrant, Scope};
+pub use scope::{AccountGrant, Scope, UnknownScope};
 pub use token::{TokenId, TokenStatus};
 
 /// One rejected input field, as listed in a 422 answer.

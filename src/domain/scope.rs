@@ -1,4 +1,10 @@
-//! The permissions an API key can hold, and the accounts it may be limited to.
+//! The permissions an API key can hold, and the accounts it may be limited to. Each is
+//! parsed here, once, from configuration (`Deserialize`) and from the command line
+//! (`FromStr`) alike.
+
+use std::str::FromStr;
+
+use serde::de::{Deserialize, Deserializer, Error as _};
 
 use super::{AccountId, Provider};
 
@@ -15,18 +21,16 @@ pub enum Scope {
 }
 
 impl Scope {
-    pub fn parse(value: &str) -> Option<Self> {
-        Some(match value {
-            "issuances:write" => Self::IssuancesWrite,
-            "issuances:request" => Self::IssuancesRequest,
-            "read" => Self::Read,
-            "tokens:redeem" => Self::TokensRedeem,
-            "tokens:revoke" => Self::TokensRevoke,
-            "tokens:transfer" => Self::TokensTransfer,
-            "admin" => Self::Admin,
-            _ => return None,
-        })
-    }
+    /// Every scope's name, in the order they are listed to an operator.
+    pub const NAMES: &'static [&'static str] = &[
+        "issuances:write",
+        "issuances:request",
+        "read",
+        "tokens:redeem",
+        "tokens:revoke",
+        "tokens:transfer",
+        "admin",
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -38,6 +42,38 @@ impl Scope {
             Self::TokensTransfer => "tokens:transfer",
             Self::Admin => "admin",
         }
+    }
+}
+
+/// A name that is not one of [`Scope::NAMES`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown scope `{0}` (known: {known})", known = Scope::NAMES.join(", "))]
+pub struct UnknownScope(pub String);
+
+impl FromStr for Scope {
+    type Err = UnknownScope;
+
+    fn from_str(value: &str) -> Result<Self, UnknownScope> {
+        Ok(match value {
+            "issuances:write" => Self::IssuancesWrite,
+            "issuances:request" => Self::IssuancesRequest,
+            "read" => Self::Read,
+            "tokens:redeem" => Self::TokensRedeem,
+            "tokens:revoke" => Self::TokensRevoke,
+            "tokens:transfer" => Self::TokensTransfer,
+            "admin" => Self::Admin,
+            _ => return Err(UnknownScope(value.to_owned())),
+        })
+    }
+}
+
+/// An unknown name is refused as an unknown variant: the configuration's error then names
+/// the entry (`auth.keys[0].scopes[1]`) and lists the known scopes, without quoting it.
+impl<'de> Deserialize<'de> for Scope {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(deserializer)?;
+        name.parse()
+            .map_err(|_| D::Error::unknown_variant(&name, Self::NAMES))
     }
 }
 
@@ -87,9 +123,27 @@ impl AccountGrant {
     }
 }
 
+/// Refused with [`AccountGrant::RULE`], which quotes nothing of the entry.
+impl<'de> Deserialize<'de> for AccountGrant {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let entry = String::deserialize(deserializer)?;
+        Self::parse(&entry).map_err(D::Error::custom)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_scope_parses_from_its_own_name_only() {
+        for name in Scope::NAMES {
+            assert_eq!(name.parse::<Scope>().map(Scope::as_str), Ok(*name));
+        }
+        let unknown = "tokens:burn".parse::<Scope>().unwrap_err().to_string();
+        assert!(unknown.starts_with("unknown scope `tokens:burn` (known: issuances:write, "));
+        assert!("Admin".parse::<Scope>().is_err());
+    }
 
     #[test]
     fn an_account_entry_names_an_account_at_one_or_every_provider() {

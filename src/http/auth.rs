@@ -83,7 +83,8 @@ pub struct ApiKeys {
 }
 
 impl ApiKeys {
-    /// Builds the registry from validated settings (hashes are 64 hex digits, scopes known).
+    /// Builds the registry from validated settings (hashes are 64 hex digits; scopes and
+    /// accounts were parsed with them).
     pub fn from_settings(keys: &[ApiKeySettings]) -> Self {
         let keys = keys
             .iter()
@@ -92,14 +93,8 @@ impl ApiKeys {
                 hex::decode_to_slice(&key.sha256, &mut hash).expect("validated sha256 hex");
                 let principal = Principal {
                     key_id: key.id.clone(),
-                    scopes: key.scopes.iter().filter_map(|s| Scope::parse(s)).collect(),
-                    // Validated at startup, as the scopes are.
-                    accounts: key.accounts.as_ref().map(|entries| {
-                        entries
-                            .iter()
-                            .filter_map(|entry| AccountGrant::parse(entry).ok())
-                            .collect()
-                    }),
+                    scopes: key.scopes.clone(),
+                    accounts: key.accounts.clone(),
                 };
                 (hash, Arc::new(principal))
             })
@@ -149,7 +144,7 @@ pub fn dev_key_settings(key: &str) -> ApiKeySettings {
     ApiKeySettings {
         id: "dev-admin".to_owned(),
         sha256: key_hash(key),
-        scopes: vec!["admin".to_owned()],
+        scopes: vec![Scope::Admin],
         accounts: None,
     }
 }
@@ -214,8 +209,8 @@ mod tests {
 
     fn registry() -> (String, ApiKeys) {
         let (key, mut settings) = generate_dev_key();
-        settings.scopes = vec!["read".to_owned()];
-        settings.accounts = Some(vec!["acct_1".to_owned()]);
+        settings.scopes = vec![Scope::Read];
+        settings.accounts = Some(vec![AccountGrant::parse("acct_1").unwrap()]);
         (key, ApiKeys::from_settings(&[settings]))
     }
 
@@ -232,7 +227,7 @@ mod tests {
     fn only_a_key_of_issuances_request_alone_is_a_checkout_key() {
         let principal = |scopes: &[&str]| {
             let (key, mut settings) = generate_dev_key();
-            settings.scopes = scopes.iter().map(|s| (*s).to_owned()).collect();
+            settings.scopes = scopes.iter().map(|s| s.parse().unwrap()).collect();
             ApiKeys::from_settings(&[settings])
                 .authenticate(&key)
                 .unwrap()

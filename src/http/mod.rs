@@ -50,11 +50,11 @@ pub struct AppState {
 }
 
 impl AppState {
-    pub fn new(issuer: Issuer, keys: ApiKeys, settings: &Settings) -> Self {
+    pub fn new(issuer: Issuer, keys: ApiKeys, providers: Providers, settings: &Settings) -> Self {
         Self {
             issuer,
             keys: Arc::new(keys),
-            providers: Arc::new(Providers::from_settings(&settings.providers)),
+            providers: Arc::new(providers),
             rate_limits: Arc::new(rate_limit::RateLimits::new(&settings.rate_limit)),
             max_quantity: settings.issuance.max_quantity,
             trusted_proxies: settings.server.trusted_proxies.clone().into(),

@@ -18,7 +18,7 @@ use super::error::{ApiError, Problem};
 use super::extract::PathParams;
 use crate::domain::{ClientAddress, EventOutcome};
 use crate::telemetry::metric;
-use crate::webhooks::{Delivery, ProviderConfig, SignatureError, SignatureHeaders};
+use crate::webhooks::{Delivery, ProviderConfig, SignatureHeaders};
 
 /// The answer Adyen requires to a batch it may consider delivered.
 pub const ADYEN_ACCEPTED: &str = "[accepted]";
@@ -164,18 +164,9 @@ fn authenticate(
     if let Err(refused) = verified {
         count(provider, "signature_rejected");
         state.rate_limits.check_failed_signature(client)?;
-        return Err(signature_refused(refused));
+        return Err(ApiError::WebhookSignature(refused));
     }
     Ok(())
-}
-
-/// The answer to a signature the provider's scheme refused.
-fn signature_refused(refused: SignatureError) -> ApiError {
-    ApiError::WebhookSignature(match refused {
-        SignatureError::Missing => "signature_missing",
-        SignatureError::Invalid => "signature_invalid",
-        SignatureError::OutOfTolerance => "signature_timestamp_out_of_tolerance",
-    })
 }
 
 /// Applies a verified delivery's events and answers as the provider expects: the JSON

@@ -14,6 +14,10 @@ pub enum SettingsError {
     Load(String),
     #[error("invalid configuration: `{key}` {message}")]
     Invalid { key: String, message: String },
+    /// A rule of `TOKENMINT_ENV=production` the configuration does not meet for what the
+    /// command does (`production`); the message names the settings it needs.
+    #[error("{0}")]
+    Production(&'static str),
 }
 
 pub(super) fn invalid(key: impl Into<String>, message: impl Into<String>) -> SettingsError {
@@ -73,7 +77,7 @@ fn describe(figment: &Figment, error: &figment::Error) -> String {
             let first = message.lines().next().unwrap_or_default();
             if path.is_empty() {
                 first.to_owned()
-            } else if quotes_no_value(first, figment.find_value(&path.join(".")).ok()) {
+            } else if quotes_no_value(first, value_at(figment, &path)) {
                 format!("has an invalid value ({first})")
             } else {
                 "has an invalid value".to_owned()
@@ -83,9 +87,45 @@ fn describe(figment: &Figment, error: &figment::Error) -> String {
     let key = if path.is_empty() {
         String::new()
     } else {
-        format!("`{}` ", path.join("."))
+        format!("`{}` ", key_of(&path))
     };
     format!("{key}{problem}{}", origin_of(error, &path))
+}
+
+/// The value at a figment path, through tables by key and lists by index (figment's own
+/// `find_value` only goes through tables).
+fn value_at(figment: &Figment, path: &[String]) -> Option<figment::value::Value> {
+    use figment::value::Value;
+    let (first, rest) = path.split_first()?;
+    let mut value = figment.find_value(first).ok()?;
+    for segment in rest {
+        value = match value {
+            Value::Dict(_, mut dict) => dict.remove(segment)?,
+            Value::Array(_, mut items) => {
+                let index: usize = segment.parse().ok()?;
+                (index < items.len()).then(|| items.swap_remove(index))?
+            }
+            _ => return None,
+        };
+    }
+    Some(value)
+}
+
+/// A figment path as an operator writes the key: a list's item by its index in brackets
+/// (`auth.keys[0].scopes[1]`), as the validation messages name them.
+fn key_of(path: &[String]) -> String {
+    let mut key = String::new();
+    for segment in path {
+        if !key.is_empty() && segment.bytes().all(|b| b.is_ascii_digit()) {
+            key.push_str(&format!("[{segment}]"));
+        } else {
+            if !key.is_empty() {
+                key.push('.');
+            }
+            key.push_str(segment);
+        }
+    }
+    key
 }
 
 fn push_field(path: &mut Vec<String>, field: &str) {
@@ -260,14 +300,14 @@ pub(super) mod tests {
 
     #[test]
     fn a_missing_key_is_named_once() {
-        let err = Settings::from_figment(Figment::new(), "test".to_owned())
+        let err = Settings::from_figment(Figment::new(), "test".into())
             .unwrap_err()
             .to_string();
         assert!(err.contains("`server` is required"), "{err}");
         let figment = Figment::new()
             .merge(Toml::string(DEFAULT_TOML))
             .merge(Toml::string("[providers.stripe]\nscheme = \"stripe\""));
-        let err = Settings::from_figment(figment, "test".to_owned())
+        let err = Settings::from_figment(figment, "test".into())
             .unwrap_err()
             .to_string();
         assert!(

@@ -7,9 +7,11 @@
 //! silently ignored setting; every validation error names the offending key.
 //!
 //! The sections are here, how a load error is told without echoing a value in
-//! `errors`, and the rules a loaded configuration must meet in `validate`.
+//! `errors`, the rules a loaded configuration must meet in `validate`, and what
+//! production asks besides, per command, in `production`.
 
 mod errors;
+mod production;
 mod secret_files;
 mod validate;
 
@@ -25,7 +27,7 @@ use ipnet::IpNet;
 use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
 
-use crate::domain::IssuanceMode;
+use crate::domain::{AccountGrant, IssuanceMode, Provider, Scope};
 pub use errors::SettingsError;
 use errors::load_error;
 
@@ -43,7 +45,7 @@ pub struct Settings {
     pub version_gate: VersionGateSettings,
     pub auth: AuthSettings,
     #[serde(default)]
-    pub providers: BTreeMap<String, ProviderSettings>,
+    pub providers: BTreeMap<Provider, ProviderSettings>,
     pub webhooks: WebhookSettings,
     pub idempotency: IdempotencySettings,
     pub repair: RepairSettings,
@@ -53,7 +55,45 @@ pub struct Settings {
     pub telemetry: TelemetrySettings,
     /// `TOKENMINT_ENV` (default `development`); not read from files.
     #[serde(skip)]
-    pub environment: String,
+    pub environment: Environment,
+}
+
+/// Which deployment this is: `TOKENMINT_ENV`. Any name is accepted, as it also picks the
+/// file `config/<name>.toml`; only `production` changes what a configuration must meet.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Environment {
+    /// The default, when `TOKENMINT_ENV` is unset.
+    #[default]
+    Development,
+    Production,
+    /// Any other name (`test`, `staging`, …): development's rules.
+    Named(String),
+}
+
+impl Environment {
+    /// The name as `TOKENMINT_ENV` gives it (and `config/<name>.toml` is named).
+    pub fn as_str(&self) -> &str {
+        match self {
+            Self::Development => "development",
+            Self::Production => "production",
+            Self::Named(name) => name,
+        }
+    }
+}
+
+impl From<&str> for Environment {
+    fn from(name: &str) -> Self {
+        match name {
+            "development" => Self::Development,
+            "production" => Self::Production,
+            other => Self::Named(other.to_owned()),
+        }
+    }
+}
+
+/// A `_ms` key's whole number of milliseconds, as the `Duration` the code uses.
+fn millis<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {
+    u64::deserialize(deserializer).map(Duration::from_millis)
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -61,14 +101,17 @@ pub struct Settings {
 pub struct ServerSettings {
     /// Address to listen on; port 0 picks a free port (the bound address is logged).
     pub bind: SocketAddr,
-    pub request_timeout_ms: u64,
+    #[serde(rename = "request_timeout_ms", deserialize_with = "millis")]
+    pub request_timeout: Duration,
     pub body_limit_bytes: usize,
     pub cors_origins: Vec<String>,
     /// How long in-flight requests may run after SIGTERM before the server stops anyway.
-    pub shutdown_grace_ms: u64,
+    #[serde(rename = "shutdown_grace_ms", deserialize_with = "millis")]
+    pub shutdown_grace: Duration,
     /// How long a client may take to send a request's headers; also how long an idle
     /// keep-alive connection stays open.
-    pub header_read_timeout_ms: u64,
+    #[serde(rename = "header_read_timeout_ms", deserialize_with = "millis")]
+    pub header_read_timeout: Duration,
     /// Connections served at once; more wait in the listen backlog.
     pub max_connections: usize,
     /// Connections one client address (an IPv6 /64) may hold at once, trusted proxies
@@ -143,7 +186,8 @@ pub struct MongoSettings {
     #[serde(default)]
     pub uri_file: Option<PathBuf>,
     pub database: String,
-    pub server_selection_timeout_ms: u64,
+    #[serde(rename = "server_selection_timeout_ms", deserialize_with = "millis")]
+    pub server_selection_timeout: Duration,
     pub max_pool_size: u32,
     pub embedded: EmbeddedMongoSettings,
 }
@@ -193,23 +237,29 @@ pub struct IssuanceSettings {
 pub struct RepairSettings {
     pub enabled: bool,
     /// How often each instance sweeps for unfinished issuances.
-    pub interval_ms: u64,
+    #[serde(rename = "interval_ms", deserialize_with = "millis")]
+    pub interval: Duration,
     /// How old an `issuing` record must be before it counts as abandoned: longer than
     /// any request may take, so a sweep does not race requests still in flight.
-    pub min_age_ms: u64,
+    #[serde(rename = "min_age_ms", deserialize_with = "millis")]
+    pub min_age: Duration,
     /// How far back each sweep settles refunded or canceled payments again (covers an
     /// atomic issuance whose process died between its commit and its settle).
-    pub withdrawal_lookback_ms: u64,
+    #[serde(rename = "withdrawal_lookback_ms", deserialize_with = "millis")]
+    pub withdrawal_lookback: Duration,
 }
 
 /// The retry policy of the `_version` gate when the client sent no `If-Match`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct VersionGateSettings {
-    pub base_delay_ms: u64,
-    pub max_jitter_ms: u64,
+    #[serde(rename = "base_delay_ms", deserialize_with = "millis")]
+    pub base_delay: Duration,
+    #[serde(rename = "max_jitter_ms", deserialize_with = "millis")]
+    pub max_jitter: Duration,
     pub max_attempts: u32,
-    pub budget_ms: u64,
+    #[serde(rename = "budget_ms", deserialize_with = "millis")]
+    pub budget: Duration,
 }
 
 #[derive(Debug, Clone, Deserialize, Default)]
@@ -224,9 +274,9 @@ pub struct AuthSettings {
 pub struct ApiKeySettings {
     pub id: String,
     pub sha256: String,
-    pub scopes: Vec<String>,
-    /// When present, the key only sees these accountIds.
-    pub accounts: Option<Vec<String>>,
+    pub scopes: Vec<Scope>,
+    /// When present, the key only sees these accounts.
+    pub accounts: Option<Vec<AccountGrant>>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -422,8 +472,8 @@ const ENV_PREFIX: &str = "TOKENMINT__";
 impl Settings {
     /// Loads the layered configuration from the process environment.
     pub fn load(config_file: Option<&Path>) -> Result<Self, SettingsError> {
-        let environment =
-            std::env::var("TOKENMINT_ENV").unwrap_or_else(|_| "development".to_owned());
+        let environment = std::env::var("TOKENMINT_ENV")
+            .map_or(Environment::Development, |name| name.as_str().into());
         let figment = Self::figment(&environment, config_file).merge(
             Env::prefixed(ENV_PREFIX)
                 .split("__")
@@ -433,9 +483,9 @@ impl Settings {
     }
 
     /// Defaults + environment file + `--config` file, without environment variables.
-    fn figment(environment: &str, config_file: Option<&Path>) -> Figment {
+    fn figment(environment: &Environment, config_file: Option<&Path>) -> Figment {
         let mut figment = Figment::new().merge(Toml::string(DEFAULT_TOML));
-        let env_file = PathBuf::from(format!("config/{environment}.toml"));
+        let env_file = PathBuf::from(format!("config/{}.toml", environment.as_str()));
         if env_file.is_file() {
             figment = figment.merge(Toml::file(env_file));
         }
@@ -446,7 +496,7 @@ impl Settings {
     }
 
     /// Extracts and validates; used by `load` and by tests that build settings in code.
-    pub fn from_figment(figment: Figment, environment: String) -> Result<Self, SettingsError> {
+    pub fn from_figment(figment: Figment, environment: Environment) -> Result<Self, SettingsError> {
         let mut settings: Settings = figment
             .extract()
             .map_err(|error| load_error(&figment, error))?;
@@ -475,19 +525,21 @@ impl Settings {
             Figment::new().merge(Toml::string(DEFAULT_TOML)),
             |figment, layer| figment.merge(Toml::string(layer)),
         );
-        Self::from_figment(figment, "test".to_owned())
+        Self::from_figment(figment, "test".into())
     }
 
     pub fn is_production(&self) -> bool {
-        self.environment == "production"
+        self.environment == Environment::Production
     }
 
+    /// `server.request_timeout_ms`.
     pub fn request_timeout(&self) -> Duration {
-        Duration::from_millis(self.server.request_timeout_ms)
+        self.server.request_timeout
     }
 
+    /// `mongo.server_selection_timeout_ms`.
     pub fn server_selection_timeout(&self) -> Duration {
-        Duration::from_millis(self.mongo.server_selection_timeout_ms)
+        self.mongo.server_selection_timeout
     }
 }
 
@@ -535,7 +587,7 @@ mod tests {
             let figment = Figment::new()
                 .merge(Toml::string(DEFAULT_TOML))
                 .merge(Toml::string(&provider(livemode)));
-            Settings::from_figment(figment, environment.to_owned())
+            Settings::from_figment(figment, environment.into())
                 .unwrap()
                 .providers["stripe"]
                 .livemode

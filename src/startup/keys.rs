@@ -21,9 +21,7 @@ pub(super) fn api_keys(settings: &Settings) -> anyhow::Result<ApiKeys> {
     if !settings.auth.keys.is_empty() {
         return Ok(ApiKeys::from_settings(&settings.auth.keys));
     }
-    if settings.is_production() {
-        anyhow::bail!("TOKENMINT_ENV=production requires at least one [[auth.keys]] entry");
-    }
+    settings.require_api_keys()?;
     let key = if settings.mongo.configured_uri().is_none() {
         let path = dev_key_path(settings);
         let (key, created) = load_or_create_dev_key(&path)?;

@@ -1,9 +1,10 @@
 //! Building and running the application. `Application::build` binds the listener (port 0
 //! works: tests use it), so callers can read the address before serving.
 //!
-//! Order of a start: what can be refused without a database (production rules, the API
-//! keys) is refused first, before any mongod start or migration; then the database
-//! (the embedded mongod when no URI is configured), migrations and the listener. A start
+//! Order of a start: what can be refused without a database (production's rules, which
+//! are `settings`', the API keys, the providers' secrets) is refused first, before any mongod start or
+//! migration; then the database (the embedded mongod when no URI is configured),
+//! migrations and the listener. A start
 //! that fails once the embedded mongod runs stops it cleanly. The API keys, and the
 //! development key kept beside the embedded data, are `keys`'.
 
@@ -19,6 +20,7 @@ use mongodb::event::EventHandler;
 use mongodb::event::command::CommandEvent;
 use tokio::net::TcpListener;
 
+use crate::domain::Provider;
 use crate::embedded::EmbeddedMongo;
 use crate::http::{AppState, metrics_router, router};
 use crate::issuing::{
@@ -27,6 +29,7 @@ use crate::issuing::{
 use crate::server::{Limits, ShuttingDown};
 use crate::settings::Settings;
 use crate::store::{ConnectError, RetryPolicy, Store, StoreConfig};
+use crate::webhooks::Providers;
 use keys::api_keys;
 pub use keys::{DEV_KEY_FILE, dev_key_path, read_dev_key};
 
@@ -65,7 +68,7 @@ async fn open_store(
     share: bool,
     observer: Option<EventHandler<CommandEvent>>,
 ) -> anyhow::Result<(Store, Option<EmbeddedMongo>)> {
-    refuse_embedded_in_production(settings)?;
+    settings.require_database_uri()?;
     let embedded = if settings.mongo.configured_uri().is_none() {
         let embedded_settings = &settings.mongo.embedded;
         Some(if share {
@@ -113,17 +116,6 @@ async fn open_store(
     }
 }
 
-/// The embedded mongod is for development: production needs `mongo.uri`.
-fn refuse_embedded_in_production(settings: &Settings) -> anyhow::Result<()> {
-    if settings.is_production() && settings.mongo.configured_uri().is_none() {
-        anyhow::bail!(
-            "TOKENMINT_ENV=production requires mongo.uri (TOKENMINT__MONGO__URI): the embedded \
-             mongod is for development only"
-        );
-    }
-    Ok(())
-}
-
 impl Application {
     pub async fn build(settings: &Settings) -> anyhow::Result<Self> {
         Self::build_observed(settings, None).await
@@ -137,8 +129,9 @@ impl Application {
         observer: Option<EventHandler<CommandEvent>>,
     ) -> anyhow::Result<Self> {
         // Refused before any mongod start or migration.
-        refuse_embedded_in_production(settings)?;
+        settings.require_database_uri()?;
         let keys = api_keys(settings)?;
+        let providers = Providers::from_settings(&settings.providers)?;
         warn_if_few_descriptors(settings);
         let (store, embedded) = open_store(settings, false, observer).await?;
         let ready = async {
@@ -188,16 +181,17 @@ impl Application {
             None
         };
         if settings.repair.enabled {
+            let repair = &settings.repair;
             spawn_repair(
                 issuer.clone(),
-                Duration::from_millis(settings.repair.interval_ms),
-                Duration::from_millis(settings.repair.min_age_ms),
-                Duration::from_millis(settings.repair.withdrawal_lookback_ms),
+                repair.interval,
+                repair.min_age,
+                repair.withdrawal_lookback,
             );
         }
-        let state = AppState::new(issuer, keys, settings);
+        let state = AppState::new(issuer, keys, providers, settings);
         crate::telemetry::spawn_metrics_upkeep(state.metrics.clone());
-        crate::telemetry::register_known_metrics(settings.providers.keys().map(String::as_str));
+        crate::telemetry::register_known_metrics(settings.providers.keys().map(Provider::as_str));
         let shutting_down = ShuttingDown::default();
         Ok(Self {
             listener,
@@ -205,9 +199,9 @@ impl Application {
             router: router(state, settings).layer(Extension(shutting_down.clone())),
             store,
             embedded,
-            grace: Duration::from_millis(settings.server.shutdown_grace_ms),
+            grace: settings.server.shutdown_grace,
             limits: Limits {
-                header_read_timeout: Duration::from_millis(settings.server.header_read_timeout_ms),
+                header_read_timeout: settings.server.header_read_timeout,
                 max_connections: settings.server.max_connections,
                 max_connections_per_address: settings.server.max_connections_per_address,
                 exempt: settings.server.trusted_proxies.clone(),
@@ -313,7 +307,7 @@ pub fn issuer(settings: &Settings, store: Store) -> Issuer {
         store,
         IssuingConfig {
             default_mode: settings.issuance.default_mode,
-            providers: settings.providers.keys().cloned().collect(),
+            providers: settings.providers.keys().map(ToString::to_string).collect(),
             pending_ttl: Duration::from_secs(
                 u64::from(settings.issuance.pending_ttl_days) * 86_400,
             ),
@@ -333,10 +327,10 @@ pub fn issuer(settings: &Settings, store: Store) -> Issuer {
 fn version_gate_policy(settings: &Settings) -> RetryPolicy {
     let gate = &settings.version_gate;
     RetryPolicy {
-        base: Duration::from_millis(gate.base_delay_ms),
-        max_jitter: Duration::from_millis(gate.max_jitter_ms),
+        base: gate.base_delay,
+        max_jitter: gate.max_jitter,
         max_attempts: gate.max_attempts,
-        budget: Duration::from_millis(gate.budget_ms),
+        budget: gate.budget,
     }
 }
 

@@ -24,9 +24,28 @@ pub struct EventError(pub String);
 /// a unix time in seconds that the fold can hold (it would overflow or outrank a higher
 /// status).
 pub(super) fn ranked_version(rank: i64, secs: i64) -> Option<i64> {
-    (0..RANK_FACTOR)
-        .contains(&secs)
-        .then(|| rank * RANK_FACTOR + secs)
+    EventTime::new(secs).map(|time| time.version(rank))
+}
+
+/// An event's time in unix seconds, checked to fit the fold: for a scheme that must refuse
+/// an unfoldable time before it knows the event's rank (Stripe's `created`).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct EventTime(i64);
+
+impl EventTime {
+    /// `None` when `secs` would overflow the fold or outrank a higher status.
+    pub(super) fn new(secs: i64) -> Option<Self> {
+        (0..RANK_FACTOR).contains(&secs).then_some(Self(secs))
+    }
+
+    /// The version of an event of `rank` at this time.
+    pub(super) fn version(self, rank: i64) -> i64 {
+        rank * RANK_FACTOR + self.0
+    }
+
+    pub(super) fn secs(self) -> i64 {
+        self.0
+    }
 }
 
 /// The token parameters named by `tokenmint_owner`, `tokenmint_token_type` and
@@ -76,6 +95,11 @@ pub(super) fn named_event(body: &[u8]) -> Option<(String, String)> {
     let value: Value = serde_json::from_slice(body).ok()?;
     let text = |field: &str| value.get(field)?.as_str().map(str::to_owned);
     Some((text("id")?, text("type")?))
+}
+
+/// An object's string field, when it is one.
+pub(super) fn text<'a>(object: &'a Map<String, Value>, field: &str) -> Option<&'a str> {
+    object.get(field).and_then(Value::as_str)
 }
 
 pub(super) fn payment_key(

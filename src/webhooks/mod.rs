@@ -1,17 +1,19 @@
 //! Payment providers as webhook senders: signature verification and event parsing into
 //! domain events, one module per scheme (`stripe`, `standard`, `paddle`, `adyen`) over the
-//! shared pieces of `signature` and `events`, and the HTTP Basic credentials a provider
-//! may send besides (`basic_auth`). What an event does is `issuing`'s to decide.
+//! shared pieces of `signing` and `events`, the schemes' common surface (`signature`), and
+//! the HTTP Basic credentials a provider may send besides (`basic_auth`). What an event
+//! does is `issuing`'s to decide.
 
 pub mod adyen;
 mod basic_auth;
 mod events;
 pub mod paddle;
 pub mod signature;
+mod signing;
 mod standard;
 mod stripe;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use secrecy::{ExposeSecret, SecretString};
 
@@ -22,7 +24,7 @@ pub use standard::parse_standard;
 pub use stripe::parse_stripe;
 
 use crate::domain::{ParsedEvent, Provider};
-use crate::settings::{Capture, ProviderSettings, WebhookScheme};
+use crate::settings::{Capture, ProviderSettings, SettingsError, WebhookScheme};
 
 /// One configured provider.
 pub struct ProviderConfig {
@@ -40,34 +42,21 @@ pub struct ProviderConfig {
 
 /// The configured providers, by name.
 #[derive(Default)]
-pub struct Providers(HashMap<String, ProviderConfig>);
+pub struct Providers(HashMap<Provider, ProviderConfig>);
 
 impl Providers {
-    /// From validated settings: names are valid provider identifiers, every secret
-    /// passed [`signature::check_secret`] for its scheme, and Basic credentials come as a
-    /// pair (`Settings::validate`), so nothing is left out here.
-    pub fn from_settings(providers: &std::collections::BTreeMap<String, ProviderSettings>) -> Self {
-        Self(
-            providers
-                .iter()
-                .filter_map(|(name, settings)| {
-                    let config = ProviderConfig {
-                        name: Provider::parse(name).ok()?,
-                        scheme: settings.scheme,
-                        secrets: settings.secrets.clone(),
-                        tolerance_secs: settings.tolerance_secs,
-                        basic_auth: settings
-                            .basic_auth_username
-                            .as_deref()
-                            .zip(settings.basic_auth_password.as_ref())
-                            .map(|(user, password)| BasicCredentials::new(user, password)),
-                        livemode: settings.livemode,
-                        capture: settings.capture.unwrap_or_default(),
-                    };
-                    Some((name.clone(), config))
-                })
-                .collect(),
-        )
+    /// From validated settings (Basic credentials come as a pair, `Settings::validate`),
+    /// checking each secret against its scheme's rule ([`signature::check_secret`]): a
+    /// secret that could never verify a delivery stops the start, its key named as any
+    /// other bad setting's, the secret never quoted.
+    pub fn from_settings(
+        providers: &BTreeMap<Provider, ProviderSettings>,
+    ) -> Result<Self, SettingsError> {
+        providers
+            .iter()
+            .map(|(name, settings)| Ok((name.clone(), ProviderConfig::new(name, settings)?)))
+            .collect::<Result<_, _>>()
+            .map(Self)
     }
 
     pub fn contains(&self, provider: &str) -> bool {
@@ -113,6 +102,31 @@ pub struct SignedDelivery {
 }
 
 impl ProviderConfig {
+    fn new(name: &Provider, settings: &ProviderSettings) -> Result<Self, SettingsError> {
+        let scheme = settings.scheme;
+        for (i, secret) in settings.secrets.iter().enumerate() {
+            if let Err(problem) = signature::check_secret(scheme, secret.expose_secret()) {
+                return Err(SettingsError::Invalid {
+                    key: format!("providers.{name}.secrets[{i}]"),
+                    message: format!("(provider `{name}`, scheme `{scheme}`) {problem}"),
+                });
+            }
+        }
+        Ok(Self {
+            name: name.clone(),
+            scheme,
+            secrets: settings.secrets.clone(),
+            tolerance_secs: settings.tolerance_secs,
+            basic_auth: settings
+                .basic_auth_username
+                .as_deref()
+                .zip(settings.basic_auth_password.as_ref())
+                .map(|(user, password)| BasicCredentials::new(user, password)),
+            livemode: settings.livemode,
+            capture: settings.capture.unwrap_or_default(),
+        })
+    }
+
     /// Whether a delivery with this `Authorization` header value may be read at all: it
     /// carries the provider's Basic credentials, or none are configured.
     pub fn admits(&self, authorization: Option<&str>) -> bool {
@@ -244,5 +258,83 @@ impl ProviderConfig {
             headers,
             body: body.to_vec(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::settings::Settings;
+
+    /// The providers of the defaults with `layer` on top.
+    fn built(layer: &str) -> Result<Providers, SettingsError> {
+        let settings = Settings::with_overrides(&[layer]).expect("the settings load");
+        Providers::from_settings(&settings.providers)
+    }
+
+    /// Builds `layer`'s providers, expecting a refusal in one line, said once, that names
+    /// `key` and quotes none of `values`.
+    fn refused(layer: &str, key: &str, values: &[&str]) -> String {
+        let Err(err) = built(layer) else {
+            panic!("{key}: the providers were built");
+        };
+        let err = err.to_string();
+        assert!(err.contains(key), "{err}");
+        for value in values {
+            assert!(!err.contains(value), "{value:?} echoed in: {err}");
+        }
+        assert_eq!(err.matches("invalid configuration").count(), 1, "{err}");
+        assert!(!err.contains('\n'), "{err}");
+        err
+    }
+
+    #[test]
+    fn provider_secrets_must_fit_their_scheme_and_are_never_echoed() {
+        let stripe = |secret: &str| {
+            format!(
+                "[providers.billing]\nscheme = \"stripe\"\nsecrets = [\"whsec_0123456789abcdef\", \"{secret}\"]"
+            )
+        };
+        built(&stripe("whsec_0123456789abcdefXYZ")).expect("valid stripe");
+        for secret in [
+            "whsec_S3cretShort",
+            "S3cretWithoutThePrefix0123",
+            "whsec_S3cret with space!",
+        ] {
+            let err = refused(
+                &stripe(secret),
+                "providers.billing.secrets[1]",
+                &[secret, "S3cret"],
+            );
+            assert!(err.contains("provider `billing`"), "{err}");
+        }
+        let standard = |secret: &str| {
+            format!("[providers.acme]\nscheme = \"standard-webhooks\"\nsecrets = [\"{secret}\"]")
+        };
+        built(&standard("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"))
+            .expect("valid standard-webhooks");
+        let undecodable = "whsec_S3cret-not*base64!";
+        let short = "whsec_S3cretAAAAAAAAAAAAAAAA"; // decodes to 21 bytes
+        let long = format!("whsec_S3cret{}", "A".repeat(84)); // 72 bytes
+        for secret in [
+            undecodable,
+            short,
+            &long,
+            "S3cretMfKQ9r8GKYqrTwjUPD8ILPZIo2LaLa",
+        ] {
+            let err = refused(
+                &standard(secret),
+                "providers.acme.secrets[0]",
+                &[secret, "S3cret"],
+            );
+            assert!(err.contains("provider `acme`"), "{err}");
+            assert!(err.contains("standard-webhooks"), "{err}");
+        }
+    }
+
+    #[test]
+    fn empty_provider_secret_is_rejected() {
+        let toml = "[providers.stripe]\nscheme = \"stripe\"\nsecrets = [\"\"]";
+        refused(toml, "providers.stripe.secrets", &[]);
     }
 }

@@ -8,8 +8,8 @@ use secrecy::SecretString;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
-use super::events::{EventError, payment_key, ranked_version, tokenmint_params};
-use super::signature::{SignatureError, SignatureHeaders, TimestampedHeader, is_prefixed_secret};
+use super::events::{EventError, payment_key, ranked_version, text, tokenmint_params};
+use super::signing::{SignatureError, SignatureHeaders, TimestampedHeader, is_prefixed_secret};
 use crate::domain::{ParsedEvent, PaymentEvent, PaymentStatus, Provider, Refund, Reversal};
 
 /// What every Paddle notification secret key starts with.
@@ -121,24 +121,9 @@ pub fn parse_paddle(
         })
     };
     let data = &event.data;
-    let text = |field: &str| data.get(field).and_then(Value::as_str);
-    let mut reverses = false;
-    let (status, payment_id) = match event.event_type.as_str() {
-        "transaction.completed" => (PaymentStatus::Succeeded, text("id")),
-        "transaction.payment_failed" => (PaymentStatus::Failed, text("id")),
-        "transaction.canceled" => (PaymentStatus::Canceled, text("id")),
-        "adjustment.created" | "adjustment.updated" => {
-            match money_moved(text("action"), text("status")) {
-                Ok(Moved::Out) => (PaymentStatus::Refunded, text("transaction_id")),
-                // Money coming back moves no state: the money decides.
-                Ok(Moved::Back) => {
-                    reverses = true;
-                    (PaymentStatus::Succeeded, text("transaction_id"))
-                }
-                Err(reason) => return ignored(&reason),
-            }
-        }
-        _ => return ignored("unhandled event type"),
+    let (status, payment_id, reverses) = match status_and_payment(&event.event_type, data) {
+        Ok(reported) => reported,
+        Err(reason) => return ignored(&reason),
     };
     let Some(key) = payment_key(provider, "default", payment_id) else {
         return ignored("invalid transaction id");
@@ -148,48 +133,9 @@ pub fn parse_paddle(
             "not a Paddle event: occurred_at is out of range".to_owned(),
         ));
     };
-    // Paddle amounts are strings of minor units (`"1100"`).
-    let minor_units = |value: Option<&Value>| {
-        value.and_then(|v| {
-            v.as_i64()
-                .or_else(|| v.as_str().and_then(|s| s.parse().ok()))
-        })
-    };
-    let totals = |path: &[&str]| {
-        let mut value = data.get(path[0]);
-        for field in &path[1..] {
-            value = value.and_then(|v| v.get(field));
-        }
-        minor_units(value)
-    };
-    // A chargeback's id says its kind (`chargeback:`), which a reversal, naming no
-    // chargeback, is matched by.
-    let kind = match text("action") {
-        Some("chargeback") => "chargeback",
-        _ => "adjustment",
-    };
-    let refund = (status == PaymentStatus::Refunded).then(|| Refund {
-        id: format!("{kind}:{}", text("id").unwrap_or_default()),
-        amount: totals(&["totals", "total"]),
-        full: match text("type") {
-            Some("full") => Some(true),
-            Some("partial") => Some(false),
-            _ => None,
-        },
-        reported_at: None,
-    });
-    // Paddle's reversal is an adjustment of its own, naming no chargeback: it gives back
-    // its total, once (by its own id), against the payment's chargebacks only (`of:
-    // None`), never against a refund.
-    let reversal = match (reverses, totals(&["totals", "total"])) {
-        (true, Some(amount)) => Some(Reversal {
-            id: format!("adjustment:{}", text("id").unwrap_or_default()),
-            amount,
-            of: None,
-            at: Some(occurred.timestamp()),
-        }),
-        (true, None) => return ignored("chargeback reversal without totals.total"),
-        (false, _) => None,
+    let reversal = match reversal(data, reverses, occurred.timestamp()) {
+        Ok(reversal) => reversal,
+        Err(reason) => return ignored(reason),
     };
     Ok(ParsedEvent::Payment(Box::new(PaymentEvent {
         event_id: event.event_id.clone(),
@@ -199,19 +145,93 @@ pub fn parse_paddle(
         version,
         // An adjustment's total is the refund's, not the transaction's.
         amount: (status != PaymentStatus::Refunded && !reverses)
-            .then(|| totals(&["details", "totals", "grand_total"]))
+            .then(|| minor_units(data, &["details", "totals", "grand_total"]))
             .flatten(),
-        currency: text("currency_code").map(str::to_owned),
+        currency: text(data, "currency_code").map(str::to_owned),
         token_params: data
             .get("custom_data")
             .and_then(Value::as_object)
             .and_then(|custom| tokenmint_params(custom, "", max_quantity)),
         payment_date: (status == PaymentStatus::Succeeded).then_some(occurred),
-        refund,
+        refund: (status == PaymentStatus::Refunded).then(|| refund(data)),
         reversal,
         capture: None,
         authorises_capture: false,
     })))
+}
+
+/// The status an event of `event_type` reports, the transaction it is about, and whether
+/// it gives money back to the merchant; `Err`: why it reports none.
+fn status_and_payment<'a>(
+    event_type: &str,
+    data: &'a Map<String, Value>,
+) -> Result<(PaymentStatus, Option<&'a str>, bool), String> {
+    let id = |field: &str| text(data, field);
+    Ok(match event_type {
+        "transaction.completed" => (PaymentStatus::Succeeded, id("id"), false),
+        "transaction.payment_failed" => (PaymentStatus::Failed, id("id"), false),
+        "transaction.canceled" => (PaymentStatus::Canceled, id("id"), false),
+        "adjustment.created" | "adjustment.updated" => {
+            match money_moved(id("action"), id("status"))? {
+                Moved::Out => (PaymentStatus::Refunded, id("transaction_id"), false),
+                // Money coming back moves no state: the money decides.
+                Moved::Back => (PaymentStatus::Succeeded, id("transaction_id"), true),
+            }
+        }
+        _ => return Err("unhandled event type".to_owned()),
+    })
+}
+
+/// The refund an adjustment that takes money back reports. A chargeback's id says its
+/// kind (`chargeback:`), which a reversal, naming no chargeback, is matched by.
+fn refund(adjustment: &Map<String, Value>) -> Refund {
+    let kind = match text(adjustment, "action") {
+        Some("chargeback") => "chargeback",
+        _ => "adjustment",
+    };
+    Refund {
+        id: format!("{kind}:{}", text(adjustment, "id").unwrap_or_default()),
+        amount: minor_units(adjustment, &["totals", "total"]),
+        full: match text(adjustment, "type") {
+            Some("full") => Some(true),
+            Some("partial") => Some(false),
+            _ => None,
+        },
+        reported_at: None,
+    }
+}
+
+/// Paddle's reversal is an adjustment of its own, naming no chargeback: it gives back
+/// its total, once (by its own id), against the payment's chargebacks only (`of:
+/// None`), never against a refund. `None` unless the event `reverses`.
+fn reversal(
+    adjustment: &Map<String, Value>,
+    reverses: bool,
+    occurred_secs: i64,
+) -> Result<Option<Reversal>, &'static str> {
+    if !reverses {
+        return Ok(None);
+    }
+    let amount = minor_units(adjustment, &["totals", "total"])
+        .ok_or("chargeback reversal without totals.total")?;
+    Ok(Some(Reversal {
+        id: format!("adjustment:{}", text(adjustment, "id").unwrap_or_default()),
+        amount,
+        of: None,
+        at: Some(occurred_secs),
+    }))
+}
+
+/// The amount at `path` in `data`: Paddle amounts are strings of minor units (`"1100"`),
+/// a JSON integer read too.
+fn minor_units(data: &Map<String, Value>, path: &[&str]) -> Option<i64> {
+    let (first, rest) = path.split_first()?;
+    let value = rest
+        .iter()
+        .try_fold(data.get(*first)?, |value, field| value.get(field))?;
+    value
+        .as_i64()
+        .or_else(|| value.as_str().and_then(|s| s.parse().ok()))
 }
 
 #[cfg(test)]

@@ -11,7 +11,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use super::events::{EventError, payment_key, token_params};
-use super::signature::{SignatureError, SignatureHeaders, any_signature_matches, mac, within};
+use super::signing::{SignatureError, SignatureHeaders, any_signature_matches, mac, within};
 use crate::domain::{ParsedEvent, PaymentEvent, PaymentStatus, Provider, Refund, Reversal};
 
 /// The smallest and largest Standard Webhooks key, in bytes (the specification's range).
@@ -200,7 +200,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::webhooks::signature::secrets;
+    use crate::webhooks::signing::secrets;
 
     const NOW: i64 = 1_780_000_000;
 

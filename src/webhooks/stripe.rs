@@ -8,9 +8,11 @@ use secrecy::SecretString;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
-use super::events::{EventError, RANK_FACTOR, payment_key, ranked_version, tokenmint_params};
-use super::signature::{SignatureError, SignatureHeaders, TimestampedHeader, is_prefixed_secret};
-use crate::domain::{ParsedEvent, PaymentEvent, PaymentStatus, Provider, Refund, Reversal};
+use super::events::{EventError, EventTime, payment_key, text, tokenmint_params};
+use super::signing::{SignatureError, SignatureHeaders, TimestampedHeader, is_prefixed_secret};
+use crate::domain::{
+    IssuanceParams, ParsedEvent, PaymentEvent, PaymentStatus, Provider, Refund, Reversal,
+};
 
 /// The fewest characters a Stripe secret has after `whsec_`.
 pub const STRIPE_SECRET_MIN_CHARS: usize = 16;
@@ -74,23 +76,68 @@ pub fn parse_stripe(
         serde_json::from_slice(body).map_err(|e| EventError(format!("not a Stripe event: {e}")))?;
     // `created` is checked before anything else: an event whose version cannot be
     // folded is malformed whatever its type.
-    if ranked_version(0, event.created).is_none() {
+    let Some(created) = EventTime::new(event.created) else {
         return Err(EventError(format!(
             "not a Stripe event: created {} is not a unix time in seconds",
             event.created
         )));
-    }
-    let ignored = |reason: &str| {
-        Ok(ParsedEvent::Ignored {
-            event_id: event.id.clone(),
-            event_type: event.event_type.clone(),
-            reason: reason.to_owned(),
-        })
     };
+    Ok(
+        match payment_event(provider, &event, created, max_quantity) {
+            Ok(payment) => ParsedEvent::Payment(Box::new(payment)),
+            Err(reason) => ParsedEvent::Ignored {
+                event_id: event.id,
+                event_type: event.event_type,
+                reason: reason.to_owned(),
+            },
+        },
+    )
+}
+
+/// The payment event `event` reports, or why it is ignored.
+fn payment_event(
+    provider: &Provider,
+    event: &StripeEvent,
+    created: EventTime,
+    max_quantity: u32,
+) -> Result<PaymentEvent, &'static str> {
+    let kind = event.event_type.as_str();
     let object = &event.data.object;
-    let id = |field: &str| object.get(field).and_then(Value::as_str);
-    let session = event.event_type.starts_with("checkout.session.");
-    let (status, payment_id) = match event.event_type.as_str() {
+    let session = kind.starts_with("checkout.session.");
+    let (status, payment_id) = status_and_payment(kind, object)?;
+    let account = event.account.as_deref().unwrap_or("default");
+    let key = payment_key(provider, account, payment_id).ok_or("invalid account or payment id")?;
+    // A session's amount is its `amount_total`, what the PaymentIntent is for.
+    let mut amount = number(object, if session { "amount_total" } else { "amount" });
+    let reversal = reversal(kind, object, created, &mut amount)?;
+    let (refund, rank) = refund(kind, object, status, created, &mut amount)?;
+    Ok(PaymentEvent {
+        event_id: event.id.clone(),
+        event_type: event.event_type.clone(),
+        key,
+        status,
+        version: created.version(rank),
+        amount,
+        currency: text(object, "currency").map(str::to_owned),
+        token_params: token_params(object, session, max_quantity),
+        payment_date: number(object, "created")
+            .or(Some(created.secs()))
+            .and_then(|secs| DateTime::from_timestamp(secs, 0)),
+        refund,
+        reversal,
+        capture: None,
+        authorises_capture: false,
+    })
+}
+
+/// The status an event of type `kind` reports, and the PaymentIntent it is about; `Err`:
+/// why it reports none.
+fn status_and_payment<'a>(
+    kind: &str,
+    object: &'a Map<String, Value>,
+) -> Result<(PaymentStatus, Option<&'a str>), &'static str> {
+    let id = |field: &str| text(object, field);
+    Ok(match kind {
         "payment_intent.processing" => (PaymentStatus::Processing, id("id")),
         "payment_intent.succeeded" => (PaymentStatus::Succeeded, id("id")),
         "payment_intent.payment_failed" => (PaymentStatus::Failed, id("id")),
@@ -104,101 +151,115 @@ pub fn parse_stripe(
         "charge.dispute.created" if withdrew_funds(object) => {
             (PaymentStatus::Refunded, id("payment_intent"))
         }
-        "charge.dispute.created" => return ignored("a dispute whose funds were not withdrawn"),
+        "charge.dispute.created" => return Err("a dispute whose funds were not withdrawn"),
         // Money coming back moves no state: the reversal is recorded and the money
         // decides (the status is the one a standing payment has).
         "charge.dispute.funds_reinstated"
         | "refund.failed"
         | "refund.updated"
         | "charge.refund.updated" => (PaymentStatus::Succeeded, id("payment_intent")),
-        _ if session => match session_status(&event.event_type, object) {
-            Ok(status) => match session_payment_intent(object) {
-                Some(intent) => (status, Some(intent)),
-                None => return ignored("a session without a payment_intent"),
-            },
-            Err(reason) => return ignored(reason),
-        },
-        _ => return ignored("unhandled event type"),
-    };
-    let account = event.account.as_deref().unwrap_or("default");
-    let Some(key) = payment_key(provider, account, payment_id) else {
-        return ignored("invalid account or payment id");
-    };
+        _ if kind.starts_with("checkout.session.") => {
+            let status = session_status(kind, object)?;
+            let intent =
+                session_payment_intent(object).ok_or("a session without a payment_intent")?;
+            (status, Some(intent))
+        }
+        _ => return Err("unhandled event type"),
+    })
+}
+
+/// The token parameters: a session's own metadata first, else its PaymentIntent's when
+/// the event carries it expanded; without either, the PaymentIntent's events bring them.
+fn token_params(
+    object: &Map<String, Value>,
+    session: bool,
+    max_quantity: u32,
+) -> Option<Result<IssuanceParams, String>> {
     let metadata = |object: &Map<String, Value>| {
         object
             .get("metadata")
             .and_then(Value::as_object)
             .and_then(|metadata| tokenmint_params(metadata, "", max_quantity))
     };
-    // A session's own metadata first, else its PaymentIntent's when the event carries it
-    // expanded; without either, the PaymentIntent's events bring them.
-    let token_params = metadata(object).or_else(|| {
+    metadata(object).or_else(|| {
         object
             .get("payment_intent")
             .and_then(Value::as_object)
             .filter(|_| session)
             .and_then(metadata)
-    });
-    let payment_date = object
-        .get("created")
-        .and_then(Value::as_i64)
-        .or(Some(event.created))
-        .and_then(|secs| DateTime::from_timestamp(secs, 0));
-    let number = |field: &str| object.get(field).and_then(Value::as_i64);
-    let object_id = id("id").unwrap_or_default();
-    // A session's amount is its `amount_total`, what the PaymentIntent is for.
-    let mut amount = number(if session { "amount_total" } else { "amount" });
-    let reversal = match event.event_type.as_str() {
+    })
+}
+
+/// The money an event of type `kind` gives back, if any. What it gives back is taken out
+/// of `amount`, which is then not the payment's.
+fn reversal(
+    kind: &str,
+    object: &Map<String, Value>,
+    created: EventTime,
+    amount: &mut Option<i64>,
+) -> Result<Option<Reversal>, &'static str> {
+    let object_id = text(object, "id").unwrap_or_default();
+    Ok(match kind {
         // A dispute won gives back what its withdrawal took (the Dispute's `amount`).
         "charge.dispute.funds_reinstated" => {
-            let Some(reinstated) = amount.take() else {
-                return ignored("dispute without amount");
-            };
+            let reinstated = amount.take().ok_or("dispute without amount")?;
             let dispute = format!("dispute:{object_id}");
             Some(Reversal {
                 id: dispute.clone(),
                 amount: reinstated,
                 of: Some(dispute),
-                at: Some(event.created),
+                at: Some(created.secs()),
             })
         }
         // A refund that failed or was canceled gives its amount back. It was counted in
         // its charge's running total (`charge.refunded`), so it reverses that total;
         // a later report of the charge leaves it out already (`Store::record_refund`).
         "refund.failed" | "refund.updated" | "charge.refund.updated" => {
-            let status = id("status");
-            if !matches!(status, Some("failed" | "canceled")) {
-                return ignored("a refund neither failed nor canceled");
+            if !matches!(text(object, "status"), Some("failed" | "canceled")) {
+                return Err("a refund neither failed nor canceled");
             }
-            let (Some(given_back), Some(charge)) = (amount.take(), id("charge")) else {
-                return ignored("refund without amount or charge");
+            let (Some(given_back), Some(charge)) = (amount.take(), text(object, "charge")) else {
+                return Err("refund without amount or charge");
             };
             Some(Reversal {
                 id: format!("refund:{object_id}"),
                 amount: given_back,
                 of: Some(format!("charge:{charge}")),
-                at: Some(event.created),
+                at: Some(created.secs()),
             })
         }
         _ => None,
-    };
-    let (refund, rank) = match event.event_type.as_str() {
+    })
+}
+
+/// The refund an event of type `kind` reports, if any, and the rank its version folds.
+/// A dispute's amount is taken out of `amount`: it is what was taken back, not the
+/// payment's amount.
+fn refund(
+    kind: &str,
+    object: &Map<String, Value>,
+    status: PaymentStatus,
+    created: EventTime,
+    amount: &mut Option<i64>,
+) -> Result<(Option<Refund>, i64), &'static str> {
+    let object_id = text(object, "id").unwrap_or_default();
+    Ok(match kind {
         // A charge fully refunded says `refunded: true`; otherwise `amount_refunded` of its
         // `amount` is its refunds so far (a running total, so it is kept per charge). A
         // full refund ranks above a partial one, which ranks as the success it may leave
         // standing, so a full refund in the same second as a partial one still wins.
         "charge.refunded" => {
             let full = object.get("refunded").and_then(Value::as_bool) == Some(true);
-            let refunded = match (full, number("amount_refunded")) {
-                (true, refunded) => refunded.max(amount),
+            let refunded = match (full, number(object, "amount_refunded")) {
+                (true, refunded) => refunded.max(*amount),
                 (false, Some(refunded)) => Some(refunded),
-                (false, None) => return ignored("partial refund without amount_refunded"),
+                (false, None) => return Err("partial refund without amount_refunded"),
             };
             let refund = Refund {
                 id: format!("charge:{object_id}"),
                 amount: refunded,
                 full: full.then_some(true),
-                reported_at: Some(event.created),
+                reported_at: Some(created.secs()),
             };
             let rank = if full {
                 status.rank()
@@ -208,12 +269,9 @@ pub fn parse_stripe(
             (Some(refund), rank)
         }
         // The Dispute's `amount` is what the cardholder's bank took back: a refund of that
-        // much, kept under the dispute's own id so it adds to the charge's refunds. It is
-        // not the payment's amount.
+        // much, kept under the dispute's own id so it adds to the charge's refunds.
         "charge.dispute.funds_withdrawn" | "charge.dispute.created" => {
-            let Some(disputed) = amount.take() else {
-                return ignored("dispute without amount");
-            };
+            let disputed = amount.take().ok_or("dispute without amount")?;
             let refund = Refund {
                 id: format!("dispute:{object_id}"),
                 amount: Some(disputed),
@@ -223,25 +281,11 @@ pub fn parse_stripe(
             (Some(refund), status.rank())
         }
         _ => (None, status.rank()),
-    };
-    Ok(ParsedEvent::Payment(Box::new(PaymentEvent {
-        event_id: event.id,
-        event_type: event.event_type,
-        key,
-        status,
-        version: rank * RANK_FACTOR + event.created,
-        amount,
-        currency: object
-            .get("currency")
-            .and_then(Value::as_str)
-            .map(str::to_owned),
-        token_params,
-        payment_date,
-        refund,
-        reversal,
-        capture: None,
-        authorises_capture: false,
-    })))
+    })
+}
+
+fn number(object: &Map<String, Value>, field: &str) -> Option<i64> {
+    object.get(field).and_then(Value::as_i64)
 }
 
 /// What a Checkout Session event says of its payment, or why it says nothing: only
@@ -289,7 +333,8 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::webhooks::signature::secrets;
+    use crate::webhooks::events::RANK_FACTOR;
+    use crate::webhooks::signing::secrets;
 
     const NOW: i64 = 1_780_000_000;
 

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use tokenmint::domain::{AccountGrant, Scope};
 use tokenmint::http::auth::{ApiKeys, key_hash};
 use tokenmint::settings::Settings;
 
@@ -87,10 +88,11 @@ fn keys_new_prints_a_key_once_and_a_pasteable_entry() {
     let entry = &settings.auth.keys[0];
     assert_eq!(entry.id, "billing \"backend\"");
     assert_eq!(entry.sha256, key_hash(&key));
-    assert_eq!(entry.scopes, ["read", "issuances:write"]);
+    assert_eq!(entry.scopes, [Scope::Read, Scope::IssuancesWrite]);
+    let grant = |entry: &str| AccountGrant::parse(entry).unwrap();
     assert_eq!(
         entry.accounts.as_deref(),
-        Some(&["acct_1".to_owned(), "stripe/acct_2".to_owned()][..])
+        Some(&[grant("acct_1"), grant("stripe/acct_2")][..])
     );
     let principal = ApiKeys::from_settings(&settings.auth.keys)
         .authenticate(&key)
@@ -103,7 +105,7 @@ fn keys_new_prints_a_key_once_and_a_pasteable_entry() {
     assert_eq!(code, 0, "{stderr}");
     assert!(stderr.contains("admin"), "{stderr}");
     let settings = Settings::with_overrides(&[&again]).unwrap();
-    assert_eq!(settings.auth.keys[0].scopes, ["admin"]);
+    assert_eq!(settings.auth.keys[0].scopes, [Scope::Admin]);
     assert!(settings.auth.keys[0].id.starts_with("key-"));
     assert_ne!(settings.auth.keys[0].sha256, entry.sha256);
 

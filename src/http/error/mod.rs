@@ -14,6 +14,7 @@ use super::problems::ProblemCode;
 use crate::domain::{FieldError, Mismatch, TokenStatus};
 use crate::issuing::{IssueError, RedemptionError};
 use crate::store::StoreError;
+use crate::webhooks::SignatureError;
 
 pub use keyed::KeyedErrors;
 
@@ -44,7 +45,7 @@ pub enum ApiError {
     #[error("unauthorized: {0}")]
     Unauthorized(&'static str),
     #[error("webhook signature rejected: {0}")]
-    WebhookSignature(&'static str),
+    WebhookSignature(SignatureError),
     #[error("webhook credentials rejected")]
     WebhookCredentials,
     #[error("forbidden: {0}")]
@@ -149,15 +150,11 @@ impl ApiError {
         match self {
             Self::MalformedJson(_) => ProblemCode::MalformedJson,
             Self::Unauthorized(_) => ProblemCode::Unauthorized,
-            Self::WebhookSignature(code) => ProblemCode::parse(code)
-                .filter(|c| c.status() == StatusCode::UNAUTHORIZED && *c != ProblemCode::Unauthorized)
-                .unwrap_or_else(|| {
-                    debug_assert!(
-                        false,
-                        "webhook signature code `{code}` is not in the ProblemCode table (src/http/problems.rs): add it there"
-                    );
-                    ProblemCode::SignatureInvalid
-                }),
+            Self::WebhookSignature(refused) => match refused {
+                SignatureError::Missing => ProblemCode::SignatureMissing,
+                SignatureError::Invalid => ProblemCode::SignatureInvalid,
+                SignatureError::OutOfTolerance => ProblemCode::SignatureTimestampOutOfTolerance,
+            },
             Self::WebhookCredentials => ProblemCode::BasicAuthInvalid,
             Self::Forbidden(_) => ProblemCode::Forbidden,
             Self::NotFound(_) => ProblemCode::NotFound,
@@ -203,13 +200,16 @@ impl ApiError {
         match self {
             Self::MalformedJson(detail) => format!("The body is not valid JSON: {detail}"),
             Self::Unauthorized(detail) => (*detail).to_owned(),
-            Self::WebhookSignature(code) => match *code {
-                "signature_missing" => "The provider's signature header is missing.".to_owned(),
-                "signature_timestamp_out_of_tolerance" => {
-                    "The signature's timestamp is outside the accepted tolerance.".to_owned()
+            Self::WebhookSignature(refused) => match refused {
+                SignatureError::Missing => "The provider's signature header is missing.",
+                SignatureError::OutOfTolerance => {
+                    "The signature's timestamp is outside the accepted tolerance."
                 }
-                _ => "The signature does not match the body with any configured secret.".to_owned(),
-            },
+                SignatureError::Invalid => {
+                    "The signature does not match the body with any configured secret."
+                }
+            }
+            .to_owned(),
             Self::WebhookCredentials => {
                 "The delivery lacks the provider's HTTP Basic credentials, or they do not match.".to_owned()
             }

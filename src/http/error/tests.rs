@@ -8,9 +8,9 @@ fn every_error() -> Vec<ApiError> {
         ApiError::MalformedJson("x".to_owned()),
         ApiError::Unauthorized("Missing Authorization: Bearer <key> header."),
         ApiError::Unauthorized(UNKNOWN_API_KEY),
-        ApiError::WebhookSignature("signature_missing"),
-        ApiError::WebhookSignature("signature_invalid"),
-        ApiError::WebhookSignature("signature_timestamp_out_of_tolerance"),
+        ApiError::WebhookSignature(SignatureError::Missing),
+        ApiError::WebhookSignature(SignatureError::Invalid),
+        ApiError::WebhookSignature(SignatureError::OutOfTolerance),
         ApiError::WebhookCredentials,
         ApiError::Forbidden("x".to_owned()),
         ApiError::NotFound("x".to_owned()),
@@ -96,6 +96,22 @@ fn every_error_answers_with_a_code_from_the_table() {
     }
 }
 
+#[test]
+fn a_signature_refusal_is_told_by_its_own_code() {
+    for refused in [
+        SignatureError::Missing,
+        SignatureError::Invalid,
+        SignatureError::OutOfTolerance,
+    ] {
+        let error = ApiError::WebhookSignature(refused);
+        assert_eq!(error.code().as_str(), refused.to_string());
+        assert_eq!(
+            error.to_string(),
+            format!("webhook signature rejected: {refused}")
+        );
+    }
+}
+
 fn challenge(error: ApiError) -> Option<String> {
     error
         .into_response()
@@ -120,7 +136,7 @@ fn every_401_carries_a_challenge_and_nothing_else_does() {
         "Bearer realm=\"tokenmint\", error=\"invalid_token\""
     );
     assert_eq!(
-        challenge(ApiError::WebhookSignature("signature_invalid")).unwrap(),
+        challenge(ApiError::WebhookSignature(SignatureError::Invalid)).unwrap(),
         "Signature realm=\"webhooks\", error=\"signature_invalid\""
     );
     assert_eq!(

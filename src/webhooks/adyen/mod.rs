@@ -16,7 +16,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use super::events::{EventError, payment_key, ranked_version, tokenmint_params};
-use super::signature::{SignatureError, SignatureHeaders, any_signature_matches, mac};
+use super::signing::{SignatureError, SignatureHeaders, any_signature_matches, mac};
 use crate::domain::{
     CapturedPart, ParsedEvent, PaymentEvent, PaymentStatus, Provider, Refund, Reversal,
 };
