@@ -36,7 +36,6 @@ use governor::state::keyed::{
 };
 use governor::{NotUntil, Quota, RateLimiter};
 
-use super::error::ApiError;
 use crate::domain::ClientAddress;
 use crate::settings::RateLimitSettings;
 use crate::telemetry::metric;
@@ -115,6 +114,15 @@ impl LimitHeaders {
     }
 }
 
+/// A request a limit refused: when one request is back, and the limit that refused
+/// (the HTTP layer answers it 429 with `Retry-After`). A type of its own, so that the
+/// limits know nothing of the error envelope that tells them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refused {
+    pub retry_after_secs: u64,
+    pub limit: LimitHeaders,
+}
+
 /// A bucket of an address limiter: a client address, or the one shared by addresses
 /// seen while the table is full.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -188,7 +196,7 @@ impl AddressLimiter {
         }
     }
 
-    fn check(&self, client: ClientAddress) -> Result<LimitHeaders, ApiError> {
+    fn check(&self, client: ClientAddress) -> Result<LimitHeaders, Refused> {
         self.prune();
         let decided = self.limiter.check_key(&Bucket::Address(client));
         decide(self.limiter_kind, self.limiter.clock(), decided)
@@ -245,24 +253,24 @@ impl RateLimits {
     }
 
     /// Takes one request from the configured key `key_id`'s allowance, or answers 429.
-    pub fn check_key(&self, key_id: &str) -> Result<LimitHeaders, ApiError> {
+    pub fn check_key(&self, key_id: &str) -> Result<LimitHeaders, Refused> {
         let decided = self.keys.check_key(&key_id.to_owned());
         decide(Limiter::Key, self.keys.clock(), decided)
     }
 
     /// Takes one verified delivery from the configured `provider`'s allowance.
-    pub fn check_provider(&self, provider: &str) -> Result<LimitHeaders, ApiError> {
+    pub fn check_provider(&self, provider: &str) -> Result<LimitHeaders, Refused> {
         let decided = self.providers.check_key(&provider.to_owned());
         decide(Limiter::Provider, self.providers.clock(), decided)
     }
 
     /// Takes one checkout-key request from `client`'s allowance.
-    pub fn check_address(&self, client: ClientAddress) -> Result<LimitHeaders, ApiError> {
+    pub fn check_address(&self, client: ClientAddress) -> Result<LimitHeaders, Refused> {
         self.addresses.check(client)
     }
 
     /// Takes one failed signature (or credential) check from `client`'s allowance.
-    pub fn check_failed_signature(&self, client: ClientAddress) -> Result<(), ApiError> {
+    pub fn check_failed_signature(&self, client: ClientAddress) -> Result<(), Refused> {
         self.failed_signatures.check(client).map(drop)
     }
 }
@@ -272,7 +280,7 @@ fn decide(
     limiter: Limiter,
     clock: &DefaultClock,
     decided: Result<StateSnapshot, NotUntil<<DefaultClock as Clock>::Instant>>,
-) -> Result<LimitHeaders, ApiError> {
+) -> Result<LimitHeaders, Refused> {
     match decided {
         Ok(snapshot) => {
             let quota = snapshot.quota();
@@ -291,7 +299,7 @@ fn decide(
             let until_full = wait.saturating_add(quota.replenish_interval().saturating_mul(rest));
             metrics::counter!(metric::RATE_LIMITED_TOTAL, "limiter" => limiter.label())
                 .increment(1);
-            Err(ApiError::RateLimited {
+            Err(Refused {
                 retry_after_secs: whole_seconds(wait),
                 limit: LimitHeaders::new(limiter, quota, 0, until_full),
             })
@@ -354,9 +362,9 @@ mod tests {
         ClientAddress::of(text.parse().unwrap())
     }
 
-    fn refused(result: Result<LimitHeaders, ApiError>) -> (u64, LimitHeaders) {
+    fn refused(result: Result<LimitHeaders, Refused>) -> (u64, LimitHeaders) {
         match result {
-            Err(ApiError::RateLimited {
+            Err(Refused {
                 retry_after_secs,
                 limit,
             }) => (retry_after_secs, limit),
@@ -459,7 +467,7 @@ mod tests {
         }
         assert!(matches!(
             limits.check_failed_signature(attacker),
-            Err(ApiError::RateLimited { .. })
+            Err(Refused { .. })
         ));
         // Another address, the provider's own bucket and the address buckets of checkout
         // keys are untouched.

@@ -11,6 +11,7 @@ use utoipa::ToSchema;
 mod keyed;
 
 use super::problems::ProblemCode;
+use super::rate_limit::{LimitHeaders, Refused};
 use crate::domain::{FieldError, Mismatch, TokenStatus};
 use crate::issuing::{IssueError, RedemptionError};
 use crate::store::StoreError;
@@ -87,7 +88,7 @@ pub enum ApiError {
     RateLimited {
         retry_after_secs: u64,
         /// The limit that refused, told as `RateLimit-Policy` and `RateLimit`.
-        limit: super::rate_limit::LimitHeaders,
+        limit: LimitHeaders,
     },
     #[error("database unavailable")]
     DatabaseUnavailable,
@@ -302,6 +303,15 @@ impl ApiError {
             _ => {}
         }
         problem
+    }
+}
+
+impl From<Refused> for ApiError {
+    fn from(refused: Refused) -> Self {
+        Self::RateLimited {
+            retry_after_secs: refused.retry_after_secs,
+            limit: refused.limit,
+        }
     }
 }
 

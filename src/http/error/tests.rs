@@ -35,7 +35,7 @@ fn every_error() -> Vec<ApiError> {
         ApiError::PreconditionRequired("x"),
         ApiError::RateLimited {
             retry_after_secs: 1,
-            limit: crate::http::rate_limit::LimitHeaders {
+            limit: LimitHeaders {
                 policy: "\"key\";q=1;w=1".to_owned(),
                 current: "\"key\";r=0;t=1".to_owned(),
             },
