@@ -3,7 +3,6 @@
 use mongodb::bson::{self, DateTime, Document, RawDocumentBuf, doc, oid::ObjectId};
 use serde::{Deserialize, Serialize};
 
-use super::filters::{RECORD_KEY_FIELDS, key_values};
 use crate::domain::{
     Actor, IssuanceMode, IssuanceParams, IssuanceStatus, NewIssuance, Owner, PaymentKey, Quantity,
     TokenStatus, TokenType,
@@ -215,6 +214,18 @@ pub fn new_token(
     token.append_ref("createdAt", now);
     token.append_ref("updatedAt", now);
     token
+}
+
+/// Field names of a payment's unique key in `issuances` and `payments`.
+pub(super) const RECORD_KEY_FIELDS: [&str; 3] = ["provider", "accountId", "paymentIntentId"];
+/// A payment key's values, in the order of `RECORD_KEY_FIELDS` (and of the
+/// token's `origin` fields the filters name).
+pub(super) fn key_values(key: &PaymentKey) -> [&str; 3] {
+    [
+        key.provider.as_str(),
+        key.account_id.as_str(),
+        key.payment_intent_id.as_str(),
+    ]
 }
 
 /// An empty raw document with room for about `capacity` bytes. The builders above know

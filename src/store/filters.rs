@@ -3,26 +3,16 @@
 
 use mongodb::bson::{Bson, Document, RawDocumentBuf, doc};
 
-use super::documents::raw_document;
+use super::documents::{RECORD_KEY_FIELDS, key_values, raw_document};
 use crate::domain::PaymentKey;
 
-/// Field names of a payment's unique key in `issuances` and `payments`.
-pub(super) const RECORD_KEY_FIELDS: [&str; 3] = ["provider", "accountId", "paymentIntentId"];
-/// The same fields as a token stores them, under `origin` (a prefix of its unique index).
+/// The payment key's fields (`RECORD_KEY_FIELDS`) as a token stores them, under `origin`
+/// (a prefix of its unique index).
 const TOKEN_KEY_FIELDS: [&str; 3] = [
     "origin.provider",
     "origin.accountId",
     "origin.paymentIntentId",
 ];
-
-/// A payment key's values, in the order of the field-name arrays above.
-pub(super) fn key_values(key: &PaymentKey) -> [&str; 3] {
-    [
-        key.provider.as_str(),
-        key.account_id.as_str(),
-        key.payment_intent_id.as_str(),
-    ]
-}
 
 /// `names` paired with the key's values as a filter. Values are validated identifiers,
 /// never operators.

@@ -33,9 +33,9 @@ use futures::TryStreamExt;
 use mongodb::bson::{Bson, Document, doc, oid::ObjectId};
 use mongodb::options::ReturnDocument;
 
-use super::documents::{IssuanceDoc, from_document};
+use super::documents::{IssuanceDoc, RECORD_KEY_FIELDS, from_document};
 use super::error::{ISSUANCES_PAYMENT_INDEX, StoreError};
-use super::filters::{RECORD_KEY_FIELDS, issuance_filter, issuances_filter};
+use super::filters::{issuance_filter, issuances_filter};
 use super::{ISSUANCES, Store};
 use crate::domain::{IssuanceStatus, PaymentKey};
 
