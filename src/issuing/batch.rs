@@ -57,7 +57,7 @@ use tokio::sync::{Mutex, mpsc, oneshot};
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use super::issue::{record_lost, refuse_unless_standing};
+use super::issue::{record_lost, refuse_other_params, refuse_unless_standing};
 use super::standing::takes_back;
 use super::{IssueError, IssueOutcome, IssuedTokens, Issuer, Settlement};
 use crate::domain::{IssuanceMode, IssuanceStatus, NewIssuance, PaymentKey};
@@ -489,21 +489,17 @@ impl Issuer {
                     if record.status == IssuanceStatus::Issued
                         && tokens.len() as i64 == record.quantity =>
                 {
-                    let answer = match record.params() {
-                        Ok(params) => {
-                            let mismatches = params.mismatches(&queued.request.params);
-                            if mismatches.is_empty() {
-                                Ok(IssueOutcome::Replayed(IssuedTokens {
-                                    issuance: record.clone(),
-                                    tokens: tokens.clone(),
-                                    created: 0,
-                                }))
-                            } else {
-                                Err(IssueError::Conflict(mismatches))
-                            }
-                        }
-                        Err(err) => Err(err.into()),
-                    };
+                    let answer = record
+                        .params()
+                        .map_err(IssueError::from)
+                        .and_then(|params| refuse_other_params(&params, &queued.request.params))
+                        .map(|()| {
+                            IssueOutcome::Replayed(IssuedTokens {
+                                issuance: record.clone(),
+                                tokens: tokens.clone(),
+                                created: 0,
+                            })
+                        });
                     let _ = queued.answer.send(answer);
                 }
                 _ => slow.push(queued),
