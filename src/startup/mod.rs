@@ -361,19 +361,16 @@ async fn prepare_database(settings: &Settings, store: &Store) -> anyhow::Result<
 fn warn_if_few_descriptors(settings: &Settings) {
     #[cfg(unix)]
     {
-        let mut limit = libc::rlimit {
-            rlim_cur: 0,
-            rlim_max: 0,
-        };
-        // SAFETY: getrlimit writes into the struct we pass, nothing else.
-        if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        // `None`: unlimited.
+        let Some(limit) = rustix::process::getrlimit(rustix::process::Resource::Nofile).current
+        else {
             return;
-        }
+        };
         let needed =
             settings.server.max_connections as u64 + u64::from(settings.mongo.max_pool_size) + 64;
-        if limit.rlim_cur != libc::RLIM_INFINITY && limit.rlim_cur < needed {
+        if limit < needed {
             tracing::warn!(
-                open_files_limit = limit.rlim_cur,
+                open_files_limit = limit,
                 needed,
                 "the open-files limit is below server.max_connections plus the MongoDB pool; raise it (ulimit -n) or lower server.max_connections"
             );
