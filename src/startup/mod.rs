@@ -47,6 +47,8 @@ pub struct Application {
     /// Wakes this instance's waiting checkouts; stopped (every waiter answered) as soon
     /// as shutdown begins. `None` on a standalone mongod, which has no change streams.
     fulfilments: Option<FulfilmentWatch>,
+    /// Its group-commit writers are stopped once the server has stopped.
+    issuer: Issuer,
 }
 
 /// For operator commands (migrate, duplicates, verify): the store, on the embedded mongod
@@ -195,7 +197,7 @@ impl Application {
                 Duration::from_millis(settings.repair.withdrawal_lookback_ms),
             );
         }
-        let state = AppState::new(issuer, keys, settings);
+        let state = AppState::new(issuer.clone(), keys, settings);
         crate::telemetry::spawn_metrics_upkeep(state.metrics.clone());
         crate::telemetry::register_known_metrics(settings.providers.keys().map(String::as_str));
         let shutting_down = ShuttingDown::default();
@@ -214,6 +216,7 @@ impl Application {
             },
             shutting_down,
             fulfilments,
+            issuer,
         })
     }
 
@@ -258,6 +261,7 @@ impl Application {
             limits,
             shutting_down,
             fulfilments,
+            issuer,
         } = self;
         let (stopping_tx, stopping_rx) = tokio::sync::oneshot::channel::<()>();
         let signal = async move {
@@ -299,6 +303,8 @@ impl Application {
             metrics.abort();
         }
         probe.abort();
+        // Before the store closes: the batches the last requests queued still need it.
+        issuer.stop_writers().await;
         store.shutdown().await;
         if let Some(embedded) = embedded {
             embedded.stop().await;
