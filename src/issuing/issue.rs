@@ -19,11 +19,9 @@ use super::{Caller, IssueError, IssueOutcome, IssuedTokens, Issuer};
 use crate::domain::{
     Actor, IssuanceMode, IssuanceParams, IssuanceStatus, NewIssuance, PaymentKey, PaymentStatus,
 };
-use crate::store::{AtomicInsert, Existing, IssuanceDoc, PaymentDoc, StoreError, TokenSummary};
-
-/// A record that keeps changing under us (taken over, expired, re-created) is re-read
-/// this many times before giving up.
-const RECORD_CHANGE_RETRIES: u32 = 3;
+use crate::store::{
+    AtomicInsert, Existing, IssuanceDoc, PaymentDoc, StoreError, TokenSummary, retry,
+};
 
 impl Issuer {
     /// Issues `request` as `caller` may.
@@ -123,7 +121,7 @@ impl Issuer {
             }
             // The placeholder expired or was taken over in between: look again.
             attempt += 1;
-            if attempt >= RECORD_CHANGE_RETRIES {
+            if !retry::RECORD_CHANGE.allows_another(attempt) {
                 return Err(record_kept_changing());
             }
         };
@@ -211,7 +209,7 @@ impl Issuer {
             // Someone else took a pending record or a placeholder over, or it expired, in
             // between: look again.
             attempt += 1;
-            if attempt >= RECORD_CHANGE_RETRIES {
+            if !retry::RECORD_CHANGE.allows_another(attempt) {
                 return Err(record_kept_changing());
             }
         }

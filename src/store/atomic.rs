@@ -18,7 +18,6 @@
 //! transaction leaves nothing.
 
 use std::future::Future;
-use std::time::Duration;
 
 use mongodb::ClientSession;
 use mongodb::bson::{DateTime, RawDocumentBuf, doc, oid::ObjectId};
@@ -31,12 +30,10 @@ use super::error::{
     is_transient_transaction_error, is_write_conflict,
 };
 use super::placeholder::Existing;
+use super::retry;
 use super::{Store, TOKENS};
 use crate::domain::{IssuanceStatus, NewIssuance};
 use crate::telemetry::metric;
-
-/// Transient transaction errors are retried this many times before giving up.
-pub const MAX_TRANSACTION_ATTEMPTS: u32 = 10;
 
 /// What an atomic insert of one issuance did.
 #[derive(Debug)]
@@ -139,23 +136,14 @@ impl Store {
                 }
                 Err(TransactionError::Driver(err))
                     if is_transient_transaction_error(&err)
-                        && attempt < MAX_TRANSACTION_ATTEMPTS =>
+                        && retry::TRANSACTION.allows_another(attempt) =>
                 {
                     attempt += 1;
-                    metrics::counter!(metric::TRANSACTION_RETRIES_TOTAL).increment(1);
-                    // A short, growing pause lets the conflicting transaction commit.
-                    tokio::time::sleep(Duration::from_millis(u64::from(attempt) * 5)).await;
+                    pause_before_transaction(attempt).await;
                 }
-                // Still conflicting after every retry: another transaction holds one of
-                // these keys (`StoreError::Contended`). Any other transient error (a
-                // failover, a transaction the server lost) is an outage, for the batch
-                // as a whole.
+                // Still transient after every retry: for the batch as a whole.
                 Err(TransactionError::Driver(err)) if is_transient_transaction_error(&err) => {
-                    return Err(if is_write_conflict(&err) {
-                        StoreError::Contended(err)
-                    } else {
-                        StoreError::Unavailable(err)
-                    });
+                    return Err(transaction_gave_up(err));
                 }
                 Err(TransactionError::Precondition(err)) => return Err(err),
                 Err(TransactionError::Driver(err)) => return Err(err.into()),
@@ -305,14 +293,35 @@ impl<R> Plan<'_, R> {
 
 /// Commits, retrying while the outcome is unknown (the commit is idempotent).
 pub(super) async fn commit_with_retry(session: &mut ClientSession) -> Result<(), Error> {
-    let mut attempt = 0;
+    let mut attempts = 1;
     loop {
         match session.commit_transaction().await {
-            Err(err) if err.contains_label(UNKNOWN_TRANSACTION_COMMIT_RESULT) && attempt < 3 => {
-                attempt += 1;
+            Err(err)
+                if err.contains_label(UNKNOWN_TRANSACTION_COMMIT_RESULT)
+                    && retry::UNKNOWN_COMMIT.allows_another(attempts) =>
+            {
+                attempts += 1;
             }
             other => return other,
         }
+    }
+}
+
+/// Counts a transaction's retry and waits before its `attempt`-th try: a short, growing
+/// pause lets the conflicting transaction commit.
+pub(super) async fn pause_before_transaction(attempt: u32) {
+    metrics::counter!(metric::TRANSACTION_RETRIES_TOTAL).increment(1);
+    tokio::time::sleep(retry::transaction_pause(attempt)).await;
+}
+
+/// What a transaction still failing transiently after every retry is: still conflicting,
+/// another transaction holds one of its keys (`StoreError::Contended`); any other
+/// transient error (a failover, a transaction the server lost) is an outage.
+pub(super) fn transaction_gave_up(err: Error) -> StoreError {
+    if is_write_conflict(&err) {
+        StoreError::Contended(err)
+    } else {
+        StoreError::Unavailable(err)
     }
 }
 

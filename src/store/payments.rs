@@ -8,25 +8,23 @@
 //! apart from the state, one amount per refund id, because they only grow and add up
 //! whatever order they arrive in.
 
-use std::time::Duration;
-
 use futures::TryStreamExt;
 use mongodb::ClientSession;
 use mongodb::bson::{Bson, DateTime, Document, doc, oid::ObjectId};
 use mongodb::options::{ReadConcern, ReturnDocument};
 use serde::Deserialize;
 
-use super::atomic::{MAX_TRANSACTION_ATTEMPTS, commit_with_retry};
+use super::atomic::{commit_with_retry, pause_before_transaction, transaction_gave_up};
 use super::documents::{bson_time, from_document};
-use super::error::{StoreError, is_transient_transaction_error, is_write_conflict};
+use super::error::{StoreError, is_transient_transaction_error};
 use super::filters::{issuance_filter, payment_tokens_filter};
 use super::indexes::PAYMENTS_INDEX;
+use super::retry;
 use super::{Store, TOKENS};
 use crate::domain::{
     Actor, CapturedPart, IssuanceParams, Money, Owner, PaymentEvent, PaymentKey, PaymentStatus,
     Quantity, Refund, Reversal, TokenType, Withdrawal,
 };
-use crate::telemetry::metric;
 
 pub const PAYMENTS: &str = "payments";
 
@@ -708,19 +706,13 @@ impl Store {
             {
                 Err(err)
                     if is_transient_transaction_error(&err)
-                        && attempt < MAX_TRANSACTION_ATTEMPTS =>
+                        && retry::TRANSACTION.allows_another(attempt) =>
                 {
                     attempt += 1;
-                    metrics::counter!(metric::TRANSACTION_RETRIES_TOTAL).increment(1);
-                    // A short, growing pause lets the conflicting write commit.
-                    tokio::time::sleep(Duration::from_millis(u64::from(attempt) * 5)).await;
+                    pause_before_transaction(attempt).await;
                 }
                 Err(err) if is_transient_transaction_error(&err) => {
-                    return Err(if is_write_conflict(&err) {
-                        StoreError::Contended(err)
-                    } else {
-                        StoreError::Unavailable(err)
-                    });
+                    return Err(transaction_gave_up(err));
                 }
                 other => return Ok(other?),
             }

@@ -17,13 +17,8 @@ use crate::domain::{IssuanceStatus, PaymentKey};
 use crate::issuing::Issuer;
 use crate::issuing::standing::takes_back;
 use crate::store::{
-    AtomicPlan, AtomicSet, AtomicSetsInsert, IssuanceDoc, StoreError, TokenSummary,
+    AtomicPlan, AtomicSet, AtomicSetsInsert, IssuanceDoc, StoreError, TokenSummary, retry,
 };
-
-/// Transactions per batch: one that the payments' state refuses, or that runs into an
-/// existing record (then a read finds which), is followed by one without those requests,
-/// so the third normally commits.
-const MAX_ATTEMPTS: usize = 4;
 
 impl Issuer {
     pub(super) async fn commit_atomically(&self, batch: Vec<Queued>) {
@@ -32,7 +27,7 @@ impl Issuer {
         // Step 1 reads beside the first transaction only; later ones (fewer requests)
         // plan from the same read, which is also the settle's.
         let first_read = OnceCell::new();
-        for _ in 0..MAX_ATTEMPTS {
+        for _ in 0..retry::ATOMIC_BATCH.max_attempts {
             if firsts.is_empty() {
                 break;
             }
