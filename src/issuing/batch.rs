@@ -260,6 +260,16 @@ struct FirstRead {
     at: Instant,
 }
 
+impl FirstRead {
+    /// No read: what a batch that read nothing (and so wrote nothing) settles against.
+    fn none() -> Self {
+        Self {
+            payments: Payments::new(),
+            at: Instant::now(),
+        }
+    }
+}
+
 /// A request whose record this batch inserted.
 struct Claimed {
     request: NewIssuance,
@@ -285,13 +295,7 @@ impl Issuer {
             }
             Err(err) => {
                 fail_all(batch.into_iter().map(|q| q.answer), &err);
-                (
-                    Vec::new(),
-                    FirstRead {
-                        payments: Payments::new(),
-                        at,
-                    },
-                )
+                (Vec::new(), FirstRead::none())
             }
         }
     }
