@@ -193,7 +193,7 @@ impl Issuer {
                     .revoke_tokens_from(key, keep, reason, &by)
                     .await?;
                 if revoked > 0 {
-                    metrics::counter!(metric::TOKENS_REVOKED_TOTAL, "reason" => reason)
+                    metrics::counter!(metric::TOKENS_REVOKED_TOTAL, "reason" => reason.as_str())
                         .increment(revoked);
                 }
                 Ok(Settlement {
