@@ -5,7 +5,7 @@
 use futures::future::join_all;
 use mongodb::bson::doc;
 use tokenmint::domain::{IssuanceMode, NewIssuance};
-use tokenmint::issuing::{Caller, IssueError, IssueOutcome};
+use tokenmint::issuing::{Caller, IssueError, IssueOutcome, Issuer};
 
 use crate::helpers::*;
 
@@ -17,12 +17,18 @@ fn issuance(payment: &str, quantity: i64, mode: IssuanceMode) -> NewIssuance {
     }
 }
 
-#[tokio::test]
-async fn stopping_the_writers_answers_what_was_queued_then_ends_them() {
+/// A test app (its database, migrated), and an issuer of its own on that database, as
+/// the application builds it.
+async fn app_and_issuer() -> (TestApp, Issuer) {
     let app = spawn_app().await;
     let settings = test_settings(&app.db_name, "");
-    let issuer =
-        tokenmint::startup::issuer(&settings, connect_store(&mongo_uri(), &app.db_name).await);
+    let store = connect_store(&mongo_uri(), &app.db_name).await;
+    (app, tokenmint::startup::issuer(&settings, store))
+}
+
+#[tokio::test]
+async fn stopping_the_writers_answers_what_was_queued_then_ends_them() {
+    let (app, issuer) = app_and_issuer().await;
     let requests: Vec<NewIssuance> = (0..6)
         .map(|i| {
             let mode = if i % 2 == 0 {
@@ -63,10 +69,7 @@ async fn stopping_the_writers_answers_what_was_queued_then_ends_them() {
 
 #[tokio::test]
 async fn stopping_writers_that_never_started_refuses_later_issuances() {
-    let app = spawn_app().await;
-    let settings = test_settings(&app.db_name, "");
-    let issuer =
-        tokenmint::startup::issuer(&settings, connect_store(&mongo_uri(), &app.db_name).await);
+    let (app, issuer) = app_and_issuer().await;
     assert_eq!(issuer.stop_writers().await, 0);
     let late = issuance("pi_writers_never", 1, IssuanceMode::Atomic);
     assert!(matches!(
