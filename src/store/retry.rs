@@ -23,8 +23,9 @@ pub struct RetryPolicy {
 }
 
 impl RetryPolicy {
-    /// `max_attempts` tries in all, back to back.
-    pub const fn immediate(max_attempts: u32) -> Self {
+    /// `max_attempts` tries in all, bounded by count alone: no backoff schedule of its
+    /// own (`Backoff`), so the tries follow one another at once unless the caller pauses.
+    pub const fn attempts(max_attempts: u32) -> Self {
         Self {
             base: Duration::ZERO,
             max_jitter: Duration::ZERO,
@@ -41,36 +42,37 @@ impl RetryPolicy {
 
 /// A claim or take-over of a payment's place whose record keeps changing under it (taken
 /// over, expired, re-created): three looks, then the request fails and its client retries.
-pub const RECORD_CHANGE: RetryPolicy = RetryPolicy::immediate(3);
+pub const RECORD_CHANGE: RetryPolicy = RetryPolicy::attempts(3);
 
 /// A status the money decides, after another event changed the payment meanwhile: three
 /// tries, then the delivery fails and its redelivery decides again.
-pub const PAYMENT_STATUS: RetryPolicy = RetryPolicy::immediate(3);
+pub const PAYMENT_STATUS: RetryPolicy = RetryPolicy::attempts(3);
 
 /// An `Idempotency-Key` whose colliding record vanished before it could be read (expired,
 /// or released by an attempt that failed with a 5xx): three looks.
-pub const IDEMPOTENCY_CLAIM: RetryPolicy = RetryPolicy::immediate(3);
+pub const IDEMPOTENCY_CLAIM: RetryPolicy = RetryPolicy::attempts(3);
 
 /// Transactions per atomic group-commit batch: one that the payments' state refuses, or
 /// that runs into an existing record (then a read finds which), is followed by one
 /// without those requests, so the third normally commits; the fourth is the margin.
-pub const ATOMIC_BATCH: RetryPolicy = RetryPolicy::immediate(4);
+pub const ATOMIC_BATCH: RetryPolicy = RetryPolicy::attempts(4);
 
 /// The first-insert race of two upserts of a new key (the loser's duplicate key): the
 /// first try and three more, each of which finds the winner's document.
-pub const FIRST_INSERT: RetryPolicy = RetryPolicy::immediate(4);
+pub const FIRST_INSERT: RetryPolicy = RetryPolicy::attempts(4);
 
 /// A transaction that ends in a transient error (a write conflict with a concurrent
 /// one): ten tries, the n-th after (n × `TRANSACTION_PAUSE_STEP`), about a quarter of a
 /// second in all; still conflicting then, another transaction holds the keys.
-pub const TRANSACTION: RetryPolicy = RetryPolicy::immediate(10);
+pub const TRANSACTION: RetryPolicy = RetryPolicy::attempts(10);
 
 /// The growth of the pause between a transaction's tries: short, since the conflicting
 /// transaction is usually one round trip from its commit.
 pub const TRANSACTION_PAUSE_STEP: Duration = Duration::from_millis(5);
 
-/// A commit whose outcome is unknown (the commit is idempotent): four tries.
-pub const UNKNOWN_COMMIT: RetryPolicy = RetryPolicy::immediate(4);
+/// A commit whose outcome is unknown (a lost reply, a step-down): the commit is
+/// idempotent, so it is sent again, four tries in all.
+pub const UNKNOWN_COMMIT: RetryPolicy = RetryPolicy::attempts(4);
 
 /// The pause before a transaction's `attempt`-th try (the second and on).
 pub fn transaction_pause(attempt: u32) -> Duration {
