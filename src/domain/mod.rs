@@ -24,7 +24,7 @@ pub use identifiers::{
 pub use issuance::{
     IssuanceMode, IssuanceParams, IssuanceStatus, Mismatch, NewIssuance, PaymentKey,
 };
-pub use money::{Entitlement, Money, Reversal, Withdrawal, entitlement};
+pub use money::{Entitlement, Money, Reversal, RevocationReason, Withdrawal, entitlement};
 pub use owner::Owner;
 pub use payment::{CapturedPart, EventOutcome, ParsedEvent, PaymentEvent, PaymentStatus, Refund};
 pub use quantity::Quantity;

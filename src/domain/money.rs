@@ -160,7 +160,41 @@ pub enum Entitlement {
     All,
     /// Tokens 0..keep-1 only; the rest are taken back (`reason` says why, and becomes
     /// the revoked tokens' `revocationReason`).
-    Keep { keep: i64, reason: &'static str },
+    Keep { keep: i64, reason: RevocationReason },
+}
+
+/// Why the money took tokens back: a revoked token's `revocationReason`, and the
+/// `reason` label of `tokenmint_tokens_revoked_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RevocationReason {
+    /// The payment was refunded (or charged back) whole.
+    Refunded,
+    /// The payment was canceled.
+    Canceled,
+    /// The payment's money failed after a success.
+    Failed,
+    /// A share of the payment was refunded (or charged back).
+    PartialRefund,
+}
+
+impl RevocationReason {
+    /// Every reason, as the metrics register them.
+    pub const ALL: [Self; 4] = [
+        Self::Refunded,
+        Self::Canceled,
+        Self::Failed,
+        Self::PartialRefund,
+    ];
+
+    /// The stored and exported name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Refunded => "refunded",
+            Self::Canceled => "canceled",
+            Self::Failed => "failed",
+            Self::PartialRefund => "partial_refund",
+        }
+    }
 }
 
 impl Entitlement {
@@ -183,11 +217,13 @@ impl Entitlement {
 pub fn entitlement(status: PaymentStatus, money: &Money, quantity: i64) -> Entitlement {
     let none = |reason| Entitlement::Keep { keep: 0, reason };
     match status {
-        PaymentStatus::Canceled => return none("canceled"),
+        PaymentStatus::Canceled => return none(RevocationReason::Canceled),
         // Only reachable with tokens when the money failed after a success (Adyen's
         // CAPTURE_FAILED): none of them were paid for.
-        PaymentStatus::Failed => return none("failed"),
-        PaymentStatus::Refunded if !money.explains_refund() => return none("refunded"),
+        PaymentStatus::Failed => return none(RevocationReason::Failed),
+        PaymentStatus::Refunded if !money.explains_refund() => {
+            return none(RevocationReason::Refunded);
+        }
         PaymentStatus::Refunded | PaymentStatus::Processing | PaymentStatus::Succeeded => {}
     }
     let withdrawn = money.withdrawn();
@@ -204,19 +240,20 @@ pub fn entitlement(status: PaymentStatus, money: &Money, quantity: i64) -> Entit
                 Entitlement::Keep {
                     keep: quantity - share,
                     reason: if status == PaymentStatus::Refunded && withdrawn == amount {
-                        "refunded"
+                        RevocationReason::Refunded
                     } else {
-                        "partial_refund"
+                        RevocationReason::PartialRefund
                     },
                 }
             }
         }
-        _ => none("refunded"),
+        _ => none(RevocationReason::Refunded),
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::RevocationReason as R;
     use super::*;
 
     fn w(id: &str, amount: i64, full: bool) -> Withdrawal {
@@ -364,23 +401,23 @@ mod tests {
                 Succeeded,
                 money(Some(1000), 250, 0),
                 10,
-                keep(8, "partial_refund"),
+                keep(8, R::PartialRefund),
             ),
             (Succeeded, money(Some(1000), 250, 250), 10, Entitlement::All),
             (Succeeded, money(Some(1000), 99, 0), 10, Entitlement::All),
-            (Succeeded, money(None, 10, 0), 10, keep(0, "refunded")),
+            (Succeeded, money(None, 10, 0), 10, keep(0, R::Refunded)),
             (
                 Refunded,
                 money(Some(1000), 1000, 0),
                 10,
-                keep(0, "refunded"),
+                keep(0, R::Refunded),
             ),
             // Refunded by its money, half of it back: half the tokens stand.
             (
                 Refunded,
                 money(Some(1000), 1000, 500),
                 10,
-                keep(5, "partial_refund"),
+                keep(5, R::PartialRefund),
             ),
             (
                 Refunded,
@@ -389,18 +426,18 @@ mod tests {
                 Entitlement::All,
             ),
             // Refunded without money that explains it (the provider's word only).
-            (Refunded, money(Some(1000), 0, 0), 10, keep(0, "refunded")),
+            (Refunded, money(Some(1000), 0, 0), 10, keep(0, R::Refunded)),
             // Judged whole while the amount was unknown: the money decides once known.
             (
                 Refunded,
                 money(Some(1000), 250, 0),
                 10,
-                keep(8, "partial_refund"),
+                keep(8, R::PartialRefund),
             ),
-            (Refunded, money(None, 250, 0), 10, keep(0, "refunded")),
+            (Refunded, money(None, 250, 0), 10, keep(0, R::Refunded)),
             (Refunded, money(None, 250, 250), 10, Entitlement::All),
-            (Canceled, money(Some(1000), 0, 0), 10, keep(0, "canceled")),
-            (Failed, money(Some(1000), 0, 0), 10, keep(0, "failed")),
+            (Canceled, money(Some(1000), 0, 0), 10, keep(0, R::Canceled)),
+            (Failed, money(Some(1000), 0, 0), 10, keep(0, R::Failed)),
         ];
         for (status, money, quantity, expected) in cases {
             assert_eq!(
@@ -409,7 +446,7 @@ mod tests {
                 "{status:?} {money:?}"
             );
         }
-        assert_eq!(keep(8, "x").kept(10), 8);
+        assert_eq!(keep(8, R::Refunded).kept(10), 8);
         assert_eq!(Entitlement::All.kept(10), 10);
     }
 }

@@ -3,7 +3,11 @@
 
 use std::path::Path;
 
+use rustix::io::Errno;
+use rustix::process;
+
 use super::EmbeddedError;
+use super::process::pid_of;
 
 pub(super) const PORT_FILE: &str = "tokenmint-port";
 /// mongod writes its pid here while it holds the data directory, and empties it on a
@@ -33,15 +37,15 @@ pub fn running_mongod(data_dir: &Path) -> Option<u32> {
 
 /// Whether process `pid` exists (also when it belongs to another user).
 pub(super) fn process_alive(pid: u32) -> bool {
-    let Ok(pid) = libc::pid_t::try_from(pid) else {
+    let Some(pid) = pid_of(pid) else {
         return false;
     };
-    if pid <= 0 {
-        return false;
+    // Signal 0 only checks that the process exists; another user's answers "not
+    // permitted", which still means it is there.
+    match process::test_kill_process(pid) {
+        Ok(()) => true,
+        Err(err) => err == Errno::PERM,
     }
-    // SAFETY: signal 0 only checks that the process exists; nothing is sent.
-    let rc = unsafe { libc::kill(pid, 0) };
-    rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
 
 pub(super) fn read_port(file: &Path) -> Option<u16> {

@@ -189,7 +189,7 @@ impl EmbeddedMongo {
             .stderr(Stdio::from(output));
         // Not kill_on_drop: a dropped handle asks mongod to stop (SIGTERM, see Drop), it
         // never kills it.
-        die_with_parent(command.as_std_mut(), libc::SIGTERM);
+        die_with_parent(command.as_std_mut(), rustix::process::Signal::TERM.as_raw());
         // Its own process group: a terminal's Ctrl-C (SIGINT to the foreground group)
         // reaches tokenmint only, which drains its in-flight requests (they still need
         // the database) and only then stops mongod.

@@ -4,18 +4,17 @@
 use std::path::Path;
 
 use mongodb::bson::doc;
+use rustix::process::{self, Pid, Signal};
 use tokio::process::Child;
 
 use super::EmbeddedError;
 
 /// Sends SIGTERM (mongod's clean shutdown) to `child` unless it has been reaped.
 pub(super) fn terminate(child: &Child) {
-    if let Some(pid) = child.id().and_then(|pid| libc::pid_t::try_from(pid).ok()) {
-        // SAFETY: kill(2) on our own child, not reaped yet (tokio clears the id once it
-        // is), so the pid cannot belong to another process.
-        unsafe {
-            libc::kill(pid, libc::SIGTERM);
-        }
+    // tokio clears the id once the child is reaped, so the pid cannot belong to another
+    // process; a child that exited meanwhile has nothing left to stop.
+    if let Some(pid) = child.id().and_then(pid_of) {
+        let _ = process::kill_process(pid, Signal::TERM);
     }
 }
 
@@ -29,18 +28,25 @@ pub fn die_with_parent(command: &mut std::process::Command, signal: i32) {
     #[cfg(target_os = "linux")]
     {
         use std::os::unix::process::CommandExt;
-        // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
+        // Decided here, before the fork: the hook below only makes one system call.
+        let signal = Signal::from_named_raw(signal);
+        // SAFETY: the hook runs in the forked child before exec; prctl is
+        // async-signal-safe and touches no memory of the parent.
         unsafe {
             command.pre_exec(move || {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, signal) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
+                let signal = signal.ok_or(std::io::ErrorKind::InvalidInput)?;
+                process::set_parent_process_death_signal(Some(signal))?;
                 Ok(())
             });
         }
     }
     #[cfg(not(target_os = "linux"))]
     let _ = (command, signal);
+}
+
+/// The process id `pid` as the system calls take it (`None` for 0 or one out of range).
+pub(super) fn pid_of(pid: u32) -> Option<Pid> {
+    Pid::from_raw(i32::try_from(pid).ok()?)
 }
 
 /// The pid of the mongod answering on `admin`'s connection (`serverStatus`), if it says.

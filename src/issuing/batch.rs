@@ -46,18 +46,19 @@
 //! and `issued` ones that were settled.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
 mod atomic;
 
 use futures::future::join_all;
 use mongodb::bson::oid::ObjectId;
-use tokio::sync::{Mutex, mpsc, oneshot};
+use tokio::sync::{Mutex as AsyncMutex, mpsc, oneshot};
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use super::issue::{record_lost, refuse_unless_standing};
+use super::issue::{record_lost, refuse_other_params, refuse_unless_standing};
 use super::standing::takes_back;
 use super::{IssueError, IssueOutcome, IssuedTokens, Issuer, Settlement};
 use crate::domain::{IssuanceMode, IssuanceStatus, NewIssuance, PaymentKey};
@@ -90,8 +91,18 @@ struct Queued {
     span: tracing::Span,
 }
 
-/// The queues into the writer tasks, one per mode.
+/// Group commit's writer tasks and the queues into them, one per mode. The application
+/// owns them through its `Issuer`: `stop` closes the queues and waits for the writers,
+/// which first answer everything queued before.
 pub(super) struct Committer {
+    /// `None` once `stop` closed them: the writers end when the last sender is gone.
+    queues: RwLock<Option<Queues>>,
+    /// Taken (and awaited) by `stop`.
+    writers: Mutex<Vec<JoinHandle<()>>>,
+}
+
+/// The senders into the writer tasks, one per mode.
+struct Queues {
     upsert: mpsc::Sender<Queued>,
     atomic: mpsc::Sender<Queued>,
 }
@@ -101,10 +112,23 @@ impl Committer {
     /// Each mode has its own, so that batches of one mode held up by the database (an
     /// atomic commit waiting for the majority, say) never make the other mode's requests
     /// wait for a writer; when one mode is used, the other's tasks only sleep.
-    pub(super) fn start(issuer: Issuer) -> Self {
+    pub(super) fn start(issuer: &Issuer) -> Self {
+        let mut writers = Vec::with_capacity(2 * WRITERS);
+        let queues = Queues {
+            upsert: start_writers(issuer, IssuanceMode::Upsert, &mut writers),
+            atomic: start_writers(issuer, IssuanceMode::Atomic, &mut writers),
+        };
         Self {
-            upsert: writers(&issuer, IssuanceMode::Upsert),
-            atomic: writers(&issuer, IssuanceMode::Atomic),
+            queues: RwLock::new(Some(queues)),
+            writers: Mutex::new(writers),
+        }
+    }
+
+    /// A committer that takes no requests: what stopping one that never started leaves.
+    pub(super) fn stopped() -> Self {
+        Self {
+            queues: RwLock::new(None),
+            writers: Mutex::new(Vec::new()),
         }
     }
 
@@ -113,9 +137,16 @@ impl Committer {
         let (answer, answered) = oneshot::channel();
         let gone =
             || IssueError::Store(StoreError::Internal("the batch writers stopped".to_owned()));
-        let queue = match request.mode {
-            IssuanceMode::Upsert => &self.upsert,
-            IssuanceMode::Atomic => &self.atomic,
+        // A sender of its own, so that no lock is held while the queue is full: `stop`
+        // closing the queues meanwhile still lets this request in, and the writers
+        // answer it before they end.
+        let queue = {
+            let queues = self.queues.read().unwrap_or_else(PoisonError::into_inner);
+            let queues = queues.as_ref().ok_or_else(gone)?;
+            match request.mode {
+                IssuanceMode::Upsert => queues.upsert.clone(),
+                IssuanceMode::Atomic => queues.atomic.clone(),
+            }
         };
         queue
             .send(Queued {
@@ -127,15 +158,41 @@ impl Committer {
             .map_err(|_| gone())?;
         answered.await.map_err(|_| gone())?
     }
+
+    /// Closes the queues, then waits for every writer to answer what was queued (the
+    /// batches in flight and those still waiting) and end. Returns how many writers
+    /// ended; later issuances are refused.
+    pub(super) async fn stop(&self) -> usize {
+        drop(
+            self.queues
+                .write()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take(),
+        );
+        let writers =
+            std::mem::take(&mut *self.writers.lock().unwrap_or_else(PoisonError::into_inner));
+        let stopped = writers.len();
+        for writer in writers {
+            if let Err(err) = writer.await {
+                tracing::error!(error = %err, "a batch writer ended abnormally");
+            }
+        }
+        stopped
+    }
 }
 
-/// Starts the writer tasks of `mode`; returns their queue.
-fn writers(issuer: &Issuer, mode: IssuanceMode) -> mpsc::Sender<Queued> {
+/// Starts the writer tasks of `mode`, their handles added to `writers`; returns their
+/// queue. Each writer ends once the queue is closed and empty.
+fn start_writers(
+    issuer: &Issuer,
+    mode: IssuanceMode,
+    writers: &mut Vec<JoinHandle<()>>,
+) -> mpsc::Sender<Queued> {
     let (queue, receiver) = mpsc::channel::<Queued>(QUEUE);
-    let receiver = Arc::new(Mutex::new(receiver));
+    let receiver = Arc::new(AsyncMutex::new(receiver));
     for _ in 0..WRITERS {
         let (issuer, receiver) = (issuer.clone(), receiver.clone());
-        tokio::spawn(async move {
+        writers.push(tokio::spawn(async move {
             while let Some(batch) = next_batch(&receiver).await {
                 // The batch's own span, its MongoDB commands inside it; it belongs to
                 // no one request's trace, and links to each.
@@ -149,13 +206,13 @@ fn writers(issuer: &Issuer, mode: IssuanceMode) -> mpsc::Sender<Queued> {
                 };
                 commit.instrument(span).await;
             }
-        });
+        }));
     }
     queue
 }
 
 /// Waits for one request, then takes whatever else has queued, within the bounds.
-async fn next_batch(receiver: &Mutex<mpsc::Receiver<Queued>>) -> Option<Vec<Queued>> {
+async fn next_batch(receiver: &AsyncMutex<mpsc::Receiver<Queued>>) -> Option<Vec<Queued>> {
     let mut receiver = receiver.lock().await;
     let first = receiver.recv().await?;
     let mut tokens = u64::from(first.request.params.quantity.get());
@@ -203,6 +260,16 @@ struct FirstRead {
     at: Instant,
 }
 
+impl FirstRead {
+    /// No read: what a batch that read nothing (and so wrote nothing) settles against.
+    fn none() -> Self {
+        Self {
+            payments: Payments::new(),
+            at: Instant::now(),
+        }
+    }
+}
+
 /// A request whose record this batch inserted.
 struct Claimed {
     request: NewIssuance,
@@ -228,13 +295,7 @@ impl Issuer {
             }
             Err(err) => {
                 fail_all(batch.into_iter().map(|q| q.answer), &err);
-                (
-                    Vec::new(),
-                    FirstRead {
-                        payments: Payments::new(),
-                        at,
-                    },
-                )
+                (Vec::new(), FirstRead::none())
             }
         }
     }
@@ -489,21 +550,17 @@ impl Issuer {
                     if record.status == IssuanceStatus::Issued
                         && tokens.len() as i64 == record.quantity =>
                 {
-                    let answer = match record.params() {
-                        Ok(params) => {
-                            let mismatches = params.mismatches(&queued.request.params);
-                            if mismatches.is_empty() {
-                                Ok(IssueOutcome::Replayed(IssuedTokens {
-                                    issuance: record.clone(),
-                                    tokens: tokens.clone(),
-                                    created: 0,
-                                }))
-                            } else {
-                                Err(IssueError::Conflict(mismatches))
-                            }
-                        }
-                        Err(err) => Err(err.into()),
-                    };
+                    let answer = record
+                        .params()
+                        .map_err(IssueError::from)
+                        .and_then(|params| refuse_other_params(&params, &queued.request.params))
+                        .map(|()| {
+                            IssueOutcome::Replayed(IssuedTokens {
+                                issuance: record.clone(),
+                                tokens: tokens.clone(),
+                                created: 0,
+                            })
+                        });
                     let _ = queued.answer.send(answer);
                 }
                 _ => slow.push(queued),

@@ -35,12 +35,8 @@ use super::issue::usable_metadata;
 use super::standing::{stands_again, takes_back, withdrawn_whole};
 use super::{IssueError, IssueOutcome, Issuer, Settlement};
 use crate::domain::{EventOutcome, ParsedEvent, PaymentEvent, PaymentStatus, Reversal};
-use crate::store::{PaymentDoc, ProjectionGate, StoreError};
+use crate::store::{PaymentDoc, ProjectionGate, StoreError, retry};
 use crate::telemetry::{Bounded, metric};
-
-/// How often a status the money decides is tried again after another event changed the
-/// payment meanwhile; then the delivery fails, and its redelivery decides again.
-const STATUS_ATTEMPTS: usize = 3;
 
 /// What the event being applied withdraws, as its caller judged it: a refund read as
 /// all of the payment may make it `refunded` by its money; anything else only brings it
@@ -247,7 +243,7 @@ impl Issuer {
                 None
             }
         };
-        for _ in 0..STATUS_ATTEMPTS {
+        for _ in 0..retry::PAYMENT_STATUS.max_attempts {
             let Some(to) = decide(&state) else {
                 return Ok(state);
             };

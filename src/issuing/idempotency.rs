@@ -42,7 +42,7 @@ use sha2::{Digest, Sha256};
 use super::Issuer;
 use crate::domain::IdempotencyKey;
 use crate::store::{
-    AnswerInTransaction, Claimed, IdempotencyClaim, StoreError, StoredAnswer, StoredHeader,
+    AnswerInTransaction, Claimed, IdempotencyClaim, StoreError, StoredAnswer, StoredHeader, retry,
 };
 
 /// Answers that refuse the request before its action could run (400 malformed, 403
@@ -68,10 +68,6 @@ pub enum Finality {
 fn is_kept(status: u16, finality: Finality) -> bool {
     finality == Finality::Final && status < 500 && !REFUSED_BEFORE_THE_ACTION.contains(&status)
 }
-
-/// How often one request looks again when the record it collided with vanished before it
-/// could be read (expired, or released by an attempt that failed with a 5xx).
-const CLAIM_ATTEMPTS: u32 = 3;
 
 /// What an idempotent request is bound to, besides its key.
 #[derive(Debug, Clone)]
@@ -167,7 +163,7 @@ impl Issuer {
     ) -> Result<Begun, StoreError> {
         let config = &self.config.idempotency;
         let body_sha256 = hex::encode(Sha256::digest(request.body));
-        for _ in 0..CLAIM_ATTEMPTS {
+        for _ in 0..retry::IDEMPOTENCY_CLAIM.max_attempts {
             let attempt = ObjectId::new();
             let claim = IdempotencyClaim {
                 id: ObjectId::new(),

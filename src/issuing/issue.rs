@@ -14,16 +14,14 @@ use std::time::Duration;
 use chrono::Utc;
 use mongodb::bson::DateTime;
 
-use super::standing::takes_back;
+use super::standing::{takes_back, withdrawn};
 use super::{Caller, IssueError, IssueOutcome, IssuedTokens, Issuer};
 use crate::domain::{
     Actor, IssuanceMode, IssuanceParams, IssuanceStatus, NewIssuance, PaymentKey, PaymentStatus,
 };
-use crate::store::{AtomicInsert, Existing, IssuanceDoc, PaymentDoc, StoreError, TokenSummary};
-
-/// A record that keeps changing under us (taken over, expired, re-created) is re-read
-/// this many times before giving up.
-const RECORD_CHANGE_RETRIES: u32 = 3;
+use crate::store::{
+    AtomicInsert, Existing, IssuanceDoc, PaymentDoc, StoreError, TokenSummary, retry,
+};
 
 impl Issuer {
     /// Issues `request` as `caller` may.
@@ -62,10 +60,7 @@ impl Issuer {
                 let known = usable_metadata(&payment).ok_or(IssueError::NeedsTrustedIssuer(
                     "The payment succeeded without usable token metadata; only a trusted backend can issue for it.",
                 ))?;
-                let mismatches = known.mismatches(&request.params);
-                if !mismatches.is_empty() {
-                    return Err(IssueError::Conflict(mismatches));
-                }
+                refuse_other_params(&known, &request.params)?;
                 // The provider's success authorises the issuance, so it is the provider's
                 // request that is recorded (its author, date and the default mode), not
                 // what the anonymous caller sent beside the matching parameters.
@@ -126,14 +121,11 @@ impl Issuer {
             }
             // The placeholder expired or was taken over in between: look again.
             attempt += 1;
-            if attempt >= RECORD_CHANGE_RETRIES {
+            if !retry::RECORD_CHANGE.allows_another(attempt) {
                 return Err(record_kept_changing());
             }
         };
-        let mismatches = existing.params()?.mismatches(&request.params);
-        if !mismatches.is_empty() {
-            return Err(IssueError::Conflict(mismatches));
-        }
+        refuse_other_params(&existing.params()?, &request.params)?;
         if existing.status == IssuanceStatus::Pending {
             return Ok(IssueOutcome::Pending(IssuedTokens {
                 issuance: existing,
@@ -217,7 +209,7 @@ impl Issuer {
             // Someone else took a pending record or a placeholder over, or it expired, in
             // between: look again.
             attempt += 1;
-            if attempt >= RECORD_CHANGE_RETRIES {
+            if !retry::RECORD_CHANGE.allows_another(attempt) {
                 return Err(record_kept_changing());
             }
         }
@@ -249,10 +241,7 @@ impl Issuer {
             }
         };
         if existing.status != IssuanceStatus::Pending {
-            let mismatches = existing.params()?.mismatches(&request.params);
-            if !mismatches.is_empty() {
-                return Err(IssueError::Conflict(mismatches));
-            }
+            refuse_other_params(&existing.params()?, &request.params)?;
             return self
                 .complete(existing)
                 .await
@@ -334,14 +323,29 @@ impl Issuer {
 /// 409 `payment_not_succeeded` for a payment the provider reported failed, canceled or
 /// refunded, whoever asks.
 pub(super) fn refuse_unless_standing(payment: Option<&PaymentDoc>) -> Result<(), IssueError> {
-    match payment.map(|p| p.status) {
-        Some(status) if status.forbids_issuance() => Err(IssueError::PaymentNotSucceeded(status)),
-        _ => Ok(()),
+    match withdrawn(payment) {
+        Some(status) => Err(IssueError::PaymentNotSucceeded(status)),
+        None => Ok(()),
+    }
+}
+
+/// 409 `conflict` for a request whose parameters differ from those the payment already
+/// has (its record's, or the provider's metadata): a payment issues one set, and a
+/// request for another is no replay of it.
+pub(super) fn refuse_other_params(
+    recorded: &IssuanceParams,
+    requested: &IssuanceParams,
+) -> Result<(), IssueError> {
+    let mismatches = recorded.mismatches(requested);
+    if mismatches.is_empty() {
+        Ok(())
+    } else {
+        Err(IssueError::Conflict(mismatches))
     }
 }
 
 /// The token parameters the provider's metadata names, when it names valid ones.
-pub(super) fn usable_metadata(payment: &PaymentDoc) -> Option<crate::domain::IssuanceParams> {
+pub(super) fn usable_metadata(payment: &PaymentDoc) -> Option<IssuanceParams> {
     if payment.metadata_error.is_some() {
         return None;
     }

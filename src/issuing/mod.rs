@@ -124,7 +124,9 @@ pub enum IssueError {
 pub struct Issuer {
     store: Store,
     config: Arc<IssuingConfig>,
-    /// Group commit's writer tasks, started on the first issuance.
+    /// Group commit's writer tasks, started on the first issuance and stopped by
+    /// `stop_writers`. The writers hold clones of this `Issuer`: closing the queues, not
+    /// dropping the last `Issuer`, is what ends them.
     committer: Arc<OnceLock<batch::Committer>>,
     /// Checkouts waiting for their payment's event (`Prefer: wait`), by payment.
     waiters: Arc<waiting::Waiters>,
@@ -141,8 +143,17 @@ impl Issuer {
     }
 
     fn committer(&self) -> &batch::Committer {
+        self.committer.get_or_init(|| batch::Committer::start(self))
+    }
+
+    /// Stops group commit's writer tasks at shutdown: issuances queued before (a batch in
+    /// flight, or one still gathering) are written and answered first, later ones are
+    /// refused. Returns how many writers ended (none when no issuance ever started them).
+    pub async fn stop_writers(&self) -> usize {
         self.committer
-            .get_or_init(|| batch::Committer::start(self.clone()))
+            .get_or_init(batch::Committer::stopped)
+            .stop()
+            .await
     }
 
     /// The store underneath, for reads that involve no rule.

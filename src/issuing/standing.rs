@@ -34,7 +34,7 @@ pub fn entitlement(payment: Option<&PaymentDoc>, quantity: i64) -> Entitlement {
 /// Whether `payment`'s state takes any tokens back: refunded, canceled, failed, or partly
 /// refunded (the same payments `verify` and the sweeps look at).
 pub fn takes_back(payment: &PaymentDoc) -> bool {
-    payment.status.forbids_issuance() || payment.money().withdrawn() > 0
+    withdrawn(Some(payment)).is_some() || payment.money().withdrawn() > 0
 }
 
 /// Whether a payment that is not `refunded` (nor canceled: that is the provider's word
@@ -57,7 +57,8 @@ pub(super) fn stands_again(payment: &PaymentDoc) -> bool {
 }
 
 /// The payment's state when it is refunded, canceled or failed: none of its tokens stand.
-fn withdrawn(payment: Option<&PaymentDoc>) -> Option<PaymentStatus> {
+/// The one place that says which states those are (`PaymentStatus::forbids_issuance`).
+pub(super) fn withdrawn(payment: Option<&PaymentDoc>) -> Option<PaymentStatus> {
     payment.map(|p| p.status).filter(|s| s.forbids_issuance())
 }
 
@@ -192,7 +193,7 @@ impl Issuer {
                     .revoke_tokens_from(key, keep, reason, &by)
                     .await?;
                 if revoked > 0 {
-                    metrics::counter!(metric::TOKENS_REVOKED_TOTAL, "reason" => reason)
+                    metrics::counter!(metric::TOKENS_REVOKED_TOTAL, "reason" => reason.as_str())
                         .increment(revoked);
                 }
                 Ok(Settlement {

@@ -50,6 +50,8 @@ pub struct Application {
     /// Wakes this instance's waiting checkouts; stopped (every waiter answered) as soon
     /// as shutdown begins. `None` on a standalone mongod, which has no change streams.
     fulfilments: Option<FulfilmentWatch>,
+    /// Its group-commit writers are stopped once the server has stopped.
+    issuer: Issuer,
 }
 
 /// For operator commands (migrate, duplicates, verify): the store, on the embedded mongod
@@ -189,7 +191,7 @@ impl Application {
                 repair.withdrawal_lookback,
             );
         }
-        let state = AppState::new(issuer, keys, providers, settings);
+        let state = AppState::new(issuer.clone(), keys, providers, settings);
         crate::telemetry::spawn_metrics_upkeep(state.metrics.clone());
         crate::telemetry::register_known_metrics(settings.providers.keys().map(Provider::as_str));
         let shutting_down = ShuttingDown::default();
@@ -208,6 +210,7 @@ impl Application {
             },
             shutting_down,
             fulfilments,
+            issuer,
         })
     }
 
@@ -252,6 +255,7 @@ impl Application {
             limits,
             shutting_down,
             fulfilments,
+            issuer,
         } = self;
         let (stopping_tx, stopping_rx) = tokio::sync::oneshot::channel::<()>();
         let signal = async move {
@@ -293,6 +297,8 @@ impl Application {
             metrics.abort();
         }
         probe.abort();
+        // Before the store closes: the batches the last requests queued still need it.
+        issuer.stop_writers().await;
         store.shutdown().await;
         if let Some(embedded) = embedded {
             embedded.stop().await;
@@ -355,19 +361,16 @@ async fn prepare_database(settings: &Settings, store: &Store) -> anyhow::Result<
 fn warn_if_few_descriptors(settings: &Settings) {
     #[cfg(unix)]
     {
-        let mut limit = libc::rlimit {
-            rlim_cur: 0,
-            rlim_max: 0,
-        };
-        // SAFETY: getrlimit writes into the struct we pass, nothing else.
-        if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        // `None`: unlimited.
+        let Some(limit) = rustix::process::getrlimit(rustix::process::Resource::Nofile).current
+        else {
             return;
-        }
+        };
         let needed =
             settings.server.max_connections as u64 + u64::from(settings.mongo.max_pool_size) + 64;
-        if limit.rlim_cur != libc::RLIM_INFINITY && limit.rlim_cur < needed {
+        if limit < needed {
             tracing::warn!(
-                open_files_limit = limit.rlim_cur,
+                open_files_limit = limit,
                 needed,
                 "the open-files limit is below server.max_connections plus the MongoDB pool; raise it (ulimit -n) or lower server.max_connections"
             );

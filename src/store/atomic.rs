@@ -18,7 +18,9 @@
 //! transaction leaves nothing.
 
 use std::future::Future;
-use std::time::Duration;
+use std::pin::{Pin, pin};
+
+use futures::future::{MaybeDone, maybe_done};
 
 use mongodb::ClientSession;
 use mongodb::bson::{DateTime, RawDocumentBuf, doc, oid::ObjectId};
@@ -31,12 +33,10 @@ use super::error::{
     is_transient_transaction_error, is_write_conflict,
 };
 use super::placeholder::Existing;
+use super::retry;
 use super::{Store, TOKENS};
 use crate::domain::{IssuanceStatus, NewIssuance};
 use crate::telemetry::metric;
-
-/// Transient transaction errors are retried this many times before giving up.
-pub const MAX_TRANSACTION_ATTEMPTS: u32 = 10;
 
 /// What an atomic insert of one issuance did.
 #[derive(Debug)]
@@ -105,57 +105,43 @@ impl Store {
             return Err(StoreError::TransactionsUnavailable);
         }
         let mut session = self.client.start_session().await?;
-        let mut plan = Plan::Pending(Box::pin(plan));
+        // Awaited beside the first attempt's writes; later attempts find its answer.
+        let mut plan = pin!(maybe_done(plan));
         let mut attempt = 1;
         loop {
-            match self.try_transaction(&mut session, sets, &mut plan).await {
+            match self
+                .try_transaction(&mut session, sets, plan.as_mut())
+                .await
+            {
                 Ok(Attempt::Committed(token_sets)) => {
-                    let Plan::Answered(Ok(issuing)) = plan else {
+                    let Some(Ok(Ok(issuing))) = plan.as_mut().take_output() else {
                         return Err(StoreError::Internal(
                             "a committed transaction without its plan".to_owned(),
                         ));
                     };
-                    let committed = sets
-                        .iter()
-                        .zip(token_sets)
-                        .map(|((record, _), tokens)| {
-                            let mut record = (*record).clone();
-                            if issuing.contains(&record.id) {
-                                record.status = IssuanceStatus::Issuing;
-                            }
-                            (record, tokens)
-                        })
-                        .collect();
-                    return Ok(AtomicSetsInsert::Committed(committed));
+                    return Ok(AtomicSetsInsert::Committed(committed_sets(
+                        sets, token_sets, &issuing,
+                    )));
                 }
                 Ok(Attempt::RecordExists) => return Ok(AtomicSetsInsert::RecordExists),
                 Ok(Attempt::Refused) => {
-                    return match plan {
-                        Plan::Answered(Err(refused)) => Ok(AtomicSetsInsert::Refused(refused)),
-                        _ => Err(StoreError::Internal(
+                    let Some(Ok(Err(refused))) = plan.as_mut().take_output() else {
+                        return Err(StoreError::Internal(
                             "a refused transaction without its refusal".to_owned(),
-                        )),
+                        ));
                     };
+                    return Ok(AtomicSetsInsert::Refused(refused));
                 }
                 Err(TransactionError::Driver(err))
                     if is_transient_transaction_error(&err)
-                        && attempt < MAX_TRANSACTION_ATTEMPTS =>
+                        && retry::TRANSACTION.allows_another(attempt) =>
                 {
                     attempt += 1;
-                    metrics::counter!(metric::TRANSACTION_RETRIES_TOTAL).increment(1);
-                    // A short, growing pause lets the conflicting transaction commit.
-                    tokio::time::sleep(Duration::from_millis(u64::from(attempt) * 5)).await;
+                    pause_before_transaction(attempt).await;
                 }
-                // Still conflicting after every retry: another transaction holds one of
-                // these keys (`StoreError::Contended`). Any other transient error (a
-                // failover, a transaction the server lost) is an outage, for the batch
-                // as a whole.
+                // Still transient after every retry: for the batch as a whole.
                 Err(TransactionError::Driver(err)) if is_transient_transaction_error(&err) => {
-                    return Err(if is_write_conflict(&err) {
-                        StoreError::Contended(err)
-                    } else {
-                        StoreError::Unavailable(err)
-                    });
+                    return Err(transaction_gave_up(err));
                 }
                 Err(TransactionError::Precondition(err)) => return Err(err),
                 Err(TransactionError::Driver(err)) => return Err(err.into()),
@@ -163,31 +149,38 @@ impl Store {
         }
     }
 
-    async fn try_transaction<R>(
+    /// One attempt: the writes and (on the first attempt) the plan's read together, then
+    /// the plan's `issuing` records, then the commit. A refusal, or a plan that failed,
+    /// aborts before anything commits.
+    async fn try_transaction<R, P>(
         &self,
         session: &mut ClientSession,
         sets: &[AtomicSet<'_>],
-        plan: &mut Plan<'_, R>,
-    ) -> Result<Attempt, TransactionError> {
+        mut plan: Pin<&mut MaybeDone<P>>,
+    ) -> Result<Attempt, TransactionError>
+    where
+        P: Future<Output = Result<AtomicPlan<R>, StoreError>>,
+    {
         session
             .start_transaction()
             .read_concern(ReadConcern::snapshot())
             // The commit inherits the client's pinned `w: majority`, journaled (`durability`).
             .await?;
         // The plan's read and the writes go together; both answer before commit.
-        let (written, planned) =
-            tokio::join!(self.write_in_transaction(session, sets), plan.answer());
-        let issuing = match planned {
-            Ok(Some(issuing)) => issuing,
-            Ok(None) => {
-                // A refusal outranks whatever the writes did: the caller answers it first.
+        let (written, ()) = tokio::join!(self.write_in_transaction(session, sets), plan.as_mut());
+        let issuing = match plan.output_mut() {
+            Some(Ok(Ok(issuing))) => issuing.clone(),
+            // A refusal outranks whatever the writes did: the caller answers it first.
+            Some(Ok(Err(_))) => {
                 let _ = session.abort_transaction().await;
                 return Ok(Attempt::Refused);
             }
-            Err(err) => {
+            Some(Err(err)) => {
+                let err = err.clone();
                 let _ = session.abort_transaction().await;
                 return Err(TransactionError::Precondition(err));
             }
+            None => unreachable!("a joined plan is done"),
         };
         let Some(inserted) = written? else {
             return Ok(Attempt::RecordExists);
@@ -283,36 +276,56 @@ impl From<Error> for TransactionError {
     }
 }
 
-/// A plan, awaited once whatever the number of attempts.
-enum Plan<'a, R> {
-    Pending(std::pin::Pin<Box<dyn Future<Output = Result<AtomicPlan<R>, StoreError>> + Send + 'a>>),
-    Answered(AtomicPlan<R>),
-}
-
-impl<R> Plan<'_, R> {
-    /// The records to commit `issuing`, or `None` for a refusal (awaiting the plan the
-    /// first time).
-    async fn answer(&mut self) -> Result<Option<Vec<ObjectId>>, StoreError> {
-        if let Self::Pending(pending) = self {
-            *self = Self::Answered(pending.await?);
-        }
-        match self {
-            Self::Answered(Ok(issuing)) => Ok(Some(issuing.clone())),
-            _ => Ok(None),
-        }
-    }
+/// The committed records (those named in `issuing` committed `issuing`) with their
+/// token sets, in the order of `sets`.
+fn committed_sets(
+    sets: &[AtomicSet<'_>],
+    token_sets: Vec<Vec<TokenSummary>>,
+    issuing: &[ObjectId],
+) -> Vec<(IssuanceDoc, Vec<TokenSummary>)> {
+    sets.iter()
+        .zip(token_sets)
+        .map(|((record, _), tokens)| {
+            let mut record = (*record).clone();
+            if issuing.contains(&record.id) {
+                record.status = IssuanceStatus::Issuing;
+            }
+            (record, tokens)
+        })
+        .collect()
 }
 
 /// Commits, retrying while the outcome is unknown (the commit is idempotent).
 pub(super) async fn commit_with_retry(session: &mut ClientSession) -> Result<(), Error> {
-    let mut attempt = 0;
+    let mut attempts = 1;
     loop {
         match session.commit_transaction().await {
-            Err(err) if err.contains_label(UNKNOWN_TRANSACTION_COMMIT_RESULT) && attempt < 3 => {
-                attempt += 1;
+            Err(err)
+                if err.contains_label(UNKNOWN_TRANSACTION_COMMIT_RESULT)
+                    && retry::UNKNOWN_COMMIT.allows_another(attempts) =>
+            {
+                attempts += 1;
             }
             other => return other,
         }
+    }
+}
+
+/// Counts a transaction's retry and waits before its `attempt`-th try: a short, growing
+/// pause lets the conflicting transaction commit.
+pub(super) async fn pause_before_transaction(attempt: u32) {
+    metrics::counter!(metric::TRANSACTION_RETRIES_TOTAL).increment(1);
+    tokio::time::sleep(retry::transaction_pause(attempt)).await;
+}
+
+/// What a transaction still failing transiently after every retry is: still conflicting,
+/// another transaction holds one of its keys (`StoreError::Contended`); any other
+/// transient error (a failover, a transaction the server lost) is an outage.
+pub(super) fn transaction_gave_up(err: Error) -> StoreError {
+    if is_write_conflict(&err) {
+        StoreError::Contended(err)
+    } else {
+        StoreError::Unavailable(err)
     }
 }
 

@@ -111,9 +111,6 @@ pub fn is_write_conflict(err: &Error) -> bool {
     matches!(code, Some(WRITE_CONFLICT | LOCK_TIMEOUT))
 }
 
-/// Bounded retries of the first-insert race between two upserts of a new key.
-pub const FIRST_INSERT_RETRIES: u32 = 3;
-
 /// The index named in a duplicate-key (E11000) error, if `err` is one.
 pub fn duplicate_key_index(err: &Error) -> Option<String> {
     let message = match err.kind.as_ref() {

@@ -15,9 +15,6 @@ use super::placeholder::{Existing, records_only};
 use super::{ISSUANCES, Store, TOKENS};
 use crate::domain::{IssuanceStatus, PaymentKey};
 
-/// Bounded retries when a concurrent first insert of the issuance record races ours.
-pub const RECORD_RACE_RETRIES: u32 = super::error::FIRST_INSERT_RETRIES;
-
 impl Store {
     /// Inserts `record` unless its payment's place is taken; returns what takes it if so
     /// (`None`: this call inserted it).

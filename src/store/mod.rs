@@ -18,7 +18,7 @@ mod issuance;
 mod payments;
 mod placeholder;
 mod redemptions;
-mod retry;
+pub mod retry;
 mod token_bulk;
 mod tokens;
 mod verify;
@@ -166,7 +166,7 @@ impl Store {
     ) -> Result<Option<Document>, StoreError> {
         let collection = self.collection(collection);
         let update = update.into();
-        let mut attempt = 0;
+        let mut attempts = 1;
         loop {
             let result = collection
                 .find_one_and_update(filter.clone(), update.clone())
@@ -175,10 +175,10 @@ impl Store {
                 .await;
             match result {
                 Err(err)
-                    if attempt < error::FIRST_INSERT_RETRIES
+                    if retry::FIRST_INSERT.allows_another(attempts)
                         && duplicate_key_index(&err).as_deref() == Some(index) =>
                 {
-                    attempt += 1;
+                    attempts += 1;
                     metrics::counter!(crate::telemetry::metric::DUPLICATE_KEY_RETRIES_TOTAL)
                         .increment(1);
                 }

@@ -8,25 +8,23 @@
 //! apart from the state, one amount per refund id, because they only grow and add up
 //! whatever order they arrive in.
 
-use std::time::Duration;
-
 use futures::TryStreamExt;
 use mongodb::ClientSession;
 use mongodb::bson::{Bson, DateTime, Document, doc, oid::ObjectId};
 use mongodb::options::{ReadConcern, ReturnDocument};
 use serde::Deserialize;
 
-use super::atomic::{MAX_TRANSACTION_ATTEMPTS, commit_with_retry};
+use super::atomic::{commit_with_retry, pause_before_transaction, transaction_gave_up};
 use super::documents::{bson_time, from_document};
-use super::error::{StoreError, is_transient_transaction_error, is_write_conflict};
+use super::error::{StoreError, is_transient_transaction_error};
 use super::filters::{issuance_filter, payment_tokens_filter};
 use super::indexes::PAYMENTS_INDEX;
+use super::retry;
 use super::{Store, TOKENS};
 use crate::domain::{
     Actor, CapturedPart, IssuanceParams, Money, Owner, PaymentEvent, PaymentKey, PaymentStatus,
-    Quantity, Refund, Reversal, TokenType, Withdrawal,
+    Quantity, Refund, Reversal, RevocationReason, TokenType, Withdrawal,
 };
-use crate::telemetry::metric;
 
 pub const PAYMENTS: &str = "payments";
 
@@ -213,6 +211,168 @@ fn literal(value: impl Into<Bson>) -> Document {
     doc! { "$literal": value.into() }
 }
 
+/// Whether the stored payment's parameters are fixed (`tokenParamsFixedBy` is set).
+fn params_fixed() -> Document {
+    doc! { "$ne": [ { "$ifNull": ["$tokenParamsFixedBy", Bson::Null] }, Bson::Null ] }
+}
+
+/// `value` for `field`, unless the stored parameters are fixed: then the stored one.
+fn unless_fixed(value: Bson, field: &str) -> Document {
+    doc! { "$cond": [params_fixed(), format!("${field}"), literal(value)] }
+}
+
+/// Whether a token parameter field (fixed once, `unless_fixed`) rather than a plain fact.
+fn is_param(field: &str) -> bool {
+    field == "tokenParams" || field == "tokenParamsFixedBy"
+}
+
+/// The facts `event` names (amount, currency, payment date, valid parameters and, when
+/// `fixes_params`, what fixes them), as stored.
+fn event_facts(event: &PaymentEvent, fixes_params: bool) -> Document {
+    let mut facts = Document::new();
+    if let Some(amount) = event.amount {
+        facts.insert("amount", amount);
+    }
+    if let Some(currency) = &event.currency {
+        facts.insert("currency", currency.as_str());
+    }
+    if let Some(date) = event.payment_date {
+        facts.insert("paymentDate", bson_time(date));
+    }
+    if let Some(Ok(params)) = &event.token_params {
+        facts.insert(
+            "tokenParams",
+            doc! {
+                "owner": params.owner.object_id(),
+                "tokenType": params.token_type.as_str(),
+                "quantity": i64::from(params.quantity.get()),
+            },
+        );
+        if fixes_params {
+            facts.insert("tokenParamsFixedBy", event.event_id.as_str());
+        }
+    }
+    facts
+}
+
+/// What an event newer than the stored state sets: its status, version and id, its
+/// metadata's verdict, and its `facts` (parameters only where they are not fixed).
+fn newer_sets(event: &PaymentEvent, facts: &Document) -> Document {
+    let mut sets = doc! {
+        "status": literal(event.status.as_str()),
+        "version": literal(event.version),
+        "lastEventId": literal(event.event_id.as_str()),
+        "lastEventType": literal(event.event_type.as_str()),
+        "updatedAt": "$$NOW",
+    };
+    match &event.token_params {
+        Some(Ok(_)) => {
+            sets.insert("metadataError", unless_fixed(Bson::Null, "metadataError"));
+        }
+        // Invalid metadata in a newer event voids older parameters that were not fixed:
+        // nobody may issue from metadata the provider has since replaced with something
+        // unusable.
+        Some(Err(reason)) => {
+            sets.insert(
+                "metadataError",
+                unless_fixed(reason.as_str().into(), "metadataError"),
+            );
+            sets.insert("tokenParams", unless_fixed(Bson::Null, "tokenParams"));
+        }
+        None => {}
+    }
+    for (field, value) in facts {
+        let set = if is_param(field) {
+            unless_fixed(value.clone(), field)
+        } else {
+            literal(value.clone())
+        };
+        sets.insert(field.clone(), set);
+    }
+    sets
+}
+
+/// What any event, older ones too, fills in where the state has nothing: `createdAt`,
+/// and each of its `facts` where the stored field is missing (the parameters where
+/// `params_gap` says so, the metadata verdict with them).
+fn gaps_filled(event: &PaymentEvent, facts: &Document) -> Document {
+    let params_gap = params_gap(event);
+    let mut filled = doc! { "createdAt": { "$ifNull": ["$createdAt", "$$NOW"] } };
+    if matches!(event.token_params, Some(Ok(_))) {
+        filled.insert(
+            "metadataError",
+            doc! { "$cond": [params_gap.clone(), Bson::Null, "$metadataError"] },
+        );
+    }
+    for (field, value) in facts {
+        let current = format!("${field}");
+        let gap = if is_param(field) {
+            params_gap.clone()
+        } else {
+            doc! { "$eq": [ { "$ifNull": [&current, Bson::Null] }, Bson::Null ] }
+        };
+        filled.insert(
+            field.clone(),
+            doc! { "$cond": [gap, literal(value.clone()), &current] },
+        );
+    }
+    filled
+}
+
+/// Whether an older event's metadata may fill the stored parameters: only if none was
+/// ever judged, or if what was judged unusable came from an event no newer than this one
+/// (the stored version is this event's: a tie, which usable parameters win — a Checkout
+/// Session's metadata beside its PaymentIntent's incomplete one, same second).
+fn params_gap(event: &PaymentEvent) -> Document {
+    doc! { "$and": [
+        { "$eq": [ { "$ifNull": ["$tokenParams", Bson::Null] }, Bson::Null ] },
+        { "$or": [
+            { "$eq": [ { "$ifNull": ["$metadataError", Bson::Null] }, Bson::Null ] },
+            { "$eq": [ "$version", literal(event.version) ] },
+        ] },
+    ] }
+}
+
+/// Whether `event` is newer than the stored state (a payment without a version is older
+/// than any event).
+fn newer_than_stored(event: &PaymentEvent) -> Document {
+    doc! { "$or": [
+        { "$eq": [ { "$type": "$version" }, "missing" ] },
+        { "$lt": [ "$version", literal(event.version) ] },
+    ] }
+}
+
+/// Whether `gate` holds `event` back: a newer event from a status it may not move the
+/// payment on from, or, when bound to fixed parameters, one that names others.
+fn held_back(event: &PaymentEvent, gate: &ProjectionGate<'_>, newer: Document) -> Document {
+    let moves_from: Vec<&str> = gate.moves_from.iter().map(|s| s.as_str()).collect();
+    doc! { "$or": [
+        { "$and": [
+            newer,
+            { "$not": [ { "$in": [
+                { "$ifNull": ["$status", PaymentStatus::Processing.as_str()] },
+                literal(moves_from),
+            ] } ] },
+        ] },
+        { "$and": [ gate.bound_to_fixed_params, params_fixed(), names_other_params(event) ] },
+    ] }
+}
+
+/// Whether `event` names parameters other than the stored ones (invalid ones count as
+/// other).
+fn names_other_params(event: &PaymentEvent) -> Bson {
+    match &event.token_params {
+        Some(Ok(params)) => doc! { "$not": [ { "$and": [
+            { "$eq": ["$tokenParams.owner", literal(params.owner.object_id())] },
+            { "$eq": ["$tokenParams.tokenType", literal(params.token_type.as_str())] },
+            { "$eq": ["$tokenParams.quantity", literal(i64::from(params.quantity.get()))] },
+        ] } ] }
+        .into(),
+        Some(Err(_)) => Bson::Boolean(true),
+        None => Bson::Boolean(false),
+    }
+}
+
 impl Store {
     /// Applies `event` to its payment if it is newer than the stored state and `gate`
     /// lets it through; returns the state after the update either way (unchanged when the
@@ -222,132 +382,22 @@ impl Store {
         event: &PaymentEvent,
         gate: ProjectionGate<'_>,
     ) -> Result<PaymentDoc, StoreError> {
-        let fixed =
-            doc! { "$ne": [ { "$ifNull": ["$tokenParamsFixedBy", Bson::Null] }, Bson::Null ] };
-        // What a newer event sets, and what any event fills in where the state has nothing.
-        let mut newer_sets = doc! {
-            "status": literal(event.status.as_str()),
-            "version": literal(event.version),
-            "lastEventId": literal(event.event_id.as_str()),
-            "lastEventType": literal(event.event_type.as_str()),
-            "updatedAt": "$$NOW",
-        };
-        let unless_fixed = |value: Bson, field: &str| -> Document {
-            doc! { "$cond": [fixed.clone(), format!("${field}"), literal(value)] }
-        };
-        let mut facts = Document::new();
-        if let Some(amount) = event.amount {
-            facts.insert("amount", amount);
-        }
-        if let Some(currency) = &event.currency {
-            facts.insert("currency", currency.as_str());
-        }
-        if let Some(date) = event.payment_date {
-            facts.insert("paymentDate", bson_time(date));
-        }
-        // Whether the event names parameters other than the stored ones.
-        let mut names_others = Bson::Boolean(false);
-        match &event.token_params {
-            Some(Ok(params)) => {
-                let owner = params.owner.object_id();
-                let token_type = params.token_type.as_str();
-                let quantity = i64::from(params.quantity.get());
-                names_others = doc! { "$not": [ { "$and": [
-                    { "$eq": ["$tokenParams.owner", literal(owner)] },
-                    { "$eq": ["$tokenParams.tokenType", literal(token_type)] },
-                    { "$eq": ["$tokenParams.quantity", literal(quantity)] },
-                ] } ] }
-                .into();
-                facts.insert(
-                    "tokenParams",
-                    doc! { "owner": owner, "tokenType": token_type, "quantity": quantity },
-                );
-                if gate.fixes_params {
-                    facts.insert("tokenParamsFixedBy", event.event_id.as_str());
-                }
-                newer_sets.insert("metadataError", unless_fixed(Bson::Null, "metadataError"));
-            }
-            // Invalid metadata in a newer event voids older parameters that were not
-            // fixed: nobody may issue from metadata the provider has since replaced with
-            // something unusable.
-            Some(Err(reason)) => {
-                names_others = Bson::Boolean(true);
-                newer_sets.insert(
-                    "metadataError",
-                    unless_fixed(reason.as_str().into(), "metadataError"),
-                );
-                newer_sets.insert("tokenParams", unless_fixed(Bson::Null, "tokenParams"));
-            }
-            None => {}
-        }
-        // An older event fills a gap only; metadata only if none was ever judged, or if
-        // what was judged unusable came from an event no newer than this one (the stored
-        // version is this event's: a tie, which usable parameters win — a Checkout
-        // Session's metadata beside its PaymentIntent's incomplete one, same second).
-        let params_gap = doc! { "$and": [
-            { "$eq": [ { "$ifNull": ["$tokenParams", Bson::Null] }, Bson::Null ] },
-            { "$or": [
-                { "$eq": [ { "$ifNull": ["$metadataError", Bson::Null] }, Bson::Null ] },
-                { "$eq": [ "$version", literal(event.version) ] },
-            ] },
-        ] };
-        let mut filled = doc! { "createdAt": { "$ifNull": ["$createdAt", "$$NOW"] } };
-        if matches!(event.token_params, Some(Ok(_))) {
-            filled.insert(
-                "metadataError",
-                doc! { "$cond": [params_gap.clone(), Bson::Null, "$metadataError"] },
-            );
-        }
-        for (field, value) in &facts {
-            let current = format!("${field}");
-            let is_param = field == "tokenParams" || field == "tokenParamsFixedBy";
-            newer_sets.insert(
-                field.clone(),
-                if is_param {
-                    unless_fixed(value.clone(), field)
-                } else {
-                    literal(value.clone())
-                },
-            );
-            let gap = if is_param {
-                params_gap.clone()
-            } else {
-                doc! { "$eq": [ { "$ifNull": [&current, Bson::Null] }, Bson::Null ] }
-            };
-            filled.insert(
-                field.clone(),
-                doc! { "$cond": [gap, literal(value.clone()), &current] },
-            );
-        }
-        let newer = doc! { "$or": [
-            { "$eq": [ { "$type": "$version" }, "missing" ] },
-            { "$lt": [ "$version", literal(event.version) ] },
-        ] };
-        let moves_from: Vec<&str> = gate.moves_from.iter().map(|s| s.as_str()).collect();
-        let held_back = doc! { "$or": [
-            { "$and": [
-                newer.clone(),
-                { "$not": [ { "$in": [
-                    { "$ifNull": ["$status", PaymentStatus::Processing.as_str()] },
-                    literal(moves_from),
-                ] } ] },
-            ] },
-            { "$and": [ gate.bound_to_fixed_params, fixed.clone(), names_others ] },
-        ] };
+        let facts = event_facts(event, gate.fixes_params);
+        let newer = newer_than_stored(event);
         // Decided once, on the stored document, before anything of it changes; the mark
         // is removed again at the end, so a held-back event leaves the document as it was.
         let mut pipeline = vec![
-            doc! { "$set": { HELD_BACK: held_back } },
+            doc! { "$set": { HELD_BACK: held_back(event, &gate, newer.clone()) } },
             doc! { "$replaceWith": { "$cond": [
                 { "$or": [format!("${HELD_BACK}"), { "$not": [newer] }] },
                 "$$ROOT",
-                { "$mergeObjects": [ "$$ROOT", newer_sets ] },
+                { "$mergeObjects": [ "$$ROOT", newer_sets(event, &facts) ] },
             ] } },
             // Runs after the gate: fills what is still missing.
             doc! { "$replaceWith": { "$cond": [
                 format!("${HELD_BACK}"),
                 "$$ROOT",
-                { "$mergeObjects": [ "$$ROOT", filled ] },
+                { "$mergeObjects": [ "$$ROOT", gaps_filled(event, &facts) ] },
             ] } },
         ];
         if let Some(capture) = &event.capture {
@@ -604,7 +654,7 @@ impl Store {
         &self,
         key: &PaymentKey,
         from_index: i64,
-        reason: &str,
+        reason: RevocationReason,
         by: &Actor,
     ) -> Result<(u64, u64), StoreError> {
         let now = DateTime::now();
@@ -622,7 +672,7 @@ impl Store {
                     "$set": {
                         "status": "revoked",
                         "revokedAt": now,
-                        "revocationReason": reason,
+                        "revocationReason": reason.as_str(),
                         "lastChangedBy": by.as_str(),
                         "updatedAt": now,
                     },
@@ -708,19 +758,13 @@ impl Store {
             {
                 Err(err)
                     if is_transient_transaction_error(&err)
-                        && attempt < MAX_TRANSACTION_ATTEMPTS =>
+                        && retry::TRANSACTION.allows_another(attempt) =>
                 {
                     attempt += 1;
-                    metrics::counter!(metric::TRANSACTION_RETRIES_TOTAL).increment(1);
-                    // A short, growing pause lets the conflicting write commit.
-                    tokio::time::sleep(Duration::from_millis(u64::from(attempt) * 5)).await;
+                    pause_before_transaction(attempt).await;
                 }
                 Err(err) if is_transient_transaction_error(&err) => {
-                    return Err(if is_write_conflict(&err) {
-                        StoreError::Contended(err)
-                    } else {
-                        StoreError::Unavailable(err)
-                    });
+                    return Err(transaction_gave_up(err));
                 }
                 other => return Ok(other?),
             }

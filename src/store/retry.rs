@@ -1,6 +1,11 @@
-//! The retry policy of the `_version` gate: exponential backoff with jitter,
-//! bounded both by attempts and by a total time budget. Deterministic under a seeded
-//! generator, so its schedule is unit-tested rather than timed.
+//! Every bounded retry of the service, in one type with its bounds side by side.
+//!
+//! `RetryPolicy` bounds an operation by attempts and, when it pauses between them, by
+//! a total time budget: the `_version` gate's (configured, `store.version_gate`) backs
+//! off exponentially with jitter, deterministic under a seeded generator, so its
+//! schedule is unit-tested rather than timed. The fixed bounds below retry at once
+//! (each follows a change someone else made, which waiting would not undo), except a
+//! transaction's, whose pause lets the conflicting transaction commit.
 
 use std::time::Duration;
 
@@ -15,6 +20,63 @@ pub struct RetryPolicy {
     pub max_jitter: Duration,
     pub max_attempts: u32,
     pub budget: Duration,
+}
+
+impl RetryPolicy {
+    /// `max_attempts` tries in all, bounded by count alone: no backoff schedule of its
+    /// own (`Backoff`), so the tries follow one another at once unless the caller pauses.
+    pub const fn attempts(max_attempts: u32) -> Self {
+        Self {
+            base: Duration::ZERO,
+            max_jitter: Duration::ZERO,
+            max_attempts,
+            budget: Duration::MAX,
+        }
+    }
+
+    /// Whether another try may follow `made` tries.
+    pub const fn allows_another(self, made: u32) -> bool {
+        made < self.max_attempts
+    }
+}
+
+/// A claim or take-over of a payment's place whose record keeps changing under it (taken
+/// over, expired, re-created): three looks, then the request fails and its client retries.
+pub const RECORD_CHANGE: RetryPolicy = RetryPolicy::attempts(3);
+
+/// A status the money decides, after another event changed the payment meanwhile: three
+/// tries, then the delivery fails and its redelivery decides again.
+pub const PAYMENT_STATUS: RetryPolicy = RetryPolicy::attempts(3);
+
+/// An `Idempotency-Key` whose colliding record vanished before it could be read (expired,
+/// or released by an attempt that failed with a 5xx): three looks.
+pub const IDEMPOTENCY_CLAIM: RetryPolicy = RetryPolicy::attempts(3);
+
+/// Transactions per atomic group-commit batch: one that the payments' state refuses, or
+/// that runs into an existing record (then a read finds which), is followed by one
+/// without those requests, so the third normally commits; the fourth is the margin.
+pub const ATOMIC_BATCH: RetryPolicy = RetryPolicy::attempts(4);
+
+/// The first-insert race of two upserts of a new key (the loser's duplicate key): the
+/// first try and three more, each of which finds the winner's document.
+pub const FIRST_INSERT: RetryPolicy = RetryPolicy::attempts(4);
+
+/// A transaction that ends in a transient error (a write conflict with a concurrent
+/// one): ten tries, the n-th after (n × `TRANSACTION_PAUSE_STEP`), about a quarter of a
+/// second in all; still conflicting then, another transaction holds the keys.
+pub const TRANSACTION: RetryPolicy = RetryPolicy::attempts(10);
+
+/// The growth of the pause between a transaction's tries: short, since the conflicting
+/// transaction is usually one round trip from its commit.
+pub const TRANSACTION_PAUSE_STEP: Duration = Duration::from_millis(5);
+
+/// A commit whose outcome is unknown (a lost reply, a step-down): the commit is
+/// idempotent, so it is sent again, four tries in all.
+pub const UNKNOWN_COMMIT: RetryPolicy = RetryPolicy::attempts(4);
+
+/// The pause before a transaction's `attempt`-th try (the second and on).
+pub fn transaction_pause(attempt: u32) -> Duration {
+    TRANSACTION_PAUSE_STEP * attempt
 }
 
 /// One operation's schedule of retries.
@@ -50,7 +112,7 @@ impl Backoff {
             .rng
             .random_range(0..=self.policy.max_jitter.as_millis() as u64);
         let delay = self.policy.base * 2u32.pow(exponent) + Duration::from_millis(jitter_ms);
-        if elapsed + delay > self.policy.budget {
+        if elapsed.saturating_add(delay) > self.policy.budget {
             return None;
         }
         self.attempts += 1;

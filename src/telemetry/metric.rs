@@ -63,8 +63,6 @@ pub const BATCH_SIZE_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 1
 
 /// `outcome` values of `ISSUANCES_TOTAL`.
 pub const ISSUANCE_OUTCOMES: &[&str] = &["created", "replayed", "pending", "conflict"];
-/// `reason` values of `TOKENS_REVOKED_TOTAL`.
-pub const REVOCATION_REASONS: &[&str] = &["refunded", "canceled", "failed", "partial_refund"];
 /// `outcome` values of `REPAIRS_TOTAL`.
 pub const REPAIR_OUTCOMES: &[&str] = &["completed", "revoked", "failed"];
 /// `operation` values of `VERSION_GATE_REJECTIONS_TOTAL` on `tokens`.
@@ -180,8 +178,8 @@ pub(super) fn register_known<'a>(providers: impl IntoIterator<Item = &'a str>) {
     for &outcome in ISSUANCE_OUTCOMES {
         metrics::counter!(ISSUANCES_TOTAL, "outcome" => outcome).increment(0);
     }
-    for &reason in REVOCATION_REASONS {
-        metrics::counter!(TOKENS_REVOKED_TOTAL, "reason" => reason).increment(0);
+    for reason in crate::domain::RevocationReason::ALL {
+        metrics::counter!(TOKENS_REVOKED_TOTAL, "reason" => reason.as_str()).increment(0);
     }
     for &outcome in REPAIR_OUTCOMES {
         metrics::counter!(REPAIRS_TOTAL, "outcome" => outcome).increment(0);

@@ -6,6 +6,7 @@ mod audit;
 mod auth;
 mod balances;
 mod batch_reads;
+mod batch_writers;
 mod browser;
 mod chargebacks;
 mod checkout;

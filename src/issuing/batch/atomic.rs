@@ -10,68 +10,50 @@ use std::collections::HashSet;
 use tokio::sync::OnceCell;
 use tokio::time::Instant;
 
-use super::{
-    Claimed, FirstRead, Payments, Queued, Refusals, Written, answer_refused, fail_all, refusals_of,
-};
+use super::{Claimed, FirstRead, Queued, Refusals, Written, answer_refused, fail_all, refusals_of};
 use crate::domain::{IssuanceStatus, PaymentKey};
 use crate::issuing::Issuer;
 use crate::issuing::standing::takes_back;
 use crate::store::{
-    AtomicPlan, AtomicSet, AtomicSetsInsert, IssuanceDoc, StoreError, TokenSummary,
+    AtomicPlan, AtomicSet, AtomicSetsInsert, IssuanceDoc, StoreError, TokenSummary, retry,
 };
 
-/// Transactions per batch: one that the payments' state refuses, or that runs into an
-/// existing record (then a read finds which), is followed by one without those requests,
-/// so the third normally commits.
-const MAX_ATTEMPTS: usize = 4;
+/// What one shared transaction left the batch with.
+enum Transaction {
+    /// Committed: these sets are written, for the settle.
+    Committed(Vec<Written>),
+    /// Not committed; these requests (refusals answered, replays set aside) try again.
+    Retry(Vec<Queued>),
+    /// Not committed, and every request answered with the failure.
+    Failed,
+    /// Not committed, and the requests left try one by one: the failure may have been
+    /// one item's.
+    OneByOne(Vec<Queued>),
+}
 
 impl Issuer {
+    /// Steps 1–5 in atomic mode: the shared transactions, then the settle and mark of
+    /// what they wrote, then the replays (those the batch named twice, those whose
+    /// payment had a record, and those left over).
     pub(super) async fn commit_atomically(&self, batch: Vec<Queued>) {
         let (mut firsts, mut replays) = first_per_payment(batch);
-        let mut written = Vec::new();
         // Step 1 reads beside the first transaction only; later ones (fewer requests)
         // plan from the same read, which is also the settle's.
         let first_read = OnceCell::new();
-        for _ in 0..MAX_ATTEMPTS {
+        let mut written = Vec::new();
+        for _ in 0..retry::ATOMIC_BATCH.max_attempts {
             if firsts.is_empty() {
                 break;
             }
-            let records: Vec<IssuanceDoc> = firsts
-                .iter()
-                .map(|q| IssuanceDoc::new(&q.request, IssuanceStatus::Issued))
-                .collect();
-            let sets: Vec<AtomicSet<'_>> = records
-                .iter()
-                .zip(&firsts)
-                .map(|(record, q)| (record, &q.request))
-                .collect();
-            let plan = self.plan_records(&sets, &first_read);
-            match self.store.insert_sets_atomically(&sets, plan).await {
-                Ok(AtomicSetsInsert::Committed(sets)) => {
-                    written = claims(std::mem::take(&mut firsts), sets);
+            match self.transaction(firsts, &mut replays, &first_read).await {
+                Transaction::Committed(sets) => {
+                    written = sets;
+                    firsts = Vec::new();
                 }
-                Ok(AtomicSetsInsert::Refused(refused)) => {
-                    firsts = answer_refused(firsts, refused);
-                }
-                Ok(AtomicSetsInsert::RecordExists) => {
-                    let (found, rest) = self.split_recorded(firsts).await;
-                    replays.extend(found);
+                Transaction::Retry(rest) => firsts = rest,
+                Transaction::Failed => firsts = Vec::new(),
+                Transaction::OneByOne(rest) => {
                     firsts = rest;
-                }
-                // The deployment cannot take it (an outage, no transactions): every
-                // request would be refused the same way on its own. So would a lone
-                // request whose keys another transaction holds.
-                Err(err @ (StoreError::Unavailable(_) | StoreError::TransactionsUnavailable)) => {
-                    fail_all(firsts.drain(..).map(|q| q.answer), &err);
-                }
-                Err(err @ StoreError::Contended(_)) if firsts.len() == 1 => {
-                    fail_all(firsts.drain(..).map(|q| q.answer), &err);
-                }
-                // Anything else may be one item's fault (a payment whose keys another
-                // transaction holds, say, `Contended`): each request tries alone, so that
-                // it fails only its own request.
-                Err(err) => {
-                    tracing::warn!(error = %err, issuances = firsts.len(), "a shared atomic transaction failed; its issuances try one by one");
                     break;
                 }
             }
@@ -80,13 +62,62 @@ impl Issuer {
         // (pending ones expiring) under the retries. Each takes the one-request path,
         // which reads the payment first.
         replays.append(&mut firsts);
-        // Nothing committed without the plan's read, so an empty one settles nothing.
-        let first_read = first_read.into_inner().unwrap_or_else(|| FirstRead {
-            payments: Payments::new(),
-            at: Instant::now(),
-        });
-        self.settle_and_mark(written, first_read).await;
+        self.settle_and_mark(
+            written,
+            first_read.into_inner().unwrap_or_else(FirstRead::none),
+        )
+        .await;
         self.replay_batch(replays).await;
+    }
+
+    /// One shared transaction of `firsts`' records and tokens, and what it leaves: the
+    /// refused requests are answered, those whose payment's place was taken join
+    /// `replays`, and a failure of the deployment answers them all.
+    async fn transaction(
+        &self,
+        firsts: Vec<Queued>,
+        replays: &mut Vec<Queued>,
+        first_read: &OnceCell<FirstRead>,
+    ) -> Transaction {
+        let records: Vec<IssuanceDoc> = firsts
+            .iter()
+            .map(|q| IssuanceDoc::new(&q.request, IssuanceStatus::Issued))
+            .collect();
+        let sets: Vec<AtomicSet<'_>> = records
+            .iter()
+            .zip(&firsts)
+            .map(|(record, q)| (record, &q.request))
+            .collect();
+        let plan = self.plan_records(&sets, first_read);
+        match self.store.insert_sets_atomically(&sets, plan).await {
+            Ok(AtomicSetsInsert::Committed(sets)) => Transaction::Committed(claims(firsts, sets)),
+            Ok(AtomicSetsInsert::Refused(refused)) => {
+                Transaction::Retry(answer_refused(firsts, refused))
+            }
+            Ok(AtomicSetsInsert::RecordExists) => {
+                let (found, rest) = self.split_recorded(firsts).await;
+                replays.extend(found);
+                Transaction::Retry(rest)
+            }
+            // The deployment cannot take it (an outage, no transactions): every request
+            // would be refused the same way on its own. So would a lone request whose
+            // keys another transaction holds.
+            Err(err @ (StoreError::Unavailable(_) | StoreError::TransactionsUnavailable)) => {
+                fail_all(firsts.into_iter().map(|q| q.answer), &err);
+                Transaction::Failed
+            }
+            Err(err @ StoreError::Contended(_)) if firsts.len() == 1 => {
+                fail_all(firsts.into_iter().map(|q| q.answer), &err);
+                Transaction::Failed
+            }
+            // Anything else may be one item's fault (a payment whose keys another
+            // transaction holds, say, `Contended`): each request tries alone, so that it
+            // fails only its own request.
+            Err(err) => {
+                tracing::warn!(error = %err, issuances = firsts.len(), "a shared atomic transaction failed; its issuances try one by one");
+                Transaction::OneByOne(firsts)
+            }
+        }
     }
 
     /// A transaction's plan: step 1's read (made once per batch, on the first attempt),
