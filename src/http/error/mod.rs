@@ -12,7 +12,7 @@ mod keyed;
 
 use super::problems::ProblemCode;
 use super::rate_limit::{LimitHeaders, Refused};
-use crate::domain::{FieldError, Mismatch, TokenStatus};
+use crate::domain::{FieldError, Mismatch, PaymentStatus, TokenStatus};
 use crate::issuing::{IssueError, RedemptionError};
 use crate::store::StoreError;
 use crate::webhooks::SignatureError;
@@ -71,7 +71,8 @@ pub enum ApiError {
         status: Option<TokenStatus>,
     },
     #[error("payment not succeeded")]
-    PaymentNotSucceeded(String),
+    /// The payment's status forbids issuing (the detail names it).
+    PaymentNotSucceeded(PaymentStatus),
     #[error("version conflict")]
     /// `current`: where the token is, for a key that may read it; `None` tells a key
     /// that may only change tokens nothing it could not have learnt otherwise.
@@ -214,8 +215,9 @@ impl ApiError {
             Self::WebhookCredentials => {
                 "The delivery lacks the provider's HTTP Basic credentials, or they do not match.".to_owned()
             }
-            Self::Forbidden(detail) | Self::NotFound(detail) | Self::PaymentNotSucceeded(detail) => {
-                detail.clone()
+            Self::Forbidden(detail) | Self::NotFound(detail) => detail.clone(),
+            Self::PaymentNotSucceeded(status) => {
+                format!("The payment is {}; no tokens will be issued.", status.as_str())
             }
             Self::MethodNotAllowed => {
                 "This path does not support the request's method; see the Allow header.".to_owned()
@@ -341,10 +343,7 @@ impl From<IssueError> for ApiError {
     fn from(err: IssueError) -> Self {
         match err {
             IssueError::Conflict(mismatches) => Self::IdempotencyConflict(mismatches),
-            IssueError::PaymentNotSucceeded(status) => Self::PaymentNotSucceeded(format!(
-                "The payment is {}; no tokens will be issued.",
-                status.as_str()
-            )),
+            IssueError::PaymentNotSucceeded(status) => Self::PaymentNotSucceeded(status),
             IssueError::NeedsTrustedIssuer(detail) => Self::StateConflict {
                 detail: detail.to_owned(),
                 status: None,

@@ -24,7 +24,7 @@ fn every_error() -> Vec<ApiError> {
             detail: "x".to_owned(),
             status: None,
         },
-        ApiError::PaymentNotSucceeded("x".to_owned()),
+        ApiError::PaymentNotSucceeded(PaymentStatus::Refunded),
         ApiError::VersionConflict {
             current: Some((3, status)),
         },
