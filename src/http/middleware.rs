@@ -77,11 +77,12 @@ const SENSITIVE: [HeaderName; 1] = [header::AUTHORIZATION];
 /// safe set), so that `SetRequestIdLayer` makes a fresh one instead: the id goes on every
 /// log line of the request and back to the client.
 async fn forget_insane_request_id(mut req: Request) -> Request {
+    // Absent is fine (a fresh one is made); present, it must be text and sane: bytes
+    // that are not visible ASCII would otherwise be kept, echoed, and logged as "".
     let sane = req
         .headers()
         .get(&REQUEST_ID)
-        .and_then(|v| v.to_str().ok())
-        .is_none_or(is_sane_request_id);
+        .is_none_or(|v| v.to_str().is_ok_and(is_sane_request_id));
     if !sane {
         req.headers_mut().remove(&REQUEST_ID);
     }
@@ -283,5 +284,29 @@ mod tests {
             .unwrap();
         assert!(exposed.contains("x-request-id"), "{exposed}");
         assert!(response.headers().contains_key(REQUEST_ID));
+    }
+
+    /// An `x-request-id` that is not visible ASCII is replaced by a fresh id, never kept:
+    /// kept, it would be echoed as sent and logged as an empty id, so a client could
+    /// make its requests untraceable.
+    #[tokio::test]
+    async fn a_request_id_that_is_not_text_is_replaced() {
+        let settings = Settings::with_overrides(&[]).expect("settings");
+        let routes = Router::new().route("/x", get(|| async { "ok" }));
+        for sent in [&b"\xff\xfe"[..], b"two words", b""] {
+            let request = Request::builder()
+                .uri("/x")
+                .header(REQUEST_ID, HeaderValue::from_bytes(sent).unwrap())
+                .body(Body::empty())
+                .unwrap();
+            let response = apply(routes.clone(), &settings)
+                .call(request)
+                .await
+                .unwrap();
+            let answered = response.headers()[REQUEST_ID].as_bytes();
+            assert_ne!(answered, sent);
+            let answered = std::str::from_utf8(answered).unwrap();
+            assert!(uuid::Uuid::parse_str(answered).is_ok(), "{answered}");
+        }
     }
 }

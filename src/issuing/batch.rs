@@ -160,21 +160,37 @@ impl Committer {
     }
 
     /// Closes the queues, then waits for every writer to answer what was queued (the
-    /// batches in flight and those still waiting) and end. Returns how many writers
-    /// ended; later issuances are refused.
-    pub(super) async fn stop(&self) -> usize {
+    /// batches in flight and those still waiting) and end, for at most `within`. Returns
+    /// how many writers ended; later issuances are refused.
+    ///
+    /// Past `within` (a database that hangs at shutdown) the writers are aborted: a batch
+    /// cut off there is what a crash leaves, `issuing` records that self-repair completes
+    /// and settles, while an unbounded wait would outlast the orchestrator's patience and
+    /// cost the embedded mongod its clean stop.
+    pub(super) async fn stop(&self, within: Duration) -> usize {
         drop(
             self.queues
                 .write()
                 .unwrap_or_else(PoisonError::into_inner)
                 .take(),
         );
-        let writers =
+        let mut writers =
             std::mem::take(&mut *self.writers.lock().unwrap_or_else(PoisonError::into_inner));
         let stopped = writers.len();
-        for writer in writers {
-            if let Err(err) = writer.await {
-                tracing::error!(error = %err, "a batch writer ended abnormally");
+        match tokio::time::timeout(within, join_all(writers.iter_mut())).await {
+            Ok(ended) => {
+                for err in ended.into_iter().filter_map(Result::err) {
+                    tracing::error!(error = %err, "a batch writer ended abnormally");
+                }
+            }
+            Err(_) => {
+                tracing::warn!(
+                    writers = stopped,
+                    "batch writers still writing at the end of the shutdown bound; aborted (self-repair completes their records)"
+                );
+                for writer in &writers {
+                    writer.abort();
+                }
             }
         }
         stopped

@@ -149,10 +149,11 @@ impl Issuer {
     /// Stops group commit's writer tasks at shutdown: issuances queued before (a batch in
     /// flight, or one still gathering) are written and answered first, later ones are
     /// refused. Returns how many writers ended (none when no issuance ever started them).
-    pub async fn stop_writers(&self) -> usize {
+    /// Writers still writing after `within` are aborted, as a crash would stop them.
+    pub async fn stop_writers(&self, within: Duration) -> usize {
         self.committer
             .get_or_init(batch::Committer::stopped)
-            .stop()
+            .stop(within)
             .await
     }
 

@@ -298,7 +298,8 @@ impl Application {
         }
         probe.abort();
         // Before the store closes: the batches the last requests queued still need it.
-        issuer.stop_writers().await;
+        // They get as long as the requests did.
+        issuer.stop_writers(grace).await;
         store.shutdown().await;
         if let Some(embedded) = embedded {
             embedded.stop().await;
