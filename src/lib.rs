@@ -6,7 +6,8 @@
 //! `migrate` (schema) → `domain` (validated types). `settings`, `telemetry`, `embedded`
 //! and `server` (the hardened HTTP/1.1 connection loop) are leaves the outer layers
 //! configure the inner ones from; `healthcheck` is the client side of `/readyz` that
-//! `tokenmint healthcheck` runs.
+//! `tokenmint healthcheck` runs. `tests/layers.rs` holds the code to this: no import runs
+//! back up the layers, and no two files import each other.
 
 pub mod cli;
 pub mod domain;
