@@ -173,9 +173,7 @@ pub fn scenarios(command: &Command) -> Vec<Scenario> {
             duration,
             warmup,
         } => {
-            let duration =
-                Duration::from_secs_f64(duration.unwrap_or(if *quick { 3.0 } else { 15.0 }));
-            let warmup = Duration::from_secs_f64(warmup.unwrap_or(if *quick { 1.0 } else { 5.0 }));
+            let (duration, warmup) = matrix_times(*quick, *duration, *warmup);
             let mut matrix = Vec::new();
             for concurrency in [1, 32] {
                 for quantity in [1, 10] {
@@ -200,9 +198,7 @@ pub fn scenarios(command: &Command) -> Vec<Scenario> {
         } => {
             // 12 scenarios × 3 targets × (5 + 15) s, plus a few seconds per scenario to
             // start the service and migrate its and the floors' databases: ~14 minutes.
-            let duration =
-                Duration::from_secs_f64(duration.unwrap_or(if *quick { 3.0 } else { 15.0 }));
-            let warmup = Duration::from_secs_f64(warmup.unwrap_or(if *quick { 1.0 } else { 5.0 }));
+            let (duration, warmup) = matrix_times(*quick, *duration, *warmup);
             let scenario = |concurrency, quantity, mode, replays| Scenario {
                 workload: Workload {
                     operation: Operation::Issue,
@@ -274,6 +270,16 @@ fn mode(mode: ModeArg) -> IssuanceMode {
         ModeArg::Upsert => IssuanceMode::Upsert,
         ModeArg::Atomic => IssuanceMode::Atomic,
     }
+}
+
+/// A matrix's measured and warm-up time per scenario: as given, else 15 s and 5 s, or
+/// 3 s and 1 s for a `--quick` run that only checks the matrix still runs.
+fn matrix_times(quick: bool, duration: Option<f64>, warmup: Option<f64>) -> (Duration, Duration) {
+    let (default_duration, default_warmup) = if quick { (3.0, 1.0) } else { (15.0, 5.0) };
+    (
+        Duration::from_secs_f64(duration.unwrap_or(default_duration)),
+        Duration::from_secs_f64(warmup.unwrap_or(default_warmup)),
+    )
 }
 
 /// A redemption scenario and, first, the issuance scenario it is read beside: the same

@@ -30,6 +30,8 @@ use serde::Deserialize;
 use crate::domain::{AccountGrant, IssuanceMode, Provider, Scope};
 pub use errors::SettingsError;
 use errors::load_error;
+#[cfg(test)]
+pub(crate) use errors::tests::assert_refusal_names_only;
 
 /// The defaults, compiled in so that the binary runs from any working directory.
 const DEFAULT_TOML: &str = include_str!("../../config/default.toml");

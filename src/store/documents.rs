@@ -85,6 +85,12 @@ pub struct IssuanceDoc {
 }
 
 impl IssuanceDoc {
+    /// This record under `id`, the `_id` of the record it replaces in place (a
+    /// placeholder or a pending record it takes over).
+    pub fn with_id(&self, id: ObjectId) -> Self {
+        Self { id, ..self.clone() }
+    }
+
     /// The record `request` inserts, in `status`, with a fresh `_id`: also the answer, so
     /// nothing is read back.
     pub fn new(request: &NewIssuance, status: IssuanceStatus) -> Self {

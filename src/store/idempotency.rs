@@ -18,6 +18,7 @@ use mongodb::options::ReturnDocument;
 use serde::{Deserialize, Serialize};
 
 use super::Store;
+use super::atomic::commit_with_retry;
 use super::error::{HELD_PATIENCE, StoreError, duplicate_key_index, ran_out_of_time};
 use super::indexes::IDEMPOTENCY_KEY_INDEX;
 
@@ -224,6 +225,29 @@ impl Store {
             .session(session)
             .await?;
         Ok(result.modified_count == 1)
+    }
+
+    /// Answers `answered`'s record with the answer to `written` inside `session`'s
+    /// transaction, then commits it, so the action and its answer stand or fall
+    /// together; with no record to answer, only commits. `false`, nothing committed, when
+    /// another attempt has taken the record over (the transaction must then be aborted).
+    pub(super) async fn answer_and_commit<T: ?Sized>(
+        &self,
+        session: &mut ClientSession,
+        answered: Option<&AnswerInTransaction<'_, T>>,
+        written: &T,
+    ) -> Result<bool, Error> {
+        if let Some(answered) = answered {
+            let answer = (answered.answer)(written);
+            if !self
+                .answer_in_session(session, answered.record, answered.attempt, &answer)
+                .await?
+            {
+                return Ok(false);
+            }
+        }
+        commit_with_retry(session).await?;
+        Ok(true)
     }
 
     /// Deletes the unanswered record `id` if `attempt` still holds it.

@@ -70,8 +70,7 @@ impl Store {
         id: ObjectId,
         record: &IssuanceDoc,
     ) -> Result<Option<IssuanceDoc>, StoreError> {
-        let mut taken = record.clone();
-        taken.id = id;
+        let mut taken = record.with_id(id);
         taken.status = IssuanceStatus::Issuing;
         taken.expires_at = None;
         Ok(self

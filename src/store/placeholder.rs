@@ -126,8 +126,7 @@ impl Store {
         id: ObjectId,
         record: &IssuanceDoc,
     ) -> Result<Option<IssuanceDoc>, StoreError> {
-        let mut taken = record.clone();
-        taken.id = id;
+        let taken = record.with_id(id);
         let replaced = self
             .records()
             .replace_one(doc! { "_id": id, "status": PLACEHOLDER }, &taken)

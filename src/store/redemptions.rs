@@ -13,7 +13,6 @@ use mongodb::error::Error;
 use mongodb::options::ReadConcern;
 use serde::{Deserialize, Serialize};
 
-use super::atomic::commit_with_retry;
 use super::documents::TokenDoc;
 use super::error::{StoreError, duplicate_key_index, is_transient_transaction_error};
 use super::idempotency::AnswerInTransaction;
@@ -191,16 +190,9 @@ impl Store {
             tokens: as_written(&found, ids, &set)?,
             record,
         };
-        if let Some(answered) = answered {
-            let answer = (answered.answer)(&redeemed);
-            if !self
-                .answer_in_session(session, answered.record, answered.attempt, &answer)
-                .await?
-            {
-                return Ok(RedemptionAttempt::TakenOver);
-            }
+        if !self.answer_and_commit(session, answered, &redeemed).await? {
+            return Ok(RedemptionAttempt::TakenOver);
         }
-        commit_with_retry(session).await?;
         Ok(RedemptionAttempt::Committed(redeemed))
     }
 }

@@ -8,7 +8,6 @@ use mongodb::ClientSession;
 use mongodb::bson::{Document, doc, oid::ObjectId};
 use mongodb::options::{ReadConcern, ReturnDocument};
 
-use super::atomic::commit_with_retry;
 use super::documents::{TokenDoc, from_document};
 use super::error::{HELD_PATIENCE, is_transient_transaction_error, ran_out_of_time};
 use super::idempotency::AnswerInTransaction;
@@ -136,14 +135,12 @@ impl Store {
         };
         let token =
             from_document(written).map_err(|e| mongodb::error::Error::custom(e.to_string()))?;
-        let answer = (answered.answer)(&token);
         if !self
-            .answer_in_session(session, answered.record, answered.attempt, &answer)
+            .answer_and_commit(session, Some(answered), &token)
             .await?
         {
             return Ok(GatedWrite::TakenOver);
         }
-        commit_with_retry(session).await?;
         Ok(GatedWrite::Written(token))
     }
 }

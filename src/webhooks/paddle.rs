@@ -9,7 +9,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use super::events::{EventError, payment_key, ranked_version, text, tokenmint_params};
-use super::signing::{SignatureError, SignatureHeaders, TimestampedHeader, is_prefixed_secret};
+use super::signing::{SignatureError, SignatureHeaders, TimestampedHeader, check_prefixed_secret};
 use crate::domain::{ParsedEvent, PaymentEvent, PaymentStatus, Provider, Refund, Reversal};
 
 /// What every Paddle notification secret key starts with.
@@ -44,13 +44,12 @@ pub fn sign_paddle(secret: &str, timestamp: i64, body: &[u8]) -> String {
 
 /// A Paddle secret key: `pdl_ntfset_` and at least 16 visible characters.
 pub(super) fn check_secret(secret: &str) -> Result<(), &'static str> {
-    if is_prefixed_secret(secret, SECRET_PREFIX, SECRET_MIN_CHARS) {
-        Ok(())
-    } else {
-        Err(
-            "must be Paddle's notification secret key: `pdl_ntfset_` followed by at least 16 visible ASCII characters, without spaces",
-        )
-    }
+    check_prefixed_secret(
+        secret,
+        SECRET_PREFIX,
+        SECRET_MIN_CHARS,
+        "must be Paddle's notification secret key: `pdl_ntfset_` followed by at least 16 visible ASCII characters, without spaces",
+    )
 }
 
 /// Whether an adjustment of `action` in `status` takes money back (a refund or a

@@ -78,12 +78,19 @@ pub(super) fn any_signature_matches(
     Err(SignatureError::Invalid)
 }
 
-/// Whether `secret` is `prefix` followed by at least `min_chars` visible ASCII characters:
-/// the shape of Stripe's and Paddle's secrets, whose whole text is the HMAC key.
-pub(super) fn is_prefixed_secret(secret: &str, prefix: &str, min_chars: usize) -> bool {
-    secret
+/// `Ok` when `secret` is `prefix` followed by at least `min_chars` visible ASCII
+/// characters, the shape of Stripe's and Paddle's secrets, whose whole text is the HMAC
+/// key; else `Err(problem)`, the scheme's own words, which never quote the secret.
+pub(super) fn check_prefixed_secret(
+    secret: &str,
+    prefix: &str,
+    min_chars: usize,
+    problem: &'static str,
+) -> Result<(), &'static str> {
+    let fits = secret
         .strip_prefix(prefix)
-        .is_some_and(|rest| rest.len() >= min_chars && rest.bytes().all(|b| b.is_ascii_graphic()))
+        .is_some_and(|rest| rest.len() >= min_chars && rest.bytes().all(|b| b.is_ascii_graphic()));
+    if fits { Ok(()) } else { Err(problem) }
 }
 
 /// A scheme that sends one header of `name=value` items — a timestamp and one or more

@@ -9,7 +9,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use super::events::{EventError, EventTime, payment_key, text, tokenmint_params};
-use super::signing::{SignatureError, SignatureHeaders, TimestampedHeader, is_prefixed_secret};
+use super::signing::{SignatureError, SignatureHeaders, TimestampedHeader, check_prefixed_secret};
 use crate::domain::{
     IssuanceParams, ParsedEvent, PaymentEvent, PaymentStatus, Provider, Refund, Reversal,
 };
@@ -44,11 +44,12 @@ pub fn sign_stripe(secret: &str, timestamp: i64, body: &[u8]) -> String {
 
 /// A Stripe secret: `whsec_` and at least 16 visible characters.
 pub(super) fn check_secret(secret: &str) -> Result<(), &'static str> {
-    if is_prefixed_secret(secret, "whsec_", STRIPE_SECRET_MIN_CHARS) {
-        Ok(())
-    } else {
-        Err("must be `whsec_` followed by at least 16 visible ASCII characters, without spaces")
-    }
+    check_prefixed_secret(
+        secret,
+        "whsec_",
+        STRIPE_SECRET_MIN_CHARS,
+        "must be `whsec_` followed by at least 16 visible ASCII characters, without spaces",
+    )
 }
 
 #[derive(Deserialize)]

@@ -47,29 +47,15 @@ pub(super) async fn scenario() {
     let mut firsts = Vec::new();
     for mode in modes {
         let (http, base) = (http.clone(), base.clone());
-        let body = issuance(&format!("pi_lag_{mode}"), mode);
         firsts.push(tokio::spawn(async move {
-            let answer = http
-                .post(format!("{base}/v1/issuances"))
-                .bearer_auth(ADMIN_KEY)
-                .json(&body)
-                .send()
-                .await;
-            (mode, answered(answer).await)
+            (mode, issue_lagging(&http, &base, mode).await)
         }));
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
     // The second, identical requests, while the first ones wait for the majority.
     let mut seconds: BTreeMap<&str, (u16, TokenIds)> = BTreeMap::new();
     for mode in modes {
-        let body = issuance(&format!("pi_lag_{mode}"), mode);
-        let answer = http
-            .post(format!("{base}/v1/issuances"))
-            .bearer_auth(ADMIN_KEY)
-            .json(&body)
-            .send()
-            .await;
-        let (status, ids) = answered(answer).await;
+        let (status, ids) = issue_lagging(&http, &base, mode).await;
         eprintln!(
             "failover[replication-lag] {mode}: second request answered {status} while the first was not durable"
         );
@@ -161,6 +147,18 @@ pub(super) async fn scenario() {
         violations.len(),
         violations.join("\n")
     );
+}
+
+/// Sends the issuance of the lagging payment of `mode` (`pi_lag_{mode}`) once; the same
+/// request each time, so the second is a replay of the first.
+async fn issue_lagging(http: &reqwest::Client, base: &str, mode: &str) -> (u16, TokenIds) {
+    let answer = http
+        .post(format!("{base}/v1/issuances"))
+        .bearer_auth(ADMIN_KEY)
+        .json(&issuance(&format!("pi_lag_{mode}"), mode))
+        .send()
+        .await;
+    answered(answer).await
 }
 
 /// An answer's status and token ids (status 0: no answer).

@@ -7,7 +7,7 @@ use mongodb::bson::{DateTime, doc};
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
-use super::{key_records, post, seen};
+use super::{key_records, post, redeem_keyed, seen};
 use crate::helpers::*;
 
 #[tokio::test]
@@ -115,32 +115,10 @@ async fn a_key_used_for_another_path_or_body_is_refused_and_writes_nothing() {
 async fn keys_are_scoped_per_api_key() {
     let app = spawn_app().await;
     let ids = app.issue_tokens("pi_key_scoped", 2).await;
-    let admin = seen(
-        post(
-            &app,
-            ADMIN_KEY,
-            &format!("/v1/tokens/{}/redeem", ids[0]),
-            Some("shared"),
-            None,
-            None,
-        )
-        .await,
-    )
-    .await;
+    let admin = redeem_keyed(&app, ADMIN_KEY, &ids[0], "shared").await;
     // Another API key with the same Idempotency-Key: its own request, not a reuse of
     // the admin's nor a replay of its answer.
-    let other = seen(
-        post(
-            &app,
-            ACCOUNT1_KEY,
-            &format!("/v1/tokens/{}/redeem", ids[1]),
-            Some("shared"),
-            None,
-            None,
-        )
-        .await,
-    )
-    .await;
+    let other = redeem_keyed(&app, ACCOUNT1_KEY, &ids[1], "shared").await;
     assert_eq!((admin.status, other.status), (200, 200));
     assert!(!other.replayed);
     assert_ne!(admin.body, other.body);
@@ -231,18 +209,7 @@ async fn a_running_key_is_held_until_its_lease_ends() {
         "active"
     );
 
-    let taken_over = seen(
-        post(
-            &app,
-            ADMIN_KEY,
-            &format!("/v1/tokens/{}/redeem", ids[1]),
-            Some("abandoned"),
-            None,
-            None,
-        )
-        .await,
-    )
-    .await;
+    let taken_over = redeem_keyed(&app, ADMIN_KEY, &ids[1], "abandoned").await;
     assert_eq!((taken_over.status, taken_over.replayed), (200, false));
     assert_eq!(
         app.stored_token(&ids[1]).await.get_str("status").unwrap(),

@@ -35,6 +35,13 @@ async fn post(
     request.send().await.expect("request sent")
 }
 
+/// Redeems token `id` as `key` with the Idempotency-Key `idempotency_key`, and reads the
+/// answer as a client sees it.
+async fn redeem_keyed(app: &TestApp, key: &str, id: &str, idempotency_key: &str) -> Seen {
+    let path = format!("/v1/tokens/{id}/redeem");
+    seen(post(app, key, &path, Some(idempotency_key), None, None).await).await
+}
+
 /// An answer as a client sees it: status, replay marker, ETag and body bytes.
 #[derive(Debug, PartialEq, Eq)]
 struct Seen {
