@@ -12,7 +12,7 @@ use utoipa::ToSchema;
 use super::AppState;
 use super::auth::Principal;
 use super::error::{ApiError, KeyedErrors, Problem};
-use super::extract::PathParams;
+use super::extract::{PathParams, parse_query_parameters};
 use crate::domain::{FieldErrors, Owner, Scope, TokenType};
 use crate::store::BalanceRow;
 
@@ -76,18 +76,13 @@ pub async fn get_balances(
     let mut errors = FieldErrors::default();
     let owner = errors.check("owner", Owner::parse(&owner));
     let mut token_type = None;
-    let mut seen = Vec::new();
-    for (name, value) in &pairs {
-        if seen.contains(name) {
-            errors.push(name, "must be given at most once");
-            continue;
+    parse_query_parameters(&pairs, &mut errors, |name, value, errors| match name {
+        "tokenType" => {
+            token_type = errors.check("tokenType", TokenType::parse(value));
+            true
         }
-        seen.push(name.clone());
-        match name.as_str() {
-            "tokenType" => token_type = errors.check("tokenType", TokenType::parse(value)),
-            _ => errors.push(name, "is not a known query parameter"),
-        }
-    }
+        _ => false,
+    });
     errors.finish().map_err(ApiError::Validation)?;
     // Unreachable: a bad owner recorded an error above.
     let Some(owner) = owner else {

@@ -92,6 +92,28 @@ pub(super) async fn read_body<S: Send + Sync>(req: Request, state: &S) -> Result
         })
 }
 
+/// Hands each of a query's parameters to `parse`, in order, once: a repeated one is an
+/// error in `errors`, and so is one `parse` does not know (it answers `false`). A list
+/// filters by parameter, so a second value for one would be silently ignored or silently
+/// win; either way the client would not get what it asked for.
+pub fn parse_query_parameters(
+    pairs: &[(String, String)],
+    errors: &mut FieldErrors,
+    mut parse: impl FnMut(&str, &str, &mut FieldErrors) -> bool,
+) {
+    let mut seen: Vec<&str> = Vec::new();
+    for (name, value) in pairs {
+        if seen.contains(&name.as_str()) {
+            errors.push(name, "must be given at most once");
+            continue;
+        }
+        seen.push(name);
+        if !parse(name, value, errors) {
+            errors.push(name, "is not a known query parameter");
+        }
+    }
+}
+
 /// Parses `bytes` as a JSON object into `T`, mapping every failure to the contract. `Ok`
 /// carries the unknown fields found (as errors for the caller to report with its own);
 /// a body that still does not fit `T` without them is a 422 naming them and the misfit.

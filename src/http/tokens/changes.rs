@@ -12,7 +12,9 @@ use serde::Deserialize;
 use utoipa::ToSchema;
 
 use super::if_match::{IfMatch, if_match};
-use super::{TokenView, not_found, parse_token_id, token_answer, token_response};
+use super::{
+    TokenView, find_visible_token, not_found, parse_token_id, token_answer, token_response,
+};
 use crate::domain::{Actor, FieldErrors, Owner, Scope};
 use crate::http::AppState;
 use crate::http::auth::Principal;
@@ -64,6 +66,58 @@ fn note(errors: &mut FieldErrors, field: &str, value: Option<String>) -> Option<
     }
 }
 
+/// A redeem or a revoke as its handler received it, its scope checked and its body read:
+/// the two differ only in the scope, the note's field and the transition the note goes
+/// into, so the rest of the request is judged here, once.
+struct NotedChange<'a> {
+    state: &'a AppState,
+    principal: &'a Principal,
+    token_id: &'a str,
+    headers: &'a HeaderMap,
+    attempt: Option<Extension<Arc<Attempt>>>,
+}
+
+impl<'a> NotedChange<'a> {
+    fn new(
+        state: &'a AppState,
+        principal: &'a Principal,
+        token_id: &'a str,
+        headers: &'a HeaderMap,
+        attempt: Option<Extension<Arc<Attempt>>>,
+    ) -> Self {
+        Self {
+            state,
+            principal,
+            token_id,
+            headers,
+            attempt,
+        }
+    }
+
+    /// Checks the note `value` of the body's `field` (with the body's own `errors`), then
+    /// runs `transition(note)` under the `If-Match` sent, if any.
+    async fn apply(
+        self,
+        mut errors: FieldErrors,
+        field: &str,
+        value: Option<String>,
+        transition: impl FnOnce(Option<String>) -> Transition,
+    ) -> Result<Response, ApiError> {
+        let value = note(&mut errors, field, value);
+        errors.finish().map_err(ApiError::Validation)?;
+        let condition = if_match(self.headers)?;
+        apply(
+            self.state,
+            self.principal,
+            self.token_id,
+            transition(value),
+            condition,
+            self.attempt,
+        )
+        .await
+    }
+}
+
 /// Runs a transition of the token `token_id` for `principal` and maps its outcome to the
 /// HTTP contract. Without `If-Match` the gate retries lost races; with a lone strong tag
 /// it is the gate; otherwise (`*`, a list, weak tags) the precondition is evaluated on the
@@ -75,21 +129,16 @@ async fn apply(
     token_id: &str,
     transition: Transition,
     condition: Option<IfMatch>,
-    attempt: Option<&Attempt>,
+    attempt: Option<Extension<Arc<Attempt>>>,
 ) -> Result<Response, ApiError> {
+    let attempt = attempt.as_deref().map(Arc::as_ref);
     let id = parse_token_id(token_id)?;
     let gate = match condition {
         None => Gate::Retry,
         Some(condition) => match condition.sole_version() {
             Some(version) => Gate::IfMatch(version),
             None => {
-                let current = state
-                    .issuer
-                    .store()
-                    .find_token(id)
-                    .await?
-                    .filter(|t| principal.can_see(&t.origin.provider, &t.origin.account_id))
-                    .ok_or_else(not_found)?;
+                let current = find_visible_token(state, principal, id).await?;
                 if !condition.matches(current.version) && !transition.is_replayed_by(&current) {
                     record_version_rejection(&transition);
                     return Err(version_conflict(principal, &current));
@@ -207,19 +256,13 @@ pub async fn redeem_token(
     body: Result<OptionalJsonBody<RedeemRequest>, ApiError>,
 ) -> Result<Response, ApiError> {
     principal.require(Scope::TokensRedeem)?;
-    let OptionalJsonBody(body, mut errors) = body?;
-    let reference = note(&mut errors, "reference", body.reference);
-    errors.finish().map_err(ApiError::Validation)?;
-    let condition = if_match(&headers)?;
-    apply(
-        &state,
-        &principal,
-        &token_id,
-        Transition::Redeem { reference },
-        condition,
-        attempt.as_deref().map(Arc::as_ref),
-    )
-    .await
+    let OptionalJsonBody(body, errors) = body?;
+    let change = NotedChange::new(&state, &principal, &token_id, &headers, attempt);
+    change
+        .apply(errors, "reference", body.reference, |reference| {
+            Transition::Redeem { reference }
+        })
+        .await
 }
 
 /// Revoke a token.
@@ -259,19 +302,13 @@ pub async fn revoke_token(
     body: Result<OptionalJsonBody<RevokeRequest>, ApiError>,
 ) -> Result<Response, ApiError> {
     principal.require(Scope::TokensRevoke)?;
-    let OptionalJsonBody(body, mut errors) = body?;
-    let reason = note(&mut errors, "reason", body.reason);
-    errors.finish().map_err(ApiError::Validation)?;
-    let condition = if_match(&headers)?;
-    apply(
-        &state,
-        &principal,
-        &token_id,
-        Transition::Revoke { reason },
-        condition,
-        attempt.as_deref().map(Arc::as_ref),
-    )
-    .await
+    let OptionalJsonBody(body, errors) = body?;
+    let change = NotedChange::new(&state, &principal, &token_id, &headers, attempt);
+    change
+        .apply(errors, "reason", body.reason, |reason| Transition::Revoke {
+            reason,
+        })
+        .await
 }
 
 /// Transfer an active token to a new owner. `If-Match` is required (428 without).
@@ -324,7 +361,7 @@ pub async fn transfer_token(
         &token_id,
         transition,
         Some(condition),
-        attempt.as_deref().map(Arc::as_ref),
+        attempt,
     )
     .await
 }

@@ -27,7 +27,7 @@ use super::auth::Principal;
 use super::error::{ApiError, KeyedErrors, Problem};
 use super::idempotency::{json_answer, respond};
 use crate::domain::{FieldErrors, Owner, Scope, TokenId, TokenStatus, TokenType};
-use crate::http::extract::PathParams;
+use crate::http::extract::{PathParams, parse_query_parameters};
 use crate::issuing::Answer;
 use crate::store::{TokenDoc, TokenQuery, chrono_time};
 
@@ -138,6 +138,22 @@ pub(super) fn not_found() -> ApiError {
     ApiError::NotFound("No such token.".to_owned())
 }
 
+/// The token `id` if it exists and `principal` may see it; else 404, the same either way,
+/// so that a key learns nothing of the tokens of accounts it is not granted.
+pub(super) async fn find_visible_token(
+    state: &AppState,
+    principal: &Principal,
+    id: TokenId,
+) -> Result<TokenDoc, ApiError> {
+    state
+        .issuer
+        .store()
+        .find_token(id)
+        .await?
+        .filter(|t| principal.can_see(&t.origin.provider, &t.origin.account_id))
+        .ok_or_else(not_found)
+}
+
 /// Read a token.
 #[utoipa::path(
     get, path = "/v1/tokens/{tokenId}", tag = "tokens",
@@ -158,13 +174,7 @@ pub async fn get_token(
 ) -> Result<Response, ApiError> {
     principal.require(Scope::Read)?;
     let id = parse_token_id(&token_id)?;
-    let token = state
-        .issuer
-        .store()
-        .find_token(id)
-        .await?
-        .filter(|t| principal.can_see(&t.origin.provider, &t.origin.account_id))
-        .ok_or_else(not_found)?;
+    let token = find_visible_token(&state, &principal, id).await?;
     Ok(token_response(&token))
 }
 
@@ -215,14 +225,8 @@ fn parse_list_query(pairs: &[(String, String)]) -> Result<(TokenQuery, u32), Api
     let mut errors = FieldErrors::default();
     let mut query = TokenQuery::default();
     let mut limit = DEFAULT_LIMIT;
-    let mut seen = Vec::new();
-    for (name, value) in pairs {
-        if seen.contains(name) {
-            errors.push(name, "must be given at most once");
-            continue;
-        }
-        seen.push(name.clone());
-        match name.as_str() {
+    parse_query_parameters(pairs, &mut errors, |name, value, errors| {
+        match name {
             "owner" => query.owner = errors.check("owner", Owner::parse(value)),
             "tokenType" => query.token_type = errors.check("tokenType", TokenType::parse(value)),
             "status" => query.status = errors.check("status", TokenStatus::parse(value)),
@@ -242,9 +246,10 @@ fn parse_list_query(pairs: &[(String, String)]) -> Result<(TokenQuery, u32), Api
                     .ok_or_else(|| format!("must be an integer from 1 to {MAX_LIMIT}"));
                 limit = errors.check("limit", parsed).unwrap_or(DEFAULT_LIMIT);
             }
-            _ => errors.push(name, "is not a known query parameter"),
+            _ => return false,
         }
-    }
+        true
+    });
     errors.finish().map_err(ApiError::Validation)?;
     Ok((query, limit))
 }
