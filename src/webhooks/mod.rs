@@ -19,7 +19,7 @@ use secrecy::{ExposeSecret, SecretString};
 
 use basic_auth::BasicCredentials;
 pub use events::EventError;
-pub use signature::{SignatureError, SignatureHeaders, sign_standard, sign_stripe};
+pub use signature::{SignatureError, SignatureHeaders, Verification, sign_standard, sign_stripe};
 pub use standard::parse_standard;
 pub use stripe::parse_stripe;
 
@@ -142,13 +142,12 @@ impl ProviderConfig {
         body: &[u8],
         now: i64,
     ) -> Result<(), SignatureError> {
-        let verify = match self.scheme {
-            WebhookScheme::Stripe => signature::verify_stripe,
-            WebhookScheme::StandardWebhooks => signature::verify_standard,
-            WebhookScheme::Paddle => paddle::verify_paddle,
-            WebhookScheme::Adyen => adyen::verify_adyen,
+        let check = Verification {
+            secrets: &self.secrets,
+            tolerance_secs: self.tolerance_secs,
+            now,
         };
-        verify(headers, body, &self.secrets, self.tolerance_secs, now)
+        signature::verify(self.scheme, headers, body, &check)
     }
 
     /// Parses a delivery whose signature [`verify`](Self::verify) accepted; nothing is

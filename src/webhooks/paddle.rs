@@ -4,52 +4,31 @@
 //! that take money back (approved refunds and chargebacks).
 
 use chrono::DateTime;
-use secrecy::SecretString;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use super::events::{EventError, payment_key, ranked_version, text, tokenmint_params};
-use super::signing::{SignatureError, SignatureHeaders, TimestampedHeader, check_prefixed_secret};
+use super::signing::{PrefixedSecret, TimestampedHeader};
 use crate::domain::{ParsedEvent, PaymentEvent, PaymentStatus, Provider, Refund, Reversal};
 
-/// What every Paddle notification secret key starts with.
-const SECRET_PREFIX: &str = "pdl_ntfset_";
-/// The fewest characters a secret has after the prefix (Paddle's have an id and a key).
-const SECRET_MIN_CHARS: usize = 16;
-
-/// Paddle's header: `ts=<unix>;h1=<hex>`, signing `"{ts}:{body}"`.
-const HEADER: TimestampedHeader = TimestampedHeader {
+/// Paddle: `Paddle-Signature: ts=<unix>;h1=<hex>`, HMAC of `"{ts}:{body}"` keyed with the
+/// secret key as Paddle shows it: `pdl_ntfset_` and at least 16 visible characters (an
+/// id and a key). Any `h1` under any configured secret counts (several in a rotation).
+pub(super) const SCHEME: TimestampedHeader = TimestampedHeader {
     timestamp: "ts",
     signature: "h1",
     items: ';',
     separator: b":",
+    secret: PrefixedSecret {
+        prefix: "pdl_ntfset_",
+        min_chars: 16,
+        problem: "must be Paddle's notification secret key: `pdl_ntfset_` followed by at least 16 visible ASCII characters, without spaces",
+    },
 };
-
-/// Verifies a Paddle delivery: the timestamp within `tolerance_secs`, then any `h1` that
-/// is the HMAC under any configured secret (several during a rotation).
-pub fn verify_paddle(
-    headers: &SignatureHeaders<'_>,
-    body: &[u8],
-    secrets: &[SecretString],
-    tolerance_secs: u64,
-    now: i64,
-) -> Result<(), SignatureError> {
-    HEADER.verify(headers.paddle_signature, body, secrets, tolerance_secs, now)
-}
 
 /// Signs like Paddle does: the `Paddle-Signature` value; for tests and `webhooks sign`.
 pub fn sign_paddle(secret: &str, timestamp: i64, body: &[u8]) -> String {
-    HEADER.sign(secret, timestamp, body)
-}
-
-/// A Paddle secret key: `pdl_ntfset_` and at least 16 visible characters.
-pub(super) fn check_secret(secret: &str) -> Result<(), &'static str> {
-    check_prefixed_secret(
-        secret,
-        SECRET_PREFIX,
-        SECRET_MIN_CHARS,
-        "must be Paddle's notification secret key: `pdl_ntfset_` followed by at least 16 visible ASCII characters, without spaces",
-    )
+    SCHEME.sign(secret, timestamp, body)
 }
 
 /// Whether an adjustment of `action` in `status` takes money back (a refund or a
@@ -238,18 +217,23 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+    use crate::webhooks::signing::{SignatureError, verify_with};
 
     /// The secret key of Paddle's own example in its signature-verification guide.
     const DOCS_SECRET: &str = "pdl_ntfset_01gkpjp8bkm3tm53kdgkx6sms7_a7e4a56cf7c1cd80cb1c735c72bab2aa75d06fe08b8c50a18cf6afbcfe834122";
     const NOW: i64 = 1_671_552_777;
 
+    fn verify_header(
+        header: Option<&str>,
+        body: &[u8],
+        keys: &[&str],
+        now: i64,
+    ) -> Result<(), SignatureError> {
+        verify_with(keys, 5, now, |check| SCHEME.verify(header, body, check))
+    }
+
     fn verify(header: &str, body: &[u8], keys: &[&str], now: i64) -> Result<(), SignatureError> {
-        let headers = SignatureHeaders {
-            paddle_signature: Some(header),
-            ..Default::default()
-        };
-        let secrets: Vec<SecretString> = keys.iter().map(|k| (*k).into()).collect();
-        verify_paddle(&headers, body, &secrets, 5, now)
+        verify_header(Some(header), body, keys, now)
     }
 
     #[test]
@@ -295,23 +279,22 @@ mod tests {
                 "{garbage:?}"
             );
         }
-        let none = SignatureHeaders::default();
         assert_eq!(
-            verify_paddle(&none, body, &[DOCS_SECRET.into()], 5, NOW),
+            verify_header(None, body, &[DOCS_SECRET], NOW),
             Err(SignatureError::Missing)
         );
     }
 
     #[test]
     fn secrets_must_look_like_paddle_keys() {
-        assert_eq!(check_secret(DOCS_SECRET), Ok(()));
+        assert_eq!(SCHEME.secret.check(DOCS_SECRET), Ok(()));
         for secret in [
             "whsec_0123456789abcdef0123",
             "pdl_ntfset_short",
             "pdl_ntfset_0123456789 abcdef",
             "",
         ] {
-            let problem = check_secret(secret).unwrap_err();
+            let problem = SCHEME.secret.check(secret).unwrap_err();
             assert!(secret.is_empty() || !problem.contains(secret), "{secret}");
         }
     }

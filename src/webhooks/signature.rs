@@ -4,20 +4,38 @@
 //! `paddle`, `adyen`). The pieces the schemes share are `signing`'s; arrows run one way,
 //! from here to the schemes to `signing`.
 
-pub use super::signing::{SignatureError, SignatureHeaders};
-pub use super::standard::{STANDARD_KEY_BYTES, sign_standard, standard_key, verify_standard};
-pub use super::stripe::{STRIPE_SECRET_MIN_CHARS, sign_stripe, verify_stripe};
+pub use super::signing::{SignatureError, SignatureHeaders, Verification};
+pub use super::standard::{STANDARD_KEY_BYTES, sign_standard, standard_key};
+pub use super::stripe::{STRIPE_SECRET_MIN_CHARS, sign_stripe};
+use super::{adyen, paddle, standard, stripe};
 use crate::settings::WebhookScheme;
+
+/// Verifies a delivery's signature over the raw `body` per `scheme`: `Ok` only when a
+/// signature the scheme reads from `headers` (or, for Adyen, from every item of the
+/// body) is the HMAC under one of the configured secrets, signed within the tolerance.
+pub fn verify(
+    scheme: WebhookScheme,
+    headers: &SignatureHeaders<'_>,
+    body: &[u8],
+    check: &Verification<'_>,
+) -> Result<(), SignatureError> {
+    match scheme {
+        WebhookScheme::Stripe => stripe::SCHEME.verify(headers.stripe_signature, body, check),
+        WebhookScheme::StandardWebhooks => standard::verify_standard(headers, body, check),
+        WebhookScheme::Paddle => paddle::SCHEME.verify(headers.paddle_signature, body, check),
+        WebhookScheme::Adyen => adyen::verify_adyen(body, check.secrets),
+    }
+}
 
 /// Whether `secret` is usable with `scheme`; the `Err` says what is wrong without
 /// quoting the secret. `Providers::from_settings` runs it on every configured secret, so a
 /// secret that could never verify anything stops the start instead of being ignored.
 pub fn check_secret(scheme: WebhookScheme, secret: &str) -> Result<(), &'static str> {
     match scheme {
-        WebhookScheme::Stripe => super::stripe::check_secret(secret),
-        WebhookScheme::StandardWebhooks => super::standard::check_secret(secret),
-        WebhookScheme::Paddle => super::paddle::check_secret(secret),
-        WebhookScheme::Adyen => super::adyen::check_secret(secret),
+        WebhookScheme::Stripe => stripe::SCHEME.secret.check(secret),
+        WebhookScheme::StandardWebhooks => standard::check_secret(secret),
+        WebhookScheme::Paddle => paddle::SCHEME.secret.check(secret),
+        WebhookScheme::Adyen => adyen::check_secret(secret),
     }
 }
 

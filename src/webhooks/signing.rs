@@ -51,14 +51,6 @@ pub(super) fn mac(key: &[u8], parts: &[&[u8]]) -> Hmac<Sha256> {
     mac
 }
 
-pub(super) fn within(timestamp: i64, now: i64, tolerance_secs: u64) -> Result<(), SignatureError> {
-    if now.abs_diff(timestamp) <= tolerance_secs {
-        Ok(())
-    } else {
-        Err(SignatureError::OutOfTolerance)
-    }
-}
-
 /// Whether any presented signature is the HMAC of `parts` under any of `keys` (several
 /// during a secret rotation). Each comparison is constant-time (`verify_slice`).
 pub(super) fn any_signature_matches(
@@ -78,19 +70,45 @@ pub(super) fn any_signature_matches(
     Err(SignatureError::Invalid)
 }
 
-/// `Ok` when `secret` is `prefix` followed by at least `min_chars` visible ASCII
-/// characters, the shape of Stripe's and Paddle's secrets, whose whole text is the HMAC
-/// key; else `Err(problem)`, the scheme's own words, which never quote the secret.
-pub(super) fn check_prefixed_secret(
-    secret: &str,
-    prefix: &str,
-    min_chars: usize,
-    problem: &'static str,
-) -> Result<(), &'static str> {
-    let fits = secret
-        .strip_prefix(prefix)
-        .is_some_and(|rest| rest.len() >= min_chars && rest.bytes().all(|b| b.is_ascii_graphic()));
-    if fits { Ok(()) } else { Err(problem) }
+/// The shape of Stripe's and Paddle's secrets, whose whole text is the HMAC key: a
+/// `prefix` followed by at least `min_chars` visible ASCII characters. `problem` is the
+/// scheme's own words for a secret that does not fit; they never quote the secret.
+pub(super) struct PrefixedSecret {
+    pub prefix: &'static str,
+    pub min_chars: usize,
+    pub problem: &'static str,
+}
+
+impl PrefixedSecret {
+    /// `Ok` when `secret` has the shape, else `Err(problem)`.
+    pub fn check(&self, secret: &str) -> Result<(), &'static str> {
+        let fits = secret.strip_prefix(self.prefix).is_some_and(|rest| {
+            rest.len() >= self.min_chars && rest.bytes().all(|b| b.is_ascii_graphic())
+        });
+        if fits { Ok(()) } else { Err(self.problem) }
+    }
+}
+
+/// What a delivery's signature is checked against: the configured secrets (several
+/// during a rotation), how far from `now` a signed timestamp may be, and `now` (Unix
+/// seconds). Schemes that sign no timestamp read only the secrets.
+#[derive(Debug, Clone, Copy)]
+pub struct Verification<'a> {
+    pub secrets: &'a [SecretString],
+    pub tolerance_secs: u64,
+    pub now: i64,
+}
+
+impl Verification<'_> {
+    /// `Ok` when a signed `timestamp` is within the tolerance of now, either way: a
+    /// captured delivery cannot be replayed later, nor one dated ahead used then.
+    pub(super) fn within(&self, timestamp: i64) -> Result<(), SignatureError> {
+        if self.now.abs_diff(timestamp) <= self.tolerance_secs {
+            Ok(())
+        } else {
+            Err(SignatureError::OutOfTolerance)
+        }
+    }
 }
 
 /// A scheme that sends one header of `name=value` items — a timestamp and one or more
@@ -102,10 +120,12 @@ pub(super) struct TimestampedHeader {
     pub signature: &'static str,
     pub items: char,
     pub separator: &'static [u8],
+    /// The shape every configured secret of the scheme has.
+    pub secret: PrefixedSecret,
 }
 
 impl TimestampedHeader {
-    /// The timestamp within `tolerance_secs` of `now`, then any signature that is the HMAC
+    /// The timestamp within the tolerance of now, then any signature that is the HMAC
     /// under any configured secret (several during a rotation). Items of other names
     /// (Stripe's `v0`, say) are ignored. The signed timestamp is the text as sent, not a
     /// re-rendering of the number.
@@ -113,9 +133,7 @@ impl TimestampedHeader {
         &self,
         header: Option<&str>,
         body: &[u8],
-        secrets: &[SecretString],
-        tolerance_secs: u64,
-        now: i64,
+        check: &Verification<'_>,
     ) -> Result<(), SignatureError> {
         let header = header.ok_or(SignatureError::Missing)?;
         let mut timestamp = None;
@@ -136,8 +154,9 @@ impl TimestampedHeader {
         if signatures.is_empty() {
             return Err(SignatureError::Invalid);
         }
-        within(timestamp, now, tolerance_secs)?;
-        let keys = secrets
+        check.within(timestamp)?;
+        let keys = check
+            .secrets
             .iter()
             .map(|s| s.expose_secret().as_bytes().to_vec());
         any_signature_matches(
@@ -173,4 +192,21 @@ pub(super) fn secrets(values: &[&str]) -> Vec<SecretString> {
         .iter()
         .map(|v| SecretString::from(v.to_string()))
         .collect()
+}
+
+/// What `verify` answers under secrets from their texts, `tolerance_secs` and `now`, for
+/// the schemes' unit tests.
+#[cfg(test)]
+pub(super) fn verify_with(
+    keys: &[&str],
+    tolerance_secs: u64,
+    now: i64,
+    verify: impl FnOnce(&Verification<'_>) -> Result<(), SignatureError>,
+) -> Result<(), SignatureError> {
+    let secrets = secrets(keys);
+    verify(&Verification {
+        secrets: &secrets,
+        tolerance_secs,
+        now,
+    })
 }

@@ -6,12 +6,12 @@ use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use chrono::{DateTime, Utc};
 use hmac::Mac;
-use secrecy::{ExposeSecret, SecretString};
+use secrecy::ExposeSecret;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use super::events::{EventError, payment_key, token_params};
-use super::signing::{SignatureError, SignatureHeaders, any_signature_matches, mac, within};
+use super::signing::{SignatureError, SignatureHeaders, Verification, any_signature_matches, mac};
 use crate::domain::{ParsedEvent, PaymentEvent, PaymentStatus, Provider, Refund, Reversal};
 
 /// The smallest and largest Standard Webhooks key, in bytes (the specification's range).
@@ -22,9 +22,7 @@ pub const STANDARD_KEY_BYTES: std::ops::RangeInclusive<usize> = 24..=64;
 pub fn verify_standard(
     headers: &SignatureHeaders<'_>,
     body: &[u8],
-    secrets: &[SecretString],
-    tolerance_secs: u64,
-    now: i64,
+    check: &Verification<'_>,
 ) -> Result<(), SignatureError> {
     let id = headers.webhook_id.ok_or(SignatureError::Missing)?;
     let timestamp_text = headers.webhook_timestamp.ok_or(SignatureError::Missing)?;
@@ -32,7 +30,7 @@ pub fn verify_standard(
     let timestamp = timestamp_text
         .parse::<i64>()
         .map_err(|_| SignatureError::Invalid)?;
-    within(timestamp, now, tolerance_secs)?;
+    check.within(timestamp)?;
     let signatures: Vec<Vec<u8>> = header
         .split_whitespace()
         .filter_map(|item| item.strip_prefix("v1,"))
@@ -43,7 +41,8 @@ pub fn verify_standard(
     }
     // Every configured secret decodes (`check_secret` ran at startup); one that does not
     // could not match anything anyway.
-    let keys = secrets
+    let keys = check
+        .secrets
         .iter()
         .filter_map(|s| standard_key(s.expose_secret()));
     any_signature_matches(
@@ -200,9 +199,20 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::webhooks::signing::secrets;
+    use crate::webhooks::signing::verify_with;
 
     const NOW: i64 = 1_780_000_000;
+
+    fn check(
+        headers: &SignatureHeaders<'_>,
+        body: &[u8],
+        keys: &[&str],
+        now: i64,
+    ) -> Result<(), SignatureError> {
+        verify_with(keys, 300, now, |check| {
+            verify_standard(headers, body, check)
+        })
+    }
 
     #[test]
     fn standard_webhooks_round_trip_and_refusals() {
@@ -216,21 +226,15 @@ mod tests {
             webhook_signature: Some(&signature),
             ..Default::default()
         };
-        assert_eq!(
-            verify_standard(&headers, body, &secrets(&[secret]), 300, NOW),
-            Ok(())
-        );
+        assert_eq!(check(&headers, body, &[secret], NOW), Ok(()));
         let both = format!("v1,AAAA {signature}");
         let rotated = SignatureHeaders {
             webhook_signature: Some(&both),
             ..headers
         };
+        assert_eq!(check(&rotated, body, &["whsec_AAAA", secret], NOW), Ok(()));
         assert_eq!(
-            verify_standard(&rotated, body, &secrets(&["whsec_AAAA", secret]), 300, NOW),
-            Ok(())
-        );
-        assert_eq!(
-            verify_standard(&headers, b"{}", &secrets(&[secret]), 300, NOW),
+            check(&headers, b"{}", &[secret], NOW),
             Err(SignatureError::Invalid)
         );
         let other_id = SignatureHeaders {
@@ -238,15 +242,15 @@ mod tests {
             ..headers
         };
         assert_eq!(
-            verify_standard(&other_id, body, &secrets(&[secret]), 300, NOW),
+            check(&other_id, body, &[secret], NOW),
             Err(SignatureError::Invalid)
         );
         assert_eq!(
-            verify_standard(&headers, body, &secrets(&[secret]), 300, NOW + 301),
+            check(&headers, body, &[secret], NOW + 301),
             Err(SignatureError::OutOfTolerance)
         );
         assert_eq!(
-            verify_standard(&headers, body, &secrets(&[secret]), 300, NOW - 301),
+            check(&headers, body, &[secret], NOW - 301),
             Err(SignatureError::OutOfTolerance)
         );
         let missing = SignatureHeaders {
@@ -254,7 +258,7 @@ mod tests {
             ..headers
         };
         assert_eq!(
-            verify_standard(&missing, body, &secrets(&[secret]), 300, NOW),
+            check(&missing, body, &[secret], NOW),
             Err(SignatureError::Missing)
         );
     }

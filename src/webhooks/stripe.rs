@@ -4,12 +4,11 @@
 //! withdrawn (chargebacks) or reinstated, and refunds that failed or were canceled.
 
 use chrono::DateTime;
-use secrecy::SecretString;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use super::events::{EventError, EventTime, payment_key, text, tokenmint_params};
-use super::signing::{SignatureError, SignatureHeaders, TimestampedHeader, check_prefixed_secret};
+use super::signing::{PrefixedSecret, TimestampedHeader};
 use crate::domain::{
     IssuanceParams, ParsedEvent, PaymentEvent, PaymentStatus, Provider, Refund, Reversal,
 };
@@ -17,39 +16,24 @@ use crate::domain::{
 /// The fewest characters a Stripe secret has after `whsec_`.
 pub const STRIPE_SECRET_MIN_CHARS: usize = 16;
 
-/// Stripe's header: `t=<unix>,v1=<hex>`, signing `"{t}.{body}"`. Only `v1` counts.
-const HEADER: TimestampedHeader = TimestampedHeader {
+/// Stripe: `Stripe-Signature: t=<unix>,v1=<hex>[,v1=<hex>…]`, HMAC of `"{t}.{body}"` keyed
+/// with the whole secret string, a secret being `whsec_` and at least 16 visible
+/// characters. Only `v1` counts; `v0` and unknown schemes are ignored.
+pub(super) const SCHEME: TimestampedHeader = TimestampedHeader {
     timestamp: "t",
     signature: "v1",
     items: ',',
     separator: b".",
+    secret: PrefixedSecret {
+        prefix: "whsec_",
+        min_chars: STRIPE_SECRET_MIN_CHARS,
+        problem: "must be `whsec_` followed by at least 16 visible ASCII characters, without spaces",
+    },
 };
-
-/// Stripe: `Stripe-Signature: t=<unix>,v1=<hex>[,v1=<hex>…]`, HMAC of `"{t}.{body}"` keyed
-/// with the whole secret string. Only `v1` counts; `v0` and unknown schemes are ignored.
-pub fn verify_stripe(
-    headers: &SignatureHeaders<'_>,
-    body: &[u8],
-    secrets: &[SecretString],
-    tolerance_secs: u64,
-    now: i64,
-) -> Result<(), SignatureError> {
-    HEADER.verify(headers.stripe_signature, body, secrets, tolerance_secs, now)
-}
 
 /// Signs like Stripe does; for tests and `webhooks sign`.
 pub fn sign_stripe(secret: &str, timestamp: i64, body: &[u8]) -> String {
-    HEADER.sign(secret, timestamp, body)
-}
-
-/// A Stripe secret: `whsec_` and at least 16 visible characters.
-pub(super) fn check_secret(secret: &str) -> Result<(), &'static str> {
-    check_prefixed_secret(
-        secret,
-        "whsec_",
-        STRIPE_SECRET_MIN_CHARS,
-        "must be `whsec_` followed by at least 16 visible ASCII characters, without spaces",
-    )
+    SCHEME.sign(secret, timestamp, body)
 }
 
 #[derive(Deserialize)]
@@ -335,16 +319,20 @@ mod tests {
 
     use super::*;
     use crate::webhooks::events::RANK_FACTOR;
-    use crate::webhooks::signing::secrets;
+    use crate::webhooks::signing::{SignatureError, verify_with};
 
     const NOW: i64 = 1_780_000_000;
 
+    fn check_header(
+        header: Option<&str>,
+        body: &[u8],
+        keys: &[&str],
+    ) -> Result<(), SignatureError> {
+        verify_with(keys, 300, NOW, |check| SCHEME.verify(header, body, check))
+    }
+
     fn check(header: &str, body: &[u8], keys: &[&str]) -> Result<(), SignatureError> {
-        let headers = SignatureHeaders {
-            stripe_signature: Some(header),
-            ..Default::default()
-        };
-        verify_stripe(&headers, body, &secrets(keys), 300, NOW)
+        check_header(Some(header), body, keys)
     }
 
     #[test]
@@ -391,9 +379,8 @@ mod tests {
             check(&future, body, &["whsec_a"]),
             Err(SignatureError::OutOfTolerance)
         );
-        let headers = SignatureHeaders::default();
         assert_eq!(
-            verify_stripe(&headers, body, &secrets(&["whsec_a"]), 300, NOW),
+            check_header(None, body, &["whsec_a"]),
             Err(SignatureError::Missing)
         );
     }

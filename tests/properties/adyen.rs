@@ -15,23 +15,14 @@ use serde_json::{Map, Value, json};
 use tokenmint::domain::{ParsedEvent, Provider};
 use tokenmint::settings::Capture;
 use tokenmint::webhooks::adyen::{SIGNED_FIELDS, parse_adyen, sign_adyen, verify_adyen};
-use tokenmint::webhooks::signature::{SignatureError, SignatureHeaders};
+use tokenmint::webhooks::signature::SignatureError;
 
 use crate::secrets::adyen_secret;
-use crate::{
-    TOLERANCE, bytes, check_payment_event, field, json_value, secrets, tokenmint_metadata,
-};
+use crate::{bytes, check_payment_event, field, json_value, secrets, tokenmint_metadata};
 
 /// Verifies an Adyen delivery under `keys`.
 fn adyen(body: &[u8], keys: &[&str]) -> Result<(), SignatureError> {
-    // Adyen signs no timestamp and uses no header: those arguments are ignored.
-    verify_adyen(
-        &SignatureHeaders::default(),
-        body,
-        &secrets(keys),
-        TOLERANCE,
-        0,
-    )
+    verify_adyen(body, &secrets(keys))
 }
 
 /// One notification item with every signed field present (strings, `amount.value` a

@@ -22,6 +22,8 @@ use secrecy::SecretString;
 use serde_json::{Value, json};
 
 use tokenmint::domain::PaymentEvent;
+use tokenmint::settings::WebhookScheme;
+use tokenmint::webhooks::signature::{self, SignatureError, SignatureHeaders, Verification};
 
 /// The timestamp tolerance every signature check here runs with, in seconds.
 const TOLERANCE: u64 = 300;
@@ -32,6 +34,25 @@ fn secrets(values: &[&str]) -> Vec<SecretString> {
         .iter()
         .map(|v| SecretString::from((*v).to_owned()))
         .collect()
+}
+
+/// Verifies a delivery of `scheme` with `headers` under `keys`, within `tolerance_secs`
+/// of `now`, as a configured provider does.
+fn verify(
+    scheme: WebhookScheme,
+    headers: &SignatureHeaders<'_>,
+    body: &[u8],
+    keys: &[&str],
+    tolerance_secs: u64,
+    now: i64,
+) -> Result<(), SignatureError> {
+    let secrets = secrets(keys);
+    let check = Verification {
+        secrets: &secrets,
+        tolerance_secs,
+        now,
+    };
+    signature::verify(scheme, headers, body, &check)
 }
 
 /// Any bytes, fewer than `max`.

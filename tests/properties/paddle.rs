@@ -6,13 +6,14 @@ use proptest::prelude::*;
 use serde_json::{Value, json};
 
 use tokenmint::domain::{ParsedEvent, Provider};
-use tokenmint::webhooks::paddle::{parse_paddle, sign_paddle, verify_paddle};
+use tokenmint::settings::WebhookScheme;
+use tokenmint::webhooks::paddle::{parse_paddle, sign_paddle};
 use tokenmint::webhooks::signature::{SignatureError, SignatureHeaders};
 
 use crate::secrets::paddle_secret;
 use crate::{
     TOLERANCE, bytes, check_payment_event, field, identifier, json_value, out_of_tolerance,
-    secrets, signed_at, tokenmint_metadata,
+    signed_at, tokenmint_metadata, verify,
 };
 
 /// Verifies a Paddle delivery with `Paddle-Signature: header` under `keys` at `now`.
@@ -21,7 +22,7 @@ fn paddle(header: &str, body: &[u8], keys: &[&str], now: i64) -> Result<(), Sign
         paddle_signature: Some(header),
         ..Default::default()
     };
-    verify_paddle(&headers, body, &secrets(keys), TOLERANCE, now)
+    verify(WebhookScheme::Paddle, &headers, body, keys, TOLERANCE, now)
 }
 
 /// Paddle-shaped events: the handled types and one that is not, refunds, chargebacks and
@@ -157,7 +158,7 @@ proptest! {
         tolerance in any::<u64>(),
     ) {
         let headers = SignatureHeaders { paddle_signature: Some(&header), ..Default::default() };
-        let _ = verify_paddle(&headers, &body, &secrets(&[&key]), tolerance, now);
+        let _ = verify(WebhookScheme::Paddle, &headers, &body, &[&key], tolerance, now);
     }
 
     #[test]

@@ -4,12 +4,14 @@
 
 use proptest::prelude::*;
 
+use tokenmint::settings::WebhookScheme;
+
 use tokenmint::webhooks::signature::{
-    SignatureError, SignatureHeaders, sign_standard, sign_stripe, verify_standard, verify_stripe,
+    SignatureError, SignatureHeaders, sign_standard, sign_stripe,
 };
 
 use crate::secrets::{standard_secret, stripe_secret};
-use crate::{TOLERANCE, bytes, out_of_tolerance, secrets, signed_at};
+use crate::{TOLERANCE, bytes, out_of_tolerance, signed_at, verify};
 
 /// Verifies a Stripe delivery with `Stripe-Signature: header` under `keys` at `now`.
 fn stripe(header: &str, body: &[u8], keys: &[&str], now: i64) -> Result<(), SignatureError> {
@@ -17,7 +19,7 @@ fn stripe(header: &str, body: &[u8], keys: &[&str], now: i64) -> Result<(), Sign
         stripe_signature: Some(header),
         ..Default::default()
     };
-    verify_stripe(&headers, body, &secrets(keys), TOLERANCE, now)
+    verify(WebhookScheme::Stripe, &headers, body, keys, TOLERANCE, now)
 }
 
 /// Verifies a Standard Webhooks delivery with these headers under `keys` at `now`.
@@ -36,7 +38,14 @@ fn standard(
         webhook_signature: Some(signature),
         ..Default::default()
     };
-    verify_standard(&headers, body, &secrets(keys), TOLERANCE, now)
+    verify(
+        WebhookScheme::StandardWebhooks,
+        &headers,
+        body,
+        keys,
+        TOLERANCE,
+        now,
+    )
 }
 
 proptest! {
@@ -49,7 +58,7 @@ proptest! {
         tolerance in any::<u64>(),
     ) {
         let headers = SignatureHeaders { stripe_signature: Some(&header), ..Default::default() };
-        let _ = verify_stripe(&headers, &body, &secrets(&[&key]), tolerance, now);
+        let _ = verify(WebhookScheme::Stripe, &headers, &body, &[&key], tolerance, now);
     }
 
     #[test]
@@ -77,7 +86,7 @@ proptest! {
             webhook_signature: signature.as_deref(),
             ..Default::default()
         };
-        let _ = verify_standard(&headers, &body, &secrets(&[&key]), tolerance, now);
+        let _ = verify(WebhookScheme::StandardWebhooks, &headers, &body, &[&key], tolerance, now);
     }
 
     #[test]

@@ -16,7 +16,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use super::events::{EventError, payment_key, ranked_version, tokenmint_params};
-use super::signing::{SignatureError, SignatureHeaders, any_signature_matches, mac};
+use super::signing::{SignatureError, any_signature_matches, mac};
 use crate::domain::{
     CapturedPart, ParsedEvent, PaymentEvent, PaymentStatus, Provider, Refund, Reversal,
 };
@@ -98,13 +98,7 @@ fn key(secret: &str) -> Option<Vec<u8>> {
 /// Verifies every item of a batch: one item without a matching signature under any
 /// configured key refuses the whole delivery, so none of it is applied. An empty batch
 /// signs nothing and is refused as unsigned.
-pub fn verify_adyen(
-    _headers: &SignatureHeaders<'_>,
-    body: &[u8],
-    secrets: &[SecretString],
-    _tolerance_secs: u64,
-    _now: i64,
-) -> Result<(), SignatureError> {
+pub fn verify_adyen(body: &[u8], secrets: &[SecretString]) -> Result<(), SignatureError> {
     let items = batch(body).map_err(|_| SignatureError::Invalid)?;
     if items.is_empty() {
         return Err(SignatureError::Missing);

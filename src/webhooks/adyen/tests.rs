@@ -23,6 +23,18 @@ fn library_item(signature: Option<&str>) -> Value {
     item
 }
 
+/// The library's item as an authorisation of tokenmint's: its metadata asks for three
+/// `standard` tokens for one owner (unsigned: parsing comes after verification).
+fn authorisation_for_three() -> Value {
+    let mut item = library_item(None);
+    item["additionalData"] = json!({
+        "metadata.tokenmint_owner": "65f1a0c2b3d4e5f601234567",
+        "metadata.tokenmint_token_type": "standard",
+        "metadata.tokenmint_quantity": "3",
+    });
+    item
+}
+
 fn batch_of(items: &[Value]) -> Vec<u8> {
     let items: Vec<Value> = items
         .iter()
@@ -35,7 +47,7 @@ fn batch_of(items: &[Value]) -> Vec<u8> {
 
 fn verify(body: &[u8], keys: &[&str]) -> Result<(), SignatureError> {
     let secrets: Vec<SecretString> = keys.iter().map(|k| (*k).into()).collect();
-    verify_adyen(&SignatureHeaders::default(), body, &secrets, 300, 0)
+    verify_adyen(body, &secrets)
 }
 
 const KNOWN: &str = "Ny9gS2veKo5E4w8/OL6xz1/wvT/hYkAXy1xNc/QvO4I=";
@@ -111,12 +123,7 @@ fn keys_are_hex_of_32_to_128_bytes() {
 #[test]
 fn items_become_events() {
     let provider = Provider::parse("adyen").unwrap();
-    let mut authorised = library_item(None);
-    authorised["additionalData"] = json!({
-        "metadata.tokenmint_owner": "65f1a0c2b3d4e5f601234567",
-        "metadata.tokenmint_token_type": "standard",
-        "metadata.tokenmint_quantity": "3",
-    });
+    let authorised = authorisation_for_three();
     let refund = json!({ "eventCode": "REFUND", "success": "true", "pspReference": "R1",
         "originalReference": "7914073381342284", "merchantAccountCode": "TestMerchant",
         "amount": { "value": 500, "currency": "EUR" }, "eventDate": "2026-11-30T09:00:00Z" });
@@ -237,12 +244,7 @@ fn reversals_give_back_the_withdrawal_of_their_psp_reference() {
 #[test]
 fn the_capture_setting_decides_which_item_is_the_success() {
     let provider = Provider::parse("adyen").unwrap();
-    let mut authorised = library_item(None);
-    authorised["additionalData"] = json!({
-        "metadata.tokenmint_owner": "65f1a0c2b3d4e5f601234567",
-        "metadata.tokenmint_token_type": "standard",
-        "metadata.tokenmint_quantity": "3",
-    });
+    let authorised = authorisation_for_three();
     let modification = |code: &str, date: &str| {
         json!({ "eventCode": code, "success": "true", "pspReference": "C1",
             "originalReference": "7914073381342284", "merchantAccountCode": "TestMerchant",
