@@ -25,9 +25,9 @@ use futures::future::{MaybeDone, maybe_done};
 use mongodb::ClientSession;
 use mongodb::bson::{DateTime, RawDocumentBuf, doc, oid::ObjectId};
 use mongodb::error::{Error, UNKNOWN_TRANSACTION_COMMIT_RESULT};
-use mongodb::options::ReadConcern;
 
 use super::documents::{IssuanceDoc, TokenSummary, fresh_tokens, new_token};
+use super::durability::{abort_quietly, start_snapshot_transaction};
 use super::error::{
     ISSUANCES_PAYMENT_INDEX, StoreError, TOKENS_PAYMENT_INDEX, duplicate_key_index,
     is_transient_transaction_error, is_write_conflict,
@@ -161,23 +161,19 @@ impl Store {
     where
         P: Future<Output = Result<AtomicPlan<R>, StoreError>>,
     {
-        session
-            .start_transaction()
-            .read_concern(ReadConcern::snapshot())
-            // The commit inherits the client's pinned `w: majority`, journaled (`durability`).
-            .await?;
+        start_snapshot_transaction(session).await?;
         // The plan's read and the writes go together; both answer before commit.
         let (written, ()) = tokio::join!(self.write_in_transaction(session, sets), plan.as_mut());
         let issuing = match plan.output_mut() {
             Some(Ok(Ok(issuing))) => issuing.clone(),
             // A refusal outranks whatever the writes did: the caller answers it first.
             Some(Ok(Err(_))) => {
-                let _ = session.abort_transaction().await;
+                abort_quietly(session).await;
                 return Ok(Attempt::Refused);
             }
             Some(Err(err)) => {
                 let err = err.clone();
-                let _ = session.abort_transaction().await;
+                abort_quietly(session).await;
                 return Err(TransactionError::Precondition(err));
             }
             None => unreachable!("a joined plan is done"),
@@ -195,7 +191,7 @@ impl Store {
                 .session(&mut *session)
                 .await;
             if let Err(err) = downgraded {
-                let _ = session.abort_transaction().await;
+                abort_quietly(session).await;
                 return Err(err.into());
             }
         }
@@ -223,8 +219,7 @@ impl Store {
             .session(&mut *session)
             .await
         {
-            // Leave the session clean for the next attempt; the abort's own failure is moot.
-            let _ = session.abort_transaction().await;
+            abort_quietly(session).await;
             return if taken(&err, ISSUANCES_PAYMENT_INDEX) {
                 Ok(None)
             } else {
@@ -244,7 +239,7 @@ impl Store {
             .session(&mut *session)
             .await
         {
-            let _ = session.abort_transaction().await;
+            abort_quietly(session).await;
             return if taken(&err, TOKENS_PAYMENT_INDEX) {
                 Ok(None)
             } else {

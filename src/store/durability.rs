@@ -7,10 +7,29 @@
 //!
 //! Only an option's name and value are ever told, never the URI: it may carry credentials.
 
+use mongodb::ClientSession;
 use mongodb::options::{
     Acknowledgment, ClientOptions, ReadConcern, ReadConcernLevel, ReadPreference,
     SelectionCriteria, WriteConcern,
 };
+
+/// Starts a transaction on `session` that reads one snapshot. Its commit inherits the
+/// client's pinned `w: majority`, journaled, like every other write.
+pub(super) async fn start_snapshot_transaction(
+    session: &mut ClientSession,
+) -> mongodb::error::Result<()> {
+    session
+        .start_transaction()
+        .read_concern(ReadConcern::snapshot())
+        .await
+}
+
+/// Aborts the transaction on `session`, so that a refused or failed attempt leaves
+/// nothing behind and the session is clean for the next one. The abort's own failure is
+/// moot: the server drops a transaction nobody commits.
+pub(super) async fn abort_quietly(session: &mut ClientSession) {
+    let _ = session.abort_transaction().await;
+}
 
 /// Why `Store::connect` did not build a client.
 #[derive(Debug, thiserror::Error)]

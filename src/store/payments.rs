@@ -11,11 +11,12 @@
 use futures::TryStreamExt;
 use mongodb::ClientSession;
 use mongodb::bson::{Bson, DateTime, Document, doc, oid::ObjectId};
-use mongodb::options::{ReadConcern, ReturnDocument};
+use mongodb::options::ReturnDocument;
 use serde::Deserialize;
 
 use super::atomic::{commit_with_retry, pause_before_transaction, transaction_gave_up};
 use super::documents::{bson_time, from_document};
+use super::durability::{abort_quietly, start_snapshot_transaction};
 use super::error::{StoreError, is_transient_transaction_error};
 use super::filters::{issuance_filter, payment_tokens_filter};
 use super::indexes::PAYMENTS_INDEX;
@@ -779,15 +780,10 @@ impl Store {
         tokens: &Document,
         update: &Document,
     ) -> Result<Option<u64>, mongodb::error::Error> {
-        session
-            .start_transaction()
-            .read_concern(ReadConcern::snapshot())
-            // The commit inherits the client's pinned `w: majority`, journaled.
-            .await?;
+        start_snapshot_transaction(session).await?;
         let written = self.write_reactivation(session, read, tokens, update).await;
         if !matches!(written, Ok(Some(_))) {
-            // Leave nothing behind; the abort's own failure is moot.
-            let _ = session.abort_transaction().await;
+            abort_quietly(session).await;
         }
         written
     }

@@ -10,10 +10,10 @@ use futures::TryStreamExt;
 use mongodb::ClientSession;
 use mongodb::bson::{DateTime, Document, doc, oid::ObjectId};
 use mongodb::error::Error;
-use mongodb::options::ReadConcern;
 use serde::{Deserialize, Serialize};
 
 use super::documents::TokenDoc;
+use super::durability::{abort_quietly, start_snapshot_transaction};
 use super::error::{StoreError, duplicate_key_index, is_transient_transaction_error};
 use super::idempotency::AnswerInTransaction;
 use super::indexes::REDEMPTIONS_REFERENCE_INDEX;
@@ -121,17 +121,12 @@ impl Store {
             return Err(StoreError::TransactionsUnavailable);
         }
         let mut session = self.client.start_session().await?;
-        session
-            .start_transaction()
-            .read_concern(ReadConcern::snapshot())
-            // The commit inherits the client's pinned `w: majority`, journaled.
-            .await?;
+        start_snapshot_transaction(&mut session).await?;
         let result = self
             .redeem_in_session(&mut session, spendable, plan, answered)
             .await;
         if !matches!(result, Ok(RedemptionAttempt::Committed(..))) {
-            // Leave nothing behind; the abort's own failure is moot.
-            let _ = session.abort_transaction().await;
+            abort_quietly(&mut session).await;
         }
         match result {
             Err(err)

@@ -6,9 +6,10 @@
 use futures::TryStreamExt;
 use mongodb::ClientSession;
 use mongodb::bson::{Document, doc, oid::ObjectId};
-use mongodb::options::{ReadConcern, ReturnDocument};
+use mongodb::options::ReturnDocument;
 
 use super::documents::{TokenDoc, from_document};
+use super::durability::{abort_quietly, start_snapshot_transaction};
 use super::error::{HELD_PATIENCE, is_transient_transaction_error, ran_out_of_time};
 use super::idempotency::AnswerInTransaction;
 use super::{Store, StoreError, TOKENS};
@@ -99,17 +100,12 @@ impl Store {
         answered: &AnswerInTransaction<'_, TokenDoc>,
     ) -> Result<GatedWrite<TokenDoc>, StoreError> {
         let mut session = self.client.start_session().await?;
-        session
-            .start_transaction()
-            .read_concern(ReadConcern::snapshot())
-            // The commit inherits the client's pinned `w: majority`, journaled.
-            .await?;
+        start_snapshot_transaction(&mut session).await?;
         let result = self
             .write_and_answer(&mut session, current, set, answered)
             .await;
         if !matches!(result, Ok(GatedWrite::Written(_))) {
-            // Leave nothing behind; the abort's own failure is moot.
-            let _ = session.abort_transaction().await;
+            abort_quietly(&mut session).await;
         }
         match result {
             Err(err) if is_transient_transaction_error(&err) => Ok(GatedWrite::Conflict),
