@@ -4,15 +4,14 @@
 
 use std::sync::Arc;
 
-use axum::extract::rejection::QueryRejection;
-use axum::extract::{Query, State};
+use axum::extract::State;
 use serde::Serialize;
 use utoipa::ToSchema;
 
 use super::AppState;
 use super::auth::Principal;
-use super::error::{ApiError, KeyedErrors, Problem};
-use super::extract::{PathParams, parse_query_parameters};
+use super::error::ApiError;
+use super::extract::{PathParams, QueryParameters};
 use crate::domain::{FieldErrors, Owner, Scope, TokenType};
 use crate::store::BalanceRow;
 
@@ -60,23 +59,21 @@ impl From<BalanceRow> for BalanceView {
     security(("bearer" = ["read"])),
     responses(
         (status = 200, description = "The balances", body = BalancesView),
-        (status = 422, description = "Bad owner or query parameter", body = Problem, content_type = "application/problem+json"),
-        KeyedErrors,
+        (status = 422, description = "Bad owner or query parameter"),
     )
 )]
 pub async fn get_balances(
     State(state): State<AppState>,
     principal: Arc<Principal>,
     PathParams(owner): PathParams<String>,
-    query: Result<Query<Vec<(String, String)>>, QueryRejection>,
+    query: Result<QueryParameters, ApiError>,
 ) -> Result<axum::Json<BalancesView>, ApiError> {
     principal.require(Scope::Read)?;
-    let Query(pairs) =
-        query.map_err(|_| ApiError::validation("query", "is not a valid query string"))?;
+    let query = query?;
     let mut errors = FieldErrors::default();
     let owner = errors.check("owner", Owner::parse(&owner));
     let mut token_type = None;
-    parse_query_parameters(&pairs, &mut errors, |name, value, errors| match name {
+    query.parse(&mut errors, |name, value, errors| match name {
         "tokenType" => {
             token_type = errors.check("tokenType", TokenType::parse(value));
             true

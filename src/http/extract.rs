@@ -92,24 +92,46 @@ pub(super) async fn read_body<S: Send + Sync>(req: Request, state: &S) -> Result
         })
 }
 
-/// Hands each of a query's parameters to `parse`, in order, once: a repeated one is an
-/// error in `errors`, and so is one `parse` does not know (it answers `false`). A list
-/// filters by parameter, so a second value for one would be silently ignored or silently
-/// win; either way the client would not get what it asked for.
-pub fn parse_query_parameters(
-    pairs: &[(String, String)],
-    errors: &mut FieldErrors,
-    mut parse: impl FnMut(&str, &str, &mut FieldErrors) -> bool,
-) {
-    let mut seen: Vec<&str> = Vec::new();
-    for (name, value) in pairs {
-        if seen.contains(&name.as_str()) {
-            errors.push(name, "must be given at most once");
-            continue;
-        }
-        seen.push(name);
-        if !parse(name, value, errors) {
-            errors.push(name, "is not a known query parameter");
+/// A query string's parameters, in order and as sent. A query that cannot be read as
+/// one (bad percent-encoding, say) is a 422 naming `query`. Handlers take it as a
+/// `Result` and answer its error after their scope check, so a key without the scope
+/// hears 403 whatever it sent.
+pub struct QueryParameters(Vec<(String, String)>);
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for QueryParameters {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<Self, ApiError> {
+        axum::extract::Query::<Vec<(String, String)>>::from_request_parts(parts, state)
+            .await
+            .map(|axum::extract::Query(pairs)| Self(pairs))
+            .map_err(|_| ApiError::validation("query", "is not a valid query string"))
+    }
+}
+
+impl QueryParameters {
+    /// Hands each parameter to `parse`, in order, once: a repeated one is an error in
+    /// `errors`, and so is one `parse` does not know (it answers `false`). A list filters
+    /// by parameter, so a second value for one would be silently ignored or silently win;
+    /// either way the client would not get what it asked for.
+    pub fn parse(
+        &self,
+        errors: &mut FieldErrors,
+        mut parse: impl FnMut(&str, &str, &mut FieldErrors) -> bool,
+    ) {
+        let mut seen: Vec<&str> = Vec::new();
+        for (name, value) in &self.0 {
+            if seen.contains(&name.as_str()) {
+                errors.push(name, "must be given at most once");
+                continue;
+            }
+            seen.push(name);
+            if !parse(name, value, errors) {
+                errors.push(name, "is not a known query parameter");
+            }
         }
     }
 }

@@ -14,7 +14,7 @@ use utoipa::ToSchema;
 
 use super::AppState;
 use super::auth::Principal;
-use super::error::{ApiError, KeyedErrors, Problem};
+use super::error::ApiError;
 use super::extract::{JsonBody, PathParams};
 use super::idempotency::IDEMPOTENT_REPLAYED;
 use super::middleware::WaitAllowance;
@@ -272,13 +272,9 @@ impl From<TokenSummary> for TokenRef {
                 ("Location" = String, description = "The issuance's GET URL"),
                 ("Preference-Applied" = String, description = "`wait=N` when the request waited for the payment's event"),
             )),
-        (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "`idempotency_conflict`: the payment was issued with other parameters (`mismatches` names the fields, with both values; a checkout key is told neither); `payment_not_succeeded`: the provider reported the payment failed, canceled or refunded; `state_conflict`: a checkout key asked for a payment only a trusted backend can issue", body = Problem, content_type = "application/problem+json",
+        (status = 409, description = "`idempotency_conflict`: the payment was issued with other parameters (`mismatches` names the fields, with both values; a checkout key is told neither); `payment_not_succeeded`: the provider reported the payment failed, canceled or refunded; `state_conflict`: a checkout key asked for a payment only a trusted backend can issue",
             headers(("Preference-Applied" = String, description = "`wait=N` when the request waited for the payment's event"))),
-        (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
-        (status = 415, description = "Not application/json", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "`validation_failed`, every bad field listed (a checkout key may only name a configured provider)", body = Problem, content_type = "application/problem+json"),
-        KeyedErrors,
+        (status = 422, description = "`validation_failed`, every bad field listed (a checkout key may only name a configured provider)"),
     )
 )]
 pub async fn create_issuance(
@@ -359,9 +355,8 @@ fn issued_response(outcome: IssueOutcome) -> Response {
     security(("bearer" = ["read"])),
     responses(
         (status = 200, description = "The issuance and its tokens", body = IssuanceResponse),
-        (status = 404, description = "No issuance for this payment (or not visible to this key)", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Malformed path parameter", body = Problem, content_type = "application/problem+json"),
-        KeyedErrors,
+        (status = 404, description = "No issuance for this payment (or not visible to this key)"),
+        (status = 422, description = "Malformed path parameter"),
     )
 )]
 pub async fn get_issuance(

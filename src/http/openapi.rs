@@ -1,18 +1,24 @@
 //! The OpenAPI document's own parts: its top-level info, tags and security scheme
-//! (`Base`), and what every operation shares written once (`complete`): the headers of
-//! 401, 429 and `Retry-After` answers, and the identifier patterns, taken from the domain
-//! types that enforce them. The paths come from the route table (`http::route_table`),
-//! which adds each handler's annotation; the API-key failures every keyed operation lists
-//! are `error::KeyedErrors`.
+//! (`Base`), and what every operation shares written once (`complete`): the failures of
+//! every operation behind an API key (`error::KeyedErrors`) and of every JSON body
+//! (`error::BodyErrors`), the headers of 401, 429 and `Retry-After` answers, and the
+//! identifier patterns, taken from the domain types that enforce them. The paths come
+//! from the route table (`http::route_table`), which adds each handler's annotation.
 
 use utoipa::openapi::path::{Operation, PathItem};
 use utoipa::openapi::schema::{Object, Schema, Type};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
-use utoipa::openapi::{HeaderBuilder, RefOr};
-use utoipa::{Modify, OpenApi};
+use utoipa::openapi::{Content, ContentBuilder, HeaderBuilder, Ref, RefOr};
+use utoipa::{IntoResponses, Modify, OpenApi};
 
 use super::{error, tokens};
 use crate::domain::{AccountId, OBJECT_ID_PATTERN, PaymentIntentId, Provider, TokenType};
+
+/// The `If-Match` header of a change for which it is optional (redeem, revoke).
+pub(super) const IF_MATCH_DOC: &str = "The version the change is based on, e.g. \"3\"; or `*` (any version: the write gates on the version read), or a list (`\"1\", \"3\"`) of which any may match. Compared strongly: a weak tag (`W/\"3\"`) never matches (412)";
+
+/// The `Idempotency-Key` header of every action a retry may repeat.
+pub(super) const IDEMPOTENCY_KEY_DOC: &str = "1–255 visible ASCII characters naming this request, scoped to the API key: a retry with the same key, path and body is answered as the first request was (`Idempotent-Replayed: true`), for `idempotency.retention_hours`";
 
 /// The document before the route table adds its paths: info, tags, the `bearer` scheme.
 #[derive(OpenApi)]
@@ -42,6 +48,8 @@ address: the peer's, or from a trusted proxy the right-most untrusted `X-Forward
 hop; IPv6 by /64), `provider` and `signature` for webhook deliveries.",
         license(name = "MIT")
     ),
+    // Every failure's envelope; no annotation names it (`SharedFailures` adds it).
+    components(schemas(error::Problem)),
     modifiers(&BearerAuth),
     tags(
         (name = "issuances", description = "Issue a payment's tokens exactly once"),
@@ -55,9 +63,10 @@ hop; IPv6 by /64), `provider` and `signature` for webhook deliveries.",
 )]
 pub struct Base;
 
-/// Completes `openapi` once the route table has added every path: documents the headers
-/// and patterns its operations share, which annotations do not repeat.
+/// Completes `openapi` once the route table has added every path: documents the
+/// failures, headers and patterns its operations share, which annotations do not repeat.
 pub fn complete(openapi: &mut utoipa::openapi::OpenApi) {
+    SharedFailures.modify(openapi);
     HttpConventions.modify(openapi);
     IdentifierPatterns.modify(openapi);
 }
@@ -73,6 +82,52 @@ impl Modify for BearerAuth {
             SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
         );
     }
+}
+
+/// Adds to every operation behind an API key (one with a `bearer` security requirement)
+/// the failures any such operation may answer (`KeyedErrors`), and to those of them that
+/// read a JSON body the body's refusals (`BodyErrors`); an operation's own description
+/// of one of these statuses, if it has one, stands. Then gives every failure (4xx, 5xx)
+/// described without a body the one error envelope, a `Problem` as
+/// `application/problem+json`.
+struct SharedFailures;
+
+impl Modify for SharedFailures {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        for item in openapi.paths.paths.values_mut() {
+            for operation in operations(item) {
+                let responses = &mut operation.responses.responses;
+                if operation.security.as_ref().is_some_and(|s| !s.is_empty()) {
+                    let mut shared = error::KeyedErrors::responses();
+                    if operation.request_body.is_some() {
+                        shared.extend(error::BodyErrors::responses());
+                    }
+                    for (status, response) in shared {
+                        responses.entry(status).or_insert(response);
+                    }
+                }
+                for (status, response) in responses.iter_mut() {
+                    if let RefOr::T(response) = response
+                        && response.content.is_empty()
+                        && (status.starts_with('4') || status.starts_with('5'))
+                    {
+                        response
+                            .content
+                            .insert("application/problem+json".to_owned(), problem_content());
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The one error envelope's content: a `Problem`.
+fn problem_content() -> RefOr<Content> {
+    RefOr::T(
+        ContentBuilder::new()
+            .schema(Some(Ref::from_schema_name("Problem")))
+            .build(),
+    )
 }
 
 /// Documents the headers every operation's answers share, without repeating them in

@@ -10,7 +10,7 @@ use utoipa::ToSchema;
 
 use super::AppState;
 use super::auth::Principal;
-use super::error::{ApiError, KeyedErrors, Problem};
+use super::error::ApiError;
 use super::extract::PathParams;
 use super::payment_path::PaymentPath;
 use crate::domain::PaymentStatus;
@@ -76,9 +76,8 @@ impl From<PaymentDoc> for PaymentView {
     security(("bearer" = ["read"])),
     responses(
         (status = 200, description = "The payment", body = PaymentView),
-        (status = 404, description = "No event for this payment yet (or not visible to this key)", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Malformed path parameter", body = Problem, content_type = "application/problem+json"),
-        KeyedErrors,
+        (status = 404, description = "No event for this payment yet (or not visible to this key)"),
+        (status = 422, description = "Malformed path parameter"),
     )
 )]
 pub async fn get_payment(

@@ -5,7 +5,7 @@
 use axum::extract::Path;
 use axum::extract::rejection::PathRejection;
 
-use super::error::{ApiError, Problem};
+use super::error::ApiError;
 use super::problems::{ProblemCode, ProblemType};
 
 /// Describe a problem type.
@@ -16,7 +16,7 @@ use super::problems::{ProblemCode, ProblemType};
     params(("code" = ProblemCode, Path, description = "A problem document's `code`")),
     responses(
         (status = 200, description = "The problem type", body = ProblemType),
-        (status = 404, description = "`not_found`: no problem type of that code", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "`not_found`: no problem type of that code"),
     ))]
 pub async fn problem_type(
     code: Result<Path<String>, PathRejection>,

@@ -17,9 +17,10 @@ use utoipa::ToSchema;
 
 use super::AppState;
 use super::auth::Principal;
-use super::error::{ApiError, KeyedErrors, Problem};
+use super::error::ApiError;
 use super::extract::{JsonBody, PathParams};
 use super::idempotency::{IDEMPOTENT_REPLAYED, json_answer, respond, transient};
+use super::openapi::IDEMPOTENCY_KEY_DOC;
 use super::tokens::OriginView;
 use crate::domain::{
     AccountId, Actor, FieldErrors, NewRedemption, Owner, Quantity, RedemptionReference, Scope,
@@ -202,7 +203,7 @@ fn created_answer(redeemed: &Redeemed) -> Answer {
 #[utoipa::path(
     post, path = "/v1/redemptions", tag = "balances",
     params(
-        ("Idempotency-Key" = Option<String>, Header, description = "1–255 visible ASCII characters naming this request, scoped to the API key: a retry with the same key and body is answered as the first request was (`Idempotent-Replayed: true`), for `idempotency.retention_hours`", nullable = false),
+        ("Idempotency-Key" = Option<String>, Header, description = IDEMPOTENCY_KEY_DOC, nullable = false),
     ),
     request_body = RedemptionRequest,
     security(("bearer" = ["tokens:redeem"])),
@@ -215,13 +216,9 @@ fn created_answer(redeemed: &Redeemed) -> Answer {
             headers(
                 ("Location" = String, description = "The redemption's GET URL"),
                 ("Idempotent-Replayed" = String, description = "`true`"))),
-        (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "`idempotency_conflict`: the reference was used with another tokenType, quantity or accountId (`mismatches`); `insufficient_balance`: fewer active tokens than asked (`available`); `request_in_progress`: the first request with this Idempotency-Key is still running (`Retry-After`)", body = Problem, content_type = "application/problem+json",
+        (status = 409, description = "`idempotency_conflict`: the reference was used with another tokenType, quantity or accountId (`mismatches`); `insufficient_balance`: fewer active tokens than asked (`available`); `request_in_progress`: the first request with this Idempotency-Key is still running (`Retry-After`)",
             headers(("Retry-After" = u64, description = "With `request_in_progress`"))),
-        (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
-        (status = 415, description = "Not application/json", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "`validation_failed`: bad fields (all listed) or Idempotency-Key; `idempotency_key_reused`", body = Problem, content_type = "application/problem+json"),
-        KeyedErrors,
+        (status = 422, description = "`validation_failed`: bad fields (all listed) or Idempotency-Key; `idempotency_key_reused`"),
     )
 )]
 pub async fn create_redemption(
@@ -279,9 +276,8 @@ pub async fn create_redemption(
     security(("bearer" = ["read"])),
     responses(
         (status = 200, description = "The redemption and its tokens, oldest first", body = RedemptionResponse),
-        (status = 404, description = "No such redemption (or one with tokens this key may not see)", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Bad owner or reference", body = Problem, content_type = "application/problem+json"),
-        KeyedErrors,
+        (status = 404, description = "No such redemption (or one with tokens this key may not see)"),
+        (status = 422, description = "Bad owner or reference"),
     )
 )]
 pub async fn get_redemption(

@@ -14,7 +14,7 @@ use tracing::Instrument;
 use utoipa::ToSchema;
 
 use super::AppState;
-use super::error::{ApiError, Problem};
+use super::error::ApiError;
 use super::extract::PathParams;
 use crate::domain::{ClientAddress, EventOutcome};
 use crate::telemetry::metric;
@@ -71,13 +71,13 @@ pub struct WebhookReceipt {
                 (WebhookReceipt = "application/json"),
                 (String = "text/plain", example = "[accepted]"),
             )),
-        (status = 400, description = "Signed, but not an event", body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "`basic_auth_invalid` (the provider's HTTP Basic credentials are configured and missing or wrong; checked first), `signature_missing`, `signature_invalid` or `signature_timestamp_out_of_tolerance`", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "Unknown provider", body = Problem, content_type = "application/problem+json"),
-        (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
-        (status = 429, description = "`rate_limited`: too many deliveries for this provider, or too many failed signature checks from this address; see Retry-After", body = Problem, content_type = "application/problem+json",
+        (status = 400, description = "Signed, but not an event"),
+        (status = 401, description = "`basic_auth_invalid` (the provider's HTTP Basic credentials are configured and missing or wrong; checked first), `signature_missing`, `signature_invalid` or `signature_timestamp_out_of_tolerance`"),
+        (status = 404, description = "Unknown provider"),
+        (status = 413, description = "Body too large"),
+        (status = 429, description = "`rate_limited`: too many deliveries for this provider, or too many failed signature checks from this address; see Retry-After",
             headers(("Retry-After" = String, description = "Seconds to wait"))),
-        (status = 503, description = "`database_unavailable` or `request_timeout`: retry later", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "`database_unavailable` or `request_timeout`: retry later"),
     )
 )]
 pub async fn receive_webhook(

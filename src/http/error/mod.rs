@@ -1,14 +1,14 @@
 //! The one error envelope: every failure is `application/problem+json` (RFC 9457) with a
 //! stable `code` clients can branch on. Internal causes are logged here, once, and never
-//! put in the body. The failures every operation behind an API key may answer are
-//! documented here too, once (`KeyedErrors`).
+//! put in the body. The failures many operations share are documented here too, once
+//! (`KeyedErrors`, `BodyErrors`).
 
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use utoipa::ToSchema;
 
-mod keyed;
+mod documented;
 
 use super::problems::ProblemCode;
 use super::rate_limit::{LimitHeaders, Refused};
@@ -17,7 +17,7 @@ use crate::issuing::{IssueError, RedemptionError};
 use crate::store::StoreError;
 use crate::webhooks::SignatureError;
 
-pub use keyed::KeyedErrors;
+pub use documented::{BodyErrors, KeyedErrors};
 
 /// Seconds a client should wait before retrying a 503 or a request still in progress.
 const RETRY_AFTER_UNAVAILABLE: &str = "1";

@@ -18,9 +18,10 @@ use super::{
 use crate::domain::{Actor, FieldErrors, Owner, Scope};
 use crate::http::AppState;
 use crate::http::auth::Principal;
-use crate::http::error::{ApiError, KeyedErrors, Problem};
+use crate::http::error::ApiError;
 use crate::http::extract::{JsonBody, OptionalJsonBody, PathParams};
 use crate::http::idempotency::{IDEMPOTENT_REPLAYED, transient};
+use crate::http::openapi::{IDEMPOTENCY_KEY_DOC, IF_MATCH_DOC};
 use crate::issuing::{Attempt, Gate, Keyed, Transition, TransitionOutcome};
 use crate::store::{TOKENS, TokenDoc};
 use crate::telemetry::metric;
@@ -227,8 +228,8 @@ fn record_version_rejection(transition: &Transition) {
     post, path = "/v1/tokens/{tokenId}/redeem", tag = "tokens",
     params(
         ("tokenId" = String, Path, description = "24-hex token id"),
-        ("If-Match" = Option<String>, Header, description = "The version the change is based on, e.g. \"3\"; or `*` (any version: the write gates on the version read), or a list (`\"1\", \"3\"`) of which any may match. Compared strongly: a weak tag (`W/\"3\"`) never matches (412)", nullable = false),
-        ("Idempotency-Key" = Option<String>, Header, description = "1–255 visible ASCII characters naming this request, scoped to the API key: a retry with the same key, path and body is answered as the first request was (`Idempotent-Replayed: true`), for `idempotency.retention_hours`", nullable = false),
+        ("If-Match" = Option<String>, Header, description = IF_MATCH_DOC, nullable = false),
+        ("Idempotency-Key" = Option<String>, Header, description = IDEMPOTENCY_KEY_DOC, nullable = false),
     ),
     request_body(content = Option<RedeemRequest>, description = "Optional; an empty body is fine"),
     security(("bearer" = ["tokens:redeem"])),
@@ -236,15 +237,11 @@ fn record_version_rejection(transition: &Transition) {
         (status = 200, description = "Redeemed, or a replay: redeemed already with this `reference`, or an Idempotency-Key's retry", body = TokenView, headers(
             ("ETag" = String, description = "The new version"),
             ("Idempotent-Replayed" = String, description = "`true` on a replay"))),
-        (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "No such token", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "`state_conflict`: not active (or redeemed with another reference), or kept changing; `request_in_progress`: the first request with this Idempotency-Key is still running (`Retry-After`)", body = Problem, content_type = "application/problem+json",
+        (status = 404, description = "No such token"),
+        (status = 409, description = "`state_conflict`: not active (or redeemed with another reference), or kept changing; `request_in_progress`: the first request with this Idempotency-Key is still running (`Retry-After`)",
             headers(("Retry-After" = u64, description = "With `request_in_progress`"))),
-        (status = 412, description = "`version_conflict`: If-Match is stale; for a key that may read tokens, the body has currentVersion and currentStatus", body = Problem, content_type = "application/problem+json"),
-        (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
-        (status = 415, description = "A body that is not application/json", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "`validation_failed`: bad token id, body, If-Match or Idempotency-Key; `idempotency_key_reused`: the Idempotency-Key named another request", body = Problem, content_type = "application/problem+json"),
-        KeyedErrors,
+        (status = 412, description = "`version_conflict`: If-Match is stale; for a key that may read tokens, the body has currentVersion and currentStatus"),
+        (status = 422, description = "`validation_failed`: bad token id, body, If-Match or Idempotency-Key; `idempotency_key_reused`: the Idempotency-Key named another request"),
     )
 )]
 pub async fn redeem_token(
@@ -273,8 +270,8 @@ pub async fn redeem_token(
     post, path = "/v1/tokens/{tokenId}/revoke", tag = "tokens",
     params(
         ("tokenId" = String, Path, description = "24-hex token id"),
-        ("If-Match" = Option<String>, Header, description = "The version the change is based on, e.g. \"3\"; or `*` (any version: the write gates on the version read), or a list (`\"1\", \"3\"`) of which any may match. Compared strongly: a weak tag (`W/\"3\"`) never matches (412)", nullable = false),
-        ("Idempotency-Key" = Option<String>, Header, description = "1–255 visible ASCII characters naming this request, scoped to the API key: a retry with the same key, path and body is answered as the first request was (`Idempotent-Replayed: true`), for `idempotency.retention_hours`", nullable = false),
+        ("If-Match" = Option<String>, Header, description = IF_MATCH_DOC, nullable = false),
+        ("Idempotency-Key" = Option<String>, Header, description = IDEMPOTENCY_KEY_DOC, nullable = false),
     ),
     request_body(content = Option<RevokeRequest>, description = "Optional; an empty body is fine"),
     security(("bearer" = ["tokens:revoke"])),
@@ -282,15 +279,11 @@ pub async fn redeem_token(
         (status = 200, description = "Revoked (or already revoked)", body = TokenView, headers(
             ("ETag" = String, description = "The version"),
             ("Idempotent-Replayed" = String, description = "`true` on an Idempotency-Key's retry"))),
-        (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "No such token", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "`state_conflict`: redeemed, or kept changing; `request_in_progress`: the first request with this Idempotency-Key is still running (`Retry-After`)", body = Problem, content_type = "application/problem+json",
+        (status = 404, description = "No such token"),
+        (status = 409, description = "`state_conflict`: redeemed, or kept changing; `request_in_progress`: the first request with this Idempotency-Key is still running (`Retry-After`)",
             headers(("Retry-After" = u64, description = "With `request_in_progress`"))),
-        (status = 412, description = "`version_conflict`", body = Problem, content_type = "application/problem+json"),
-        (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
-        (status = 415, description = "A body that is not application/json", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "`validation_failed`: bad token id, body, If-Match or Idempotency-Key; `idempotency_key_reused`: the Idempotency-Key named another request", body = Problem, content_type = "application/problem+json"),
-        KeyedErrors,
+        (status = 412, description = "`version_conflict`"),
+        (status = 422, description = "`validation_failed`: bad token id, body, If-Match or Idempotency-Key; `idempotency_key_reused`: the Idempotency-Key named another request"),
     )
 )]
 pub async fn revoke_token(
@@ -317,7 +310,7 @@ pub async fn revoke_token(
     params(
         ("tokenId" = String, Path, description = "24-hex token id"),
         ("If-Match" = String, Header, description = "The version the transfer is based on, e.g. \"3\"; or `*`, or a list, as for redeem. Compared strongly: a weak tag (`W/\"3\"`) never matches (412)"),
-        ("Idempotency-Key" = Option<String>, Header, description = "1–255 visible ASCII characters naming this request, scoped to the API key: a retry with the same key, path and body is answered as the first request was (`Idempotent-Replayed: true`), for `idempotency.retention_hours`", nullable = false),
+        ("Idempotency-Key" = Option<String>, Header, description = IDEMPOTENCY_KEY_DOC, nullable = false),
     ),
     request_body = TransferRequest,
     security(("bearer" = ["tokens:transfer"])),
@@ -325,16 +318,12 @@ pub async fn revoke_token(
         (status = 200, description = "Transferred", body = TokenView, headers(
             ("ETag" = String, description = "The new version"),
             ("Idempotent-Replayed" = String, description = "`true` on an Idempotency-Key's retry"))),
-        (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "No such token", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "`state_conflict`: not active, or kept changing; `request_in_progress`: the first request with this Idempotency-Key is still running (`Retry-After`)", body = Problem, content_type = "application/problem+json",
+        (status = 404, description = "No such token"),
+        (status = 409, description = "`state_conflict`: not active, or kept changing; `request_in_progress`: the first request with this Idempotency-Key is still running (`Retry-After`)",
             headers(("Retry-After" = u64, description = "With `request_in_progress`"))),
-        (status = 412, description = "`version_conflict`", body = Problem, content_type = "application/problem+json"),
-        (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
-        (status = 415, description = "A body that is not application/json", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "`validation_failed`: bad token id, newOwner, If-Match or Idempotency-Key; `idempotency_key_reused`: the Idempotency-Key named another request", body = Problem, content_type = "application/problem+json"),
-        (status = 428, description = "`precondition_required`: If-Match missing", body = Problem, content_type = "application/problem+json"),
-        KeyedErrors,
+        (status = 412, description = "`version_conflict`"),
+        (status = 422, description = "`validation_failed`: bad token id, newOwner, If-Match or Idempotency-Key; `idempotency_key_reused`: the Idempotency-Key named another request"),
+        (status = 428, description = "`precondition_required`: If-Match missing"),
     )
 )]
 pub async fn transfer_token(

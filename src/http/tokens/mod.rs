@@ -7,8 +7,7 @@ mod if_match;
 
 use std::sync::Arc;
 
-use axum::extract::rejection::QueryRejection;
-use axum::extract::{Query, State};
+use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::Response;
 use chrono::{DateTime, Utc};
@@ -24,10 +23,10 @@ pub use changes::{
 
 use super::AppState;
 use super::auth::Principal;
-use super::error::{ApiError, KeyedErrors, Problem};
+use super::error::ApiError;
 use super::idempotency::{json_answer, respond};
 use crate::domain::{FieldErrors, Owner, Scope, TokenId, TokenStatus, TokenType};
-use crate::http::extract::{PathParams, parse_query_parameters};
+use crate::http::extract::{PathParams, QueryParameters};
 use crate::issuing::Answer;
 use crate::store::{TokenDoc, TokenQuery, chrono_time};
 
@@ -162,9 +161,8 @@ pub(super) async fn find_visible_token(
     responses(
         (status = 200, description = "The token", body = TokenView,
             headers(("ETag" = String, description = "The quoted version, e.g. \"3\""))),
-        (status = 404, description = "No such token (or not visible to this key)", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Malformed token id", body = Problem, content_type = "application/problem+json"),
-        KeyedErrors,
+        (status = 404, description = "No such token (or not visible to this key)"),
+        (status = 422, description = "Malformed token id"),
     )
 )]
 pub async fn get_token(
@@ -194,19 +192,16 @@ pub async fn get_token(
     security(("bearer" = ["read"])),
     responses(
         (status = 200, description = "A page of tokens", body = TokenPage),
-        (status = 422, description = "Bad query parameter", body = Problem, content_type = "application/problem+json"),
-        KeyedErrors,
+        (status = 422, description = "Bad query parameter"),
     )
 )]
 pub async fn list_tokens(
     State(state): State<AppState>,
     principal: Arc<Principal>,
-    query: Result<Query<Vec<(String, String)>>, QueryRejection>,
+    query: Result<QueryParameters, ApiError>,
 ) -> Result<axum::Json<TokenPage>, ApiError> {
     principal.require(Scope::Read)?;
-    let Query(pairs) =
-        query.map_err(|_| ApiError::validation("query", "is not a valid query string"))?;
-    let (filter, limit) = parse_list_query(&pairs)?;
+    let (filter, limit) = parse_list_query(&query?)?;
     let filter = TokenQuery {
         accounts: principal
             .accounts()
@@ -221,11 +216,11 @@ pub async fn list_tokens(
 }
 
 /// Parses the listing's query parameters, rejecting unknown and repeated ones.
-fn parse_list_query(pairs: &[(String, String)]) -> Result<(TokenQuery, u32), ApiError> {
+fn parse_list_query(parameters: &QueryParameters) -> Result<(TokenQuery, u32), ApiError> {
     let mut errors = FieldErrors::default();
     let mut query = TokenQuery::default();
     let mut limit = DEFAULT_LIMIT;
-    parse_query_parameters(pairs, &mut errors, |name, value, errors| {
+    parameters.parse(&mut errors, |name, value, errors| {
         match name {
             "owner" => query.owner = errors.check("owner", Owner::parse(value)),
             "tokenType" => query.token_type = errors.check("tokenType", TokenType::parse(value)),
