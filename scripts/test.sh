@@ -2,9 +2,9 @@
 # The whole test suite, as CI runs it: format check, clippy with warnings denied, and
 # every test of both workspace members, tokenmint and the bench tool (unit and HTTP tests
 # against a real mongod, which the harness starts from .tools/mongodb/bin/mongod; this
-# script installs it first if missing). The checkout kit first: its node modules, the
-# check that its generated types match openapi.yaml, its type-check, and Chromium for
-# its browser test (tests/api/browser.rs), which cargo test runs.
+# script installs it first if missing). The checkout kit first: its node modules, its
+# types generated from openapi.yaml as it is and the type-check against them, and
+# Chromium for its browser test (tests/api/browser.rs), which cargo test runs.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 

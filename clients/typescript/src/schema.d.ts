@@ -1043,7 +1043,7 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
-            /** @description Not application/json */
+            /** @description A body that is not application/json */
             415: {
                 headers: {
                     [name: string]: unknown;
@@ -1293,7 +1293,7 @@ export interface operations {
         parameters: {
             query?: never;
             header?: {
-                /** @description 1–255 visible ASCII characters naming this request, scoped to the API key: a retry with the same key and body is answered as the first request was (`Idempotent-Replayed: true`), for `idempotency.retention_hours` */
+                /** @description 1–255 visible ASCII characters naming this request, scoped to the API key: a retry with the same key, path and body is answered as the first request was (`Idempotent-Replayed: true`), for `idempotency.retention_hours` */
                 "Idempotency-Key"?: string;
             };
             path?: never;
@@ -1380,7 +1380,7 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
-            /** @description Not application/json */
+            /** @description A body that is not application/json */
             415: {
                 headers: {
                     [name: string]: unknown;
