@@ -296,8 +296,12 @@ pub async fn run_segment(
     let tasks: Vec<_> = clients
         .into_iter()
         .map(|client| {
-            let target = target.clone();
-            tokio::spawn(client_loop(client, target, workload, deadline))
+            let segment = Segment {
+                target: target.clone(),
+                workload,
+                deadline,
+            };
+            tokio::spawn(client_loop(client, segment))
         })
         .collect();
     let mut clients = Vec::with_capacity(tasks.len());
@@ -365,31 +369,31 @@ fn stock_for(client: &Client, workload: Workload, duration: Duration) -> u64 {
     redemptions * u64::from(workload.quantity)
 }
 
-async fn client_loop(
-    client: Client,
+/// What one client runs in a segment: the workload against `target` until `deadline`.
+struct Segment {
     target: Target,
     workload: Workload,
     deadline: Instant,
-) -> (Client, Stats) {
-    match workload.operation {
-        Operation::Issue => issue_loop(client, target, workload, deadline).await,
-        Operation::Redeem => redeem_loop(client, target, workload, deadline).await,
+}
+
+async fn client_loop(client: Client, segment: Segment) -> (Client, Stats) {
+    match segment.workload.operation {
+        Operation::Issue => issue_loop(client, segment).await,
+        Operation::Redeem => redeem_loop(client, segment).await,
     }
 }
 
-async fn issue_loop(
-    mut client: Client,
-    target: Target,
-    workload: Workload,
-    deadline: Instant,
-) -> (Client, Stats) {
+/// Issuances until the deadline: a replay of one of the client's completed payments with
+/// probability `replays`, else a new payment, sent twice at once with probability `races`.
+async fn issue_loop(mut client: Client, segment: Segment) -> (Client, Stats) {
+    let (target, workload) = (&segment.target, segment.workload);
     let mut stats = Stats::default();
-    while Instant::now() < deadline {
+    while Instant::now() < segment.deadline {
         let draw = client.rng.unit();
         if draw < workload.replays && !client.completed.is_empty() {
             let pick = (client.rng.next() % client.completed.len() as u64) as usize;
             let payment = client.completed[pick].clone();
-            let (outcome, latency) = issue(&mut client, &target, &payment, workload.mode).await;
+            let (outcome, latency) = issue(&mut client, target, &payment, workload.mode).await;
             stats.record(outcome, latency);
             continue;
         }
@@ -397,13 +401,13 @@ async fn issue_loop(
         let race = client.rng.unit() < workload.races;
         let ok = if race {
             stats.races += 1;
-            let (a, b) = race_twice(&mut client, &target, &payment, workload.mode).await;
+            let (a, b) = race_twice(&mut client, target, &payment, workload.mode).await;
             let ok = a.0.succeeded() && b.0.succeeded();
             stats.record(a.0, a.1);
             stats.record(b.0, b.1);
             ok
         } else {
-            let (outcome, latency) = issue(&mut client, &target, &payment, workload.mode).await;
+            let (outcome, latency) = issue(&mut client, target, &payment, workload.mode).await;
             let ok = outcome.succeeded();
             stats.record(outcome, latency);
             ok
@@ -419,22 +423,18 @@ async fn issue_loop(
 /// Redemptions of `workload.quantity` of the client's tokens until `deadline`: a retry of
 /// one of its completed references with probability `replays` (answered 200, nothing
 /// redeemed), else a new reference (201).
-async fn redeem_loop(
-    mut client: Client,
-    target: Target,
-    workload: Workload,
-    deadline: Instant,
-) -> (Client, Stats) {
+async fn redeem_loop(mut client: Client, segment: Segment) -> (Client, Stats) {
+    let (target, workload) = (&segment.target, segment.workload);
     let mut stats = Stats::default();
     let quantity = workload.quantity;
     let started = Instant::now();
     let mut new_redemptions = 0u64;
-    while Instant::now() < deadline {
+    while Instant::now() < segment.deadline {
         let draw = client.rng.unit();
         if draw < workload.replays && !client.redeemed.is_empty() {
             let pick = (client.rng.next() % client.redeemed.len() as u64) as usize;
             let seq = client.redeemed[pick];
-            let (outcome, latency) = redeem(&mut client, &target, seq, quantity).await;
+            let (outcome, latency) = redeem(&mut client, target, seq, quantity).await;
             stats.record(outcome, latency);
             continue;
         }
@@ -443,14 +443,14 @@ async fn redeem_loop(
             // report with refills can be read for what it is.
             stats.refills += 1;
             let tokens = u64::from(quantity) * 100;
-            let refill = client.stock_up(&target, tokens, workload.mode).await;
+            let refill = client.stock_up(target, tokens, workload.mode).await;
             if refill.first_error.is_some() && stats.first_error.is_none() {
                 stats.first_error = refill.first_error;
             }
         }
         client.redemption_seq += 1;
         let seq = client.redemption_seq;
-        let (outcome, latency) = redeem(&mut client, &target, seq, quantity).await;
+        let (outcome, latency) = redeem(&mut client, target, seq, quantity).await;
         if outcome.status == 201 {
             // Saturating: a stock payment that timed out after its commit holds tokens
             // the balance never counted.
