@@ -78,60 +78,67 @@ fn a_secret_given_as_a_bare_string_is_named_by_key_and_never_printed() {
 #[test]
 fn an_unusable_secret_names_its_provider_and_is_never_printed() {
     let short = "whsec_N3verPrintMe";
-    let output = tokenmint(
-        &["verify"],
-        &[
-            ("TOKENMINT__PROVIDERS__BILLING__SCHEME", "stripe"),
-            (
-                "TOKENMINT__PROVIDERS__BILLING__SECRETS",
-                &format!("[\"{SECRET}\", \"{short}\"]"),
-            ),
-        ],
-    );
-    refused(
-        &output,
-        &["providers.billing.secrets[1]", "provider `billing`"],
-    );
-
     let undecodable = "whsec_N3verPrintMe!!not-base64";
-    let output = tokenmint(
-        &["verify"],
-        &[
-            ("TOKENMINT__PROVIDERS__ACME__SCHEME", "standard-webhooks"),
-            (
-                "TOKENMINT__PROVIDERS__ACME__SECRETS",
-                &format!("[\"{undecodable}\"]"),
-            ),
-        ],
-    );
-    refused(&output, &["providers.acme.secrets[0]", "provider `acme`"]);
+    // A provider, its scheme and secrets, and what the refusal names: the secret's place
+    // in the list and the provider, never the secret.
+    let cases = [
+        (
+            "BILLING",
+            "stripe",
+            format!("[\"{SECRET}\", \"{short}\"]"),
+            ["providers.billing.secrets[1]", "provider `billing`"],
+        ),
+        (
+            "ACME",
+            "standard-webhooks",
+            format!("[\"{undecodable}\"]"),
+            ["providers.acme.secrets[0]", "provider `acme`"],
+        ),
+    ];
+    for (name, scheme, secrets, named) in cases {
+        let scheme_key = format!("TOKENMINT__PROVIDERS__{name}__SCHEME");
+        let secrets_key = format!("TOKENMINT__PROVIDERS__{name}__SECRETS");
+        let output = tokenmint(
+            &["verify"],
+            &[(&scheme_key, scheme), (&secrets_key, &secrets)],
+        );
+        refused(&output, &named);
+    }
 }
 
 #[test]
 fn other_bad_values_are_named_by_key_without_their_value() {
-    let output = tokenmint(
-        &["serve"],
-        &[(
+    let origins = format!("[\"{SECRET}\"]");
+    // A command, the one variable it runs with, and what the refusal names.
+    let cases: [(&str, &str, &str, &[&str]); 4] = [
+        (
+            "serve",
             "TOKENMINT__SERVER__CORS_ORIGINS",
-            &format!("[\"{SECRET}\"]"),
-        )],
-    );
-    refused(&output, &["`server.cors_origins[0]`"]);
-
-    let output = tokenmint(
-        &["verify"],
-        &[("TOKENMINT__ISSUANCE__MAX_QUANTITY", "20000")],
-    );
-    refused(&output, &["`issuance.max_quantity`", "at most 10000"]);
-
-    let output = tokenmint(
-        &["verify"],
-        &[("TOKENMINT__ISSUANCE__DEFAULT_MODE", SECRET)],
-    );
-    refused(&output, &["`issuance.default_mode`", "`upsert`, `atomic`"]);
-
-    let output = tokenmint(&["verify"], &[("TOKENMINT__LOG__FORMAT", SECRET)]);
-    refused(&output, &["`log.format`", "TOKENMINT__LOG__FORMAT"]);
+            &origins,
+            &["`server.cors_origins[0]`"],
+        ),
+        (
+            "verify",
+            "TOKENMINT__ISSUANCE__MAX_QUANTITY",
+            "20000",
+            &["`issuance.max_quantity`", "at most 10000"],
+        ),
+        (
+            "verify",
+            "TOKENMINT__ISSUANCE__DEFAULT_MODE",
+            SECRET,
+            &["`issuance.default_mode`", "`upsert`, `atomic`"],
+        ),
+        (
+            "verify",
+            "TOKENMINT__LOG__FORMAT",
+            SECRET,
+            &["`log.format`", "TOKENMINT__LOG__FORMAT"],
+        ),
+    ];
+    for (command, name, value, named) in cases {
+        refused(&tokenmint(&[command], &[(name, value)]), named);
+    }
 }
 
 #[test]
@@ -192,19 +199,18 @@ fn a_config_file_that_does_not_parse_is_located_without_quoting_it() {
 fn production_refuses_an_adyen_provider_without_basic_credentials() {
     // An Adyen HMAC key: it must not be printed either.
     let key = "44782DEF547AAA06C910C43932B1EB0C71FC68D9D0C057550C48EC2ACF6BA056";
-    let output = tokenmint(
-        &["serve"],
-        &[
+    let secrets = format!("[\"{key}\"]");
+    let adyen_in_production = |extra: &[(&str, &str)]| {
+        let mut env = vec![
             ("TOKENMINT_ENV", "production"),
             ("TOKENMINT__PROVIDERS__PAY__SCHEME", "adyen"),
-            (
-                "TOKENMINT__PROVIDERS__PAY__SECRETS",
-                &format!("[\"{key}\"]"),
-            ),
-        ],
-    );
+            ("TOKENMINT__PROVIDERS__PAY__SECRETS", secrets.as_str()),
+        ];
+        env.extend_from_slice(extra);
+        tokenmint(&["serve"], &env)
+    };
     let stderr = refused(
-        &output,
+        &adyen_in_production(&[]),
         &[
             "`providers.pay.basic_auth_username`",
             "provider `pay`",
@@ -214,22 +220,11 @@ fn production_refuses_an_adyen_provider_without_basic_credentials() {
     assert!(!stderr.contains(key), "{stderr}");
 
     // The password alone is refused as well, and never printed.
-    let output = tokenmint(
-        &["serve"],
-        &[
-            ("TOKENMINT_ENV", "production"),
-            ("TOKENMINT__PROVIDERS__PAY__SCHEME", "adyen"),
-            (
-                "TOKENMINT__PROVIDERS__PAY__SECRETS",
-                &format!("[\"{key}\"]"),
-            ),
-            ("TOKENMINT__PROVIDERS__PAY__BASIC_AUTH_PASSWORD", SECRET),
-        ],
-    );
-    refused(
-        &output,
+    let stderr = refused(
+        &adyen_in_production(&[("TOKENMINT__PROVIDERS__PAY__BASIC_AUTH_PASSWORD", SECRET)]),
         &["`providers.pay.basic_auth_username`", "provider `pay`"],
     );
+    assert!(!stderr.contains(key), "{stderr}");
 }
 
 #[test]

@@ -15,7 +15,9 @@ use super::data_dir::{
     alive, assert_mongod_stopped, config_text, lock_pid, mongod_port, processes_naming,
     write_config, write_config_with,
 };
-use super::server::{Server, issuance, post_issuance, readyz, run, tokenmint, unpooled_client};
+use super::server::{
+    HalfSentIssuance, Server, post_issuance, readyz, run, tokenmint, unpooled_client,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_with_embedded_mongod_survives_a_restart() {
@@ -142,17 +144,7 @@ async fn readyz_turns_503_as_soon_as_shutdown_begins() {
     let server = tokio::spawn(app.run_until_stopped(async move {
         let _ = stop_rx.await;
     }));
-    let body = issuance().to_string();
-    let (first, rest) = body.split_at(body.len() / 2);
-    let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
-    let head = format!(
-        "POST /v1/issuances HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    stream.write_all(head.as_bytes()).await.unwrap();
-    stream.write_all(first.as_bytes()).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    let in_flight = HalfSentIssuance::start(address).await;
     assert!(!flag.is_set());
     stop_tx.send(()).unwrap();
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -167,15 +159,7 @@ async fn readyz_turns_503_as_soon_as_shutdown_begins() {
         !server.is_finished(),
         "the in-flight request was not waited for"
     );
-    stream.write_all(rest.as_bytes()).await.unwrap();
-    let mut response = String::new();
-    tokio::time::timeout(
-        Duration::from_secs(30),
-        stream.read_to_string(&mut response),
-    )
-    .await
-    .unwrap()
-    .unwrap();
+    let response = in_flight.finish().await;
     assert!(response.starts_with("HTTP/1.1 201"), "{response}");
     tokio::time::timeout(Duration::from_secs(60), server)
         .await
@@ -191,8 +175,6 @@ async fn readyz_turns_503_as_soon_as_shutdown_begins() {
 /// request has finished, then both exit cleanly and no mongod is left behind.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ctrl_c_to_the_process_group_drains_before_mongod_stops() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
     let dir = tempfile::tempdir().unwrap();
     let data_dir = dir.path().join("data");
     let config = write_config_with(dir.path(), &data_dir, "shutdown_grace_ms = 30000", true);
@@ -204,17 +186,8 @@ async fn ctrl_c_to_the_process_group_drains_before_mongod_stops() {
     assert!(alive(mongod));
 
     // An issuance in flight: its headers and half of its body sent.
-    let body = issuance().to_string();
-    let (first, rest) = body.split_at(body.len() / 2);
     let address = server.address.trim_start_matches("http://").to_owned();
-    let mut stream = tokio::net::TcpStream::connect(&address).await.unwrap();
-    let head = format!(
-        "POST /v1/issuances HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    stream.write_all(head.as_bytes()).await.unwrap();
-    stream.write_all(first.as_bytes()).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    let in_flight = HalfSentIssuance::start(address.as_str()).await;
 
     server.interrupt_group();
     // Shutdown has begun (the service logs it, and no longer reports ready)...
@@ -252,15 +225,7 @@ async fn ctrl_c_to_the_process_group_drains_before_mongod_stops() {
     );
 
     // The request completes against the still-running database.
-    stream.write_all(rest.as_bytes()).await.unwrap();
-    let mut response = String::new();
-    tokio::time::timeout(
-        Duration::from_secs(30),
-        stream.read_to_string(&mut response),
-    )
-    .await
-    .unwrap()
-    .unwrap();
+    let response = in_flight.finish().await;
     assert!(
         response.starts_with("HTTP/1.1 201"),
         "{response}\n{}",

@@ -262,6 +262,51 @@ pub(super) fn issuance() -> Value {
     })
 }
 
+/// An issuance in flight, sent by hand over its own connection: its headers and the first
+/// half of its body are on the wire, the rest held back, so the service holds a request
+/// it has begun and cannot finish until the test says so.
+pub(super) struct HalfSentIssuance {
+    stream: tokio::net::TcpStream,
+    rest: String,
+}
+
+impl HalfSentIssuance {
+    /// Connects to `address` (`host:port`) and sends the headers and half of the body;
+    /// returns once the service has had 200 ms to read them.
+    pub(super) async fn start(address: impl tokio::net::ToSocketAddrs) -> Self {
+        use tokio::io::AsyncWriteExt;
+        let body = issuance().to_string();
+        let (first, rest) = body.split_at(body.len() / 2);
+        let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
+        let head = format!(
+            "POST /v1/issuances HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            body.len()
+        );
+        stream.write_all(head.as_bytes()).await.unwrap();
+        stream.write_all(first.as_bytes()).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        Self {
+            stream,
+            rest: rest.to_owned(),
+        }
+    }
+
+    /// Sends the rest of the body and reads the whole answer, as text (30 s at most).
+    pub(super) async fn finish(mut self) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        self.stream.write_all(self.rest.as_bytes()).await.unwrap();
+        let mut response = String::new();
+        tokio::time::timeout(
+            Duration::from_secs(30),
+            self.stream.read_to_string(&mut response),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+        response
+    }
+}
+
 pub(super) async fn post_issuance(http: &reqwest::Client, server: &Server) -> (u16, Value) {
     let response = http
         .post(server.url("/v1/issuances"))
