@@ -1,4 +1,5 @@
-//! Refusals before anything runs: a 401 always carries its `WWW-Authenticate` challenge,
+//! Refusals before anything runs: the operations the OpenAPI document puts behind a key
+//! are the ones that ask for one, a 401 always carries its `WWW-Authenticate` challenge,
 //! and a known path asked with another method is 405 with its `Allow`.
 
 use mongodb::bson::doc;
@@ -18,6 +19,67 @@ fn allowed(response: &reqwest::Response) -> Vec<String> {
         .collect();
     methods.sort();
     methods
+}
+
+/// The document's `security` is what the service does: every operation it lists behind
+/// an API key asks a request without one for it (401 with the bearer challenge), and no
+/// operation it lists as open does. The failures every keyed operation answers are added
+/// to the document by its `security` alone, so this keeps them on the right operations.
+#[tokio::test]
+async fn the_operations_the_document_puts_behind_a_key_are_the_ones_that_ask_for_one() {
+    let app = crate::provider_events::app().await;
+    let doc =
+        serde_json::to_value(<tokenmint::http::ApiDoc as utoipa::OpenApi>::openapi()).unwrap();
+    let mut keyed = 0;
+    for (template, item) in doc["paths"].as_object().unwrap() {
+        // Any well-formed value for each path parameter: the key is asked for first.
+        let path = template
+            .replace("{tokenId}", "65f1a0c2b3d4e5f601234567")
+            .replace("{owner}", "65f1a0c2b3d4e5f601234567")
+            .replace("{reference}", "ref-1")
+            .replace("{provider}", "stripe")
+            .replace("{accountId}", "acct_1")
+            .replace("{paymentIntentId}", "pi_1")
+            .replace("{code}", "not_found");
+        assert!(!path.contains('{'), "a parameter left in {path}");
+        for (method, operation) in item.as_object().unwrap() {
+            let method = Method::from_bytes(method.to_uppercase().as_bytes()).unwrap();
+            let response = app
+                .http
+                .request(method.clone(), app.url(&path))
+                .header("content-type", "application/json")
+                .body("{}")
+                .send()
+                .await
+                .unwrap();
+            let challenge = header(&response, "www-authenticate").unwrap_or_default();
+            let documented = operation["security"]
+                .as_array()
+                .is_some_and(|s| !s.is_empty());
+            if documented {
+                keyed += 1;
+                assert_eq!(response.status(), 401, "{method} {path}");
+                assert!(
+                    challenge.starts_with("Bearer "),
+                    "{method} {path}: {challenge}"
+                );
+                assert!(
+                    operation["responses"]["401"].is_object(),
+                    "{method} {path} does not document its 401"
+                );
+            } else {
+                assert!(
+                    !challenge.starts_with("Bearer "),
+                    "{method} {path} asks for a key the document does not name"
+                );
+                assert!(
+                    operation["responses"]["403"].is_null(),
+                    "{method} {path} documents a key's refusal it never answers"
+                );
+            }
+        }
+    }
+    assert!(keyed >= 11, "{keyed} keyed operations");
 }
 
 #[tokio::test]
