@@ -27,16 +27,6 @@ async fn redeem(app: &TestApp, key: &str, body: &Value) -> reqwest::Response {
         .expect("request sent")
 }
 
-/// The token ids of a redemption answer, in its order.
-fn redeemed_ids(answer: &Value) -> Vec<String> {
-    answer["tokens"]
-        .as_array()
-        .expect("tokens")
-        .iter()
-        .map(|t| t["id"].as_str().unwrap().to_owned())
-        .collect()
-}
-
 /// Every token of `OWNER` as stored.
 async fn owner_tokens(app: &TestApp) -> Vec<Document> {
     use futures::TryStreamExt;

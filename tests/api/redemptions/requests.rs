@@ -4,7 +4,7 @@
 use mongodb::bson::doc;
 use serde_json::json;
 
-use super::{count_status, redeem, redeemed_ids, redemption};
+use super::{count_status, redeem, redemption};
 use crate::helpers::*;
 
 /// Issues `quantity` standard tokens of `OWNER` for `payment` at `account`.
@@ -30,7 +30,7 @@ async fn a_redemption_redeems_the_oldest_tokens_and_a_retry_replays_it() {
     );
     let first = json(response).await;
     assert_eq!(
-        redeemed_ids(&first),
+        token_ids(&first),
         [older[0].clone(), older[1].clone(), newer[0].clone()]
     );
     assert_eq!(first["redemption"]["quantity"], 3);
@@ -156,7 +156,7 @@ async fn redemptions_spend_only_the_keys_accounts() {
 
     let scoped = redeem(&app, ACCOUNT1_KEY, &redemption(2, "scoped-1")).await;
     assert_eq!(scoped.status(), 201);
-    assert_eq!(redeemed_ids(&json(scoped).await), own[..2]);
+    assert_eq!(token_ids(&json(scoped).await), own[..2]);
     let problem = assert_problem(
         redeem(&app, ACCOUNT1_KEY, &redemption(2, "scoped-2")).await,
         409,
@@ -177,7 +177,7 @@ async fn redemptions_spend_only_the_keys_accounts() {
     let admin = redeem(&app, ADMIN_KEY, &elsewhere).await;
     assert_eq!(admin.status(), 201);
     let admin = json(admin).await;
-    assert_eq!(redeemed_ids(&admin), foreign[..1]);
+    assert_eq!(token_ids(&admin), foreign[..1]);
     assert_eq!(admin["redemption"]["accountId"], "acct_2");
 
     // The admin's acct_2 redemption is not the acct_1 key's to see, nor to replay.
@@ -292,7 +292,7 @@ async fn the_oldest_tokens_are_those_paid_first_whenever_they_were_issued() {
     let response = redeem(&app, ADMIN_KEY, &redemption(3, "by-payment-date")).await;
     assert_eq!(response.status(), 201);
     assert_eq!(
-        redeemed_ids(&json(response).await),
+        token_ids(&json(response).await),
         [earlier[0].clone(), earlier[1].clone(), later[0].clone()]
     );
     for (id, status) in [

@@ -21,7 +21,7 @@ use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use serde_json::Value;
 
-use super::{owner_tokens, redeem, redeemed_ids, redemption};
+use super::{owner_tokens, redeem, redemption};
 use crate::helpers::*;
 use crate::money::race_check::{rounds, seed};
 use crate::provider_events::*;
@@ -118,7 +118,7 @@ async fn refunds_and_redemptions_race_and_every_token_is_redeemed_or_revoked_onc
                 }
                 Answered::Redeem { status: 201, body } => {
                     let reference = body["redemption"]["reference"].as_str().unwrap().to_owned();
-                    for id in redeemed_ids(&body) {
+                    for id in token_ids(&body) {
                         assert!(
                             named.insert(id.clone(), reference.clone()).is_none(),
                             "seed {seed}: {id} named twice"
