@@ -115,13 +115,7 @@ async fn fewer_active_tokens_than_asked_redeem_nothing() {
     let app = spawn_app().await;
     let ids = app.issue_tokens("pi_red_short", 5).await;
     // One is spent already: 4 remain.
-    let spent = app
-        .http
-        .post(app.url(&format!("/v1/tokens/{}/redeem", ids[0])))
-        .bearer_auth(ADMIN_KEY)
-        .send()
-        .await
-        .unwrap();
+    let spent = app.redeem_token(ADMIN_KEY, &ids[0]).await;
     assert_eq!(spent.status(), 200);
 
     let problem = assert_problem(
