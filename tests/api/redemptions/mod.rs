@@ -27,6 +27,14 @@ async fn redeem(app: &TestApp, key: &str, body: &Value) -> reqwest::Response {
         .expect("request sent")
 }
 
+/// `OWNER`'s balance of standard tokens as `GET /v1/balances` answers the reader key (the
+/// answer's one entry): what a client is told, to hold against what is stored.
+async fn standard_balance(app: &TestApp) -> Value {
+    let path = format!("/v1/balances/{OWNER}?tokenType=standard");
+    let balance = json(app.get(READER_KEY, &path).await).await;
+    balance["balances"][0].clone()
+}
+
 /// Every token of `OWNER` as stored.
 async fn owner_tokens(app: &TestApp) -> Vec<Document> {
     use futures::TryStreamExt;

@@ -21,7 +21,7 @@ use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use serde_json::Value;
 
-use super::{owner_tokens, redeem, redemption};
+use super::{owner_tokens, redeem, redemption, standard_balance};
 use crate::helpers::*;
 use crate::money::race_check::{rounds, seed};
 use crate::provider_events::*;
@@ -206,17 +206,10 @@ async fn check(
             "seed {seed}: {payment}: {receipt}"
         );
     }
-    let balance = json(
-        app.get(
-            READER_KEY,
-            &format!("/v1/balances/{OWNER}?tokenType=standard"),
-        )
-        .await,
-    )
-    .await;
+    let balance = standard_balance(app).await;
     let active = tokens.iter().filter(|t| status(t) == "active").count();
-    assert_eq!(balance["balances"][0]["active"], active, "seed {seed}");
-    assert_eq!(balance["balances"][0]["redeemed"], redeemed, "seed {seed}");
+    assert_eq!(balance["active"], active, "seed {seed}");
+    assert_eq!(balance["redeemed"], redeemed, "seed {seed}");
     assert_eq!(
         app.count("redemptions", doc! {}).await as usize,
         named
