@@ -116,7 +116,8 @@ pub async fn assert_hidden_conflict(response: reqwest::Response) -> Value {
     problem
 }
 
-/// The ids of an issuance answer's tokens, in order; panics when it names none.
+/// The ids of the tokens an answer names (an issuance's or a redemption's: both list them
+/// as `tokens`), in order; panics when it has no `tokens`.
 pub fn token_ids(body: &Value) -> Vec<String> {
     body["tokens"]
         .as_array()

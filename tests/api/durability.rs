@@ -122,13 +122,7 @@ async fn commands_carry_majority_whatever_the_uri_says() {
     let app = spawn_app().await;
     app.db.run_command(doc! { "profile": 2 }).await.unwrap();
     let ids = app.issue_tokens("pi_durable_commands", 2).await;
-    let redeem = app
-        .http
-        .post(app.url(&format!("/v1/tokens/{}/redeem", ids[0])))
-        .bearer_auth(ADMIN_KEY)
-        .send()
-        .await
-        .unwrap();
+    let redeem = app.redeem_token(ADMIN_KEY, &ids[0]).await;
     assert_eq!(redeem.status(), 200);
     let read = app.get(ADMIN_KEY, &format!("/v1/tokens/{}", ids[1])).await;
     assert_eq!(read.status(), 200);

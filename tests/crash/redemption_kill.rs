@@ -46,15 +46,6 @@ fn not_yet(status: u16, answer: &Value) -> bool {
     status >= 500 || (status == 409 && answer["code"] == "request_in_progress")
 }
 
-fn ids(answer: &Value) -> Vec<String> {
-    answer["tokens"]
-        .as_array()
-        .expect("tokens")
-        .iter()
-        .map(|t| t["id"].as_str().unwrap().to_owned())
-        .collect()
-}
-
 /// The scenario, the redemption sent with the Idempotency-Key `key` when given.
 pub(super) async fn scenario(key: Option<&str>) {
     let scratch = ScratchDatabase::create("crash_redemption").await;
@@ -133,13 +124,13 @@ pub(super) async fn scenario(key: Option<&str>) {
         }
     };
     assert_eq!(status, 201, "{first}");
-    assert_eq!(ids(&first).len(), 3);
+    assert_eq!(token_ids(&first).len(), 3);
     // By reference: 200, the same ids.
     let (status, replayed, replay) = redeem(&restarted.base, &body, None)
         .await
         .expect("an answer");
     assert_eq!((status, replayed), (200, true), "{replay}");
-    assert_eq!(ids(&replay), ids(&first));
+    assert_eq!(token_ids(&replay), token_ids(&first));
     if key.is_some() {
         // With the key: the 201 that committed, its body exactly.
         let (status, replayed, replay) = redeem(&restarted.base, &body, key)

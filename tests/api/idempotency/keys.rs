@@ -5,9 +5,11 @@
 use futures::future::join_all;
 use mongodb::bson::{DateTime, doc};
 use serde_json::json;
-use sha2::{Digest, Sha256};
 
-use super::{key_records, post, redeem_keyed, seen};
+use super::{
+    assert_transferred_once, insert_unanswered_record, key_records, post, redeem_keyed, seen,
+    the_one_that_ran, token_status, token_version, transfer_keyed,
+};
 use crate::helpers::*;
 
 #[tokio::test]
@@ -123,10 +125,7 @@ async fn keys_are_scoped_per_api_key() {
     assert!(!other.replayed);
     assert_ne!(admin.body, other.body);
     for id in &ids {
-        assert_eq!(
-            app.stored_token(id).await.get_str("status").unwrap(),
-            "redeemed"
-        );
+        assert_eq!(token_status(&app, id).await, "redeemed");
     }
     for key_id in ["admin", "acct1"] {
         let records = key_records(&app, key_id).await;
@@ -146,26 +145,11 @@ async fn concurrent_requests_with_one_key_run_once() {
     .await;
     // Without the key, all but one would be 409 state_conflict; with it exactly one
     // runs, and each other is its replay or told the first is still running.
-    let ran: Vec<&super::Seen> = answers
-        .iter()
-        .filter(|a| a.status == 200 && !a.replayed)
-        .collect();
-    assert_eq!(ran.len(), 1, "{answers:?}");
-    for answer in &answers {
-        match (answer.status, answer.replayed) {
-            (200, _) => assert_eq!(answer.body, ran[0].body),
-            (409, false) => {
-                let problem: serde_json::Value = serde_json::from_slice(&answer.body).unwrap();
-                assert_eq!(problem["code"], "request_in_progress", "{problem}");
-            }
-            other => panic!("unexpected answer {other:?}"),
-        }
-    }
-    let token = app.stored_token(&id).await;
-    assert_eq!(stored_int(&token, "_version"), Some(1), "redeemed once");
+    let ran = the_one_that_ran(&answers);
+    assert_eq!(token_version(&app, &id).await, Some(1), "redeemed once");
     let retry = seen(post(&app, ADMIN_KEY, &path, Some("together"), None, None).await).await;
     assert!(retry.replayed);
-    assert_eq!(retry.body, ran[0].body);
+    assert_eq!(retry.body, ran.body);
 }
 
 /// A record held by an attempt whose lease is running answers 409 with `Retry-After`;
@@ -175,23 +159,14 @@ async fn concurrent_requests_with_one_key_run_once() {
 async fn a_running_key_is_held_until_its_lease_ends() {
     let app = spawn_app().await;
     let ids = app.issue_tokens("pi_key_lease", 2).await;
-    let empty_body = hex::encode(Sha256::digest(b""));
     let now = DateTime::now().timestamp_millis();
     for (id, key, lease_until) in [
         (&ids[0], "running", now + 60_000),
         (&ids[1], "abandoned", now - 1),
     ] {
-        app.db
-            .collection::<mongodb::bson::Document>("idempotency_keys")
-            .insert_one(doc! {
-                "keyId": "admin", "key": key, "method": "POST",
-                "path": format!("/v1/tokens/{id}/redeem"), "bodySha256": &empty_body,
-                "attempt": mongodb::bson::oid::ObjectId::new(),
-                "leaseUntil": DateTime::from_millis(lease_until),
-                "createdAt": DateTime::from_millis(now), "expiresAt": DateTime::from_millis(now + 3_600_000),
-            })
-            .await
-            .unwrap();
+        let path = format!("/v1/tokens/{id}/redeem");
+        let lease_until = DateTime::from_millis(lease_until);
+        insert_unanswered_record(&app, key, &path, b"", lease_until).await;
     }
     let running = post(
         &app,
@@ -204,17 +179,11 @@ async fn a_running_key_is_held_until_its_lease_ends() {
     .await;
     assert_eq!(running.headers()["retry-after"], "1");
     assert_problem(running, 409, "request_in_progress").await;
-    assert_eq!(
-        app.stored_token(&ids[0]).await.get_str("status").unwrap(),
-        "active"
-    );
+    assert_eq!(token_status(&app, &ids[0]).await, "active");
 
     let taken_over = redeem_keyed(&app, ADMIN_KEY, &ids[1], "abandoned").await;
     assert_eq!((taken_over.status, taken_over.replayed), (200, false));
-    assert_eq!(
-        app.stored_token(&ids[1]).await.get_str("status").unwrap(),
-        "redeemed"
-    );
+    assert_eq!(token_status(&app, &ids[1]).await, "redeemed");
     let record = app
         .find_stored("idempotency_keys", doc! { "key": "abandoned" })
         .await;
@@ -238,10 +207,7 @@ async fn a_malformed_key_is_refused_naming_the_header_and_writes_nothing() {
         let problem = assert_problem(response, 422, "validation_failed").await;
         assert_eq!(problem["errors"][0]["field"], "Idempotency-Key", "{bad:?}");
     }
-    assert_eq!(
-        app.stored_token(&id).await.get_str("status").unwrap(),
-        "active"
-    );
+    assert_eq!(token_status(&app, &id).await, "active");
     assert_eq!(app.count("idempotency_keys", doc! {}).await, 0);
 }
 
@@ -296,10 +262,7 @@ async fn another_instance_answers_the_retry() {
         (retried.status, &retried.body),
         (answered.status, &answered.body)
     );
-    assert_eq!(
-        stored_int(&first.stored_token(&id).await, "_version"),
-        Some(1)
-    );
+    assert_eq!(token_version(&first, &id).await, Some(1));
 }
 
 #[tokio::test]
@@ -323,10 +286,7 @@ async fn a_5xx_is_not_kept_and_the_retry_runs_again() {
         0,
         "the key was released"
     );
-    assert_eq!(
-        app.stored_token(&id).await.get_str("status").unwrap(),
-        "active"
-    );
+    assert_eq!(token_status(&app, &id).await, "active");
 
     let retried = seen(post(&app, ADMIN_KEY, &path, Some("after-5xx"), None, None).await).await;
     assert_eq!(
@@ -334,10 +294,7 @@ async fn a_5xx_is_not_kept_and_the_retry_runs_again() {
         (200, false),
         "the retry ran"
     );
-    assert_eq!(
-        app.stored_token(&id).await.get_str("status").unwrap(),
-        "redeemed"
-    );
+    assert_eq!(token_status(&app, &id).await, "redeemed");
 }
 
 /// A refusal of the request itself (here 428: a transfer without `If-Match`) is not kept:
@@ -351,41 +308,14 @@ async fn a_request_refused_before_its_action_leaves_the_key_for_the_corrected_on
     let refused = post(&app, ADMIN_KEY, &path, Some("fix-me"), None, Some(&body)).await;
     assert_eq!(refused.status(), 428);
     assert_eq!(app.count("idempotency_keys", doc! {}).await, 0, "released");
-    assert_eq!(
-        stored_int(&app.stored_token(&id).await, "_version"),
-        Some(0)
-    );
+    assert_eq!(token_version(&app, &id).await, Some(0));
 
-    let corrected = seen(
-        post(
-            &app,
-            ADMIN_KEY,
-            &path,
-            Some("fix-me"),
-            Some("\"0\""),
-            Some(&body),
-        )
-        .await,
-    )
-    .await;
+    let corrected = transfer_keyed(&app, &id, "fix-me").await;
     assert_eq!((corrected.status, corrected.replayed), (200, false));
-    let retried = seen(
-        post(
-            &app,
-            ADMIN_KEY,
-            &path,
-            Some("fix-me"),
-            Some("\"0\""),
-            Some(&body),
-        )
-        .await,
-    )
-    .await;
+    let retried = transfer_keyed(&app, &id, "fix-me").await;
     assert_eq!((retried.status, retried.replayed), (200, true));
     assert_eq!(retried.body, corrected.body);
-    let stored = app.stored_token(&id).await;
-    assert_eq!(stored.get_object_id("owner").unwrap().to_hex(), OTHER_OWNER);
-    assert_eq!(stored_int(&stored, "_version"), Some(1), "transferred once");
+    assert_transferred_once(&app, &id, "the corrected request").await;
 }
 
 /// A key is any visible ASCII, `$` first included: it is stored as written (never read as

@@ -7,9 +7,11 @@ use std::time::Duration;
 
 use mongodb::bson::{DateTime, Document, doc, oid::ObjectId};
 use serde_json::json;
-use sha2::Digest;
 
-use super::{key_records, post, seen};
+use super::{
+    assert_transferred_once, insert_unanswered_record, key_records, post, post_redemption, seen,
+    send_transfer, the_one_that_ran, token_status, token_version, transfer_keyed,
+};
 use crate::helpers::*;
 
 /// The write concern error a commit answers after it applied (WriteConcernFailed).
@@ -22,20 +24,10 @@ async fn a_failed_answer_write_undoes_the_action_and_the_retry_runs_it_once() {
     let name = unique_app_name();
     let app = spawn_app_named(&name, "").await;
     let id = app.issue_tokens("pi_rerun_answer", 1).await.remove(0);
-    let path = format!("/v1/tokens/{id}/transfer");
-    let body = json!({ "newOwner": OTHER_OWNER });
     // The record's answer is the flow's only `update` (the claim and the token's write
     // are findAndModify).
     let failpoint = FailPoint::set(&name, &["update"], Fault::error(2), 1).await;
-    let failed = post(
-        &app,
-        ADMIN_KEY,
-        &path,
-        Some("k"),
-        Some("\"0\""),
-        Some(&body),
-    )
-    .await;
+    let failed = send_transfer(&app, &id, "k").await;
     assert_problem(failed, 500, "internal_error").await;
     assert_eq!(failpoint.off().await, 1, "the answer write failed");
     let token = app.stored_token(&id).await;
@@ -47,36 +39,12 @@ async fn a_failed_answer_write_undoes_the_action_and_the_retry_runs_it_once() {
     assert_eq!(token.get_object_id("owner").unwrap().to_hex(), OWNER);
     assert!(key_records(&app, "admin").await.is_empty(), "released");
 
-    let first = seen(
-        post(
-            &app,
-            ADMIN_KEY,
-            &path,
-            Some("k"),
-            Some("\"0\""),
-            Some(&body),
-        )
-        .await,
-    )
-    .await;
+    let first = transfer_keyed(&app, &id, "k").await;
     assert_eq!((first.status, first.replayed), (200, false));
-    let retry = seen(
-        post(
-            &app,
-            ADMIN_KEY,
-            &path,
-            Some("k"),
-            Some("\"0\""),
-            Some(&body),
-        )
-        .await,
-    )
-    .await;
+    let retry = transfer_keyed(&app, &id, "k").await;
     assert!(retry.replayed);
     assert_eq!((retry.status, &retry.body), (first.status, &first.body));
-    let token = app.stored_token(&id).await;
-    assert_eq!(stored_int(&token, "_version"), Some(1), "transferred once");
-    assert_eq!(token.get_object_id("owner").unwrap().to_hex(), OTHER_OWNER);
+    assert_transferred_once(&app, &id, "run by the retry").await;
 }
 
 /// The commit applies but answers an error, so the first attempt answers 5xx: its
@@ -141,9 +109,8 @@ async fn a_redemption_whose_answer_was_lost_is_answered_201_with_its_tokens() {
     let body = json!({
         "owner": OWNER, "tokenType": "standard", "quantity": 2, "reference": "order-lost",
     });
-    let path = "/v1/redemptions";
     let failpoint = FailPoint::always(&name, &["commitTransaction"], APPLIED_BUT_FAILED).await;
-    let failed = post(&app, ADMIN_KEY, path, Some("spend"), None, Some(&body)).await;
+    let failed = post_redemption(&app, Some("spend"), &body).await;
     assert!(failpoint.off().await >= 1, "the commit failed");
     assert_problem(failed, 500, "internal_error").await;
     let record = app
@@ -157,7 +124,7 @@ async fn a_redemption_whose_answer_was_lost_is_answered_201_with_its_tokens() {
         .collect();
     assert_eq!(committed.len(), 2);
 
-    let retry = post(&app, ADMIN_KEY, path, Some("spend"), None, Some(&body)).await;
+    let retry = post_redemption(&app, Some("spend"), &body).await;
     assert_eq!(retry.status(), 201, "the first attempt's status");
     assert_eq!(retry.headers()["idempotent-replayed"], "true");
     assert_eq!(
@@ -165,18 +132,12 @@ async fn a_redemption_whose_answer_was_lost_is_answered_201_with_its_tokens() {
         "/v1/redemptions/65f1a0c2b3d4e5f601234567/order-lost"
     );
     let keyed: serde_json::Value = retry.json().await.unwrap();
-    let by_reference = post(&app, ADMIN_KEY, path, None, None, Some(&body)).await;
+    let by_reference = post_redemption(&app, None, &body).await;
     assert_eq!(by_reference.status(), 200, "a replay by reference");
     assert_eq!(by_reference.headers()["idempotent-replayed"], "true");
     let by_reference: serde_json::Value = by_reference.json().await.unwrap();
     for answer in [&keyed, &by_reference] {
-        let ids: Vec<&str> = answer["tokens"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|t| t["id"].as_str().unwrap())
-            .collect();
-        assert_eq!(ids, committed, "{answer}");
+        assert_eq!(token_ids(answer), committed, "{answer}");
     }
     assert_eq!(keyed, by_reference, "one body, the same tokens");
     assert_eq!(app.count("redemptions", doc! {}).await, 1);
@@ -231,45 +192,20 @@ async fn an_attempt_whose_key_was_taken_over_writes_nothing() {
 
     let first = first.await.unwrap();
     assert_problem(first, 409, "request_in_progress").await;
-    let token = app.stored_token(&id).await;
-    assert_eq!(stored_int(&token, "_version"), Some(0), "nothing committed");
+    assert_eq!(token_version(&app, &id).await, Some(0), "nothing committed");
 
-    let retry = seen(
-        post(
-            &app,
-            ADMIN_KEY,
-            &path,
-            Some("held"),
-            Some("\"0\""),
-            Some(&body),
-        )
-        .await,
-    )
-    .await;
+    let retry = transfer_keyed(&app, &id, "held").await;
     assert_eq!(
         (retry.status, retry.replayed),
         (200, false),
         "the take-over runs"
     );
-    let again = seen(
-        post(
-            &app,
-            ADMIN_KEY,
-            &path,
-            Some("held"),
-            Some("\"0\""),
-            Some(&body),
-        )
-        .await,
-    )
-    .await;
+    let again = transfer_keyed(&app, &id, "held").await;
     assert_eq!(
         (again.status, again.replayed, &again.body),
         (200, true, &retry.body)
     );
-    let token = app.stored_token(&id).await;
-    assert_eq!(stored_int(&token, "_version"), Some(1), "transferred once");
-    assert_eq!(token.get_object_id("owner").unwrap().to_hex(), OTHER_OWNER);
+    assert_transferred_once(&app, &id, "run by the take-over").await;
 }
 
 /// Refusals the same request may pass later are not kept: a redemption of more tokens
@@ -282,28 +218,12 @@ async fn refusals_a_retry_may_pass_release_the_key() {
     let body = json!({
         "owner": OWNER, "tokenType": "standard", "quantity": 2, "reference": "order-short",
     });
-    let short = post(
-        &app,
-        ADMIN_KEY,
-        "/v1/redemptions",
-        Some("short"),
-        None,
-        Some(&body),
-    )
-    .await;
+    let short = post_redemption(&app, Some("short"), &body).await;
     let problem = assert_problem(short, 409, "insufficient_balance").await;
     assert_eq!(problem["available"], 1);
     assert!(key_records(&app, "admin").await.is_empty(), "not kept");
     app.issue_tokens("pi_rerun_more", 1).await;
-    let spent = post(
-        &app,
-        ADMIN_KEY,
-        "/v1/redemptions",
-        Some("short"),
-        None,
-        Some(&body),
-    )
-    .await;
+    let spent = post_redemption(&app, Some("short"), &body).await;
     assert_eq!(spent.status(), 201);
     assert_eq!(app.count("tokens", doc! { "status": "redeemed" }).await, 2);
 
@@ -327,16 +247,10 @@ async fn refusals_a_retry_may_pass_release_the_key() {
         0,
         "not kept"
     );
-    assert_eq!(
-        app.stored_token(&id).await.get_str("status").unwrap(),
-        "active"
-    );
+    assert_eq!(token_status(&app, &id).await, "active");
     let redeemed = seen(post(&app, ADMIN_KEY, &path, Some("busy"), None, None).await).await;
     assert_eq!((redeemed.status, redeemed.replayed), (200, false));
-    assert_eq!(
-        stored_int(&app.stored_token(&id).await, "_version"),
-        Some(1)
-    );
+    assert_eq!(token_version(&app, &id).await, Some(1));
 }
 
 /// A record written by a transaction still open (one whose instance died before its
@@ -349,20 +263,12 @@ async fn a_retry_does_not_wait_on_a_record_an_open_transaction_holds() {
     let id = app.issue_tokens("pi_rerun_open", 1).await.remove(0);
     let path = format!("/v1/tokens/{id}/redeem");
     // An abandoned attempt's record: unanswered, its lease over…
-    let records = app.db.collection::<Document>("idempotency_keys");
-    records
-        .insert_one(doc! {
-            "keyId": "admin", "key": "open", "method": "POST", "path": &path,
-            "bodySha256": hex::encode(sha2::Sha256::digest(b"")),
-            "attempt": ObjectId::new(), "leaseUntil": DateTime::from_millis(0),
-            "createdAt": DateTime::now(), "expiresAt": DateTime::from_millis(i64::MAX / 2),
-        })
-        .await
-        .unwrap();
+    insert_unanswered_record(&app, "open", &path, b"", DateTime::from_millis(0)).await;
     // …written by a transaction that never ends on its own here.
     let mut session = app.db.client().start_session().await.unwrap();
     session.start_transaction().await.unwrap();
-    records
+    app.db
+        .collection::<Document>("idempotency_keys")
         .update_one(
             doc! { "key": "open" },
             doc! { "$set": { "attempt": ObjectId::new() } },
@@ -374,18 +280,12 @@ async fn a_retry_does_not_wait_on_a_record_an_open_transaction_holds() {
     let retry = post(&app, ADMIN_KEY, &path, Some("open"), None, None).await;
     assert_eq!(retry.headers()["retry-after"], "1");
     assert_problem(retry, 409, "request_in_progress").await;
-    assert_eq!(
-        app.stored_token(&id).await.get_str("status").unwrap(),
-        "active"
-    );
+    assert_eq!(token_status(&app, &id).await, "active");
 
     session.abort_transaction().await.unwrap();
     let taken_over = seen(post(&app, ADMIN_KEY, &path, Some("open"), None, None).await).await;
     assert_eq!((taken_over.status, taken_over.replayed), (200, false));
-    assert_eq!(
-        stored_int(&app.stored_token(&id).await, "_version"),
-        Some(1)
-    );
+    assert_eq!(token_version(&app, &id).await, Some(1));
 }
 
 /// Two instances retry an abandoned attempt's key at once (its lease over, no answer):
@@ -399,17 +299,14 @@ async fn two_instances_taking_over_one_key_run_the_action_once() {
     let path = format!("/v1/tokens/{id}/transfer");
     let body = json!({ "newOwner": OTHER_OWNER });
     let body_bytes = serde_json::to_vec(&body).unwrap();
-    first
-        .db
-        .collection::<Document>("idempotency_keys")
-        .insert_one(doc! {
-            "keyId": "admin", "key": "orphan", "method": "POST", "path": &path,
-            "bodySha256": hex::encode(sha2::Sha256::digest(&body_bytes)),
-            "attempt": ObjectId::new(), "leaseUntil": DateTime::from_millis(0),
-            "createdAt": DateTime::now(), "expiresAt": DateTime::from_millis(i64::MAX / 2),
-        })
-        .await
-        .unwrap();
+    insert_unanswered_record(
+        &first,
+        "orphan",
+        &path,
+        &body_bytes,
+        DateTime::from_millis(0),
+    )
+    .await;
     let send = |app: &TestApp| {
         let request = app
             .http
@@ -425,28 +322,12 @@ async fn two_instances_taking_over_one_key_run_the_action_once() {
     let answers =
         futures::future::join_all((0..8).map(|i| send(if i % 2 == 0 { &first } else { &second })))
             .await;
-    let ran: Vec<&super::Seen> = answers
-        .iter()
-        .filter(|a| a.status == 200 && !a.replayed)
-        .collect();
-    assert_eq!(ran.len(), 1, "{answers:?}");
-    for answer in &answers {
-        match (answer.status, answer.replayed) {
-            (200, _) => assert_eq!(answer.body, ran[0].body),
-            (409, false) => {
-                let problem: serde_json::Value = serde_json::from_slice(&answer.body).unwrap();
-                assert_eq!(problem["code"], "request_in_progress", "{problem}");
-            }
-            other => panic!("unexpected answer {other:?}"),
-        }
-    }
-    let token = first.stored_token(&id).await;
-    assert_eq!(stored_int(&token, "_version"), Some(1), "transferred once");
-    assert_eq!(token.get_object_id("owner").unwrap().to_hex(), OTHER_OWNER);
+    let ran = the_one_that_ran(&answers);
+    assert_transferred_once(&first, &id, "taken over by two instances").await;
     let replay = send(&second).await;
     assert_eq!(
         (replay.status, replay.replayed, &replay.body),
-        (200, true, &ran[0].body)
+        (200, true, &ran.body)
     );
 }
 
@@ -460,15 +341,7 @@ async fn a_redemption_retried_after_the_retention_spends_nothing_more() {
     let body = json!({
         "owner": OWNER, "tokenType": "standard", "quantity": 2, "reference": "order-old",
     });
-    let first = post(
-        &app,
-        ADMIN_KEY,
-        "/v1/redemptions",
-        Some("old"),
-        None,
-        Some(&body),
-    )
-    .await;
+    let first = post_redemption(&app, Some("old"), &body).await;
     assert_eq!(first.status(), 201);
     let first: serde_json::Value = first.json().await.unwrap();
     app.db
@@ -477,15 +350,7 @@ async fn a_redemption_retried_after_the_retention_spends_nothing_more() {
         .await
         .unwrap();
 
-    let late = post(
-        &app,
-        ADMIN_KEY,
-        "/v1/redemptions",
-        Some("old"),
-        None,
-        Some(&body),
-    )
-    .await;
+    let late = post_redemption(&app, Some("old"), &body).await;
     assert_eq!(late.status(), 200, "a replay by reference");
     assert_eq!(late.headers()["idempotent-replayed"], "true");
     let late: serde_json::Value = late.json().await.unwrap();
@@ -502,47 +367,21 @@ async fn a_connection_lost_after_the_action_still_moves_the_token_once() {
     let name = unique_app_name();
     let app = spawn_app_named(&name, "").await;
     let ids = app.issue_tokens("pi_rerun_cut", 2).await;
-    let body = json!({ "newOwner": OTHER_OWNER });
     for (id, command) in [(&ids[0], "update"), (&ids[1], "commitTransaction")] {
-        let path = format!("/v1/tokens/{id}/transfer");
         let key = format!("cut-{command}");
         let failpoint = FailPoint::set(&name, &[command], Fault::CloseConnection, 1).await;
-        let first = seen(
-            post(
-                &app,
-                ADMIN_KEY,
-                &path,
-                Some(&key),
-                Some("\"0\""),
-                Some(&body),
-            )
-            .await,
-        )
-        .await;
+        let first = transfer_keyed(&app, id, &key).await;
         assert_eq!(
             failpoint.off().await,
             1,
             "{command}: the connection was cut"
         );
         assert_eq!((first.status, first.replayed), (200, false), "{command}");
-        let retry = seen(
-            post(
-                &app,
-                ADMIN_KEY,
-                &path,
-                Some(&key),
-                Some("\"0\""),
-                Some(&body),
-            )
-            .await,
-        )
-        .await;
+        let retry = transfer_keyed(&app, id, &key).await;
         assert_eq!(
             (retry.status, retry.replayed, &retry.body),
             (200, true, &first.body)
         );
-        let token = app.stored_token(id).await;
-        assert_eq!(stored_int(&token, "_version"), Some(1), "{command}: once");
-        assert_eq!(token.get_object_id("owner").unwrap().to_hex(), OTHER_OWNER);
+        assert_transferred_once(&app, id, command).await;
     }
 }

@@ -27,14 +27,12 @@ async fn redeem(app: &TestApp, key: &str, body: &Value) -> reqwest::Response {
         .expect("request sent")
 }
 
-/// The token ids of a redemption answer, in its order.
-fn redeemed_ids(answer: &Value) -> Vec<String> {
-    answer["tokens"]
-        .as_array()
-        .expect("tokens")
-        .iter()
-        .map(|t| t["id"].as_str().unwrap().to_owned())
-        .collect()
+/// `OWNER`'s balance of standard tokens as `GET /v1/balances` answers the reader key (the
+/// answer's one entry): what a client is told, to hold against what is stored.
+async fn standard_balance(app: &TestApp) -> Value {
+    let path = format!("/v1/balances/{OWNER}?tokenType=standard");
+    let balance = json(app.get(READER_KEY, &path).await).await;
+    balance["balances"][0].clone()
 }
 
 /// Every token of `OWNER` as stored.

@@ -8,7 +8,7 @@ use futures::future::join_all;
 use mongodb::bson::{Document, doc};
 use serde_json::Value;
 
-use super::{count_status, owner_tokens, redeem, redeemed_ids, redemption};
+use super::{count_status, owner_tokens, redeem, redemption};
 use crate::helpers::*;
 use crate::provider_events::*;
 
@@ -36,7 +36,7 @@ async fn sixty_four_redemptions_asking_for_more_than_the_balance_never_overspend
     for ((status, body), quantity) in answers.iter().zip(&asks) {
         match status {
             201 => {
-                let ids = redeemed_ids(body);
+                let ids = token_ids(body);
                 assert_eq!(ids.len() as i64, *quantity, "{body}");
                 for id in ids {
                     let reference = body["redemption"]["reference"].as_str().unwrap().to_owned();
@@ -118,10 +118,10 @@ async fn one_reference_sent_at_once_is_one_redemption() {
     .await;
     let created = answers.iter().filter(|(s, _)| *s == 201).count();
     assert_eq!(created, 1, "{answers:?}");
-    let ids = redeemed_ids(&answers[0].1);
+    let ids = token_ids(&answers[0].1);
     for (status, body) in &answers {
         assert!([200, 201].contains(status), "{status}: {body}");
-        assert_eq!(redeemed_ids(body), ids);
+        assert_eq!(token_ids(body), ids);
     }
     assert_eq!(count_status(&app, "redeemed").await, 3);
     assert_eq!(app.count("redemptions", doc! {}).await, 1);

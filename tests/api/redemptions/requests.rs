@@ -2,15 +2,23 @@
 //! key's accounts, bad input.
 
 use mongodb::bson::doc;
-use serde_json::json;
+use serde_json::{Value, json};
 
-use super::{count_status, redeem, redeemed_ids, redemption};
+use super::{count_status, redeem, redemption, standard_balance};
 use crate::helpers::*;
 
-/// Issues `quantity` standard tokens of `OWNER` for `payment` at `account`.
-async fn issue_at(app: &TestApp, payment: &str, account: &str, quantity: i64) -> Vec<String> {
+/// Issues `quantity` standard tokens of `OWNER` for `payment`, the issuance body's `field`
+/// set to `value` (the account, the payment date: what decides who may spend them and
+/// which are the oldest), and answers their ids.
+async fn issue_with(
+    app: &TestApp,
+    payment: &str,
+    quantity: i64,
+    field: &str,
+    value: Value,
+) -> Vec<String> {
     let mut body = issuance_body(payment, quantity);
-    body["accountId"] = json!(account);
+    body[field] = value;
     let response = app.issue(ADMIN_KEY, &body).await;
     assert_eq!(response.status(), 201);
     token_ids(&json(response).await)
@@ -30,7 +38,7 @@ async fn a_redemption_redeems_the_oldest_tokens_and_a_retry_replays_it() {
     );
     let first = json(response).await;
     assert_eq!(
-        redeemed_ids(&first),
+        token_ids(&first),
         [older[0].clone(), older[1].clone(), newer[0].clone()]
     );
     assert_eq!(first["redemption"]["quantity"], 3);
@@ -68,16 +76,9 @@ async fn a_redemption_redeems_the_oldest_tokens_and_a_retry_replays_it() {
         .await;
     assert_eq!(read.status(), 200);
     assert_eq!(json(read).await, first);
-    let balance = json(
-        app.get(
-            READER_KEY,
-            &format!("/v1/balances/{OWNER}?tokenType=standard"),
-        )
-        .await,
-    )
-    .await;
-    assert_eq!(balance["balances"][0]["active"], 2);
-    assert_eq!(balance["balances"][0]["redeemed"], 3);
+    let balance = standard_balance(&app).await;
+    assert_eq!(balance["active"], 2);
+    assert_eq!(balance["redeemed"], 3);
 }
 
 #[tokio::test]
@@ -115,13 +116,7 @@ async fn fewer_active_tokens_than_asked_redeem_nothing() {
     let app = spawn_app().await;
     let ids = app.issue_tokens("pi_red_short", 5).await;
     // One is spent already: 4 remain.
-    let spent = app
-        .http
-        .post(app.url(&format!("/v1/tokens/{}/redeem", ids[0])))
-        .bearer_auth(ADMIN_KEY)
-        .send()
-        .await
-        .unwrap();
+    let spent = app.redeem_token(ADMIN_KEY, &ids[0]).await;
     assert_eq!(spent.status(), 200);
 
     let problem = assert_problem(
@@ -151,12 +146,12 @@ async fn fewer_active_tokens_than_asked_redeem_nothing() {
 async fn redemptions_spend_only_the_keys_accounts() {
     let app = spawn_app().await;
     // acct_2's tokens are the older ones, but not the acct_1 key's to spend.
-    let foreign = issue_at(&app, "pi_red_acct2", "acct_2", 3).await;
-    let own = issue_at(&app, "pi_red_acct1", "acct_1", 3).await;
+    let foreign = issue_with(&app, "pi_red_acct2", 3, "accountId", json!("acct_2")).await;
+    let own = issue_with(&app, "pi_red_acct1", 3, "accountId", json!("acct_1")).await;
 
     let scoped = redeem(&app, ACCOUNT1_KEY, &redemption(2, "scoped-1")).await;
     assert_eq!(scoped.status(), 201);
-    assert_eq!(redeemed_ids(&json(scoped).await), own[..2]);
+    assert_eq!(token_ids(&json(scoped).await), own[..2]);
     let problem = assert_problem(
         redeem(&app, ACCOUNT1_KEY, &redemption(2, "scoped-2")).await,
         409,
@@ -177,7 +172,7 @@ async fn redemptions_spend_only_the_keys_accounts() {
     let admin = redeem(&app, ADMIN_KEY, &elsewhere).await;
     assert_eq!(admin.status(), 201);
     let admin = json(admin).await;
-    assert_eq!(redeemed_ids(&admin), foreign[..1]);
+    assert_eq!(token_ids(&admin), foreign[..1]);
     assert_eq!(admin["redemption"]["accountId"], "acct_2");
 
     // The admin's acct_2 redemption is not the acct_1 key's to see, nor to replay.
@@ -267,32 +262,15 @@ async fn an_idempotency_key_replays_a_redemption() {
 #[tokio::test]
 async fn the_oldest_tokens_are_those_paid_first_whenever_they_were_issued() {
     let app = spawn_app().await;
-    let dated = |payment: &str, date: &str| {
-        let mut body = issuance_body(payment, 2);
-        body["paymentDate"] = serde_json::json!(date);
-        body
-    };
-    let later = app
-        .issue(
-            ADMIN_KEY,
-            &dated("pi_red_paid_later", "2026-03-02T10:00:00Z"),
-        )
-        .await;
-    assert_eq!(later.status(), 201);
-    let later = token_ids(&json(later).await);
-    let earlier = app
-        .issue(
-            ADMIN_KEY,
-            &dated("pi_red_paid_earlier", "2026-03-01T10:00:00Z"),
-        )
-        .await;
-    assert_eq!(earlier.status(), 201);
-    let earlier = token_ids(&json(earlier).await);
+    // Issued first but paid a day later, then issued second but paid first.
+    let (later_date, earlier_date) = (json!("2026-03-02T10:00:00Z"), json!("2026-03-01T10:00:00Z"));
+    let later = issue_with(&app, "pi_red_paid_later", 2, "paymentDate", later_date).await;
+    let earlier = issue_with(&app, "pi_red_paid_earlier", 2, "paymentDate", earlier_date).await;
 
     let response = redeem(&app, ADMIN_KEY, &redemption(3, "by-payment-date")).await;
     assert_eq!(response.status(), 201);
     assert_eq!(
-        redeemed_ids(&json(response).await),
+        token_ids(&json(response).await),
         [earlier[0].clone(), earlier[1].clone(), later[0].clone()]
     );
     for (id, status) in [
