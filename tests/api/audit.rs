@@ -76,13 +76,7 @@ async fn token_changes_name_the_key_that_made_them_and_refunds_the_provider() {
     .await;
     let ids = token_ids(&created);
 
-    let redeemed = app
-        .http
-        .post(app.url(&format!("/v1/tokens/{}/redeem", ids[0])))
-        .bearer_auth(ACCOUNT1_KEY)
-        .send()
-        .await
-        .unwrap();
+    let redeemed = app.redeem_token(ACCOUNT1_KEY, &ids[0]).await;
     assert_eq!(redeemed.status(), 200);
     assert_eq!(json(redeemed).await["lastChangedBy"], "key:acct1");
 

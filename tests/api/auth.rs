@@ -376,13 +376,7 @@ async fn an_account_entry_with_a_provider_covers_that_provider_only() {
     ] {
         assert_problem(app.get(STRIPE_ACCT1_KEY, &path).await, 404, "not_found").await;
     }
-    let redeem = app
-        .http
-        .post(app.url(&format!("/v1/tokens/{}/redeem", paddle[0])))
-        .bearer_auth(STRIPE_ACCT1_KEY)
-        .send()
-        .await
-        .unwrap();
+    let redeem = app.redeem_token(STRIPE_ACCT1_KEY, &paddle[0]).await;
     assert_problem(redeem, 404, "not_found").await;
     assert_eq!(
         app.stored_token(&paddle[0]).await.get_str("status"),

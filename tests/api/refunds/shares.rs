@@ -30,13 +30,7 @@ fn acme_refund(payment: &str, version: i64, amount_refunded: Option<i64>) -> Val
 
 /// Redeems a token as the admin, asserting the 200.
 async fn redeem(app: &TestApp, token_id: &str) {
-    let response = app
-        .http
-        .post(app.url(&format!("/v1/tokens/{token_id}/redeem")))
-        .bearer_auth(ADMIN_KEY)
-        .send()
-        .await
-        .unwrap();
+    let response = app.redeem_token(ADMIN_KEY, token_id).await;
     assert_eq!(response.status(), 200, "redeem {token_id}");
 }
 

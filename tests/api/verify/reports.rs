@@ -192,13 +192,7 @@ async fn verify_reports_active_tokens_a_refund_or_cancellation_no_longer_backs()
     .await;
     send(intent_event("evt_s", "succeeded", "pi_spent", t, "2")).await;
     let spent = app.issued_token_ids("pi_spent").await;
-    let redeemed = app
-        .http
-        .post(app.url(&format!("/v1/tokens/{}/redeem", spent[1])))
-        .bearer_auth(ADMIN_KEY)
-        .send()
-        .await
-        .unwrap();
+    let redeemed = app.redeem_token(ADMIN_KEY, &spent[1]).await;
     assert_eq!(redeemed.status(), 200);
     send(partial_refund_event(
         "evt_s_r",

@@ -23,13 +23,7 @@ async fn a_refund_after_partial_redemption_revokes_only_active_tokens() {
     .await;
     let ids = token_ids(&issued);
     for id in &ids[..2] {
-        let redeemed = app
-            .http
-            .post(app.url(&format!("/v1/tokens/{id}/redeem")))
-            .bearer_auth(ADMIN_KEY)
-            .send()
-            .await
-            .unwrap();
+        let redeemed = app.redeem_token(ADMIN_KEY, id).await;
         assert_eq!(redeemed.status(), 200);
     }
     let receipt =
