@@ -21,6 +21,19 @@ pub async fn payment_tokens(db: &Database, payment: &str) -> Vec<Document> {
         .unwrap()
 }
 
+/// Every document of `collection` in `db`, in `_id` order: a whole collection as it
+/// stands, to compare with what it was before or with what a test expects.
+pub async fn documents_by_id(db: &Database, collection: &str) -> Vec<Document> {
+    db.collection::<Document>(collection)
+        .find(doc! {})
+        .sort(doc! { "_id": 1 })
+        .await
+        .unwrap()
+        .try_collect()
+        .await
+        .unwrap()
+}
+
 /// A stored token's tokenIndex, whichever integer type holds it.
 pub fn token_index(token: &Document) -> i64 {
     match token.get("tokenIndex") {
