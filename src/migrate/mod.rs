@@ -173,6 +173,18 @@ pub fn unique_indexes() -> Result<Vec<IndexStep>, MigrateError> {
         .collect())
 }
 
+/// The keys of the unique token index (`uniq_token_payment_index`, the first migration's),
+/// in their order: the payment key first, so that its prefix serves every read of one
+/// payment's tokens. Key order is part of an index and JSON objects have none of their
+/// own, so this is what the migration's file must keep when parsed (a unit test) and what
+/// the index the database builds from it must have (the migration tests).
+pub const TOKEN_PAYMENT_INDEX_KEYS: [&str; 4] = [
+    "origin.provider",
+    "origin.accountId",
+    "origin.paymentIntentId",
+    "tokenIndex",
+];
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -202,15 +214,7 @@ mod tests {
             panic!("first step is an index")
         };
         let keys: Vec<&String> = index.keys.keys().collect();
-        assert_eq!(
-            keys,
-            [
-                "origin.provider",
-                "origin.accountId",
-                "origin.paymentIntentId",
-                "tokenIndex"
-            ]
-        );
+        assert_eq!(keys, TOKEN_PAYMENT_INDEX_KEYS);
     }
 
     #[test]

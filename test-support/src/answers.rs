@@ -9,16 +9,34 @@ use serde_json::Value;
 /// tokenIndex order: what the fault-injection suites compare across a crash or failover.
 pub type TokenIds = Vec<(i64, String)>;
 
-/// Every token stored for `payment` in `db`, in tokenIndex order.
-pub async fn payment_tokens(db: &Database, payment: &str) -> Vec<Document> {
-    db.collection::<Document>("tokens")
-        .find(doc! { "origin.paymentIntentId": payment })
-        .sort(doc! { "tokenIndex": 1 })
+/// The documents of `collection` in `db` that match `filter`, in `sort` order: the one
+/// query behind the readers below.
+async fn find_sorted(
+    db: &Database,
+    collection: &str,
+    filter: Document,
+    sort: Document,
+) -> Vec<Document> {
+    db.collection::<Document>(collection)
+        .find(filter)
+        .sort(sort)
         .await
         .unwrap()
         .try_collect()
         .await
         .unwrap()
+}
+
+/// Every token stored for `payment` in `db`, in tokenIndex order.
+pub async fn payment_tokens(db: &Database, payment: &str) -> Vec<Document> {
+    let filter = doc! { "origin.paymentIntentId": payment };
+    find_sorted(db, "tokens", filter, doc! { "tokenIndex": 1 }).await
+}
+
+/// Every document of `collection` in `db`, in `_id` order: a whole collection as it
+/// stands, to compare with what it was before or with what a test expects.
+pub async fn documents_by_id(db: &Database, collection: &str) -> Vec<Document> {
+    find_sorted(db, collection, doc! {}, doc! { "_id": 1 }).await
 }
 
 /// A stored token's tokenIndex, whichever integer type holds it.

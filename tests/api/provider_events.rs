@@ -159,20 +159,9 @@ pub fn partial_refund_event(
 /// Every document of `payments`, `issuances` and `tokens`, in `_id` order: what a refused
 /// event must leave exactly as it was.
 pub async fn payment_state(app: &TestApp) -> Vec<mongodb::bson::Document> {
-    use futures::TryStreamExt;
     let mut all = Vec::new();
     for collection in ["payments", "issuances", "tokens"] {
-        let docs: Vec<mongodb::bson::Document> = app
-            .db
-            .collection::<mongodb::bson::Document>(collection)
-            .find(doc! {})
-            .sort(doc! { "_id": 1 })
-            .await
-            .unwrap()
-            .try_collect()
-            .await
-            .unwrap();
-        all.extend(docs);
+        all.extend(documents_by_id(&app.db, collection).await);
     }
     all
 }

@@ -3,7 +3,9 @@
 //! when its migration was not recorded, and a dry run that lists and writes nothing.
 
 use mongodb::bson::{DateTime, doc};
-use tokenmint::migrate::{MigrateError, parse, pending, run, verify_applied};
+use tokenmint::migrate::{
+    MigrateError, TOKEN_PAYMENT_INDEX_KEYS, parse, pending, run, verify_applied,
+};
 
 use super::{FreshDb, all, token};
 
@@ -69,15 +71,7 @@ async fn run_applies_every_migration_once() {
         })
         .unwrap();
     let keys: Vec<&String> = index.keys.keys().collect();
-    assert_eq!(
-        keys,
-        [
-            "origin.provider",
-            "origin.accountId",
-            "origin.paymentIntentId",
-            "tokenIndex"
-        ]
-    );
+    assert_eq!(keys, TOKEN_PAYMENT_INDEX_KEYS);
 
     // Again: nothing to do, nothing rewritten.
     let again = run(&store, false).await.unwrap();

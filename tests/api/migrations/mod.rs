@@ -15,7 +15,7 @@ use mongodb::{Collection, IndexModel};
 use tokenmint::migrate::migrations;
 use tokenmint::store::Store;
 
-use crate::helpers::{ScratchDatabase, connect_store, mongo_uri};
+use crate::helpers::{ScratchDatabase, connect_store, documents_by_id, mongo_uri};
 
 /// The ids of every embedded migration, in order.
 fn all() -> Vec<String> {
@@ -60,15 +60,9 @@ impl FreshDb {
             .unwrap()
     }
 
+    /// The `_migrations` records, in `_id` (migration id) order.
     pub(crate) async fn applied(&self) -> Vec<Document> {
-        self.collection("_migrations")
-            .find(doc! {})
-            .sort(doc! { "_id": 1 })
-            .await
-            .unwrap()
-            .try_collect()
-            .await
-            .unwrap()
+        documents_by_id(self.0.store().database(), "_migrations").await
     }
 
     /// Names of the collections that exist.

@@ -4,13 +4,26 @@
 
 use std::time::Duration;
 
-use mongodb::bson::{doc, oid::ObjectId};
+use mongodb::bson::{DateTime, doc, oid::ObjectId};
 
 use super::{
     FAST_REPAIR, REPAIR_WITHIN, ago, issuing_record, record_of, repairs, seed,
     wait_until_none_issuing,
 };
 use crate::helpers::*;
+
+/// Stores Stripe payment `payment` as refunded in full at `at` (its last event
+/// `charge.refunded`) straight into the database: no settle runs, so only the repair can
+/// revoke the tokens seeded for it.
+async fn store_refunded(app: &TestApp, payment: &str, at: DateTime) {
+    app.store_payment(
+        ("stripe", "acct_1", payment),
+        "refunded",
+        "charge.refunded",
+        at,
+    )
+    .await;
+}
 
 #[tokio::test]
 async fn a_short_set_of_a_refunded_payment_is_completed_and_revoked() {
@@ -19,13 +32,7 @@ async fn a_short_set_of_a_refunded_payment_is_completed_and_revoked() {
     let created_at = ago(Duration::from_secs(60));
     // The refund was recorded while the crashed writer was between its writes, after it
     // had checked the payment: nothing revoked its tokens yet.
-    app.store_payment(
-        ("stripe", "acct_1", "pi_refunded"),
-        "refunded",
-        "charge.refunded",
-        created_at,
-    )
-    .await;
+    store_refunded(&app, "pi_refunded", created_at).await;
     let record = issuing_record("pi_refunded", ObjectId::new(), 30, created_at);
     let seeded = seed(&app.db, record, 0..10).await;
 
@@ -78,13 +85,7 @@ async fn a_crashed_upsert_issuance_marked_before_its_settle_is_revoked_by_the_sw
 async fn crashed_after_the_mark_is_revoked_by_the_sweep(mode: &str) {
     let app = spawn_app_with(FAST_REPAIR).await;
     let refunded_at = ago(Duration::from_secs(5));
-    app.store_payment(
-        ("stripe", "acct_1", "pi_atomic_refunded"),
-        "refunded",
-        "charge.refunded",
-        refunded_at,
-    )
-    .await;
+    store_refunded(&app, "pi_atomic_refunded", refunded_at).await;
     let mut record = issuing_record("pi_atomic_refunded", ObjectId::new(), 3, refunded_at);
     record.insert("status", "issued");
     record.insert("mode", mode);

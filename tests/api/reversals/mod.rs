@@ -12,7 +12,9 @@ use mongodb::bson::{Document, doc};
 use serde_json::{Value, json};
 
 use crate::helpers::*;
-use crate::provider_events::{PROVIDERS, deliver_stripe, intent_event, partial_refund_event};
+use crate::provider_events::{
+    PROVIDERS, deliver_stripe, intent_event, partial_refund_event, recorded_outcome,
+};
 
 /// When the test payments were paid (Stripe `created`).
 const PAID_AT: i64 = 1_780_000_000;
@@ -53,12 +55,23 @@ fn dispute(event_id: &str, kind: &str, payment: &str, amount: i64, created: i64)
     })
 }
 
+/// Half of the payment disputed: `funds_withdrawn` of 500 of its 1000 cents (event
+/// `evt_dw`, 10 s after it was paid), which takes 2 of 4 tokens back.
+fn half_withdrawn(payment: &str) -> Value {
+    dispute("evt_dw", "funds_withdrawn", payment, 500, PAID_AT + 10)
+}
+
+/// [`half_withdrawn`]'s dispute won: `funds_reinstated` of the same 500 (event `evt_dr`,
+/// 20 s after the payment).
+fn half_reinstated(payment: &str) -> Value {
+    dispute("evt_dr", "funds_reinstated", payment, 500, PAID_AT + 20)
+}
+
 /// A Stripe Refund event (`refund.failed`, `refund.updated`, `charge.refund.updated`) of
-/// refund `refund` of `amount` of charge `ch_1`, in `status`.
+/// refund `re_1` of `amount` of charge `ch_1`, in `status`.
 fn refund_event(
     event_id: &str,
     event_type: &str,
-    refund: &str,
     payment: &str,
     amount: i64,
     status: &str,
@@ -68,11 +81,29 @@ fn refund_event(
         "id": event_id, "object": "event", "type": event_type, "created": created,
         "account": "acct_1", "livemode": false,
         "data": { "object": {
-            "id": refund, "object": "refund", "amount": amount, "charge": "ch_1",
+            "id": "re_1", "object": "refund", "amount": amount, "charge": "ch_1",
             "currency": "eur", "payment_intent": payment, "status": status,
             "failure_reason": if status == "failed" { json!("expired_or_canceled_card") } else { Value::Null },
         } },
     })
+}
+
+/// Refund `re_1` (`amount` cents) failed, 20 s after the payment: `refund.failed` of
+/// event `id`. That money came back.
+fn refund_failed(id: &str, payment: &str, amount: i64) -> Value {
+    refund_event(id, "refund.failed", payment, amount, "failed", PAID_AT + 20)
+}
+
+/// Stripe's report of charge `ch_1` (1000 cents) with `refunded` cents refunded so far,
+/// a running total (`charge.refunded`, not in full).
+fn refunded_so_far(event_id: &str, payment: &str, created: i64, refunded: i64) -> Value {
+    partial_refund_event(event_id, payment, created, 1000, refunded)
+}
+
+/// Half of the payment refunded (refund `re_1`): the report of 500 refunded so far (event
+/// `evt_r1`, 10 s after the payment), which takes 2 of 4 tokens back.
+fn half_refunded(payment: &str) -> Value {
+    refunded_so_far("evt_r1", payment, PAID_AT + 10, 500)
 }
 
 /// The full refund of charge `ch_1` (`refunded: true`).
@@ -105,9 +136,44 @@ async fn statuses(app: &TestApp, payment: &str) -> Vec<String> {
         .collect()
 }
 
+/// The payment's stored record.
 async fn payment(app: &TestApp, payment: &str) -> Document {
     app.find_stored("payments", doc! { "paymentIntentId": payment })
         .await
+}
+
+/// The payment's stored status (`succeeded`, `refunded`, …).
+async fn payment_status(app: &TestApp, payment: &str) -> String {
+    self::payment(app, payment)
+        .await
+        .get_str("status")
+        .unwrap()
+        .to_owned()
+}
+
+/// How many reversals the payment records (one that arrives again must not add any).
+async fn reversals_recorded(app: &TestApp, payment: &str) -> usize {
+    self::payment(app, payment)
+        .await
+        .get_array("reversals")
+        .unwrap()
+        .len()
+}
+
+/// A receipt's `tokensRevoked`, 0 when it names none.
+fn tokens_revoked(receipt: &Value) -> u64 {
+    receipt["tokensRevoked"].as_u64().unwrap_or(0)
+}
+
+/// The operator (the admin key) revokes `token` for `reason`; the answer.
+async fn operator_revoke(app: &TestApp, token: &str, reason: &str) -> reqwest::Response {
+    app.http
+        .post(app.url(&format!("/v1/tokens/{token}/revoke")))
+        .bearer_auth(ADMIN_KEY)
+        .json(&json!({ "reason": reason }))
+        .send()
+        .await
+        .unwrap()
 }
 
 /// Asserts `verify` finds nothing wrong, the reversal checks included.
@@ -135,19 +201,11 @@ async fn a_dispute_won_makes_the_same_tokens_active_again() {
     let app = app().await;
     let ids = paid(&app, "pi_won", "4").await;
     // Half disputed: tokens 2 and 3 revoked, highest first.
-    let withdrawn = stripe(
-        &app,
-        &dispute("evt_dw", "funds_withdrawn", "pi_won", 500, PAID_AT + 10),
-    )
-    .await;
+    let withdrawn = stripe(&app, &half_withdrawn("pi_won")).await;
     assert_eq!(withdrawn["tokensRevoked"], 2, "{withdrawn}");
     assert_eq!(state(&app, &ids[3]).await, ("revoked".to_owned(), 1));
 
-    let reinstated = stripe(
-        &app,
-        &dispute("evt_dr", "funds_reinstated", "pi_won", 500, PAID_AT + 20),
-    )
-    .await;
+    let reinstated = stripe(&app, &half_reinstated("pi_won")).await;
     assert_eq!(reinstated["outcome"], "reinstated", "{reinstated}");
     assert_eq!(reinstated["tokensReactivated"], 2, "{reinstated}");
     assert_eq!(
@@ -166,13 +224,7 @@ async fn a_dispute_won_makes_the_same_tokens_active_again() {
     assert_eq!(stored.get_str("status").unwrap(), "succeeded");
     let reversals = stored.get_array("reversals").unwrap();
     assert_eq!(reversals.len(), 1, "{stored}");
-    assert_eq!(
-        app.find_stored("webhook_events", doc! { "eventId": "evt_dr" })
-            .await
-            .get_str("outcome")
-            .unwrap(),
-        "reinstated"
-    );
+    assert_eq!(recorded_outcome(&app, "evt_dr").await, "reinstated");
     verify_clean(&app).await;
 }
 
@@ -180,14 +232,7 @@ async fn a_dispute_won_makes_the_same_tokens_active_again() {
 async fn an_operators_revoke_and_a_redemption_outlast_a_failed_full_refund() {
     let app = app().await;
     let ids = paid(&app, "pi_op", "4").await;
-    let revoke = app
-        .http
-        .post(app.url(&format!("/v1/tokens/{}/revoke", ids[0])))
-        .bearer_auth(ADMIN_KEY)
-        .json(&json!({ "reason": "refunded" }))
-        .send()
-        .await
-        .unwrap();
+    let revoke = operator_revoke(&app, &ids[0], "refunded").await;
     assert_eq!(revoke.status(), 200);
     let redeem = app
         .http
@@ -200,25 +245,10 @@ async fn an_operators_revoke_and_a_redemption_outlast_a_failed_full_refund() {
 
     let refunded = stripe(&app, &full_refund("evt_full", "pi_op", PAID_AT + 10)).await;
     assert_eq!(refunded["tokensRevoked"], 2, "{refunded}");
-    assert_eq!(
-        payment(&app, "pi_op").await.get_str("status").unwrap(),
-        "refunded"
-    );
+    assert_eq!(payment_status(&app, "pi_op").await, "refunded");
 
     // The refund failed: the whole amount came back, the payment stands again.
-    let failed = stripe(
-        &app,
-        &refund_event(
-            "evt_rf",
-            "refund.failed",
-            "re_1",
-            "pi_op",
-            1000,
-            "failed",
-            PAID_AT + 20,
-        ),
-    )
-    .await;
+    let failed = stripe(&app, &refund_failed("evt_rf", "pi_op", 1000)).await;
     assert_eq!(failed["outcome"], "reinstated", "{failed}");
     assert_eq!(failed["tokensReactivated"], 2, "{failed}");
     assert_eq!(
@@ -228,10 +258,7 @@ async fn an_operators_revoke_and_a_redemption_outlast_a_failed_full_refund() {
     );
     let operator = app.stored_token(&ids[0]).await;
     assert_eq!(operator.get_str("lastChangedBy").unwrap(), "key:admin");
-    assert_eq!(
-        payment(&app, "pi_op").await.get_str("status").unwrap(),
-        "succeeded"
-    );
+    assert_eq!(payment_status(&app, "pi_op").await, "succeeded");
     // Issuable again: a trusted retry of the payment is a replay, not a refusal.
     let retry = app.issue(WRITER_KEY, &issuance_body("pi_op", 4)).await;
     assert_ne!(retry.status(), 409, "{:?}", retry.text().await);
@@ -239,19 +266,12 @@ async fn an_operators_revoke_and_a_redemption_outlast_a_failed_full_refund() {
     // The full refund's event replayed a month later (its dedupe record expired): the
     // refund that failed is not counted again, and the payment stays standing.
     let replayed = replay_after_expiry(&app, &full_refund("evt_full", "pi_op", PAID_AT + 10)).await;
-    assert_eq!(
-        replayed["tokensRevoked"].as_u64().unwrap_or(0),
-        0,
-        "{replayed}"
-    );
+    assert_eq!(tokens_revoked(&replayed), 0, "{replayed}");
     assert_eq!(
         statuses(&app, "pi_op").await,
         ["revoked", "redeemed", "active", "active"]
     );
-    assert_eq!(
-        payment(&app, "pi_op").await.get_str("status").unwrap(),
-        "succeeded"
-    );
+    assert_eq!(payment_status(&app, "pi_op").await, "succeeded");
     verify_clean(&app).await;
 }
 
@@ -264,14 +284,7 @@ async fn an_operators_revoke_of_a_token_a_refund_revoked_outlasts_the_refunds_fa
     let (_, withdrawn_version) = state(&app, &ids[0]).await;
 
     // The operator revokes token 0 too: it is theirs to keep revoked from now on.
-    let revoke = app
-        .http
-        .post(app.url(&format!("/v1/tokens/{}/revoke", ids[0])))
-        .bearer_auth(ADMIN_KEY)
-        .json(&json!({ "reason": "fraud" }))
-        .send()
-        .await
-        .unwrap();
+    let revoke = operator_revoke(&app, &ids[0], "fraud").await;
     assert_eq!(revoke.status(), 200);
     let answer = json(revoke).await;
     assert_eq!(answer["status"], "revoked", "{answer}");
@@ -285,19 +298,7 @@ async fn an_operators_revoke_of_a_token_a_refund_revoked_outlasts_the_refunds_fa
     );
 
     // The refund failed: the whole amount came back, but not token 0.
-    let failed = stripe(
-        &app,
-        &refund_event(
-            "evt_rf",
-            "refund.failed",
-            "re_1",
-            "pi_opr",
-            1000,
-            "failed",
-            PAID_AT + 20,
-        ),
-    )
-    .await;
+    let failed = stripe(&app, &refund_failed("evt_rf", "pi_opr", 1000)).await;
     assert_eq!(failed["tokensReactivated"], 3, "{failed}");
     assert_eq!(
         statuses(&app, "pi_opr").await,
@@ -318,55 +319,28 @@ async fn a_failed_refund_gives_its_tokens_back_and_later_charge_reports_count_it
     let app = app().await;
     paid(&app, "pi_rf", "4").await;
     // 500 of 1000 refunded (re_1): two tokens back.
-    let refunded = stripe(
-        &app,
-        &partial_refund_event("evt_r1", "pi_rf", PAID_AT + 10, 1000, 500),
-    )
-    .await;
+    let refunded = stripe(&app, &half_refunded("pi_rf")).await;
     assert_eq!(refunded["tokensRevoked"], 2, "{refunded}");
     // Stripe reports the failure twice, once per event type: it counts once.
     for (event_id, event_type) in [
         ("evt_f1", "charge.refund.updated"),
         ("evt_f2", "refund.failed"),
     ] {
-        let receipt = stripe(
-            &app,
-            &refund_event(
-                event_id,
-                event_type,
-                "re_1",
-                "pi_rf",
-                500,
-                "failed",
-                PAID_AT + 20,
-            ),
-        )
-        .await;
+        let failure = refund_event(event_id, event_type, "pi_rf", 500, "failed", PAID_AT + 20);
+        let receipt = stripe(&app, &failure).await;
         assert_eq!(receipt["outcome"], "reinstated", "{receipt}");
     }
     assert_eq!(statuses(&app, "pi_rf").await, ["active"; 4]);
 
     // The charge's report from before the failure, replayed after its dedupe record
     // expired, says 500 again: it is the refund that failed, nothing more is taken.
-    let replayed = replay_after_expiry(
-        &app,
-        &partial_refund_event("evt_r1", "pi_rf", PAID_AT + 10, 1000, 500),
-    )
-    .await;
-    assert_eq!(
-        replayed["tokensRevoked"].as_u64().unwrap_or(0),
-        0,
-        "{replayed}"
-    );
+    let replayed = replay_after_expiry(&app, &half_refunded("pi_rf")).await;
+    assert_eq!(tokens_revoked(&replayed), 0, "{replayed}");
     assert_eq!(statuses(&app, "pi_rf").await, ["active"; 4]);
 
     // A new refund of 250 after the failure: Stripe's running total is now 250 (the
     // failed 500 left out), and that is what is taken back: one token.
-    let second = stripe(
-        &app,
-        &partial_refund_event("evt_r2", "pi_rf", PAID_AT + 30, 1000, 250),
-    )
-    .await;
+    let second = stripe(&app, &refunded_so_far("evt_r2", "pi_rf", PAID_AT + 30, 250)).await;
     assert_eq!(second["tokensRevoked"], 1, "{second}");
     assert_eq!(
         statuses(&app, "pi_rf").await,
@@ -379,17 +353,12 @@ async fn a_failed_refund_gives_its_tokens_back_and_later_charge_reports_count_it
 async fn a_refund_update_that_did_not_fail_gives_nothing_back() {
     let app = app().await;
     paid(&app, "pi_ok", "4").await;
-    stripe(
-        &app,
-        &partial_refund_event("evt_r1", "pi_ok", PAID_AT + 10, 1000, 500),
-    )
-    .await;
+    stripe(&app, &half_refunded("pi_ok")).await;
     let receipt = stripe(
         &app,
         &refund_event(
             "evt_u",
             "refund.updated",
-            "re_1",
             "pi_ok",
             500,
             "succeeded",
@@ -408,23 +377,15 @@ async fn a_refund_update_that_did_not_fail_gives_nothing_back() {
 async fn a_reversal_replayed_under_any_id_or_after_expiry_counts_once() {
     let app = app().await;
     paid(&app, "pi_rep", "4").await;
-    stripe(
-        &app,
-        &dispute("evt_dw", "funds_withdrawn", "pi_rep", 500, PAID_AT + 10),
-    )
-    .await;
+    stripe(&app, &half_withdrawn("pi_rep")).await;
     // Part of the disputed amount also refunded separately: 300 of the charge.
-    stripe(
-        &app,
-        &partial_refund_event("evt_r", "pi_rep", PAID_AT + 15, 1000, 300),
-    )
-    .await;
+    stripe(&app, &refunded_so_far("evt_r", "pi_rep", PAID_AT + 15, 300)).await;
     assert_eq!(
         statuses(&app, "pi_rep").await,
         ["active", "revoked", "revoked", "revoked"]
     );
 
-    let won = dispute("evt_dr", "funds_reinstated", "pi_rep", 500, PAID_AT + 20);
+    let won = half_reinstated("pi_rep");
     let first = stripe(&app, &won).await;
     // 300 of 1000 still withdrawn: floor(4 × 0.3) = 1 token stays revoked.
     assert_eq!(first["tokensReactivated"], 2, "{first}");
@@ -462,26 +423,14 @@ async fn a_reversal_replayed_under_any_id_or_after_expiry_counts_once() {
 async fn a_reinstatement_before_its_withdrawal_converges() {
     let app = app().await;
     paid(&app, "pi_ooo", "4").await;
-    let early = stripe(
-        &app,
-        &dispute("evt_dr", "funds_reinstated", "pi_ooo", 500, PAID_AT + 20),
-    )
-    .await;
+    let early = stripe(&app, &half_reinstated("pi_ooo")).await;
     assert_eq!(early["outcome"], "reinstated", "{early}");
     assert_eq!(early["tokensReactivated"], 0, "{early}");
     // An unrelated refund in between is not offset by the dispute's early reversal.
-    let refund = stripe(
-        &app,
-        &partial_refund_event("evt_r", "pi_ooo", PAID_AT + 15, 1000, 250),
-    )
-    .await;
+    let refund = stripe(&app, &refunded_so_far("evt_r", "pi_ooo", PAID_AT + 15, 250)).await;
     assert_eq!(refund["tokensRevoked"], 1, "{refund}");
-    let late = stripe(
-        &app,
-        &dispute("evt_dw", "funds_withdrawn", "pi_ooo", 500, PAID_AT + 10),
-    )
-    .await;
-    assert_eq!(late["tokensRevoked"].as_u64().unwrap_or(0), 0, "{late}");
+    let late = stripe(&app, &half_withdrawn("pi_ooo")).await;
+    assert_eq!(tokens_revoked(&late), 0, "{late}");
     assert_eq!(
         statuses(&app, "pi_ooo").await,
         ["active", "active", "active", "revoked"]
@@ -493,11 +442,7 @@ async fn a_reinstatement_before_its_withdrawal_converges() {
 async fn verify_reports_tokens_a_lost_reversal_left_revoked_and_repair_restores_them() {
     let app = app().await;
     paid(&app, "pi_lost", "4").await;
-    stripe(
-        &app,
-        &dispute("evt_dw", "funds_withdrawn", "pi_lost", 500, PAID_AT + 10),
-    )
-    .await;
+    stripe(&app, &half_withdrawn("pi_lost")).await;
     // The reversal recorded, its settle lost (the process died in between).
     app.db
         .collection::<Document>("payments")
@@ -533,18 +478,14 @@ async fn a_reversal_whose_reactivation_fails_is_answered_503_and_its_retry_count
     let name = unique_app_name();
     let app = spawn_app_named(&name, PROVIDERS).await;
     let ids = paid(&app, "pi_retry", "4").await;
-    stripe(
-        &app,
-        &dispute("evt_dw", "funds_withdrawn", "pi_retry", 500, PAID_AT + 10),
-    )
-    .await;
+    stripe(&app, &half_withdrawn("pi_retry")).await;
     assert_eq!(
         statuses(&app, "pi_retry").await,
         ["active", "active", "revoked", "revoked"]
     );
 
     // The settle's revoke (the first `update`) passes; the reactivation's writes fail.
-    let won = dispute("evt_dr", "funds_reinstated", "pi_retry", 500, PAID_AT + 20);
+    let won = half_reinstated("pi_retry");
     let failpoint = FailPoint::after_first(&name, &["update"], Fault::error(91)).await;
     let answer = deliver_stripe(&app, &won).await;
     assert!(failpoint.off().await > 0, "the fault never happened");
@@ -556,28 +497,14 @@ async fn a_reversal_whose_reactivation_fails_is_answered_503_and_its_retry_count
         "not recorded as processed before its effects"
     );
     // The reversal itself was recorded, once; its tokens are not back yet.
-    assert_eq!(
-        payment(&app, "pi_retry")
-            .await
-            .get_array("reversals")
-            .unwrap()
-            .len(),
-        1
-    );
+    assert_eq!(reversals_recorded(&app, "pi_retry").await, 1);
 
     // The provider's retry finishes it: the same tokens, the reversal still counted once.
     let retried = stripe(&app, &won).await;
     assert_eq!(retried["outcome"], "reinstated", "{retried}");
     assert_eq!(statuses(&app, "pi_retry").await, ["active"; 4]);
     assert_eq!(app.stored_token_ids("pi_retry").await, ids);
-    assert_eq!(
-        payment(&app, "pi_retry")
-            .await
-            .get_array("reversals")
-            .unwrap()
-            .len(),
-        1
-    );
+    assert_eq!(reversals_recorded(&app, "pi_retry").await, 1);
     verify_clean(&app).await;
 }
 
@@ -586,15 +513,11 @@ async fn a_failure_delivered_after_its_charges_next_report_is_counted_against_th
     let app = app().await;
     paid(&app, "pi_late", "4").await;
     // re_1: 500 refunded; it fails at +20, but that event is delayed.
-    stripe(
-        &app,
-        &partial_refund_event("evt_r1", "pi_late", PAID_AT + 10, 1000, 500),
-    )
-    .await;
+    stripe(&app, &half_refunded("pi_late")).await;
     // re_2: 250 more at +30. Stripe's running total then leaves the failed 500 out: 250.
     stripe(
         &app,
-        &partial_refund_event("evt_r2", "pi_late", PAID_AT + 30, 1000, 250),
+        &refunded_so_far("evt_r2", "pi_late", PAID_AT + 30, 250),
     )
     .await;
     // Until the failure is heard of, the larger figure stands: two tokens taken back.
@@ -602,19 +525,7 @@ async fn a_failure_delivered_after_its_charges_next_report_is_counted_against_th
         statuses(&app, "pi_late").await,
         ["active", "active", "revoked", "revoked"]
     );
-    let failed = stripe(
-        &app,
-        &refund_event(
-            "evt_f",
-            "refund.failed",
-            "re_1",
-            "pi_late",
-            500,
-            "failed",
-            PAID_AT + 20,
-        ),
-    )
-    .await;
+    let failed = stripe(&app, &refund_failed("evt_f", "pi_late", 500)).await;
     // The report at +30 left re_1 out: the gross is 250 + 500, re_1's 500 comes back,
     // and re_2's 250 stays taken: floor(4 × 0.25) = 1 token.
     assert_eq!(failed["tokensReactivated"], 1, "{failed}");
@@ -622,16 +533,10 @@ async fn a_failure_delivered_after_its_charges_next_report_is_counted_against_th
         statuses(&app, "pi_late").await,
         ["active", "active", "active", "revoked"]
     );
-    // Its redelivery counts nothing more.
-    let again = refund_event(
-        "evt_f2",
-        "charge.refund.updated",
-        "re_1",
-        "pi_late",
-        500,
-        "failed",
-        PAID_AT + 25,
-    );
+    // Its redelivery (as `charge.refund.updated`, later) counts nothing more.
+    let mut again = refund_failed("evt_f2", "pi_late", 500);
+    again["type"] = json!("charge.refund.updated");
+    again["created"] = json!(PAID_AT + 25);
     assert_eq!(stripe(&app, &again).await["tokensReactivated"], 0);
     assert_eq!(
         statuses(&app, "pi_late").await,

@@ -6,7 +6,7 @@
 use mongodb::bson::{Document, doc};
 use serde_json::json;
 
-use super::{payment, statuses, verify_clean};
+use super::{payment, payment_status, statuses, verify_clean};
 use crate::adyen::{self, ADYEN, authorisation, modification};
 use crate::helpers::*;
 use crate::paddle::{self, PADDLE};
@@ -21,6 +21,23 @@ async fn expire(app: &TestApp, event_id: &str) {
         .unwrap();
 }
 
+/// Adyen's `CHARGEBACK_REVERSED` of chargeback `chargeback` of `psp` for `amount` cents,
+/// dated 2026-12-20: after the chargeback (a [`modification`] is dated 2026-11-30).
+fn chargeback_reversed(chargeback: &str, psp: &str, amount: i64) -> serde_json::Value {
+    let mut reversed = modification("CHARGEBACK_REVERSED", chargeback, psp, amount);
+    reversed["eventDate"] = json!("2026-12-20T12:00:00+01:00");
+    reversed
+}
+
+/// Paddle's `chargeback_reverse` adjustment of 500 cents of `txn` (event `evt_cbr`), dated
+/// 2026-12-15: after the payment and its chargeback. It names no chargeback.
+fn paddle_chargeback_reverse(txn: &str) -> serde_json::Value {
+    let mut reverse = paddle::chargeback("evt_cbr", "adj_cbr", txn, "partial", 500);
+    reverse["data"]["action"] = json!("chargeback_reverse");
+    reverse["occurred_at"] = json!("2026-12-15T11:00:00.000000Z");
+    reverse
+}
+
 #[tokio::test]
 async fn an_adyen_chargeback_reversed_makes_the_payment_stand_again() {
     let app = spawn_app_with(ADYEN).await;
@@ -33,14 +50,9 @@ async fn an_adyen_chargeback_reversed_makes_the_payment_stand_again() {
         .collect();
     adyen::send(&app, &[modification("CHARGEBACK", "CB_1", "PSP_A", 1000)]).await;
     assert!(adyen::active(&app, "PSP_A").await.is_empty());
-    assert_eq!(
-        payment(&app, "PSP_A").await.get_str("status").unwrap(),
-        "refunded"
-    );
+    assert_eq!(payment_status(&app, "PSP_A").await, "refunded");
 
-    let mut reversed = modification("CHARGEBACK_REVERSED", "CB_1", "PSP_A", 1000);
-    reversed["eventDate"] = json!("2026-12-20T12:00:00+01:00");
-    adyen::send(&app, &[reversed]).await;
+    adyen::send(&app, &[chargeback_reversed("CB_1", "PSP_A", 1000)]).await;
     assert_eq!(adyen::active(&app, "PSP_A").await, vec![0, 1, 2]);
     let now: Vec<_> = app
         .tokens_of("PSP_A")
@@ -49,10 +61,7 @@ async fn an_adyen_chargeback_reversed_makes_the_payment_stand_again() {
         .map(|t| t.get_object_id("_id").unwrap())
         .collect();
     assert_eq!(now, ids, "the same tokens");
-    assert_eq!(
-        payment(&app, "PSP_A").await.get_str("status").unwrap(),
-        "succeeded"
-    );
+    assert_eq!(payment_status(&app, "PSP_A").await, "succeeded");
     let receipt = app
         .find_stored(
             "webhook_events",
@@ -74,10 +83,7 @@ async fn an_adyen_chargeback_reversed_makes_the_payment_stand_again() {
     replayed["eventDate"] = json!("2027-01-30T12:00:00+01:00");
     adyen::send(&app, &[replayed]).await;
     assert_eq!(adyen::active(&app, "PSP_A").await, vec![0, 1, 2]);
-    assert_eq!(
-        payment(&app, "PSP_A").await.get_str("status").unwrap(),
-        "succeeded"
-    );
+    assert_eq!(payment_status(&app, "PSP_A").await, "succeeded");
     // And the reversal replayed with other unsigned fields counts once.
     expire(&app, "CHARGEBACK_REVERSED:CB_1:true").await;
     let mut again = modification("CHARGEBACK_REVERSED", "CB_1", "PSP_A", 1000);
@@ -101,10 +107,7 @@ async fn an_adyen_reversal_before_its_chargeback_converges() {
     .await;
     adyen::send(&app, &[modification("CHARGEBACK", "CB_2", "PSP_B", 1000)]).await;
     assert_eq!(adyen::active(&app, "PSP_B").await, vec![0, 1]);
-    assert_eq!(
-        payment(&app, "PSP_B").await.get_str("status").unwrap(),
-        "succeeded"
-    );
+    assert_eq!(payment_status(&app, "PSP_B").await, "succeeded");
     verify_clean(&app).await;
 }
 
@@ -160,10 +163,7 @@ async fn a_paddle_chargeback_reverse_gives_the_chargeback_back() {
     )
     .await;
     assert_eq!(paddle::active(&app, "txn_1").await, vec![0, 1]);
-    let mut reverse = paddle::chargeback("evt_cbr", "adj_cbr", "txn_1", "partial", 500);
-    reverse["data"]["action"] = json!("chargeback_reverse");
-    reverse["occurred_at"] = json!("2026-12-15T11:00:00.000000Z");
-    let receipt = paddle::send(&app, &reverse).await;
+    let receipt = paddle::send(&app, &paddle_chargeback_reverse("txn_1")).await;
     assert_eq!(receipt["outcome"], "reinstated", "{receipt}");
     assert_eq!(receipt["tokensReactivated"], 2, "{receipt}");
     assert_eq!(paddle::active(&app, "txn_1").await, vec![0, 1, 2, 3]);
@@ -188,10 +188,7 @@ async fn a_paddle_chargeback_reverse_never_gives_back_a_refund() {
     .await;
     assert_eq!(paddle::active(&app, "txn_2").await, vec![0, 1]);
     // The chargeback's reversal arrives first (or its chargeback was never counted).
-    let mut reverse = paddle::chargeback("evt_cbr", "adj_cbr", "txn_2", "partial", 500);
-    reverse["data"]["action"] = json!("chargeback_reverse");
-    reverse["occurred_at"] = json!("2026-12-15T11:00:00.000000Z");
-    let receipt = paddle::send(&app, &reverse).await;
+    let receipt = paddle::send(&app, &paddle_chargeback_reverse("txn_2")).await;
     assert_ne!(receipt["tokensReactivated"], 2, "{receipt}");
     assert_eq!(
         paddle::active(&app, "txn_2").await,
@@ -216,9 +213,7 @@ async fn an_adyen_partial_chargeback_reversed_in_full_gives_every_token_back() {
     adyen::send(&app, &[authorisation("PSP_P", 10)]).await;
     adyen::send(&app, &[modification("CHARGEBACK", "CB_P", "PSP_P", 400)]).await;
     assert!(adyen::active(&app, "PSP_P").await.is_empty());
-    let mut reversed = modification("CHARGEBACK_REVERSED", "CB_P", "PSP_P", 400);
-    reversed["eventDate"] = json!("2026-12-20T12:00:00+01:00");
-    adyen::send(&app, &[reversed]).await;
+    adyen::send(&app, &[chargeback_reversed("CB_P", "PSP_P", 400)]).await;
     assert_eq!(
         adyen::active(&app, "PSP_P").await,
         (0..10).collect::<Vec<i64>>()
@@ -309,10 +304,7 @@ async fn a_standard_webhooks_reinstatement_gives_back_what_it_names() {
         statuses(&app, "pay_1").await,
         ["active", "active", "active", "revoked"]
     );
-    assert_eq!(
-        payment(&app, "pay_1").await.get_str("status").unwrap(),
-        "succeeded"
-    );
+    assert_eq!(payment_status(&app, "pay_1").await, "succeeded");
     // A running total: an older, smaller report changes nothing.
     let older = send(
         "msg_older",
@@ -364,9 +356,7 @@ async fn a_second_chargeback_after_a_reversal_takes_the_tokens_back_again() {
     let app = spawn_app_with(ADYEN).await;
     adyen::send(&app, &[authorisation("PSP_S", 3)]).await;
     adyen::send(&app, &[modification("CHARGEBACK", "CB_S", "PSP_S", 1000)]).await;
-    let mut reversed = modification("CHARGEBACK_REVERSED", "CB_S", "PSP_S", 1000);
-    reversed["eventDate"] = json!("2026-12-20T12:00:00+01:00");
-    adyen::send(&app, &[reversed]).await;
+    adyen::send(&app, &[chargeback_reversed("CB_S", "PSP_S", 1000)]).await;
     assert_eq!(adyen::active(&app, "PSP_S").await, vec![0, 1, 2]);
 
     // The issuer disputes again and wins: the money is taken back a second time.
@@ -374,9 +364,6 @@ async fn a_second_chargeback_after_a_reversal_takes_the_tokens_back_again() {
     second["eventDate"] = json!("2027-01-20T12:00:00+01:00");
     adyen::send(&app, &[second]).await;
     assert!(adyen::active(&app, "PSP_S").await.is_empty());
-    assert_eq!(
-        payment(&app, "PSP_S").await.get_str("status").unwrap(),
-        "refunded"
-    );
+    assert_eq!(payment_status(&app, "PSP_S").await, "refunded");
     verify_clean(&app).await;
 }

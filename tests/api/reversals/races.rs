@@ -4,9 +4,11 @@
 
 use std::time::Duration;
 
-use super::{PAID_AT, dispute, paid, statuses, stripe, verify_clean};
+use super::{
+    PAID_AT, half_reinstated, half_withdrawn, paid, refunded_so_far, statuses, stripe, verify_clean,
+};
 use crate::helpers::*;
-use crate::provider_events::{PROVIDERS, deliver_stripe, partial_refund_event};
+use crate::provider_events::{PROVIDERS, deliver_stripe};
 
 #[tokio::test]
 async fn a_refund_recorded_during_a_reactivation_keeps_its_tokens_revoked() {
@@ -15,11 +17,7 @@ async fn a_refund_recorded_during_a_reactivation_keeps_its_tokens_revoked() {
     // A second instance of the deployment, whose commands no failpoint holds up.
     let refunding = spawn_app_on(&reinstating.db_name, PROVIDERS).await;
     paid(&reinstating, "pi_gap", "4").await;
-    stripe(
-        &reinstating,
-        &dispute("evt_dw", "funds_withdrawn", "pi_gap", 500, PAID_AT + 10),
-    )
-    .await;
+    stripe(&reinstating, &half_withdrawn("pi_gap")).await;
     assert_eq!(
         statuses(&reinstating, "pi_gap").await,
         ["active", "active", "revoked", "revoked"]
@@ -29,8 +27,8 @@ async fn a_refund_recorded_during_a_reactivation_keeps_its_tokens_revoked() {
     // write after that read is held up while a refund of half the payment is recorded
     // and settled by the other instance.
     let failpoint = FailPoint::set(&name, &["update"], Fault::Block { millis: 3000 }, 1).await;
-    let won = dispute("evt_dr", "funds_reinstated", "pi_gap", 500, PAID_AT + 20);
-    let refund = partial_refund_event("evt_r", "pi_gap", PAID_AT + 30, 1000, 500);
+    let won = half_reinstated("pi_gap");
+    let refund = refunded_so_far("evt_r", "pi_gap", PAID_AT + 30, 500);
     let (answer, ()) = tokio::join!(deliver_stripe(&reinstating, &won), async {
         assert!(
             failpoint.fired_within(1, Duration::from_secs(20)).await,
