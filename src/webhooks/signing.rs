@@ -185,15 +185,6 @@ impl TimestampedHeader {
     }
 }
 
-/// Configured secrets from their texts, for the schemes' unit tests.
-#[cfg(test)]
-pub(super) fn secrets(values: &[&str]) -> Vec<SecretString> {
-    values
-        .iter()
-        .map(|v| SecretString::from(v.to_string()))
-        .collect()
-}
-
 /// What `verify` answers under secrets from their texts, `tolerance_secs` and `now`, for
 /// the schemes' unit tests.
 #[cfg(test)]
@@ -203,7 +194,7 @@ pub(super) fn verify_with(
     now: i64,
     verify: impl FnOnce(&Verification<'_>) -> Result<(), SignatureError>,
 ) -> Result<(), SignatureError> {
-    let secrets = secrets(keys);
+    let secrets: Vec<SecretString> = keys.iter().map(|k| (*k).into()).collect();
     verify(&Verification {
         secrets: &secrets,
         tolerance_secs,
