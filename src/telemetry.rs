@@ -100,7 +100,7 @@ pub fn metrics_handle() -> PrometheusHandle {
                 )
                 .and_then(|builder| {
                     builder.set_buckets_for_metric(
-                        Matcher::Full(metric::ISSUANCE_BATCH_SIZE.to_owned()),
+                        Matcher::Suffix("_batch_size".to_owned()),
                         metric::BATCH_SIZE_BUCKETS,
                     )
                 })

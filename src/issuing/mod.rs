@@ -128,6 +128,9 @@ pub struct Issuer {
     /// `stop_writers`. The writers hold clones of this `Issuer`: closing the queues, not
     /// dropping the last `Issuer`, is what ends them.
     committer: Arc<OnceLock<batch::Committer>>,
+    /// Redemptions' group commit, likewise started on the first redemption and stopped
+    /// by `stop_writers`.
+    spender: Arc<OnceLock<redemptions::batch::Spender>>,
     /// Checkouts waiting for their payment's event (`Prefer: wait`), by payment.
     waiters: Arc<waiting::Waiters>,
 }
@@ -138,6 +141,7 @@ impl Issuer {
             store,
             config: Arc::new(config),
             committer: Arc::new(OnceLock::new()),
+            spender: Arc::new(OnceLock::new()),
             waiters: Arc::new(waiting::Waiters::new(WaitingConfig::default())),
         }
     }
@@ -146,15 +150,26 @@ impl Issuer {
         self.committer.get_or_init(|| batch::Committer::start(self))
     }
 
-    /// Stops group commit's writer tasks at shutdown: issuances queued before (a batch in
-    /// flight, or one still gathering) are written and answered first, later ones are
-    /// refused. Returns how many writers ended (none when no issuance ever started them).
-    /// Writers still writing after `within` are aborted, as a crash would stop them.
+    fn spender(&self) -> &redemptions::batch::Spender {
+        self.spender
+            .get_or_init(|| redemptions::batch::Spender::start(self))
+    }
+
+    /// Stops group commit's writer tasks at shutdown, issuances' and redemptions':
+    /// requests queued before (a batch in flight, or one still gathering) are written and
+    /// answered first, later ones are refused. Returns how many writers ended (none when
+    /// no request ever started them). Writers still writing after `within` are aborted,
+    /// as a crash would stop them.
     pub async fn stop_writers(&self, within: Duration) -> usize {
-        self.committer
-            .get_or_init(batch::Committer::stopped)
-            .stop(within)
-            .await
+        let (issuing, spending) = tokio::join!(
+            self.committer
+                .get_or_init(batch::Committer::stopped)
+                .stop(within),
+            self.spender
+                .get_or_init(redemptions::batch::Spender::stopped)
+                .stop(within),
+        );
+        issuing + spending
     }
 
     /// The store underneath, for reads that involve no rule.

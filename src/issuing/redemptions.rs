@@ -28,11 +28,14 @@ use super::tokens::redeemed_fields;
 use super::{Issuer, Keyed};
 use crate::domain::{AccountGrant, Mismatch, NewRedemption, TokenStatus};
 use crate::store::{
-    RedemptionAttempt, RedemptionDoc, SpendPlan, Spendable, StoreError, TokenDoc, TokenQuery,
+    AnswerInTransaction, RedemptionAttempt, RedemptionDoc, Spend, SpendPlan, Spendable, StoreError,
+    TokenDoc, TokenQuery,
 };
 use crate::telemetry::metric;
 
 pub use crate::store::Redeemed;
+
+pub(super) mod batch;
 
 /// How long one request keeps retrying a redemption that loses races: below the default
 /// `server.request_timeout_ms`, so a request that cannot get through hears "retry" (503)
@@ -103,8 +106,7 @@ impl Issuer {
                 return self.replay(existing, request, &visible).await;
             }
             match self
-                .store
-                .redeem_in_transaction(&spendable, |found| plan(request, found), answered.as_ref())
+                .attempt(request, &spendable, answered.as_ref(), attempt)
                 .await?
             {
                 RedemptionAttempt::Committed(redeemed) => {
@@ -124,7 +126,7 @@ impl Issuer {
                 }
                 // Someone else's commit is in the way; the next read sees it (a record
                 // of this reference included, then answered as a replay or conflict).
-                RedemptionAttempt::Conflict | RedemptionAttempt::ReferenceTaken => {
+                RedemptionAttempt::Conflict => {
                     metrics::counter!(metric::TRANSACTION_RETRIES_TOTAL).increment(1);
                     attempt += 1;
                     if started.elapsed() > CONFLICT_BUDGET {
@@ -136,6 +138,32 @@ impl Issuer {
                 }
             }
         }
+    }
+
+    /// One transaction attempt of `request`: its first, unkeyed, in a batch shared with
+    /// other owners' redemptions (`batch`); a retry, or one whose key's answer commits
+    /// with it, alone, so that a redemption that keeps conflicting never holds up others.
+    async fn attempt(
+        &self,
+        request: &NewRedemption,
+        spendable: &Spendable,
+        answered: Option<&AnswerInTransaction<'_, Redeemed>>,
+        attempt: u64,
+    ) -> Result<RedemptionAttempt<u64>, StoreError> {
+        if answered.is_none() && attempt == 0 {
+            return self.spender().attempt(request, spendable).await;
+        }
+        let spend = Spend {
+            spendable,
+            answered,
+        };
+        let mut attempts = self
+            .store
+            .redeem_in_transaction(std::slice::from_ref(&spend), |_, found| {
+                plan(request, found)
+            })
+            .await?;
+        Ok(attempts.pop().unwrap_or(RedemptionAttempt::Conflict))
     }
 
     /// The owner's redemption of `reference` and its tokens, if the caller may see all

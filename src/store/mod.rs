@@ -49,7 +49,7 @@ pub use idempotency::{
 pub use payments::{PAYMENTS, PaymentDoc, ProjectionGate, TokenParamsDoc};
 pub use placeholder::{Existing, PLACEHOLDER_LIFETIME};
 pub use redemptions::{
-    REDEMPTIONS, Redeemed, RedemptionAttempt, RedemptionDoc, SpendPlan, Spendable,
+    REDEMPTIONS, Redeemed, RedemptionAttempt, RedemptionDoc, Spend, SpendPlan, Spendable,
 };
 pub use retry::{Backoff, RetryPolicy};
 pub use token_bulk::BulkResult;

@@ -8,13 +8,16 @@
 
 use futures::TryStreamExt;
 use mongodb::ClientSession;
-use mongodb::bson::{DateTime, Document, doc, oid::ObjectId};
+use mongodb::bson::{Bson, DateTime, Document, doc, oid::ObjectId};
 use mongodb::error::Error;
 use serde::{Deserialize, Serialize};
 
+use super::atomic::commit_with_retry;
 use super::documents::TokenDoc;
 use super::durability::{abort_quietly, start_snapshot_transaction};
-use super::error::{StoreError, duplicate_key_index, is_transient_transaction_error};
+use super::error::{
+    StoreError, WRITE_CONFLICT, duplicate_key_index, is_transient_transaction_error,
+};
 use super::idempotency::AnswerInTransaction;
 use super::indexes::REDEMPTIONS_REFERENCE_INDEX;
 use super::tokens::{TokenQuery, token_filter};
@@ -67,19 +70,33 @@ pub struct SpendPlan {
     pub record: RedemptionDoc,
 }
 
-/// How one transaction attempt ended.
+/// How one redemption of a transaction attempt ended.
 #[derive(Debug)]
 pub enum RedemptionAttempt<R> {
     /// Committed: the record and the tokens as redeemed, in the chosen order.
     Committed(Redeemed),
-    /// The plan refused what it was shown; nothing was written.
+    /// The plan refused what it was shown; nothing was written for it.
     Refused(R),
-    /// Another writer had one of the tokens, or the reference, first; nothing was written.
+    /// Nothing was written: another writer had one of the tokens, or a reference, first
+    /// (this redemption's or, in a shared transaction, another one's).
     Conflict,
-    /// The owner has a redemption of that reference already; nothing was written.
-    ReferenceTaken,
     /// Another attempt holds the `Idempotency-Key`'s record now; nothing was written.
     TakenOver,
+}
+
+/// One redemption of a transaction: the tokens it may spend and, under an
+/// `Idempotency-Key`, the record its answer commits with.
+pub struct Spend<'a> {
+    pub spendable: &'a Spendable,
+    pub answered: Option<&'a AnswerInTransaction<'a, Redeemed>>,
+}
+
+/// The redemptions a transaction planned, with what their plans chose and what they read.
+struct Planned {
+    /// Position in the transaction's spends.
+    index: usize,
+    found: Vec<TokenDoc>,
+    plan: SpendPlan,
 }
 
 impl Store {
@@ -108,88 +125,184 @@ impl Store {
         Ok(in_order(found, ids))
     }
 
-    /// One transaction: reads `spendable`, asks `plan` what to do with what it read (or
-    /// for a refusal), redeems the record's `tokenIds` still active with the plan's
-    /// fields, inserts the record, answers `answered`'s record when given, and commits.
+    /// One transaction for `spends`, one attempt each, in the same order: reads each
+    /// spend's tokens and asks `plan` (with the spend's position) what to do with them, or
+    /// for a refusal; redeems every planned record's `tokenIds` still active with its
+    /// plan's fields in one update, inserts the records in one insert, answers each
+    /// `answered` record, and commits. The planned redemptions commit together or not at
+    /// all: when one cannot (a token or reference taken, a key taken over) none is
+    /// written, and every planned one is told so. Refusals stand whatever the others do.
+    ///
+    /// The spends must not share tokens (in practice: one redemption per owner): two
+    /// plans choosing the same token leave the update short, which writes nothing.
     pub async fn redeem_in_transaction<R>(
         &self,
-        spendable: &Spendable,
-        plan: impl FnOnce(&[TokenDoc]) -> Result<SpendPlan, R>,
-        answered: Option<&AnswerInTransaction<'_, Redeemed>>,
-    ) -> Result<RedemptionAttempt<R>, StoreError> {
+        spends: &[Spend<'_>],
+        plan: impl FnMut(usize, &[TokenDoc]) -> Result<SpendPlan, R>,
+    ) -> Result<Vec<RedemptionAttempt<R>>, StoreError> {
         if !self.supports_transactions().await? {
             return Err(StoreError::TransactionsUnavailable);
         }
         let mut session = self.client.start_session().await?;
         start_snapshot_transaction(&mut session).await?;
+        let mut attempts: Vec<Option<RedemptionAttempt<R>>> = spends.iter().map(|_| None).collect();
         let result = self
-            .redeem_in_session(&mut session, spendable, plan, answered)
+            .redeem_in_session(&mut session, spends, plan, &mut attempts)
             .await;
-        if !matches!(result, Ok(RedemptionAttempt::Committed(..))) {
+        if !matches!(result, Ok(Ended::Committed)) {
             abort_quietly(&mut session).await;
         }
         match result {
+            Ok(Ended::Committed | Ended::Conflict) => {}
+            Ok(Ended::TakenOver(index)) => attempts[index] = Some(RedemptionAttempt::TakenOver),
             Err(err)
-                if duplicate_key_index(&err).as_deref() == Some(REDEMPTIONS_REFERENCE_INDEX) =>
-            {
-                Ok(RedemptionAttempt::ReferenceTaken)
-            }
-            Err(err) if is_transient_transaction_error(&err) => Ok(RedemptionAttempt::Conflict),
-            other => Ok(other?),
+                if is_transient_transaction_error(&err)
+                    || duplicate_key_index(&err).as_deref()
+                        == Some(REDEMPTIONS_REFERENCE_INDEX) => {}
+            Err(err) => return Err(err.into()),
         }
+        // A committed redemption was filled in with its record, a refusal with itself;
+        // any other planned one was not written.
+        Ok(attempts
+            .into_iter()
+            .map(|attempt| attempt.unwrap_or(RedemptionAttempt::Conflict))
+            .collect())
     }
 
+    /// The reads, the plans, the writes and the commit of `redeem_in_transaction`: fills
+    /// `attempts` with the refusals and, once committed, with what each planned
+    /// redemption wrote.
     async fn redeem_in_session<R>(
         &self,
         session: &mut ClientSession,
-        spendable: &Spendable,
-        plan: impl FnOnce(&[TokenDoc]) -> Result<SpendPlan, R>,
-        answered: Option<&AnswerInTransaction<'_, Redeemed>>,
-    ) -> Result<RedemptionAttempt<R>, Error> {
+        spends: &[Spend<'_>],
+        mut plan: impl FnMut(usize, &[TokenDoc]) -> Result<SpendPlan, R>,
+        attempts: &mut [Option<RedemptionAttempt<R>>],
+    ) -> Result<Ended, Error> {
         let tokens = self.db.collection::<TokenDoc>(TOKENS);
-        let found: Vec<TokenDoc> = tokens
-            .find(token_filter(&spendable.query))
-            .sort(spendable.order.clone())
-            .limit(spendable.limit)
-            .session(&mut *session)
-            .await?
-            .stream(&mut *session)
-            .try_collect()
-            .await?;
-        let SpendPlan { set, record } = match plan(&found) {
-            Ok(chosen) => chosen,
-            Err(refused) => return Ok(RedemptionAttempt::Refused(refused)),
-        };
-        let ids = &record.token_ids;
-        let written = tokens
-            .update_many(
-                doc! { "_id": { "$in": ids }, "status": TokenStatus::Active.as_str() },
-                doc! { "$set": set.clone(), "$inc": { "_version": 1 } },
-            )
-            .session(&mut *session)
-            .await?;
+        let mut planned = Vec::with_capacity(spends.len());
+        for (index, spend) in spends.iter().enumerate() {
+            let spendable = spend.spendable;
+            let found: Vec<TokenDoc> = tokens
+                .find(token_filter(&spendable.query))
+                .sort(spendable.order.clone())
+                .limit(spendable.limit)
+                .session(&mut *session)
+                .await?
+                .stream(&mut *session)
+                .try_collect()
+                .await?;
+            match plan(index, &found) {
+                Ok(plan) => planned.push(Planned { index, found, plan }),
+                Err(refused) => attempts[index] = Some(RedemptionAttempt::Refused(refused)),
+            }
+        }
+        if planned.is_empty() {
+            return Ok(Ended::Conflict);
+        }
+        let chosen: usize = planned.iter().map(|p| p.plan.record.token_ids.len()).sum();
         // In a snapshot transaction a token changed since the read is a write conflict,
-        // not a miss; this only guards the all-or-nothing promise should that ever differ.
-        if written.modified_count != ids.len() as u64 {
-            return Ok(RedemptionAttempt::Conflict);
+        // not a miss; this guards the all-or-nothing promise should that ever differ,
+        // and against two plans that chose one token.
+        if self.redeem_chosen(session, &planned).await? != Some(chosen as u64) {
+            return Ok(Ended::Conflict);
         }
         self.db
             .collection::<RedemptionDoc>(REDEMPTIONS)
-            .insert_one(&record)
+            .insert_many(planned.iter().map(|p| &p.plan.record))
             .session(&mut *session)
             .await?;
-        // The tokens as the transaction wrote them: the snapshot read plus the plan's
-        // fields and the version's increment, exactly what `update_many` applied (every
-        // chosen token matched, checked above), without another round trip.
-        let redeemed = Redeemed {
-            tokens: as_written(&found, ids, &set)?,
-            record,
-        };
-        if !self.answer_and_commit(session, answered, &redeemed).await? {
-            return Ok(RedemptionAttempt::TakenOver);
+        let mut redeemed = Vec::with_capacity(planned.len());
+        for Planned { index, found, plan } in planned {
+            // The tokens as the transaction wrote them: the snapshot read plus the plan's
+            // fields and the version's increment, exactly what the update applied (every
+            // chosen token matched, checked above), without another round trip.
+            let written = Redeemed {
+                tokens: as_written(&found, &plan.record.token_ids, &plan.set)?,
+                record: plan.record,
+            };
+            if let Some(answered) = spends[index].answered {
+                let answer = (answered.answer)(&written);
+                if !self
+                    .answer_in_session(session, answered.record, answered.attempt, &answer)
+                    .await?
+                {
+                    return Ok(Ended::TakenOver(index));
+                }
+            }
+            redeemed.push((index, written));
         }
-        Ok(RedemptionAttempt::Committed(redeemed))
+        commit_with_retry(session).await?;
+        for (index, written) in redeemed {
+            attempts[index] = Some(RedemptionAttempt::Committed(written));
+        }
+        Ok(Ended::Committed)
     }
+}
+
+impl Store {
+    /// Runs `redeem_command` in the session's transaction; returns how many tokens it
+    /// redeemed, `None` for a write conflict. Any statement's write error ends the
+    /// transaction (the server aborts it).
+    async fn redeem_chosen(
+        &self,
+        session: &mut ClientSession,
+        planned: &[Planned],
+    ) -> Result<Option<u64>, Error> {
+        let reply = self
+            .db
+            .run_command(redeem_command(planned))
+            .session(&mut *session)
+            .await?;
+        if let Ok(errors) = reply.get_array("writeErrors") {
+            let code = errors
+                .first()
+                .and_then(Bson::as_document)
+                .and_then(|error| error.get_i32("code").ok());
+            if code == Some(WRITE_CONFLICT) {
+                return Ok(None);
+            }
+            return Err(Error::custom(format!(
+                "a redemption's token update failed (code {code:?})"
+            )));
+        }
+        let modified = match reply.get("nModified") {
+            Some(Bson::Int32(n)) => i64::from(*n),
+            Some(Bson::Int64(n)) => *n,
+            _ => return Err(Error::custom("an update reply without nModified")),
+        };
+        Ok(Some(modified as u64))
+    }
+}
+
+/// How a transaction's writes ended, when no command failed.
+enum Ended {
+    Committed,
+    /// Nothing to write, or a token no longer as read.
+    Conflict,
+    /// The spend at this position lost its `Idempotency-Key`'s record.
+    TakenOver(usize),
+}
+
+/// The `update` command that redeems every planned redemption's chosen tokens still
+/// active: one statement per plan, since each writes its own reference on its tokens.
+/// MongoDB 6.0 has no `bulkWrite` command, so the statements share one `update`: one
+/// round trip, whatever the batch's size.
+fn redeem_command(planned: &[Planned]) -> Document {
+    let updates: Vec<Document> = planned
+        .iter()
+        .map(|Planned { plan, .. }| {
+            doc! {
+                "q": {
+                    "_id": { "$in": &plan.record.token_ids },
+                    "status": TokenStatus::Active.as_str(),
+                },
+                "u": { "$set": plan.set.clone(), "$inc": { "_version": 1 } },
+                "multi": true,
+            }
+        })
+        .collect();
+    doc! { "update": TOKENS, "updates": updates, "ordered": true }
 }
 
 /// The tokens of `found` named by `ids`, in that order, as `{ $set: set, $inc: {

@@ -26,6 +26,8 @@ pub const REPAIRS_TOTAL: &str = "tokenmint_repairs_total";
 pub const ISSUANCE_WAITERS: &str = "tokenmint_issuance_waiters";
 /// Issuances committed together by one group commit (either mode).
 pub const ISSUANCE_BATCH_SIZE: &str = "tokenmint_issuance_batch_size";
+/// Redemptions committed together by one transaction (see `BATCH_SIZE_BUCKETS`).
+pub const REDEMPTION_BATCH_SIZE: &str = "tokenmint_redemption_batch_size";
 /// Duplicate-key races retried.
 pub const DUPLICATE_KEY_RETRIES_TOTAL: &str = "tokenmint_duplicate_key_retries_total";
 /// Transactions retried after a transient error.
@@ -57,8 +59,8 @@ pub const BUILD_INFO: &str = "tokenmint_build_info";
 pub const LATENCY_BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 ];
-/// Buckets of `ISSUANCE_BATCH_SIZE`: powers of two up to the most one batch gathers
-/// (256 issuances).
+/// Buckets of `ISSUANCE_BATCH_SIZE` and `REDEMPTION_BATCH_SIZE`: powers of two up to
+/// the most one batch gathers (256 issuances).
 pub const BATCH_SIZE_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0];
 
 /// `outcome` values of `ISSUANCES_TOTAL`.
@@ -123,6 +125,10 @@ pub(super) fn describe() {
     describe_histogram!(
         ISSUANCE_BATCH_SIZE,
         "Issuances committed together by one group commit (either mode)"
+    );
+    describe_histogram!(
+        REDEMPTION_BATCH_SIZE,
+        "Redemptions that shared one transaction (redemptions of several owners committed together)"
     );
     describe_counter!(DUPLICATE_KEY_RETRIES_TOTAL, "Duplicate-key races retried");
     describe_counter!(

@@ -2,6 +2,7 @@
 //! type, all or nothing, named by a reference unique per owner; `GET` reads it back.
 //! [`requests`] is one request at a time, [`races`] many at once and a refund racing one.
 
+mod batches;
 mod races;
 mod requests;
 mod spending_race;

@@ -1,0 +1,283 @@
+//! Group commit for redemptions: concurrent redemptions of different owners share one
+//! transaction.
+//!
+//! A redemption's transaction costs the database more per command than its few
+//! documents do (each command in a transaction checks out the session, and the commit
+//! waits for the majority and the journal), so redemptions arriving together are
+//! committed together: one read of each owner's oldest tokens, then ONE `update` of all
+//! the chosen tokens, ONE `insert` of all the records and ONE commit, whatever the
+//! batch's size (`Store::redeem_in_transaction`).
+//!
+//! - Each owner's redemptions go to one writer task (by a hash of the owner), and a
+//!   batch takes at most one redemption per owner: two redemptions of one owner would
+//!   choose the same oldest tokens. The others wait, in order, for the writer's next
+//!   batch, which reads what this one redeemed.
+//! - A writer takes whatever has queued, without waiting for more: at low load a batch
+//!   is one redemption, and nothing is added to its latency.
+//! - All or nothing, per batch: the batch commits whole, or nothing of it is written.
+//!   When it cannot commit (one token taken by a refund's revoke or a single redeem
+//!   since the read, a reference used meanwhile), every redemption of it is told
+//!   `Conflict` and tries again alone (`Issuer::redeem_amount`), so that one contended
+//!   owner costs the others one retry, not their progress. A refusal (too few tokens)
+//!   rests on the transaction's snapshot read and stands either way.
+//! - Redemptions under an `Idempotency-Key` commit alone: their key's answer commits
+//!   in their transaction, and a key taken over must not cost a batch.
+
+use std::collections::hash_map::DefaultHasher;
+use std::collections::{HashSet, VecDeque};
+use std::hash::{Hash, Hasher};
+use std::sync::{Mutex, PoisonError, RwLock};
+use std::time::Duration;
+
+use futures::future::join_all;
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+use tracing::Instrument;
+
+use super::plan;
+use crate::domain::NewRedemption;
+use crate::issuing::Issuer;
+use crate::store::{RedemptionAttempt, Spend, Spendable, StoreError};
+use crate::telemetry::{metric, traces};
+
+/// Writer tasks. Two keep the database busy while the next batch gathers, as for
+/// issuances.
+const WRITERS: usize = 4;
+/// Most redemptions per batch.
+const MAX_BATCH: usize = 64;
+/// Redemptions waiting for a writer beyond this make their senders wait (backpressure).
+const QUEUE: usize = 4096;
+
+/// What one redemption's attempt in a batch came to.
+pub(super) type Attempted = Result<RedemptionAttempt<u64>, StoreError>;
+
+/// One queued redemption and where its attempt's outcome goes.
+struct Queued {
+    request: NewRedemption,
+    spendable: Spendable,
+    answer: oneshot::Sender<Attempted>,
+    /// The request's span, which the batch's span links to.
+    span: tracing::Span,
+}
+
+/// The redemption writers and the queues into them. The application owns them through
+/// its `Issuer`: `stop` closes the queues and waits for the writers, which first commit
+/// everything queued before.
+pub(in crate::issuing) struct Spender {
+    /// One queue per writer; `None` once `stop` closed them.
+    queues: RwLock<Option<Vec<mpsc::Sender<Queued>>>>,
+    writers: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl Spender {
+    /// Starts the writer tasks for `issuer` (on the current runtime).
+    pub(in crate::issuing) fn start(issuer: &Issuer) -> Self {
+        let mut queues = Vec::with_capacity(WRITERS);
+        let mut writers = Vec::with_capacity(WRITERS);
+        for _ in 0..WRITERS {
+            let (queue, receiver) = mpsc::channel(QUEUE);
+            queues.push(queue);
+            writers.push(tokio::spawn(write(issuer.clone(), receiver)));
+        }
+        Self {
+            queues: RwLock::new(Some(queues)),
+            writers: Mutex::new(writers),
+        }
+    }
+
+    /// A spender that takes no redemptions: what stopping one that never started leaves.
+    pub(in crate::issuing) fn stopped() -> Self {
+        Self {
+            queues: RwLock::new(None),
+            writers: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Queues `request` for its owner's writer and waits for its attempt's outcome.
+    pub(super) async fn attempt(
+        &self,
+        request: &NewRedemption,
+        spendable: &Spendable,
+    ) -> Attempted {
+        let (answer, answered) = oneshot::channel();
+        let gone = || StoreError::Internal("the redemption writers stopped".to_owned());
+        // A sender of its own, so that no lock is held while the queue is full.
+        let queue = {
+            let queues = self.queues.read().unwrap_or_else(PoisonError::into_inner);
+            let queues = queues.as_ref().ok_or_else(gone)?;
+            queues[writer_of(request, queues.len())].clone()
+        };
+        queue
+            .send(Queued {
+                request: request.clone(),
+                spendable: spendable.clone(),
+                answer,
+                span: tracing::Span::current(),
+            })
+            .await
+            .map_err(|_| gone())?;
+        answered.await.map_err(|_| gone())?
+    }
+
+    /// Closes the queues, then waits for every writer to commit what was queued and end,
+    /// for at most `within` (then aborts them: a batch cut off there leaves nothing, as
+    /// its transaction never commits). Returns how many writers ended.
+    pub(in crate::issuing) async fn stop(&self, within: Duration) -> usize {
+        drop(
+            self.queues
+                .write()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take(),
+        );
+        let mut writers =
+            std::mem::take(&mut *self.writers.lock().unwrap_or_else(PoisonError::into_inner));
+        let stopped = writers.len();
+        if tokio::time::timeout(within, join_all(writers.iter_mut()))
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                writers = stopped,
+                "redemption writers still writing at the end of the shutdown bound; aborted"
+            );
+            for writer in &writers {
+                writer.abort();
+            }
+        }
+        stopped
+    }
+}
+
+/// The writer of `request`'s owner, among `writers`.
+fn writer_of(request: &NewRedemption, writers: usize) -> usize {
+    let mut hasher = DefaultHasher::new();
+    request.owner.object_id().hash(&mut hasher);
+    (hasher.finish() % writers as u64) as usize
+}
+
+/// A writer: commits batches from its queue until the queue is closed and everything
+/// queued is answered.
+async fn write(issuer: Issuer, mut receiver: mpsc::Receiver<Queued>) {
+    let mut waiting: VecDeque<Queued> = VecDeque::new();
+    loop {
+        if waiting.is_empty() {
+            let Some(first) = receiver.recv().await else {
+                return;
+            };
+            waiting.push_back(first);
+        }
+        while waiting.len() < QUEUE {
+            let Ok(next) = receiver.try_recv() else {
+                break;
+            };
+            waiting.push_back(next);
+        }
+        let batch = next_batch(&mut waiting);
+        let span = tracing::info_span!("redemption_batch", size = batch.len());
+        traces::link_to(&span, batch.iter().map(|queued| queued.span.clone()));
+        issuer.commit_redemptions(batch).instrument(span).await;
+    }
+}
+
+/// Takes from `waiting`, in order, the first redemption of each owner, up to
+/// `MAX_BATCH`; the rest keep their order for the next batch.
+fn next_batch(waiting: &mut VecDeque<Queued>) -> Vec<Queued> {
+    let mut owners = HashSet::new();
+    let mut batch = Vec::new();
+    let mut later = VecDeque::new();
+    while let Some(queued) = waiting.pop_front() {
+        if batch.len() < MAX_BATCH && owners.insert(queued.request.owner) {
+            batch.push(queued);
+        } else {
+            later.push_back(queued);
+        }
+    }
+    *waiting = later;
+    metrics::histogram!(metric::REDEMPTION_BATCH_SIZE).record(batch.len() as f64);
+    batch
+}
+
+impl Issuer {
+    /// One transaction for `batch`, each redemption answered with its own attempt.
+    async fn commit_redemptions(&self, batch: Vec<Queued>) {
+        let spends: Vec<Spend<'_>> = batch
+            .iter()
+            .map(|queued| Spend {
+                spendable: &queued.spendable,
+                answered: None,
+            })
+            .collect();
+        let attempts = self
+            .store
+            .redeem_in_transaction(&spends, |index, found| plan(&batch[index].request, found))
+            .await;
+        drop(spends);
+        match attempts {
+            Ok(attempts) => {
+                for (queued, attempt) in batch.into_iter().zip(attempts) {
+                    let _ = queued.answer.send(Ok(attempt));
+                }
+            }
+            Err(err) => {
+                for queued in batch {
+                    let _ = queued.answer.send(Err(err.clone()));
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::{Actor, Owner, Quantity, RedemptionReference, TokenType};
+    use mongodb::bson::oid::ObjectId;
+
+    fn queued(owner: ObjectId, reference: &str) -> Queued {
+        let request = NewRedemption {
+            owner: Owner::from_object_id(owner),
+            token_type: TokenType::parse("standard").unwrap(),
+            quantity: Quantity::from_i64(1, 1000).unwrap(),
+            reference: RedemptionReference::parse(reference).unwrap(),
+            account_id: None,
+            requested_by: Actor::api_key("k"),
+        };
+        let spendable = super::super::spendable(&request, None);
+        Queued {
+            request,
+            spendable,
+            answer: oneshot::channel().0,
+            span: tracing::Span::none(),
+        }
+    }
+
+    fn references(batch: &[Queued]) -> Vec<&str> {
+        batch.iter().map(|q| q.request.reference.as_str()).collect()
+    }
+
+    #[test]
+    fn a_batch_takes_one_redemption_per_owner_and_leaves_the_rest_in_order() {
+        let (a, b) = (ObjectId::new(), ObjectId::new());
+        let mut waiting: VecDeque<Queued> = [
+            queued(a, "a1"),
+            queued(a, "a2"),
+            queued(b, "b1"),
+            queued(a, "a3"),
+            queued(b, "b2"),
+        ]
+        .into();
+        assert_eq!(references(&next_batch(&mut waiting)), ["a1", "b1"]);
+        assert_eq!(references(&next_batch(&mut waiting)), ["a2", "b2"]);
+        assert_eq!(references(&next_batch(&mut waiting)), ["a3"]);
+        assert!(waiting.is_empty());
+    }
+
+    #[test]
+    fn a_batch_holds_at_most_max_batch_redemptions() {
+        let mut waiting: VecDeque<Queued> = (0..MAX_BATCH + 3)
+            .map(|i| queued(ObjectId::new(), &format!("r{i}")))
+            .collect();
+        assert_eq!(next_batch(&mut waiting).len(), MAX_BATCH);
+        assert_eq!(next_batch(&mut waiting).len(), 3);
+    }
+}

@@ -1,0 +1,201 @@
+//! Redemptions of different owners arriving together share one transaction: each still
+//! redeems its own owner's oldest tokens, all or nothing, and a batch that cannot commit
+//! writes nothing and lets each of its redemptions go through alone.
+
+use std::collections::HashSet;
+
+use futures::TryStreamExt;
+use futures::future::join_all;
+use mongodb::bson::{Document, doc, oid::ObjectId};
+use serde_json::{Value, json};
+
+use super::redeem;
+use crate::helpers::*;
+
+/// No self-repair pass sends commands the failpoints could catch.
+const NO_REPAIR: &str = "[repair]\nenabled = false\n";
+
+/// Owners in a burst, and what each holds.
+const OWNERS: usize = 16;
+const HELD: i64 = 10;
+
+/// Issues `HELD` standard tokens to each of `OWNERS` new owners; returns the owners.
+async fn stocked_owners(app: &TestApp) -> Vec<String> {
+    let owners: Vec<String> = (0..OWNERS).map(|_| ObjectId::new().to_hex()).collect();
+    for (i, owner) in owners.iter().enumerate() {
+        let mut body = issuance_body(&format!("pi_batch_{i}"), HELD);
+        body["owner"] = json!(owner);
+        assert_eq!(app.issue(ADMIN_KEY, &body).await.status(), 201);
+    }
+    owners
+}
+
+/// Sends, all at once, a redemption of `quantity` for each (owner, reference, quantity).
+async fn redeem_all(app: &TestApp, asks: &[(String, String, i64)]) -> Vec<(u16, Value)> {
+    join_all(asks.iter().map(|(owner, reference, quantity)| async move {
+        let body = json!({
+            "owner": owner, "tokenType": "standard", "quantity": quantity, "reference": reference,
+        });
+        let response = redeem(app, ADMIN_KEY, &body).await;
+        (response.status().as_u16(), json(response).await)
+    }))
+    .await
+}
+
+/// Two redemptions of 3 per owner, and for the first owner a third of 7: of the first
+/// owner's three, whichever come first go through and the last is refused, whatever the
+/// order.
+fn two_each_and_one_too_many(owners: &[String]) -> Vec<(String, String, i64)> {
+    let mut asks = Vec::new();
+    for (i, owner) in owners.iter().enumerate() {
+        asks.push((owner.clone(), format!("first-{i}"), 3));
+        asks.push((owner.clone(), format!("second-{i}"), 3));
+    }
+    asks.push((owners[0].clone(), "greedy".to_owned(), HELD - 3));
+    asks
+}
+
+/// Every document of `collection`.
+async fn all(app: &TestApp, collection: &str) -> Vec<Document> {
+    app.db
+        .collection::<Document>(collection)
+        .find(doc! {})
+        .await
+        .unwrap()
+        .try_collect()
+        .await
+        .unwrap()
+}
+
+/// Checks the answers against the database: every 201 redeemed its owner's own tokens,
+/// each token once, under its reference; one of the first owner's asks, and no other,
+/// was refused for want of tokens; nothing else was redeemed.
+async fn check_each_redeemed_its_own(
+    app: &TestApp,
+    asks: &[(String, String, i64)],
+    answers: &[(u16, Value)],
+) {
+    let mut answered = HashSet::new();
+    let (mut created, mut refused) = (0, 0);
+    for ((owner, reference, quantity), (status, body)) in asks.iter().zip(answers) {
+        if *status == 409 {
+            assert_eq!(owner, &asks[0].0, "{reference}: {body}");
+            assert_eq!(body["code"], "insufficient_balance", "{body}");
+            assert!(body["available"].as_i64().unwrap() < *quantity, "{body}");
+            refused += 1;
+            continue;
+        }
+        assert_eq!(*status, 201, "{reference}: {body}");
+        created += 1;
+        let ids = token_ids(body);
+        assert_eq!(ids.len() as i64, *quantity, "{body}");
+        for id in ids {
+            let token = app.stored_token(&id).await;
+            assert_eq!(token.get_object_id("owner").unwrap().to_hex(), *owner);
+            assert_eq!(token.get_str("status").unwrap(), "redeemed");
+            assert_eq!(token.get_str("redemptionRef").unwrap(), reference);
+            assert_eq!(stored_int(&token, "_version"), Some(1), "{token}");
+            assert!(answered.insert(id), "a token answered twice");
+        }
+    }
+    let redeemed = all(app, "tokens")
+        .await
+        .into_iter()
+        .filter(|t| t.get_str("status").unwrap() == "redeemed")
+        .count();
+    assert_eq!(
+        redeemed,
+        answered.len(),
+        "only what was answered is redeemed"
+    );
+    assert_eq!(all(app, "redemptions").await.len(), created);
+    assert_eq!((created, refused), (2 * OWNERS, 1), "{answers:?}");
+}
+
+/// How many redemption records each of the database's committed transactions inserted
+/// (from the oplog: a transaction commits as one `applyOps` entry).
+async fn redemptions_per_transaction(app: &TestApp) -> Vec<usize> {
+    let ns = format!("{}.redemptions", app.db_name);
+    let oplog = app
+        .db
+        .client()
+        .database("local")
+        .collection::<Document>("oplog.rs");
+    let entries: Vec<Document> = oplog
+        .find(doc! { "o.applyOps.ns": &ns })
+        .await
+        .unwrap()
+        .try_collect()
+        .await
+        .unwrap();
+    entries
+        .iter()
+        .map(|entry| {
+            let ops = entry
+                .get_document("o")
+                .unwrap()
+                .get_array("applyOps")
+                .unwrap();
+            ops.iter()
+                .filter_map(|op| op.as_document())
+                .filter(|op| op.get_str("ns") == Ok(ns.as_str()) && op.get_str("op") == Ok("i"))
+                .count()
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redemptions_of_many_owners_at_once_share_transactions_and_each_spends_its_own() {
+    let app = spawn_app().await;
+    let owners = stocked_owners(&app).await;
+    let asks = two_each_and_one_too_many(&owners);
+    let answers = redeem_all(&app, &asks).await;
+    check_each_redeemed_its_own(&app, &asks, &answers).await;
+
+    let per_transaction = redemptions_per_transaction(&app).await;
+    assert_eq!(per_transaction.iter().sum::<usize>(), 2 * OWNERS);
+    assert!(
+        per_transaction.iter().any(|&n| n > 1),
+        "no transaction carried more than one redemption: {per_transaction:?}"
+    );
+}
+
+/// The first batch's token update loses a write conflict: that transaction writes
+/// nothing, and each of its redemptions goes through on its own retry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_batch_that_cannot_commit_writes_nothing_and_its_redemptions_go_through_alone() {
+    let name = unique_app_name();
+    let app = spawn_app_named(&name, NO_REPAIR).await;
+    let owners = stocked_owners(&app).await;
+    let asks = two_each_and_one_too_many(&owners);
+    let conflict = Fault::Error {
+        code: 112,
+        labels: vec!["TransientTransactionError".to_owned()],
+    };
+    // Redemptions send no other `update`.
+    let failpoint = FailPoint::set(&name, &["update"], conflict, 1).await;
+    let answers = redeem_all(&app, &asks).await;
+    assert_eq!(failpoint.off().await, 1, "the update never failed");
+    check_each_redeemed_its_own(&app, &asks, &answers).await;
+    assert_eq!(
+        redemptions_per_transaction(&app)
+            .await
+            .iter()
+            .sum::<usize>(),
+        2 * OWNERS
+    );
+}
+
+/// The commit's answer is lost (the connection closes): the transaction commits once,
+/// and every redemption of the batch is answered 201 with what it redeemed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_batch_whose_commit_answer_is_lost_commits_once() {
+    let name = unique_app_name();
+    let app = spawn_app_named(&name, NO_REPAIR).await;
+    let owners = stocked_owners(&app).await;
+    let asks = two_each_and_one_too_many(&owners);
+    let failpoint = FailPoint::set(&name, &["commitTransaction"], Fault::CloseConnection, 1).await;
+    let answers = redeem_all(&app, &asks).await;
+    assert_eq!(failpoint.off().await, 1, "no commit lost its answer");
+    check_each_redeemed_its_own(&app, &asks, &answers).await;
+}
