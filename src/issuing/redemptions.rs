@@ -6,8 +6,10 @@
 //! - The same reference again with the same tokenType and quantity is a replay: the same
 //!   tokens, nothing written. Another tokenType or quantity is a conflict.
 //! - Fewer active tokens than asked: refused with how many there are, nothing redeemed.
-//! - Everything happens in one transaction (`Store::redeem_in_transaction`): a crash
-//!   leaves either no trace or the whole redemption, and a retry finds the latter. Under
+//! - Everything happens in one transaction (`Store::redeem_in_transaction`), from the
+//!   reference's lookup to the commit: a crash leaves either no trace or the whole
+//!   redemption, and a retry finds the latter. Redemptions of different owners arriving
+//!   together share the transaction (`batch`). Under
 //!   an `Idempotency-Key` the key's answer (201, the tokens) commits in it too, so a
 //!   retry with the key is answered 201 with the same body even when the first answer
 //!   never reached the client.
@@ -98,13 +100,6 @@ impl Issuer {
             .map(|(keyed, stored)| keyed.attempt.in_transaction(stored));
         let mut attempt: u64 = 0;
         loop {
-            let existing = self
-                .store
-                .find_redemption(request.owner.object_id(), request.reference.as_str())
-                .await?;
-            if let Some(existing) = existing {
-                return self.replay(existing, request, &visible).await;
-            }
             match self
                 .attempt(request, &spendable, answered.as_ref(), attempt)
                 .await?
@@ -114,6 +109,9 @@ impl Issuer {
                         keyed.attempt.settle();
                     }
                     return Ok(RedemptionOutcome::Created(redeemed));
+                }
+                RedemptionAttempt::Exists(existing) => {
+                    return self.replay(existing, request, &visible).await;
                 }
                 RedemptionAttempt::Refused(available) => {
                     return Err(RedemptionError::Insufficient { available });
@@ -129,7 +127,9 @@ impl Issuer {
                 RedemptionAttempt::Conflict => {
                     metrics::counter!(metric::TRANSACTION_RETRIES_TOTAL).increment(1);
                     attempt += 1;
-                    if started.elapsed() > CONFLICT_BUDGET {
+                    // A first attempt may have waited its turn in a batch that failed
+                    // for another's sake: it always gets one attempt alone.
+                    if attempt > 1 && started.elapsed() > CONFLICT_BUDGET {
                         return Err(RedemptionError::Contended);
                     }
                     let ceiling = (attempt * 2).min(MAX_PAUSE_MS);
@@ -154,6 +154,8 @@ impl Issuer {
             return self.spender().attempt(request, spendable).await;
         }
         let spend = Spend {
+            owner: request.owner.object_id(),
+            reference: request.reference.as_str(),
             spendable,
             answered,
         };

@@ -93,12 +93,10 @@ pub fn is_transient_transaction_error(err: &Error) -> bool {
     err.contains_label(TRANSIENT_TRANSACTION_ERROR)
 }
 
-/// The server's code for a write that lost to a concurrent one.
-pub(super) const WRITE_CONFLICT: i32 = 112;
-
 /// True when another transaction's write of the same document or key is in the way
 /// (WriteConflict 112, LockTimeout 24), as opposed to an outage.
 pub fn is_write_conflict(err: &Error) -> bool {
+    const WRITE_CONFLICT: i32 = 112;
     const LOCK_TIMEOUT: i32 = 24;
     let code = match err.kind.as_ref() {
         ErrorKind::Command(cmd) => Some(cmd.code),

@@ -15,9 +15,7 @@ use serde::{Deserialize, Serialize};
 use super::atomic::commit_with_retry;
 use super::documents::TokenDoc;
 use super::durability::{abort_quietly, start_snapshot_transaction};
-use super::error::{
-    StoreError, WRITE_CONFLICT, duplicate_key_index, is_transient_transaction_error,
-};
+use super::error::{StoreError, duplicate_key_index, is_transient_transaction_error};
 use super::idempotency::AnswerInTransaction;
 use super::indexes::REDEMPTIONS_REFERENCE_INDEX;
 use super::tokens::{TokenQuery, token_filter};
@@ -75,6 +73,9 @@ pub struct SpendPlan {
 pub enum RedemptionAttempt<R> {
     /// Committed: the record and the tokens as redeemed, in the chosen order.
     Committed(Redeemed),
+    /// The owner has a redemption of that reference already (in the transaction's
+    /// snapshot); nothing was written for it.
+    Exists(RedemptionDoc),
     /// The plan refused what it was shown; nothing was written for it.
     Refused(R),
     /// Nothing was written: another writer had one of the tokens, or a reference, first
@@ -87,6 +88,9 @@ pub enum RedemptionAttempt<R> {
 /// One redemption of a transaction: the tokens it may spend and, under an
 /// `Idempotency-Key`, the record its answer commits with.
 pub struct Spend<'a> {
+    /// The owner and the reference that name the redemption.
+    pub owner: ObjectId,
+    pub reference: &'a str,
     pub spendable: &'a Spendable,
     pub answered: Option<&'a AnswerInTransaction<'a, Redeemed>>,
 }
@@ -125,13 +129,15 @@ impl Store {
         Ok(in_order(found, ids))
     }
 
-    /// One transaction for `spends`, one attempt each, in the same order: reads each
-    /// spend's tokens and asks `plan` (with the spend's position) what to do with them, or
-    /// for a refusal; redeems every planned record's `tokenIds` still active with its
+    /// One transaction for `spends`, one attempt each, in the same order: reads which of
+    /// their references exist (those are answered with their record, nothing written),
+    /// then each other spend's tokens, and asks `plan` (with the spend's position) what to
+    /// do with them, or for a refusal; redeems every planned record's `tokenIds` still active with its
     /// plan's fields in one update, inserts the records in one insert, answers each
     /// `answered` record, and commits. The planned redemptions commit together or not at
     /// all: when one cannot (a token or reference taken, a key taken over) none is
-    /// written, and every planned one is told so. Refusals stand whatever the others do.
+    /// written, and every planned one is told so; refusals stand then. Any other failure
+    /// is the whole call's.
     ///
     /// The spends must not share tokens (in practice: one redemption per owner): two
     /// plans choosing the same token leave the update short, which writes nothing.
@@ -179,9 +185,16 @@ impl Store {
         mut plan: impl FnMut(usize, &[TokenDoc]) -> Result<SpendPlan, R>,
         attempts: &mut [Option<RedemptionAttempt<R>>],
     ) -> Result<Ended, Error> {
+        let mut existing = self.existing_redemptions(session, spends).await?;
         let tokens = self.db.collection::<TokenDoc>(TOKENS);
         let mut planned = Vec::with_capacity(spends.len());
         for (index, spend) in spends.iter().enumerate() {
+            let named =
+                |r: &RedemptionDoc| r.owner == spend.owner && r.reference == spend.reference;
+            if let Some(at) = existing.iter().position(named) {
+                attempts[index] = Some(RedemptionAttempt::Exists(existing.swap_remove(at)));
+                continue;
+            }
             let spendable = spend.spendable;
             let found: Vec<TokenDoc> = tokens
                 .find(token_filter(&spendable.query))
@@ -204,7 +217,7 @@ impl Store {
         // In a snapshot transaction a token changed since the read is a write conflict,
         // not a miss; this guards the all-or-nothing promise should that ever differ,
         // and against two plans that chose one token.
-        if self.redeem_chosen(session, &planned).await? != Some(chosen as u64) {
+        if self.redeem_chosen(session, &planned).await? != chosen as u64 {
             return Ok(Ended::Conflict);
         }
         self.db
@@ -241,14 +254,35 @@ impl Store {
 }
 
 impl Store {
+    /// The records of those of `spends`' references that exist, in one read of the
+    /// transaction's snapshot.
+    async fn existing_redemptions(
+        &self,
+        session: &mut ClientSession,
+        spends: &[Spend<'_>],
+    ) -> Result<Vec<RedemptionDoc>, Error> {
+        let named: Vec<Document> = spends
+            .iter()
+            .map(|spend| doc! { "owner": spend.owner, "reference": spend.reference })
+            .collect();
+        self.db
+            .collection::<RedemptionDoc>(REDEMPTIONS)
+            .find(doc! { "$or": named })
+            .session(&mut *session)
+            .await?
+            .stream(&mut *session)
+            .try_collect()
+            .await
+    }
+
     /// Runs `redeem_command` in the session's transaction; returns how many tokens it
-    /// redeemed, `None` for a write conflict. Any statement's write error ends the
-    /// transaction (the server aborts it).
+    /// redeemed. A conflict with another writer fails the command itself (as a transient
+    /// transaction error); any statement's write error ends the transaction.
     async fn redeem_chosen(
         &self,
         session: &mut ClientSession,
         planned: &[Planned],
-    ) -> Result<Option<u64>, Error> {
+    ) -> Result<u64, Error> {
         let reply = self
             .db
             .run_command(redeem_command(planned))
@@ -259,9 +293,6 @@ impl Store {
                 .first()
                 .and_then(Bson::as_document)
                 .and_then(|error| error.get_i32("code").ok());
-            if code == Some(WRITE_CONFLICT) {
-                return Ok(None);
-            }
             return Err(Error::custom(format!(
                 "a redemption's token update failed (code {code:?})"
             )));
@@ -271,7 +302,7 @@ impl Store {
             Some(Bson::Int64(n)) => *n,
             _ => return Err(Error::custom("an update reply without nModified")),
         };
-        Ok(Some(modified as u64))
+        Ok(modified as u64)
     }
 }
 

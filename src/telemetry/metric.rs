@@ -26,7 +26,7 @@ pub const REPAIRS_TOTAL: &str = "tokenmint_repairs_total";
 pub const ISSUANCE_WAITERS: &str = "tokenmint_issuance_waiters";
 /// Issuances committed together by one group commit (either mode).
 pub const ISSUANCE_BATCH_SIZE: &str = "tokenmint_issuance_batch_size";
-/// Redemptions committed together by one transaction (see `BATCH_SIZE_BUCKETS`).
+/// Redemptions that shared one transaction attempt (see `BATCH_SIZE_BUCKETS`).
 pub const REDEMPTION_BATCH_SIZE: &str = "tokenmint_redemption_batch_size";
 /// Duplicate-key races retried.
 pub const DUPLICATE_KEY_RETRIES_TOTAL: &str = "tokenmint_duplicate_key_retries_total";
@@ -128,7 +128,7 @@ pub(super) fn describe() {
     );
     describe_histogram!(
         REDEMPTION_BATCH_SIZE,
-        "Redemptions that shared one transaction (redemptions of several owners committed together)"
+        "Redemptions that shared one transaction attempt (redemptions of several owners committed together)"
     );
     describe_counter!(DUPLICATE_KEY_RETRIES_TOTAL, "Duplicate-key races retried");
     describe_counter!(

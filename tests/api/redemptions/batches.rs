@@ -199,3 +199,75 @@ async fn a_batch_whose_commit_answer_is_lost_commits_once() {
     assert_eq!(failpoint.off().await, 1, "no commit lost its answer");
     check_each_redeemed_its_own(&app, &asks, &answers).await;
 }
+
+/// One redemption's token update is refused by the database (a validator rejects its
+/// reference): the batches it joins write nothing, and only it fails; every other
+/// redemption, of every owner, goes through (alone, when it shared that batch).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_redemption_the_database_refuses_fails_alone_not_its_batch() {
+    let app = spawn_app_with(NO_REPAIR).await;
+    let owners = stocked_owners(&app).await;
+    app.db
+        .run_command(doc! {
+            "collMod": "tokens",
+            "validator": { "$expr": { "$ne": ["$redemptionRef", "poison"] } },
+        })
+        .await
+        .unwrap();
+    let mut asks = two_each_and_one_too_many(&owners);
+    asks.pop();
+    // In the middle of the burst, so that it shares a batch with others.
+    asks[OWNERS].1 = "poison".to_owned();
+    let answers = redeem_all(&app, &asks).await;
+    for ((_, reference, _), (status, body)) in asks.iter().zip(&answers) {
+        let expected = if reference == "poison" { 500 } else { 201 };
+        assert_eq!(*status, expected, "{reference}: {body}");
+    }
+    assert_eq!(all(&app, "redemptions").await.len(), 2 * OWNERS - 1);
+    assert_eq!(
+        redemptions_per_transaction(&app)
+            .await
+            .iter()
+            .sum::<usize>(),
+        2 * OWNERS - 1
+    );
+}
+
+/// A redemption whose request is gone (it timed out while waiting for its owner's
+/// previous redemption) is never started: nothing of it is written later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_redemption_whose_request_timed_out_before_its_turn_is_never_written() {
+    let name = unique_app_name();
+    let app = spawn_app_named(
+        &name,
+        &format!("{NO_REPAIR}[server]\nrequest_timeout_ms = 1000\n"),
+    )
+    .await;
+    let owners = stocked_owners(&app).await;
+    // The first redemption's transaction hangs at its update past both requests' time;
+    // the second, of the same owner, waits behind it.
+    let failpoint = FailPoint::set(&name, &["update"], Fault::Block { millis: 3_000 }, 1).await;
+    let asks = [
+        (owners[0].clone(), "ahead".to_owned(), 1),
+        (owners[0].clone(), "behind".to_owned(), 1),
+    ];
+    let first = redeem_all(&app, &asks[..1]);
+    let second = async {
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        redeem_all(&app, &asks[1..]).await
+    };
+    let (first, second) = tokio::join!(first, second);
+    for (status, body) in first.iter().chain(&second) {
+        assert_eq!(*status, 503, "{body}");
+        assert_eq!(body["code"], "request_timeout", "{body}");
+    }
+    assert_eq!(failpoint.off().await, 1, "the update never hung");
+    // Long enough for the hung transaction to end and the writer to reach the second.
+    tokio::time::sleep(std::time::Duration::from_secs(4)).await;
+    let references: Vec<String> = all(&app, "redemptions")
+        .await
+        .iter()
+        .map(|r| r.get_str("reference").unwrap().to_owned())
+        .collect();
+    assert!(!references.contains(&"behind".to_owned()), "{references:?}");
+}
