@@ -43,6 +43,54 @@ pub struct TokenDoc {
     pub last_changed_by: Option<String>,
 }
 
+/// What a `$set` of top-level token fields writes, read once from that `$set` so that it
+/// can be applied to tokens in memory, as the server applies it to their documents
+/// (without a round trip through BSON per token). A field it does not know is refused:
+/// what is applied must be exactly what was written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TokenChange {
+    owner: Option<ObjectId>,
+    status: Option<TokenStatus>,
+    updated_at: Option<DateTime>,
+    redeemed_at: Option<DateTime>,
+    redemption_ref: Option<String>,
+    revoked_at: Option<DateTime>,
+    revocation_reason: Option<String>,
+    last_changed_by: Option<String>,
+}
+
+impl TokenChange {
+    /// The change `set` makes.
+    pub fn of(set: &Document) -> Result<Self, bson::de::Error> {
+        bson::from_document(set.clone())
+    }
+
+    /// `token` as the change leaves it (`_version` aside).
+    pub fn applied_to(&self, token: &TokenDoc) -> TokenDoc {
+        let mut token = token.clone();
+        let Self {
+            owner,
+            status,
+            updated_at,
+            redeemed_at,
+            redemption_ref,
+            revoked_at,
+            revocation_reason,
+            last_changed_by,
+        } = self;
+        token.owner = owner.unwrap_or(token.owner);
+        token.status = status.unwrap_or(token.status);
+        token.updated_at = updated_at.unwrap_or(token.updated_at);
+        token.redeemed_at = redeemed_at.or(token.redeemed_at);
+        token.redemption_ref = redemption_ref.clone().or(token.redemption_ref);
+        token.revoked_at = revoked_at.or(token.revoked_at);
+        token.revocation_reason = revocation_reason.clone().or(token.revocation_reason);
+        token.last_changed_by = last_changed_by.clone().or(token.last_changed_by);
+        token
+    }
+}
+
 /// The part of a token an issuance answer lists.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TokenSummary {
@@ -308,5 +356,34 @@ mod tests {
         let mut expected = payment_tokens_filter(&request().key);
         expected.insert("tokenIndex", Bson::Int64(1));
         assert_eq!(filter, expected);
+    }
+
+    #[test]
+    fn a_change_applied_in_memory_is_what_the_set_writes_on_the_document() {
+        let now = DateTime::from_millis(1_700_000_000_000);
+        let token: TokenDoc = bson::from_document(doc! {
+            "_id": ObjectId::new(), "owner": ObjectId::new(), "type": "standard",
+            "tokenIndex": 2_i64, "status": "active", "_version": 0_i64,
+            "origin": { "provider": "stripe", "accountId": "acct_1",
+                        "paymentIntentId": "pi_1", "date": now },
+            "createdAt": now, "updatedAt": now,
+        })
+        .unwrap();
+        let set = doc! {
+            "updatedAt": DateTime::from_millis(1_700_000_001_000),
+            "lastChangedBy": "key:a", "status": "redeemed",
+            "redeemedAt": DateTime::from_millis(1_700_000_001_000), "redemptionRef": "r-1",
+        };
+        let mut through_bson = bson::to_document(&token).unwrap();
+        through_bson.extend(set.clone());
+        let expected = bson::to_document(&bson::from_document::<TokenDoc>(through_bson).unwrap());
+        let applied = TokenChange::of(&set).unwrap().applied_to(&token);
+        assert_eq!(bson::to_document(&applied).unwrap(), expected.unwrap());
+
+        let unknown = doc! { "status": "redeemed", "note": "x" };
+        assert!(
+            TokenChange::of(&unknown).is_err(),
+            "a field it cannot apply"
+        );
     }
 }

@@ -13,7 +13,7 @@ use mongodb::error::Error;
 use serde::{Deserialize, Serialize};
 
 use super::atomic::commit_with_retry;
-use super::documents::TokenDoc;
+use super::documents::{TokenChange, TokenDoc};
 use super::durability::{abort_quietly, start_snapshot_transaction};
 use super::error::{StoreError, duplicate_key_index, is_transient_transaction_error};
 use super::idempotency::AnswerInTransaction;
@@ -337,24 +337,22 @@ fn redeem_command(planned: &[Planned]) -> Document {
 }
 
 /// The tokens of `found` named by `ids`, in that order, as `{ $set: set, $inc: {
-/// _version: 1 } }` leaves them. `set` holds top-level fields only (the plan's), so
-/// inserting them into each token's document is what the server's `$set` does.
+/// _version: 1 } }` leaves them.
 fn as_written(
     found: &[TokenDoc],
     ids: &[ObjectId],
     set: &Document,
 ) -> Result<Vec<TokenDoc>, Error> {
+    let change = TokenChange::of(set)?;
     let written = found
         .iter()
         .filter(|token| ids.contains(&token.id))
         .map(|token| {
-            let mut document = mongodb::bson::to_document(token)?;
-            document.extend(set.clone());
-            let mut token: TokenDoc = mongodb::bson::from_document(document)?;
+            let mut token = change.applied_to(token);
             token.version += 1;
-            Ok(token)
+            token
         })
-        .collect::<Result<Vec<_>, Error>>()?;
+        .collect();
     Ok(in_order(written, ids))
 }
 
