@@ -269,10 +269,6 @@ mod tests {
     use crate::domain::{Actor, Owner, Quantity, RedemptionReference, TokenType};
     use mongodb::bson::oid::ObjectId;
 
-    fn queued(owner: ObjectId, reference: &str) -> Queued {
-        queued_of(owner, reference, 1).0
-    }
-
     /// A queued redemption of `quantity`, and the receiver of its answer.
     fn queued_of(
         owner: ObjectId,
