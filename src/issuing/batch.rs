@@ -174,27 +174,37 @@ impl Committer {
                 .unwrap_or_else(PoisonError::into_inner)
                 .take(),
         );
-        let mut writers =
-            std::mem::take(&mut *self.writers.lock().unwrap_or_else(PoisonError::into_inner));
-        let stopped = writers.len();
-        match tokio::time::timeout(within, join_all(writers.iter_mut())).await {
-            Ok(ended) => {
-                for err in ended.into_iter().filter_map(Result::err) {
-                    tracing::error!(error = %err, "a batch writer ended abnormally");
-                }
-            }
-            Err(_) => {
-                tracing::warn!(
-                    writers = stopped,
-                    "batch writers still writing at the end of the shutdown bound; aborted (self-repair completes their records)"
-                );
-                for writer in &writers {
-                    writer.abort();
-                }
+        end_writers(&self.writers, within, "issuance").await
+    }
+}
+
+/// Waits for the writer tasks in `writers` to end, for at most `within`, then aborts
+/// those still running; returns how many there were. `kind` names them in the log.
+pub(super) async fn end_writers(
+    writers: &Mutex<Vec<JoinHandle<()>>>,
+    within: Duration,
+    kind: &'static str,
+) -> usize {
+    let mut writers = std::mem::take(&mut *writers.lock().unwrap_or_else(PoisonError::into_inner));
+    let stopped = writers.len();
+    match tokio::time::timeout(within, join_all(writers.iter_mut())).await {
+        Ok(ended) => {
+            for err in ended.into_iter().filter_map(Result::err) {
+                tracing::error!(error = %err, kind, "a batch writer ended abnormally");
             }
         }
-        stopped
+        Err(_) => {
+            tracing::warn!(
+                writers = stopped,
+                kind,
+                "batch writers still writing at the end of the shutdown bound; aborted"
+            );
+            for writer in &writers {
+                writer.abort();
+            }
+        }
     }
+    stopped
 }
 
 /// Starts the writer tasks of `mode`, their handles added to `writers`; returns their

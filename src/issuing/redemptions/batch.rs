@@ -33,7 +33,6 @@ use std::hash::{Hash, Hasher};
 use std::sync::{Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
-use futures::future::join_all;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tracing::Instrument;
@@ -41,6 +40,7 @@ use tracing::Instrument;
 use super::plan;
 use crate::domain::NewRedemption;
 use crate::issuing::Issuer;
+use crate::issuing::batch::end_writers;
 use crate::store::{RedemptionAttempt, Spend, Spendable, StoreError};
 use crate::telemetry::{metric, traces};
 
@@ -138,26 +138,7 @@ impl Spender {
                 .unwrap_or_else(PoisonError::into_inner)
                 .take(),
         );
-        let mut writers =
-            std::mem::take(&mut *self.writers.lock().unwrap_or_else(PoisonError::into_inner));
-        let stopped = writers.len();
-        match tokio::time::timeout(within, join_all(writers.iter_mut())).await {
-            Ok(ended) => {
-                for err in ended.into_iter().filter_map(Result::err) {
-                    tracing::error!(error = %err, "a redemption writer ended abnormally");
-                }
-            }
-            Err(_) => {
-                tracing::warn!(
-                    writers = stopped,
-                    "redemption writers still writing at the end of the shutdown bound; aborted"
-                );
-                for writer in &writers {
-                    writer.abort();
-                }
-            }
-        }
-        stopped
+        end_writers(&self.writers, within, "redemption").await
     }
 }
 
