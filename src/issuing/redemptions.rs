@@ -110,8 +110,18 @@ impl Issuer {
                     }
                     return Ok(RedemptionOutcome::Created(redeemed));
                 }
-                RedemptionAttempt::Exists(existing) => {
-                    return self.replay(existing, request, &visible).await;
+                // Answered from a majority read: the snapshot that showed it may hold a
+                // redemption a failover can still roll back (one whose commit gave up
+                // waiting for the majority). Until the majority has it, it is in the way.
+                RedemptionAttempt::Exists => {
+                    let existing = self
+                        .store
+                        .find_redemption(request.owner.object_id(), request.reference.as_str())
+                        .await?;
+                    if let Some(existing) = existing {
+                        return self.replay(existing, request, &visible).await;
+                    }
+                    pause_after_conflict(started, &mut attempt).await?;
                 }
                 RedemptionAttempt::Refused(available) => {
                     return Err(RedemptionError::Insufficient { available });
@@ -126,15 +136,7 @@ impl Issuer {
                 // of this reference included, then answered as a replay or conflict).
                 RedemptionAttempt::Conflict => {
                     metrics::counter!(metric::TRANSACTION_RETRIES_TOTAL).increment(1);
-                    attempt += 1;
-                    // A first attempt may have waited its turn in a batch that failed
-                    // for another's sake: it always gets one attempt alone.
-                    if attempt > 1 && started.elapsed() > CONFLICT_BUDGET {
-                        return Err(RedemptionError::Contended);
-                    }
-                    let ceiling = (attempt * 2).min(MAX_PAUSE_MS);
-                    let pause = rand::rng().random_range(1..=ceiling.max(1));
-                    tokio::time::sleep(Duration::from_millis(pause)).await;
+                    pause_after_conflict(started, &mut attempt).await?;
                 }
             }
         }
@@ -211,6 +213,21 @@ impl Issuer {
             tokens,
         }))
     }
+}
+
+/// Counts `attempt` as lost and pauses before the next, a little longer each time;
+/// `Contended` once the budget since `started` is spent. A first attempt may have
+/// waited its turn in a batch that failed for another's sake: it always gets one
+/// attempt alone.
+async fn pause_after_conflict(started: Instant, attempt: &mut u64) -> Result<(), RedemptionError> {
+    *attempt += 1;
+    if *attempt > 1 && started.elapsed() > CONFLICT_BUDGET {
+        return Err(RedemptionError::Contended);
+    }
+    let ceiling = (*attempt * 2).min(MAX_PAUSE_MS);
+    let pause = rand::rng().random_range(1..=ceiling.max(1));
+    tokio::time::sleep(Duration::from_millis(pause)).await;
+    Ok(())
 }
 
 /// The tokens `request` may spend: the owner's active tokens of its type, within its

@@ -73,9 +73,11 @@ pub struct SpendPlan {
 pub enum RedemptionAttempt<R> {
     /// Committed: the record and the tokens as redeemed, in the chosen order.
     Committed(Redeemed),
-    /// The owner has a redemption of that reference already (in the transaction's
-    /// snapshot); nothing was written for it.
-    Exists(RedemptionDoc),
+    /// The transaction's snapshot shows a redemption of that reference already; nothing
+    /// was written for it. A snapshot that nothing was written after is not known to be
+    /// majority-committed (only a transaction's commit at `w: majority` makes it so): the
+    /// record must be read again (`find_redemption`) before an answer rests on it.
+    Exists,
     /// The plan refused what it was shown; nothing was written for it.
     Refused(R),
     /// Nothing was written: another writer had one of the tokens, or a reference, first
@@ -185,14 +187,14 @@ impl Store {
         mut plan: impl FnMut(usize, &[TokenDoc]) -> Result<SpendPlan, R>,
         attempts: &mut [Option<RedemptionAttempt<R>>],
     ) -> Result<Ended, Error> {
-        let mut existing = self.existing_redemptions(session, spends).await?;
+        let existing = self.existing_redemptions(session, spends).await?;
         let tokens = self.db.collection::<TokenDoc>(TOKENS);
         let mut planned = Vec::with_capacity(spends.len());
         for (index, spend) in spends.iter().enumerate() {
             let named =
                 |r: &RedemptionDoc| r.owner == spend.owner && r.reference == spend.reference;
-            if let Some(at) = existing.iter().position(named) {
-                attempts[index] = Some(RedemptionAttempt::Exists(existing.swap_remove(at)));
+            if existing.iter().any(named) {
+                attempts[index] = Some(RedemptionAttempt::Exists);
                 continue;
             }
             let spendable = spend.spendable;

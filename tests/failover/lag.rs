@@ -1,11 +1,15 @@
 //! A replay during replication lag (`failover_replay_during_replication_lag_…`): the
-//! window between "applied on the primary" and "majority-committed".
+//! window between "applied on the primary" and "majority-committed". Issuances in both
+//! modes, and a redemption retried after its first attempt gave up waiting for the
+//! majority.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
-use tokenmint_test_support::{ADMIN_KEY, TokenIds, indexed_token_ids};
+use serde_json::{Value, json};
+use tokenmint_test_support::{
+    ADMIN_KEY, OWNER, TokenIds, indexed_token_ids, spawn_app_from, test_settings_at,
+};
 
 use super::load::{issuance, issue_until_ok};
 use super::replica_set::ReplicaSet;
@@ -26,6 +30,14 @@ pub(super) async fn scenario() {
     let database = "tokenmint_failover_lag";
     let app = start_app(&set, database).await;
     let base = app.address.clone();
+    // An instance whose writes give up waiting for the majority after 2 s (`wtimeoutMS`
+    // in its URI), for the redemption.
+    let redeemer = spawn_app_from(&test_settings_at(
+        &format!("{}&wtimeoutMS=2000", set.uri()),
+        database,
+        "[mongo]\nserver_selection_timeout_ms = 5000\n",
+    ))
+    .await;
     let http = tokenmint_test_support::http_client_builder()
         .timeout(Duration::from_secs(15))
         .build()
@@ -51,6 +63,16 @@ pub(super) async fn scenario() {
             (mode, issue_lagging(&http, &base, mode).await)
         }));
     }
+    // The redemption's first attempt waits out its commit's retries (each gives up on the
+    // majority after 2 s), and its retry waits for that first: a longer client timeout.
+    let patient = tokenmint_test_support::http_client_builder()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let first_redemption = {
+        let (http, base) = (patient.clone(), redeemer.address.clone());
+        tokio::spawn(async move { redeem_lagging(&http, &base).await })
+    };
     tokio::time::sleep(Duration::from_secs(1)).await;
     // The second, identical requests, while the first ones wait for the majority.
     let mut seconds: BTreeMap<&str, (u16, TokenIds)> = BTreeMap::new();
@@ -62,6 +84,14 @@ pub(super) async fn scenario() {
         seconds.insert(mode, (status, ids));
     }
 
+    // The redemption's retry: the first one's commit gave up on the majority after
+    // `wtimeoutMS` (it is applied on the primary, not durable), and the retry's
+    // transaction sees its record in its snapshot.
+    let (second_redemption, _) = redeem_lagging(&patient, &redeemer.address).await;
+    eprintln!(
+        "failover[replication-lag] redemption: second request answered {second_redemption} while the first was not durable"
+    );
+
     // Two of three members are stopped: nothing written for these payments can be
     // majority-committed yet, so any 2xx so far acknowledged what a failover may lose,
     // whether or not this failover happens to lose it (a stopped secondary may still
@@ -71,6 +101,12 @@ pub(super) async fn scenario() {
     for first in &firsts {
         early.push(first.is_finished());
     }
+    if (200..300).contains(&second_redemption) {
+        violations.push(format!(
+            "redemption: the retry was answered {second_redemption} while two of three members were stopped"
+        ));
+    }
+    let first_redemption_early = first_redemption.is_finished();
     for (mode, (status, _)) in &seconds {
         if (200..300).contains(status) {
             violations.push(format!(
@@ -100,6 +136,13 @@ pub(super) async fn scenario() {
             answer.0
         );
         first_answers.insert(mode, answer);
+    }
+    let (first_redemption, _) = first_redemption.await.unwrap();
+    eprintln!("failover[replication-lag] redemption: first request answered {first_redemption}");
+    if first_redemption_early && (200..300).contains(&first_redemption) {
+        violations.push(format!(
+            "redemption: the first request was answered {first_redemption} while two of three members were stopped"
+        ));
     }
     set.wait_until_healthy(Duration::from_secs(90)).await;
     let start = Instant::now();
@@ -131,6 +174,7 @@ pub(super) async fn scenario() {
             ));
         }
     }
+    redeemer.stop().await;
     app.stop().await;
     verify(&set.uri(), database, &mut violations).await;
     eprintln!(
@@ -159,6 +203,18 @@ async fn issue_lagging(http: &reqwest::Client, base: &str, mode: &str) -> (u16, 
         .send()
         .await;
     answered(answer).await
+}
+
+/// Sends the lagging redemption (one of `OWNER`'s tokens, reference `lag-redemption`)
+/// once.
+async fn redeem_lagging(http: &reqwest::Client, base: &str) -> (u16, TokenIds) {
+    let request = http
+        .post(format!("{base}/v1/redemptions"))
+        .bearer_auth(ADMIN_KEY)
+        .json(&json!({
+            "owner": OWNER, "tokenType": "standard", "quantity": 1, "reference": "lag-redemption",
+        }));
+    answered(request.send().await).await
 }
 
 /// An answer's status and token ids (status 0: no answer).

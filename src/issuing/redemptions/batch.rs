@@ -14,7 +14,8 @@
 //!   batch, which reads what this one redeemed.
 //! - A writer takes whatever has queued, without waiting for more: at low load a batch
 //!   is one redemption, and nothing is added to its latency.
-//! - All or nothing, per batch: the batch commits whole, or nothing of it is written.
+//! - All or nothing, per batch: the batch commits whole, or nothing of it is written
+//!   (when its commit's outcome stays unknown, the retries below find out which).
 //!   When it cannot commit (one token taken by a refund's revoke or a single redeem
 //!   since the read, a reference used meanwhile, or any other failure of one of its
 //!   commands), every redemption of it is told `Conflict` and tries again alone
@@ -191,8 +192,9 @@ fn next_batch(waiting: &mut VecDeque<Queued>) -> Vec<Queued> {
         let quantity = u64::from(queued.request.quantity.get());
         let fits =
             batch.is_empty() || (batch.len() < MAX_BATCH && tokens + quantity <= MAX_BATCH_TOKENS);
-        if fits && !owners.contains(&queued.request.owner) {
-            owners.insert(queued.request.owner);
+        // An owner's first redemption that does not fit keeps its owner's later ones
+        // out too: they go in the order they came.
+        if owners.insert(queued.request.owner) && fits {
             tokens += quantity;
             batch.push(queued);
         } else {
@@ -200,7 +202,9 @@ fn next_batch(waiting: &mut VecDeque<Queued>) -> Vec<Queued> {
         }
     }
     *waiting = later;
-    metrics::histogram!(metric::REDEMPTION_BATCH_SIZE).record(batch.len() as f64);
+    if !batch.is_empty() {
+        metrics::histogram!(metric::REDEMPTION_BATCH_SIZE).record(batch.len() as f64);
+    }
     batch
 }
 
@@ -308,6 +312,20 @@ mod tests {
         assert_eq!(next_batch(&mut waiting).len(), 1);
         assert_eq!(next_batch(&mut waiting).len(), 1, "one always fits");
         assert_eq!(next_batch(&mut waiting).len(), 1);
+    }
+
+    #[test]
+    fn an_owners_redemption_that_does_not_fit_keeps_its_later_ones_behind_it() {
+        let (x, a) = (ObjectId::new(), ObjectId::new());
+        let large = MAX_BATCH_TOKENS as i64 - 10;
+        let asked = [(x, "x", large), (a, "a1", 20), (a, "a2", 5)];
+        let (mut waiting, _answers): (VecDeque<Queued>, Vec<_>) = asked
+            .iter()
+            .map(|(owner, reference, quantity)| queued_of(*owner, reference, *quantity))
+            .unzip();
+        assert_eq!(references(&next_batch(&mut waiting)), ["x"]);
+        assert_eq!(references(&next_batch(&mut waiting)), ["a1"]);
+        assert_eq!(references(&next_batch(&mut waiting)), ["a2"]);
     }
 
     #[test]
