@@ -226,7 +226,6 @@ impl Issuer {
             .store
             .redeem_in_transaction(&spends, |index, found| plan(&batch[index].request, found))
             .await;
-        drop(spends);
         match attempts {
             Ok(attempts) => {
                 for (queued, attempt) in batch.into_iter().zip(attempts) {

@@ -160,44 +160,51 @@ async fn redemptions_of_many_owners_at_once_share_transactions_and_each_spends_i
     );
 }
 
-/// The first batch's token update loses a write conflict: that transaction writes
-/// nothing, and each of its redemptions goes through on its own retry.
+/// Each write of a batch's transaction fails in turn, once, after the ones before it
+/// succeeded: the token update loses a write conflict, the records' insert fails, the
+/// commit's answer is lost, the commit applies but answers a write concern error. Every
+/// redemption is answered 201 with its own tokens (a 5xx only for one that was alone in
+/// its batch, and then by its retry), each token redeemed once, and the records match: a
+/// batch that did not commit wrote nothing and its redemptions went through alone; one
+/// whose commit applied is not applied again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_batch_that_cannot_commit_writes_nothing_and_its_redemptions_go_through_alone() {
-    let name = unique_app_name();
-    let app = spawn_app_named(&name, NO_REPAIR).await;
-    let owners = stocked_owners(&app).await;
-    let asks = two_each_and_one_too_many(&owners);
+async fn a_batch_whose_writes_fail_one_by_one_redeems_each_token_once() {
     let conflict = Fault::Error {
         code: 112,
         labels: vec!["TransientTransactionError".to_owned()],
     };
-    // Redemptions send no other `update`.
-    let failpoint = FailPoint::set(&name, &["update"], conflict, 1).await;
-    let answers = redeem_all(&app, &asks).await;
-    assert_eq!(failpoint.off().await, 1, "the update never failed");
-    check_each_redeemed_its_own(&app, &asks, &answers).await;
-    assert_eq!(
-        redemptions_per_transaction(&app)
-            .await
-            .iter()
-            .sum::<usize>(),
-        2 * OWNERS
-    );
-}
-
-/// The commit's answer is lost (the connection closes): the transaction commits once,
-/// and every redemption of the batch is answered 201 with what it redeemed.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_batch_whose_commit_answer_is_lost_commits_once() {
-    let name = unique_app_name();
-    let app = spawn_app_named(&name, NO_REPAIR).await;
-    let owners = stocked_owners(&app).await;
-    let asks = two_each_and_one_too_many(&owners);
-    let failpoint = FailPoint::set(&name, &["commitTransaction"], Fault::CloseConnection, 1).await;
-    let answers = redeem_all(&app, &asks).await;
-    assert_eq!(failpoint.off().await, 1, "no commit lost its answer");
-    check_each_redeemed_its_own(&app, &asks, &answers).await;
+    // Redemptions send no other `update` or `insert` than their batch's.
+    let faults = [
+        ("update", conflict),
+        ("insert", Fault::error(2)),
+        ("commitTransaction", Fault::CloseConnection),
+        ("commitTransaction", Fault::WriteConcernError { code: 64 }),
+    ];
+    for (command, fault) in faults {
+        let name = unique_app_name();
+        let app = spawn_app_named(&name, NO_REPAIR).await;
+        let owners = stocked_owners(&app).await;
+        let asks = two_each_and_one_too_many(&owners);
+        let failpoint = FailPoint::set(&name, &[command], fault, 1).await;
+        let mut answers = redeem_all(&app, &asks).await;
+        assert_eq!(failpoint.off().await, 1, "{command} never failed");
+        // A redemption that was alone in its batch answers the failure itself (5xx, as
+        // a client retries it): its retry, with the same reference, must go through.
+        for (ask, answer) in asks.iter().zip(answers.iter_mut()) {
+            if answer.0 >= 500 {
+                *answer = redeem_all(&app, std::slice::from_ref(ask)).await.remove(0);
+            }
+        }
+        check_each_redeemed_its_own(&app, &asks, &answers).await;
+        assert_eq!(
+            redemptions_per_transaction(&app)
+                .await
+                .iter()
+                .sum::<usize>(),
+            2 * OWNERS,
+            "{command}"
+        );
+    }
 }
 
 /// One redemption's token update is refused by the database (a validator rejects its
