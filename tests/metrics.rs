@@ -52,6 +52,9 @@ async fn issuance_outcomes_are_counted_and_the_text_parses() {
         1.0
     );
     assert_eq!(value("tokenmint_tokens_created_total", ""), 2.0);
+    // Each batch's mark came from the term of its token insert: none settled again (a
+    // reply whose `opTime` went unread would send every batch down the slow path).
+    assert_eq!(value(metric::BATCH_TERM_CHANGES_TOTAL, ""), 0.0);
     let requests = samples
         .iter()
         .filter(|(n, l, _)| {
@@ -164,6 +167,7 @@ async fn a_fresh_process_describes_every_family_and_counts_from_zero() {
     let mut expected: Vec<(&str, String)> = vec![
         (metric::TOKENS_CREATED_TOTAL, String::new()),
         (metric::DUPLICATE_KEY_RETRIES_TOTAL, String::new()),
+        (metric::BATCH_TERM_CHANGES_TOTAL, String::new()),
         (metric::TRANSACTION_RETRIES_TOTAL, String::new()),
     ];
     for limiter in metric::RATE_LIMITERS {

@@ -7,11 +7,15 @@
 //!    refused, nothing written. This read is also the one every set is settled against;
 //! 2. one `insert` of the records (status `issuing`): a record that exists already makes
 //!    its request a replay (step 5);
-//! 3. one `insert` of the claimed payments' tokens (`w: majority`);
+//! 3. one `insert` of the claimed payments' tokens, acknowledged by the primary alone on a
+//!    replica set;
 //! 4. the settle: tokens the read of step 1 takes back (a partial refund known before)
-//!    are revoked; then one conditional update marks the records `issued`, all but those
-//!    a refund held meanwhile, which settle again on the one-request path; then the
-//!    answers.
+//!    are revoked; then one conditional update marks the records `issued` (`w:
+//!    majority`), all but those a refund held meanwhile, which settle again on the
+//!    one-request path; then the answers. The mark's majority makes steps 2–3 durable
+//!    only if the same primary acknowledged it in the same term (`TokensAck`): after an
+//!    election between them every set settles again on the one-request path, which
+//!    answers only from what a majority read finds.
 //! 5. replays, concurrently with 3–4: one read of their records and one of their tokens;
 //!    a complete, matching, `issued` set is answered from those, anything else takes the
 //!    one-request path (verify, complete with the upsert bulk, settle, take over a
@@ -64,7 +68,7 @@ use super::{IssueError, IssueOutcome, IssuedTokens, Issuer, Settlement};
 use crate::domain::{IssuanceMode, IssuanceStatus, NewIssuance, PaymentKey};
 use crate::store::{
     IssuanceDoc, PLACEHOLDER_LIFETIME, PaymentDoc, RecordInsert, StoreError, TokenInsert,
-    TokenSummary,
+    TokenSummary, TokensAck,
 };
 use crate::telemetry::{metric, traces};
 
@@ -75,8 +79,8 @@ use crate::telemetry::{metric, traces};
 const WRITERS: usize = 2;
 /// Most requests per batch.
 const MAX_BATCH: usize = 256;
-/// Most tokens per batch: bounds the memory one batch holds (the driver splits the insert
-/// itself if it passes the server's limits); a single payment always fits.
+/// Most tokens per batch: bounds the memory one batch holds (the store splits the insert
+/// into commands within the server's limits); a single payment always fits.
 const MAX_BATCH_TOKENS: u64 = 50_000;
 /// Requests waiting beyond this make their senders wait for room (backpressure).
 const QUEUE: usize = 4096;
@@ -343,8 +347,8 @@ impl Issuer {
         let (admitted, first_read) = self.admit(batch).await;
         let (claimed, replays) = self.claim_records(admitted).await;
         let writes = async {
-            let (written, raced) = self.insert_tokens(claimed).await;
-            self.settle_and_mark(written, first_read).await;
+            let (written, raced, ack) = self.insert_tokens(claimed).await;
+            self.settle_and_mark(written, first_read, ack).await;
             // A concurrent replay or repair wrote some of these tokens: converge, one by one.
             join_all(raced.into_iter().map(|claim| async move {
                 let outcome = self.complete(claim.record).await.map(IssueOutcome::Created);
@@ -391,19 +395,23 @@ impl Issuer {
     }
 
     /// Step 3 (upsert mode): one insert of the claimed payments' tokens. Returns the sets
-    /// written whole, and the claims whose set raced another writer.
-    async fn insert_tokens(&self, claimed: Vec<Claimed>) -> (Vec<Written>, Vec<Claimed>) {
+    /// written whole, the claims whose set raced another writer, and how the insert was
+    /// acknowledged (which step 4's mark must cover before any set is answered).
+    async fn insert_tokens(
+        &self,
+        claimed: Vec<Claimed>,
+    ) -> (Vec<Written>, Vec<Claimed>, TokensAck) {
         let mut written = Vec::new();
         let mut raced = Vec::new();
         if claimed.is_empty() {
-            return (written, raced);
+            return (written, raced, TokensAck::Majority);
         }
         let sets: Vec<&NewIssuance> = claimed.iter().map(|c| &c.request).collect();
-        let results = match self.store.insert_token_sets(&sets).await {
-            Ok(results) => results,
+        let (results, ack) = match self.store.insert_token_sets(&sets).await {
+            Ok(inserted) => inserted,
             Err(err) => {
                 fail_all(claimed.into_iter().map(|c| c.answer), &err);
-                return (written, raced);
+                return (written, raced, TokensAck::Majority);
             }
         };
         for (claim, result) in claimed.into_iter().zip(results) {
@@ -415,7 +423,7 @@ impl Issuer {
                 }
             }
         }
-        (written, raced)
+        (written, raced, ack)
     }
 
     /// Step 4: settle the written sets against step 1's read, mark the settled `issuing`
@@ -424,7 +432,7 @@ impl Issuer {
     /// again. A set whose settle fails is answered with the failure and its record stays
     /// `issuing`, for self-repair (atomic sets whose read showed nothing to take back
     /// committed `issued`: a refund after the read settles them itself).
-    async fn settle_and_mark(&self, written: Vec<Written>, first_read: FirstRead) {
+    async fn settle_and_mark(&self, written: Vec<Written>, first_read: FirstRead, ack: TokensAck) {
         if written.is_empty() {
             return;
         }
@@ -456,7 +464,7 @@ impl Issuer {
                 }
             }
         }
-        let unmarked = self.mark_unless_held(&answered).await;
+        let unmarked = self.mark_unless_held(&answered, &ack).await;
         let (unmarked, payments) = (&unmarked, &payments);
         join_all(
             answered
@@ -513,15 +521,27 @@ impl Issuer {
     /// fails, every record counts as held: each is settled again on the one-request path
     /// (which fails too in an outage, leaving the record `issuing` for self-repair), so
     /// that no set a refund may have held is answered unsettled.
+    ///
+    /// So does every set when the mark's majority does not cover the tokens (an election
+    /// came between them, `TokensAck::covered_by`): the mark may stand on a primary that
+    /// never had them. The records go back to `issuing` first, so that a set whose
+    /// settling again fails, or a process that dies now, leaves them to self-repair
+    /// rather than `issued` over missing tokens; a record the election lost answers 503
+    /// without writing its tokens again. The one-request path answers only from tokens a
+    /// majority read finds, writing again any that are missing.
     async fn mark_unless_held(
         &self,
         settled: &[(Claimed, Vec<TokenSummary>, Settlement)],
+        ack: &TokensAck,
     ) -> HashMap<ObjectId, Unmarked> {
         let ids: Vec<ObjectId> = settled
             .iter()
             .filter(|(c, _, _)| c.record.status == IssuanceStatus::Issuing)
             .map(|(c, _, _)| c.record.id)
             .collect();
+        if ids.is_empty() {
+            return HashMap::new();
+        }
         let all_held = || ids.iter().map(|id| (*id, Unmarked::Held)).collect();
         let marked = match self.store.mark_settled(&ids).await {
             Ok(marked) => marked,
@@ -530,7 +550,17 @@ impl Issuer {
                 return all_held();
             }
         };
-        if marked == ids.len() as u64 {
+        let covered = ack.covered_by(marked.at.as_ref());
+        if !covered {
+            metrics::counter!(metric::BATCH_TERM_CHANGES_TOTAL).increment(1);
+            tracing::warn!(
+                records = ids.len(),
+                "an election came between a batch's token insert and its mark; settling its sets again"
+            );
+            if let Err(err) = self.store.reopen_records(&ids).await {
+                tracing::warn!(error = %err, "cannot put the records back to issuing");
+            }
+        } else if marked.modified == ids.len() as u64 {
             return HashMap::new();
         }
         match self.store.records_by_id(&ids).await {
@@ -540,7 +570,7 @@ impl Issuer {
                 ids.iter()
                     .filter_map(|id| match now.get(id) {
                         // Marked, by this update or by a replay that settled it first.
-                        Some(IssuanceStatus::Issued) => None,
+                        Some(IssuanceStatus::Issued) if covered => None,
                         Some(_) => Some((*id, Unmarked::Held)),
                         None => Some((*id, Unmarked::Lost)),
                     })

@@ -304,7 +304,8 @@ impl Issuer {
             if !self.store.mark_issued(record.id).await? {
                 // Gone: a failover rolled back its insert (a batch's records are
                 // acknowledged by the primary alone, and an election may come before the
-                // tokens' majority covers them). The tokens just written make no issuance.
+                // batch's majority mark covers them). The tokens just written make no
+                // issuance.
                 return Err(IssueError::Store(record_lost()));
             }
             record.status = IssuanceStatus::Issued;

@@ -1,23 +1,23 @@
 //! Writes and reads that carry many issuances in one database command, for group commit:
-//! one `insert` of many records (`records`), one `insert` of many payments' tokens, one
-//! status update, and batched reads of payments, records and tokens. The driver splits the
-//! tokens' `insert` when it would pass the server's size limits, so a batch never fails
-//! for being large (the records' command, written by hand, carries at most a batch of
-//! small records). Each result is reported per item, so one item's failure is its own.
+//! one `insert` of many records (`records`), one `insert` of many payments' tokens
+//! (`tokens`), one status update, and batched reads of payments, records and tokens. The
+//! commands are written by hand, and each result is reported per item, so one item's
+//! failure is its own; the tokens' insert is split so that no command passes the server's
+//! size limits, so a batch never fails for being large.
 
 use std::collections::HashMap;
 
 use futures::TryStreamExt;
-use mongodb::bson::{DateTime, Document, RawDocumentBuf, doc, oid::ObjectId};
-use mongodb::error::{Error, ErrorKind, IndexedWriteError};
+use mongodb::bson::{Document, RawArrayBuf, doc, oid::ObjectId, rawdoc};
+use mongodb::error::Error;
 
-use super::documents::{IssuanceDoc, TokenSummary, new_token, token_summary_projection};
-use super::error::{NOT_PRIMARY_CODES, StoreError, TOKENS_PAYMENT_INDEX, index_in_message};
+use super::documents::{IssuanceDoc, TokenSummary, token_summary_projection};
+use super::durability::{OpTime, pinned_command_writes};
+use super::error::{NOT_PRIMARY_CODES, StoreError};
 use super::filters::{issuances_filter, payments_tokens_filter};
 use super::payments::{PAYMENTS, PaymentDoc};
 use super::{ISSUANCES, Store, TOKENS};
-use crate::domain::{IssuanceStatus, NewIssuance, PaymentKey};
-use crate::telemetry::metric;
+use crate::domain::{IssuanceStatus, PaymentKey};
 
 /// What inserting one record of a batch did.
 #[derive(Debug)]
@@ -39,93 +39,102 @@ pub enum TokenInsert {
     Failed(StoreError),
 }
 
+/// What `mark_settled` did.
+#[derive(Debug, Default)]
+pub struct Marked {
+    /// Records marked `issued`.
+    pub modified: u64,
+    /// Where the primary acknowledged the mark (absent off a replica set, or when there
+    /// was nothing to mark).
+    pub at: Option<OpTime>,
+}
+
 mod records;
+mod tokens;
+
+pub use tokens::TokensAck;
+
+/// The parts of a write command's reply (`insert`, `update`) that tell what was written
+/// and where.
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct WriteReply {
+    #[serde(default)]
+    write_errors: Vec<ReplyWriteError>,
+    write_concern_error: Option<ReplyWriteConcernError>,
+    #[serde(default)]
+    n_modified: u64,
+    /// On a replica set, the write's point in the primary's history; for a write that
+    /// changed nothing or failed, the node's latest (the server moves the connection's
+    /// last op forward first). Not in the server's reference documentation, but in every
+    /// write reply of a replica-set member since 3.2: mongos relies on it.
+    op_time: Option<OpTime>,
+}
+
+#[derive(serde::Deserialize)]
+struct ReplyWriteError {
+    index: usize,
+    code: i32,
+    #[serde(default)]
+    errmsg: String,
+}
+
+#[derive(serde::Deserialize)]
+struct ReplyWriteConcernError {
+    code: i32,
+}
 
 impl Store {
-    /// Inserts the tokens of every set (unordered, the client's `w: majority`), with `_id`s chosen here
-    /// so that the answers name them without a read-back.
-    pub async fn insert_token_sets(
-        &self,
-        sets: &[&NewIssuance],
-    ) -> Result<Vec<TokenInsert>, StoreError> {
-        let now = DateTime::now();
-        let mut documents: Vec<RawDocumentBuf> = Vec::new();
-        // Which set each document belongs to, and each set's summaries.
-        let mut owner_of: Vec<usize> = Vec::new();
-        let mut summaries: Vec<Vec<TokenSummary>> = Vec::with_capacity(sets.len());
-        for (set_index, set) in sets.iter().enumerate() {
-            let quantity = i64::from(set.params.quantity.get());
-            let mut tokens = Vec::with_capacity(quantity as usize);
-            for token_index in 0..quantity {
-                let id = ObjectId::new();
-                let mut document = new_token(set, token_index, now);
-                document.append_ref("_id", id);
-                documents.push(document);
-                owner_of.push(set_index);
-                tokens.push(TokenSummary {
-                    id,
-                    token_index,
-                    status: crate::domain::TokenStatus::Active,
-                    version: 0,
-                });
-            }
-            summaries.push(tokens);
-        }
-        let mut failures: Vec<Option<TokenInsert>> = sets.iter().map(|_| None).collect();
-        let mut failed_documents = 0;
-        if !documents.is_empty() {
-            let outcome = self
-                .db
-                .collection::<RawDocumentBuf>(TOKENS)
-                .insert_many(&documents)
-                .ordered(false)
-                .await;
-            let errors = per_item_errors(outcome)?;
-            failed_documents = errors.len();
-            for (index, error) in errors {
-                let Some(&set_index) = owner_of.get(index) else {
-                    continue;
-                };
-                let failure = if is_duplicate_on(&error, TOKENS_PAYMENT_INDEX) {
-                    TokenInsert::Raced
-                } else {
-                    TokenInsert::Failed(code_error(error.code))
-                };
-                // A real failure outranks a race for the same set.
-                if !matches!(failures[set_index], Some(TokenInsert::Failed(_))) {
-                    failures[set_index] = Some(failure);
-                }
-            }
-        }
-        metrics::counter!(metric::TOKENS_CREATED_TOTAL)
-            .increment((documents.len() - failed_documents) as u64);
-        Ok(summaries
-            .into_iter()
-            .zip(failures)
-            .map(|(tokens, failure)| failure.unwrap_or(TokenInsert::Inserted(tokens)))
-            .collect())
-    }
-
     /// Marks these `issuing` records `issued` (their sets are complete and settled), in
     /// one command, but for any a refund held meanwhile (`hold_place`); returns how many
-    /// it marked (`records_by_id` tells which it left). Majority like `mark_issued`: the
-    /// next read of the records, at majority, must see the mark.
-    pub async fn mark_settled(&self, ids: &[ObjectId]) -> Result<u64, StoreError> {
+    /// it marked (`records_by_id` tells which it left) and where in the replica set's
+    /// history the primary acknowledged it. Majority like `mark_issued`, with the
+    /// client's `wtimeout`: the next read of the records, at majority, must see the mark,
+    /// and the mark's majority is what makes a token insert the primary alone
+    /// acknowledged durable (`TokensAck::covered_by`).
+    pub async fn mark_settled(&self, ids: &[ObjectId]) -> Result<Marked, StoreError> {
         if ids.is_empty() {
-            return Ok(0);
+            return Ok(Marked::default());
         }
-        let marked = self
-            .collection(ISSUANCES)
-            .update_many(
-                doc! {
-                    "_id": { "$in": ids },
+        let command = rawdoc! {
+            "update": ISSUANCES,
+            "updates": [{
+                "q": {
+                    "_id": { "$in": ids.iter().copied().collect::<RawArrayBuf>() },
                     "status": IssuanceStatus::Issuing.as_str(),
                     "heldAt": { "$exists": false },
                 },
-                doc! { "$set": { "status": IssuanceStatus::Issued.as_str() } },
+                "u": { "$set": { "status": IssuanceStatus::Issued.as_str() } },
+                "multi": true,
+            }],
+            "writeConcern": pinned_command_writes(&self.db),
+        };
+        let reply: WriteReply =
+            mongodb::bson::from_document(self.db.run_raw_command(command).await?)
+                .map_err(|err| StoreError::Internal(format!("unexpected update reply: {err}")))?;
+        if let Some(wce) = reply.write_concern_error {
+            return Err(write_concern_failure(wce.code));
+        }
+        if let Some(error) = reply.write_errors.first() {
+            return Err(code_error(error.code));
+        }
+        Ok(Marked {
+            modified: reply.n_modified,
+            at: reply.op_time,
+        })
+    }
+
+    /// Puts these records back from `issued` to `issuing`, for a mark that may stand
+    /// over missing tokens (an election came between the tokens and the mark): whatever
+    /// happens next, self-repair then finishes them. Majority, like every write.
+    pub async fn reopen_records(&self, ids: &[ObjectId]) -> Result<(), StoreError> {
+        self.collection(ISSUANCES)
+            .update_many(
+                doc! { "_id": { "$in": ids }, "status": IssuanceStatus::Issued.as_str() },
+                doc! { "$set": { "status": IssuanceStatus::Issuing.as_str() } },
             )
             .await?;
-        Ok(marked.modified_count)
+        Ok(())
     }
 
     /// The records of `ids` as they are now (to tell which ones `mark_settled` left).
@@ -207,29 +216,6 @@ impl Store {
     }
 }
 
-/// The per-item write errors of an unordered insert; `Err` when the command failed as a
-/// whole (no item can be said to have been written).
-fn per_item_errors<T>(
-    outcome: Result<T, Error>,
-) -> Result<Vec<(usize, IndexedWriteError)>, StoreError> {
-    match outcome {
-        Ok(_) => Ok(Vec::new()),
-        Err(err) => match err.kind.as_ref() {
-            ErrorKind::InsertMany(failure) => match &failure.write_concern_error {
-                Some(wce) => Err(write_concern_failure(wce.code)),
-                None => Ok(failure
-                    .write_errors
-                    .clone()
-                    .unwrap_or_default()
-                    .into_iter()
-                    .map(|e| (e.index, e))
-                    .collect()),
-            },
-            _ => Err(err.into()),
-        },
-    }
-}
-
 /// A write concern error: written but not confirmed durable, so nothing in the command may
 /// be acknowledged. Unavailability (the senders retry) on a failover code or when the
 /// majority was not confirmed in time (`maxTimeMS`, `wtimeout`), else a bug.
@@ -242,10 +228,6 @@ fn write_concern_failure(code: i32) -> StoreError {
     } else {
         StoreError::Internal(format!("write concern failed with code {code}"))
     }
-}
-
-fn is_duplicate_on(error: &IndexedWriteError, index: &str) -> bool {
-    error.code == 11000 && index_in_message(&error.message).as_deref() == Some(index)
 }
 
 /// A write error's code as a store error: unavailability on a failover code, else a bug.

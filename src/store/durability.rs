@@ -3,15 +3,19 @@
 //! refund or issuance survives a failover), reads at read concern `majority` (an answer
 //! never rests on a write a failover could roll back) and on the primary (a lagging
 //! secondary never decides). A URI asking for less is refused rather than silently
-//! overridden, so that what the operator wrote and what runs never disagree.
+//! overridden, so that what the operator wrote and what runs never disagree. The one
+//! exception is group commit's record and token inserts on a replica set, which the
+//! primary alone acknowledges: nothing is answered from them before the batch's majority
+//! mark, and only when that mark is shown to cover them (`OpTime::covered_by`).
 //!
 //! Only an option's name and value are ever told, never the URI: it may carry credentials.
 
-use mongodb::ClientSession;
+use mongodb::bson::{RawDocumentBuf, Timestamp};
 use mongodb::options::{
     Acknowledgment, ClientOptions, ReadConcern, ReadConcernLevel, ReadPreference,
     SelectionCriteria, WriteConcern,
 };
+use mongodb::{ClientSession, Database};
 
 /// Starts a transaction on `session` that reads one snapshot. Its commit inherits the
 /// client's pinned `w: majority`, journaled, like every other write.
@@ -62,8 +66,39 @@ pub(super) fn durable_writes(wtimeout: Option<std::time::Duration>) -> WriteConc
 
 /// `durable_writes` as a command's `writeConcern`, for a command built by hand (which the
 /// driver sends as written, without the client's write concern).
-pub(super) fn durable_command_writes() -> mongodb::bson::RawDocumentBuf {
+pub(super) fn durable_command_writes() -> RawDocumentBuf {
     mongodb::bson::rawdoc! { "w": "majority", "j": true }
+}
+
+/// The client's pinned write concern (`durable_writes`, with the URI's `wtimeoutMS`) as a
+/// command's `writeConcern`, for a command built by hand that must wait for the majority
+/// no longer than the driver's own writes do.
+pub(super) fn pinned_command_writes(db: &Database) -> RawDocumentBuf {
+    db.write_concern()
+        .and_then(|concern| mongodb::bson::to_raw_document_buf(concern).ok())
+        .unwrap_or_else(durable_command_writes)
+}
+
+/// A point in a replica set's history, as a write command's reply tells it (`opTime`): the
+/// term of the primary that acknowledged it, and the position in that primary's oplog.
+/// One primary per term, and its oplog only grows within its term.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+pub struct OpTime {
+    #[serde(rename = "t")]
+    pub term: i64,
+    pub ts: Timestamp,
+}
+
+impl OpTime {
+    /// Whether a write acknowledged here is durable once `later`, a write acknowledged
+    /// with `w: majority`, is: when the same primary, in the same term, acknowledged
+    /// `later` at or after this point. Its oplog then holds this write before `later`,
+    /// and a majority commit point covers every entry before it. Another term means
+    /// another primary, or this one after an election, whose oplog may have lost this
+    /// write in a rollback.
+    pub fn covered_by(&self, later: &OpTime) -> bool {
+        self.term == later.term && self.ts <= later.ts
+    }
 }
 
 /// Refuses `options` (as parsed from `mongo.uri`) when they ask for less than majority
@@ -184,6 +219,38 @@ mod tests {
             options.write_concern.unwrap().w_timeout,
             Some(std::time::Duration::from_millis(2500))
         );
+    }
+
+    #[tokio::test]
+    async fn a_command_written_by_hand_carries_the_pinned_concern_and_the_uris_wtimeout() {
+        let options = pinned("mongodb://127.0.0.1:1/?wtimeoutMS=2500")
+            .await
+            .unwrap();
+        let db = mongodb::Client::with_options(options)
+            .unwrap()
+            .database("x");
+        let concern = pinned_command_writes(&db).to_document().unwrap();
+        assert_eq!(concern.get_str("w"), Ok("majority"), "{concern}");
+        assert_eq!(concern.get_bool("j"), Ok(true), "{concern}");
+        let wtimeout = concern.get("wtimeout").and_then(|v| match v {
+            mongodb::bson::Bson::Int32(ms) => Some(i64::from(*ms)),
+            mongodb::bson::Bson::Int64(ms) => Some(*ms),
+            _ => None,
+        });
+        assert_eq!(wtimeout, Some(2500), "{concern}");
+    }
+
+    #[test]
+    fn a_write_is_covered_by_a_later_one_of_the_same_term_only() {
+        let at = |term, time| OpTime {
+            term,
+            ts: Timestamp { time, increment: 0 },
+        };
+        assert!(at(5, 10).covered_by(&at(5, 10)));
+        assert!(at(5, 10).covered_by(&at(5, 11)));
+        assert!(!at(5, 10).covered_by(&at(5, 9)));
+        assert!(!at(5, 10).covered_by(&at(6, 11)));
+        assert!(!at(5, 10).covered_by(&at(4, 11)));
     }
 
     #[tokio::test]

@@ -36,7 +36,7 @@ use tokio::sync::OnceCell;
 
 pub use atomic::{AtomicInsert, AtomicPlan, AtomicSet, AtomicSetsInsert};
 pub use balances::BalanceRow;
-pub use batch::{RecordInsert, TokenInsert};
+pub use batch::{Marked, RecordInsert, TokenInsert, TokensAck};
 pub use documents::{IssuanceDoc, Origin, TokenDoc, TokenSummary, chrono_time, fresh_tokens};
 pub use durability::ConnectError;
 pub use error::{
@@ -202,6 +202,13 @@ impl Store {
     /// Whether tokenmint talks to a sharded cluster (through mongos).
     pub(crate) async fn is_sharded(&self) -> Result<bool, StoreError> {
         Ok(self.deployment().await?.sharded)
+    }
+
+    /// Whether tokenmint talks to a replica set's members directly (not a standalone, not
+    /// through a mongos): every write then lands in the one primary's history.
+    pub(crate) async fn is_replica_set(&self) -> Result<bool, StoreError> {
+        let deployment = self.deployment().await?;
+        Ok(deployment.transactions && !deployment.sharded)
     }
 
     async fn deployment(&self) -> Result<Deployment, StoreError> {

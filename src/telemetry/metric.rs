@@ -28,6 +28,9 @@ pub const ISSUANCE_WAITERS: &str = "tokenmint_issuance_waiters";
 pub const ISSUANCE_BATCH_SIZE: &str = "tokenmint_issuance_batch_size";
 /// Redemptions that shared one transaction attempt (see `BATCH_SIZE_BUCKETS`).
 pub const REDEMPTION_BATCH_SIZE: &str = "tokenmint_redemption_batch_size";
+/// Upsert-mode batches whose mark came from another term than their token insert (an
+/// election between the two): their sets were settled again one by one.
+pub const BATCH_TERM_CHANGES_TOTAL: &str = "tokenmint_batch_term_changes_total";
 /// Duplicate-key races retried.
 pub const DUPLICATE_KEY_RETRIES_TOTAL: &str = "tokenmint_duplicate_key_retries_total";
 /// Transactions retried after a transient error.
@@ -130,6 +133,10 @@ pub(super) fn describe() {
         REDEMPTION_BATCH_SIZE,
         "Redemptions that shared one transaction attempt (redemptions of several owners committed together)"
     );
+    describe_counter!(
+        BATCH_TERM_CHANGES_TOTAL,
+        "Upsert batches whose mark came from another term than their token insert (an election between them): their sets were settled again one by one"
+    );
     describe_counter!(DUPLICATE_KEY_RETRIES_TOTAL, "Duplicate-key races retried");
     describe_counter!(
         TRANSACTION_RETRIES_TOTAL,
@@ -173,6 +180,7 @@ pub(super) fn register_known<'a>(providers: impl IntoIterator<Item = &'a str>) {
     for name in [
         TOKENS_CREATED_TOTAL,
         TOKENS_REACTIVATED_TOTAL,
+        BATCH_TERM_CHANGES_TOTAL,
         DUPLICATE_KEY_RETRIES_TOTAL,
         TRANSACTION_RETRIES_TOTAL,
     ] {

@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use tokenmint_test_support::{ADMIN_KEY, TokenIds, indexed_token_ids, is_full_set, issuance_body};
 
 /// Tokens per issuance.
-const QUANTITY: i64 = 4;
+pub(super) const QUANTITY: i64 = 4;
 /// How long one payment may be retried before the test calls it lost.
 const RETRY_DEADLINE: Duration = Duration::from_secs(90);
 

@@ -9,7 +9,9 @@
 //! - replication-lag: both secondaries paused (SIGSTOP) so a first request's write is
 //!   applied on the primary only, an identical second request meanwhile, then the primary
 //!   is killed and the secondaries resume: the second request must not have been answered
-//!   2xx with tokens the failover then lost.
+//!   2xx with tokens the failover then lost;
+//! - election between a batch's token insert and its mark: the mark held on the primary
+//!   while it steps down and is elected again, so that the mark runs in a later term.
 //!
 //! Clients retry 5xx and connection errors for the same payment until 2xx. Afterwards every
 //! acknowledged issuance must be in the database (read with majority read concern) with
@@ -26,11 +28,12 @@
 //!
 //! Files: the replica set in `replica_set.rs`, the clients' load in `load.rs`, what the
 //! watcher saw (elections, windows without writes) in `timeline.rs`, the replication-lag
-//! scenario in `lag.rs`; the stepdown and kill-primary scenarios and the checks here.
+//! scenario in `lag.rs`, the held mark in `term.rs`; the stepdown and kill-primary scenarios and the checks here.
 
 mod lag;
 mod load;
 mod replica_set;
+mod term;
 mod timeline;
 
 use std::collections::BTreeMap;
@@ -304,6 +307,12 @@ async fn failover_primary_killed_loses_nothing_acknowledged() {
 #[ignore = "fault injection: scripts/reliability.sh"]
 async fn failover_replay_during_replication_lag_acknowledges_only_durable_tokens() {
     lag::scenario().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "fault injection: scripts/reliability.sh"]
+async fn failover_election_between_tokens_and_mark_settles_the_batch_again() {
+    term::scenario().await;
 }
 
 /// The figures' arithmetic (runs in a plain `cargo test`: no mongod needed).

@@ -103,6 +103,8 @@ impl ReplicaSet {
             .arg(member.dbpath.join("mongod.log"))
             .arg("--logappend")
             .args(["--setParameter", "diagnosticDataCollectionEnabled=false"])
+            // For `failCommand`, which holds one command where a scenario needs it.
+            .args(["--setParameter", "enableTestCommands=1"])
             .args(["--wiredTigerCacheSizeGB", "0.25", "--oplogSize", "256"])
             .stdin(Stdio::null())
             .stdout(Stdio::null())

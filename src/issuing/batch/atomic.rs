@@ -14,6 +14,7 @@ use super::{Claimed, FirstRead, Queued, Refusals, Written, answer_refused, fail_
 use crate::domain::{IssuanceStatus, PaymentKey};
 use crate::issuing::Issuer;
 use crate::issuing::standing::takes_back;
+use crate::store::TokensAck;
 use crate::store::{
     AtomicPlan, AtomicSet, AtomicSetsInsert, IssuanceDoc, StoreError, TokenSummary, retry,
 };
@@ -65,6 +66,8 @@ impl Issuer {
         self.settle_and_mark(
             written,
             first_read.into_inner().unwrap_or_else(FirstRead::none),
+            // The transaction's commit waited for the majority.
+            TokensAck::Majority,
         )
         .await;
         self.replay_batch(replays).await;

@@ -5,12 +5,13 @@
 //! every record of the batch would wait with it. Past the limit the records go in one by
 //! one, a few at a time, each with the same limit: only the held one fails.
 //!
-//! On a replica set the records are acknowledged by the primary alone (`w: 1`), the one
-//! exception to the client's pinned majority (`durability`). Nothing answers from a
-//! record before the `w: majority` token insert that follows it, and that insert's
-//! majority commit point covers everything before it in the one oplog; a read at majority
-//! before then does not see the record, and the writes that decide on it (claim, upsert)
-//! do. On a sharded cluster the two may live on different shards, so records are written
+//! On a replica set the records are acknowledged by the primary alone (`w: 1`), like the
+//! tokens after them (`tokens`), exceptions to the client's pinned majority
+//! (`durability`). Nothing answers from a record before the batch's `w: majority` mark,
+//! which can only find the record on a node that has it, and whose majority commit point
+//! covers everything before it in that node's oplog; a read at majority before then does
+//! not see the record, and the writes that decide on it (claim, upsert) do. On a sharded
+//! cluster the record and the mark may live on different shards, so records are written
 //! with the majority there.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -21,7 +22,7 @@ use mongodb::bson::{RawArrayBuf, doc, rawdoc};
 use mongodb::error::Error;
 use mongodb::options::{ReadConcern, ReadPreference, SelectionCriteria};
 
-use super::{RecordInsert, code_error, write_concern_failure};
+use super::{RecordInsert, WriteReply, code_error, write_concern_failure};
 use crate::store::documents::IssuanceDoc;
 use crate::store::durability::durable_command_writes;
 use crate::store::error::{ISSUANCES_PAYMENT_INDEX, StoreError, command_code, index_in_message};
@@ -59,28 +60,6 @@ impl From<StoreError> for RecordsCommand {
     fn from(err: StoreError) -> Self {
         RecordsCommand::Failed(err)
     }
-}
-
-/// The parts of an `insert` command's reply that tell what was written.
-#[derive(serde::Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct InsertReply {
-    #[serde(default)]
-    write_errors: Vec<ReplyWriteError>,
-    write_concern_error: Option<ReplyWriteConcernError>,
-}
-
-#[derive(serde::Deserialize)]
-struct ReplyWriteError {
-    index: usize,
-    code: i32,
-    #[serde(default)]
-    errmsg: String,
-}
-
-#[derive(serde::Deserialize)]
-struct ReplyWriteConcernError {
-    code: i32,
 }
 
 impl Store {
@@ -160,7 +139,7 @@ impl Store {
             }
             Err(err) => return Err(RecordsCommand::Failed(err.into())),
         };
-        let reply: InsertReply = mongodb::bson::from_document(reply)
+        let reply: WriteReply = mongodb::bson::from_document(reply)
             .map_err(|err| StoreError::Internal(format!("unexpected insert reply: {err}")))?;
         per_record(reply, records.len())
     }
@@ -197,7 +176,7 @@ impl Store {
             return inserted;
         }
         // Read locally on the primary: the first command's write is acknowledged by the
-        // primary alone, and the token insert that follows makes it majority.
+        // primary alone, and the batch's mark that follows makes it majority.
         let ours = self
             .records()
             .find_one(doc! { "_id": record.id })
@@ -213,7 +192,7 @@ impl Store {
 }
 
 /// Each record's result from an `insert` reply of `count` records.
-fn per_record(reply: InsertReply, count: usize) -> Result<Vec<RecordInsert>, RecordsCommand> {
+fn per_record(reply: WriteReply, count: usize) -> Result<Vec<RecordInsert>, RecordsCommand> {
     if let Some(wce) = reply.write_concern_error {
         return Err(RecordsCommand::Failed(write_concern_failure(wce.code)));
     }
@@ -245,7 +224,7 @@ fn per_record(reply: InsertReply, count: usize) -> Result<Vec<RecordInsert>, Rec
 mod tests {
     use super::*;
 
-    fn reply(value: mongodb::bson::Document) -> InsertReply {
+    fn reply(value: mongodb::bson::Document) -> WriteReply {
         mongodb::bson::from_document(value).unwrap()
     }
 
