@@ -273,9 +273,11 @@ const _: () = assert!(TRUST_FIRST_READ_FOR.as_secs() * 10 <= PLACEHOLDER_LIFETIM
 
 /// Why step 4 left a record unmarked.
 enum Unmarked {
-    /// Still `issuing`: a refund held it (or the mark failed).
+    /// Still `issuing` (or put back): a refund held it, the mark failed, or an election
+    /// came between the tokens and the mark.
     Held,
-    /// Gone: its insert was rolled back by a failover.
+    /// Gone (its insert was rolled back by a failover), or not known to be there after an
+    /// election: answered 503, nothing written.
     Lost,
 }
 
@@ -524,11 +526,13 @@ impl Issuer {
     ///
     /// So does every set when the mark's majority does not cover the tokens (an election
     /// came between them, `TokensAck::covered_by`): the mark may stand on a primary that
-    /// never had them. The records go back to `issuing` first, so that a set whose
-    /// settling again fails, or a process that dies now, leaves them to self-repair
-    /// rather than `issued` over missing tokens; a record the election lost answers 503
-    /// without writing its tokens again. The one-request path answers only from tokens a
-    /// majority read finds, writing again any that are missing.
+    /// never had them. The records go back to `issuing` first (also when the mark failed
+    /// after tokens the primary alone acknowledged: it may have been applied), so that a
+    /// set whose settling again fails, or a process that dies now, leaves them to
+    /// self-repair rather than `issued` over missing tokens; a record the election lost,
+    /// or every record when the read that tells fails, answers 503 without writing its
+    /// tokens again. The one-request path answers only from tokens a majority read finds,
+    /// writing again any that are missing.
     async fn mark_unless_held(
         &self,
         settled: &[(Claimed, Vec<TokenSummary>, Settlement)],
@@ -543,10 +547,16 @@ impl Issuer {
             return HashMap::new();
         }
         let all_held = || ids.iter().map(|id| (*id, Unmarked::Held)).collect();
+        let primary_alone = matches!(ack, TokensAck::Primary(_));
         let marked = match self.store.mark_settled(&ids).await {
             Ok(marked) => marked,
             Err(err) => {
                 tracing::warn!(error = %err, records = ids.len(), "cannot mark issued records; settling them again");
+                // A mark applied in a later term whose answer was lost may stand over
+                // missing tokens as well.
+                if primary_alone {
+                    self.reopen(&ids).await;
+                }
                 return all_held();
             }
         };
@@ -557,9 +567,7 @@ impl Issuer {
                 records = ids.len(),
                 "an election came between a batch's token insert and its mark; settling its sets again"
             );
-            if let Err(err) = self.store.reopen_records(&ids).await {
-                tracing::warn!(error = %err, "cannot put the records back to issuing");
-            }
+            self.reopen(&ids).await;
         } else if marked.modified == ids.len() as u64 {
             return HashMap::new();
         }
@@ -576,10 +584,26 @@ impl Issuer {
                     })
                     .collect()
             }
+            // Not knowing which records the election kept, none is settled again: the
+            // one-request path would write tokens for a record that may be gone (or that
+            // another request's record replaced). Answered 503; self-repair finishes the
+            // records that are there.
+            Err(err) if !covered => {
+                tracing::warn!(error = %err, "cannot tell which records an election kept");
+                ids.iter().map(|id| (*id, Unmarked::Lost)).collect()
+            }
             Err(err) => {
                 tracing::warn!(error = %err, "cannot tell which records a refund held; settling them again");
                 all_held()
             }
+        }
+    }
+
+    /// `Store::reopen_records`, whose failure is only told: the sets are settled again
+    /// whatever it did.
+    async fn reopen(&self, ids: &[ObjectId]) {
+        if let Err(err) = self.store.reopen_records(ids).await {
+            tracing::warn!(error = %err, records = ?ids, "cannot put the records back to issuing");
         }
     }
 

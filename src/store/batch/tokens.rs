@@ -144,23 +144,28 @@ impl Store {
         documents: &[RawDocumentBuf],
         write_concern: &RawDocumentBuf,
     ) -> Result<WriteReply, StoreError> {
-        let mut command = rawdoc! {
-            "insert": TOKENS,
-            "ordered": false,
-            "writeConcern": write_concern.clone(),
+        // Built for each send, not cloned ahead of one that is rarely needed: a batch's
+        // command carries all its tokens.
+        let command = || {
+            let mut command = rawdoc! {
+                "insert": TOKENS,
+                "ordered": false,
+                "writeConcern": write_concern.clone(),
+            };
+            command.append(
+                "documents",
+                documents.iter().cloned().collect::<RawArrayBuf>(),
+            );
+            command
         };
-        command.append(
-            "documents",
-            documents.iter().cloned().collect::<RawArrayBuf>(),
-        );
-        let reply = match self.db.run_raw_command(command.clone()).await {
+        let reply = match self.db.run_raw_command(command()).await {
             // Not after a server selection that timed out: nothing was sent, and a second
             // one would only hold the batch as long again.
             Err(err)
                 if is_unavailable(&err)
                     && !matches!(*err.kind, ErrorKind::ServerSelection { .. }) =>
             {
-                self.db.run_raw_command(command).await?
+                self.db.run_raw_command(command()).await?
             }
             reply => reply?,
         };
