@@ -1,6 +1,7 @@
 //! MongoDB failing inside a flow: one command of one app made to fail or hang by a
 //! `failCommand` failpoint aimed at that app's client name, at the step each test names.
 
+mod batch_writes;
 mod lost_settles;
 mod marks;
 mod settle_quantity;
