@@ -96,6 +96,17 @@ pub(super) async fn scenario(mode: &str) {
     // Answered 503 just before the kill, or cut off by it: either way nothing settled.
     let _ = request.await;
     cut_off.off().await;
+    // Upsert mode writes the tokens with `w: 1` (the batch's mark, never sent here, is
+    // what waits for the majority): a majority read sees them once the primary's next
+    // journal commit has run, which a busy machine may hold back for a moment.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while payment_tokens(store.database(), &payment).await.len() < 10 {
+        assert!(
+            Instant::now() < deadline,
+            "{mode}: the tokens were never written"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     assert_eq!(payment_tokens(store.database(), &payment).await.len(), 10);
     assert_eq!(
         active_indexes(store, &payment).await,
