@@ -136,3 +136,40 @@ async fn the_largest_issuance_fits_one_write() {
     over["quantity"] = json!(10_001);
     assert_problem(app.issue(ADMIN_KEY, &over).await, 422, "validation_failed").await;
 }
+
+#[tokio::test]
+async fn the_largest_redemption_is_read_in_one_answer() {
+    // A redemption of `issuance.max_quantity` at its cap, of tokens whose every id is at
+    // its longest: the transaction reads them in one aggregate, whose one answer document
+    // must stay under MongoDB's 16 MiB limit.
+    let app = spawn_app_with("[issuance]\nmax_quantity = 10000\n").await;
+    let token_type = format!("t{}", "y".repeat(63));
+    let issuance = json!({
+        "provider": format!("p{}", "r".repeat(31)),
+        "accountId": "a".repeat(64),
+        "paymentIntentId": "p".repeat(128),
+        "owner": OWNER,
+        "tokenType": token_type,
+        "quantity": 10_000,
+    });
+    assert_eq!(app.issue(ADMIN_KEY, &issuance).await.status(), 201);
+    let redemption = json!({
+        "owner": OWNER, "tokenType": token_type, "quantity": 10_000,
+        "reference": "r".repeat(128),
+    });
+    let redeemed = app
+        .http
+        .post(app.url("/v1/redemptions"))
+        .bearer_auth(ADMIN_KEY)
+        .json(&redemption)
+        .send()
+        .await
+        .expect("request sent");
+    assert_eq!(redeemed.status(), 201);
+    assert_eq!(token_ids(&json(redeemed).await).len(), 10_000);
+    assert_eq!(
+        app.count("tokens", doc! { "status": "redeemed" }).await,
+        10_000
+    );
+    assert_eq!(app.count("redemptions", doc! {}).await, 1);
+}
