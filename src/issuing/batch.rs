@@ -50,11 +50,13 @@
 //! and `issued` ones that were settled.
 
 use std::collections::HashMap;
+use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
 mod atomic;
 
+use futures::FutureExt;
 use futures::future::join_all;
 use mongodb::bson::oid::ObjectId;
 use tokio::sync::{Mutex as AsyncMutex, mpsc, oneshot};
@@ -211,6 +213,22 @@ pub(super) async fn end_writers(
     stopped
 }
 
+/// Runs one batch's `commit`, so that a panic in it (a bug) ends that batch only, not its
+/// writer: a writer gone would leave its mode with fewer until a restart, and with none,
+/// refusing every request of it. The batch's requests, whose answers the panic dropped,
+/// are answered 500; what it wrote is left as a crash leaves it, for self-repair and
+/// retries to finish. `kind` names the writers in the log.
+pub(super) async fn commit_surviving_panics(kind: &'static str, commit: impl Future<Output = ()>) {
+    if let Err(panic) = AssertUnwindSafe(commit).catch_unwind().await {
+        let message = panic
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_owned())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        tracing::error!(kind, panic = %message, "a batch panicked; its requests were answered 500");
+    }
+}
+
 /// Starts the writer tasks of `mode`, their handles added to `writers`; returns their
 /// queue. Each writer ends once the queue is closed and empty.
 fn start_writers(
@@ -234,7 +252,7 @@ fn start_writers(
                         IssuanceMode::Atomic => issuer.commit_atomically(batch).await,
                     }
                 };
-                commit.instrument(span).await;
+                commit_surviving_panics("issuance", commit.instrument(span)).await;
             }
         }));
     }
@@ -689,5 +707,27 @@ fn answer_refused(batch: Vec<Queued>, refused: Refusals) -> Vec<Queued> {
 fn fail_all(answers: impl IntoIterator<Item = Answer>, err: &StoreError) {
     for answer in answers {
         let _ = answer.send(Err(IssueError::Store(err.clone())));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_panicking_batch_ends_alone_and_its_requests_hear_so() {
+        let (answer, answered) = oneshot::channel::<()>();
+        commit_surviving_panics("test", async move {
+            let _answer = answer;
+            panic!("a bug in one batch");
+        })
+        .await;
+        assert!(
+            answered.await.is_err(),
+            "the batch's answers are dropped: its requests are told the writers stopped"
+        );
+        let mut next_batch_ran = false;
+        commit_surviving_panics("test", async { next_batch_ran = true }).await;
+        assert!(next_batch_ran, "the writer goes on with its next batch");
     }
 }

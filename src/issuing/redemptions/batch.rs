@@ -41,7 +41,7 @@ use tracing::Instrument;
 use super::plan;
 use crate::domain::NewRedemption;
 use crate::issuing::Issuer;
-use crate::issuing::batch::end_writers;
+use crate::issuing::batch::{commit_surviving_panics, end_writers};
 use crate::store::{RedemptionAttempt, Spend, Spendable, StoreError};
 use crate::telemetry::{metric, traces};
 
@@ -173,7 +173,8 @@ async fn write(issuer: Issuer, mut receiver: mpsc::Receiver<Queued>) {
         }
         let span = tracing::info_span!("redemption_batch", size = batch.len());
         traces::link_to(&span, batch.iter().map(|queued| queued.span.clone()));
-        issuer.commit_redemptions(batch).instrument(span).await;
+        let commit = issuer.commit_redemptions(batch).instrument(span);
+        commit_surviving_panics("redemption", commit).await;
     }
 }
 
