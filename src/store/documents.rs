@@ -1,6 +1,6 @@
 //! The shapes of stored documents, as read back from MongoDB.
 
-use mongodb::bson::{self, DateTime, Document, RawDocumentBuf, doc, oid::ObjectId};
+use mongodb::bson::{self, Bson, DateTime, Document, RawDocumentBuf, doc, oid::ObjectId};
 use serde::{Deserialize, Serialize};
 
 use crate::domain::{
@@ -45,8 +45,9 @@ pub struct TokenDoc {
 
 /// What a `$set` of top-level token fields writes, read once from that `$set` so that it
 /// can be applied to tokens in memory, as the server applies it to their documents
-/// (without a round trip through BSON per token). A field it does not know is refused:
-/// what is applied must be exactly what was written.
+/// (without a round trip through BSON per token). A field it does not know is refused,
+/// and so is a null, which the server writes but an absent field here would leave as it
+/// was: what is applied must be exactly what was written.
 #[derive(Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct TokenChange {
@@ -63,6 +64,11 @@ pub struct TokenChange {
 impl TokenChange {
     /// The change `set` makes.
     pub fn of(set: &Document) -> Result<Self, bson::de::Error> {
+        if let Some((field, _)) = set.iter().find(|(_, value)| matches!(value, Bson::Null)) {
+            return Err(serde::de::Error::custom(format!(
+                "`{field}` set to null, which an in-memory change cannot apply"
+            )));
+        }
         bson::from_document(set.clone())
     }
 
@@ -384,6 +390,11 @@ mod tests {
         assert!(
             TokenChange::of(&unknown).is_err(),
             "a field it cannot apply"
+        );
+        let cleared = doc! { "status": "active", "redeemedAt": Bson::Null };
+        assert!(
+            TokenChange::of(&cleared).is_err(),
+            "a null it would apply as 'unchanged'"
         );
     }
 }
