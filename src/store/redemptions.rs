@@ -21,7 +21,6 @@ use super::indexes::REDEMPTIONS_REFERENCE_INDEX;
 use super::tokens::{TokenQuery, token_filter};
 use super::{Store, TOKENS};
 use crate::domain::TokenStatus;
-use crate::settings::MAX_QUANTITY;
 
 /// The collection's name.
 pub const REDEMPTIONS: &str = "redemptions";
@@ -152,12 +151,11 @@ impl Store {
         if !self.supports_transactions().await? {
             return Err(StoreError::TransactionsUnavailable);
         }
-        let sharded = self.is_sharded().await?;
         let mut session = self.client.start_session().await?;
         start_snapshot_transaction(&mut session).await?;
         let mut attempts: Vec<Option<RedemptionAttempt<R>>> = spends.iter().map(|_| None).collect();
         let result = self
-            .redeem_in_session(&mut session, spends, sharded, plan, &mut attempts)
+            .redeem_in_session(&mut session, spends, plan, &mut attempts)
             .await;
         if !matches!(result, Ok(Ended::Committed)) {
             abort_quietly(&mut session).await;
@@ -186,23 +184,29 @@ impl Store {
         &self,
         session: &mut ClientSession,
         spends: &[Spend<'_>],
-        sharded: bool,
         mut plan: impl FnMut(usize, &[TokenDoc]) -> Result<SpendPlan, R>,
         attempts: &mut [Option<RedemptionAttempt<R>>],
     ) -> Result<Ended, Error> {
-        let (existing, mut found) = if sharded {
-            self.read_spends_apart(session, spends).await?
-        } else {
-            self.read_spends(session, spends).await?
-        };
+        let existing = self.existing_redemptions(session, spends).await?;
+        let tokens = self.db.collection::<TokenDoc>(TOKENS);
         let mut planned = Vec::with_capacity(spends.len());
         for (index, spend) in spends.iter().enumerate() {
-            let named = |r: &Named| r.owner == spend.owner && r.reference == spend.reference;
+            let named =
+                |r: &RedemptionDoc| r.owner == spend.owner && r.reference == spend.reference;
             if existing.iter().any(named) {
                 attempts[index] = Some(RedemptionAttempt::Exists);
                 continue;
             }
-            let found = std::mem::take(&mut found[index]);
+            let spendable = spend.spendable;
+            let found: Vec<TokenDoc> = tokens
+                .find(token_filter(&spendable.query))
+                .sort(spendable.order.clone())
+                .limit(spendable.limit)
+                .session(&mut *session)
+                .await?
+                .stream(&mut *session)
+                .try_collect()
+                .await?;
             match plan(index, &found) {
                 Ok(plan) => planned.push(Planned { index, found, plan }),
                 Err(refused) => attempts[index] = Some(RedemptionAttempt::Refused(refused)),
@@ -252,118 +256,25 @@ impl Store {
 }
 
 impl Store {
-    /// The transaction's reads: which of `spends`' references name a redemption already,
-    /// and each spend's tokens (its `spendable` query, in its order, at most its limit),
-    /// by the spend's position. A batch's reads are one round trip, not one per
-    /// redemption: one `aggregate` whose `$lookup`s each run one spend's indexed, sorted
-    /// and limited query (`$unionWith`, which would stream them, is refused inside a
-    /// transaction). Its answer is one document, so a batch asking for more than
-    /// `READ_TOGETHER` tokens is read in several.
-    async fn read_spends(
+    /// The records of those of `spends`' references that exist, in one read of the
+    /// transaction's snapshot.
+    async fn existing_redemptions(
         &self,
         session: &mut ClientSession,
         spends: &[Spend<'_>],
-    ) -> Result<(Vec<Named>, Vec<Vec<TokenDoc>>), Error> {
-        let mut found: Vec<Vec<TokenDoc>> = spends.iter().map(|_| Vec::new()).collect();
-        let mut existing = Vec::new();
-        for (at, chunk) in read_chunks(spends).into_iter().enumerate() {
-            // The first aggregate also reads the references.
-            let named = (at == 0).then_some(spends);
-            let read = self.read_together(session, spends, &chunk, named).await?;
-            if read.spends.len() != chunk.len() {
-                return Err(Error::custom(
-                    "a redemption read without every spend's tokens",
-                ));
-            }
-            for (index, tokens) in chunk.into_iter().zip(read.spends) {
-                found[index] = tokens;
-            }
-            existing.extend(read.existing);
-        }
-        Ok((existing, found))
-    }
-
-    /// One `aggregate` of the tokens of the spends at `chunk` (in `chunk`'s order) and,
-    /// when `named` is given, of which of its references name a redemption.
-    async fn read_together(
-        &self,
-        session: &mut ClientSession,
-        spends: &[Spend<'_>],
-        chunk: &[usize],
-        named: Option<&[Spend<'_>]>,
-    ) -> Result<ReadTogether, Error> {
-        let mut pipeline = vec![doc! { "$documents": [ {} ] }];
-        if let Some(named) = named {
-            pipeline.push(doc! { "$lookup": {
-                "from": REDEMPTIONS,
-                "pipeline": [
-                    { "$match": references_filter(named) },
-                    { "$project": named_fields() },
-                ],
-                "as": "existing",
-            } });
-        }
-        let mut lists = Vec::with_capacity(chunk.len());
-        for (at, index) in chunk.iter().enumerate() {
-            let spendable = spends[*index].spendable;
-            let name = format!("s{at}");
-            pipeline.push(doc! { "$lookup": {
-                "from": TOKENS,
-                "pipeline": [
-                    { "$match": token_filter(&spendable.query) },
-                    { "$sort": spendable.order.clone() },
-                    { "$limit": spendable.limit },
-                ],
-                "as": &name,
-            } });
-            lists.push(Bson::String(format!("${name}")));
-        }
-        pipeline.push(doc! { "$project": { "_id": 0, "existing": 1, "spends": lists } });
-        let mut cursor = self
-            .db
-            .aggregate(pipeline)
-            .with_type::<ReadTogether>()
-            .session(&mut *session)
-            .await?;
-        let read = cursor.stream(&mut *session).try_next().await?;
-        read.ok_or_else(|| Error::custom("a redemption read without its document"))
-    }
-
-    /// `read_spends` on a sharded cluster, where MongoDB refuses a `$lookup` of a sharded
-    /// collection inside a transaction: the references in one `find`, then each spend's
-    /// tokens in a `find` of its own.
-    async fn read_spends_apart(
-        &self,
-        session: &mut ClientSession,
-        spends: &[Spend<'_>],
-    ) -> Result<(Vec<Named>, Vec<Vec<TokenDoc>>), Error> {
-        let existing = self
-            .db
-            .collection::<Named>(REDEMPTIONS)
-            .find(references_filter(spends))
-            .projection(named_fields())
+    ) -> Result<Vec<RedemptionDoc>, Error> {
+        let named: Vec<Document> = spends
+            .iter()
+            .map(|spend| doc! { "owner": spend.owner, "reference": spend.reference })
+            .collect();
+        self.db
+            .collection::<RedemptionDoc>(REDEMPTIONS)
+            .find(doc! { "$or": named })
             .session(&mut *session)
             .await?
             .stream(&mut *session)
             .try_collect()
-            .await?;
-        let mut found = Vec::with_capacity(spends.len());
-        for spend in spends {
-            let spendable = spend.spendable;
-            let tokens = self
-                .db
-                .collection::<TokenDoc>(TOKENS)
-                .find(token_filter(&spendable.query))
-                .sort(spendable.order.clone())
-                .limit(spendable.limit)
-                .session(&mut *session)
-                .await?
-                .stream(&mut *session)
-                .try_collect()
-                .await?;
-            found.push(tokens);
-        }
-        Ok((existing, found))
+            .await
     }
 
     /// Runs `redeem_command` in the session's transaction; returns how many tokens it
@@ -395,65 +306,6 @@ impl Store {
         };
         Ok(modified as u64)
     }
-}
-
-/// Most tokens the spends of one read aggregate may ask for: its answer is one document,
-/// which MongoDB caps at 16 MiB. A token's document stays under 1 KiB (ids, a type, a
-/// payment's key and a reference, each of bounded length), so the largest redemption
-/// `issuance.max_quantity` allows fits one, with room to spare (tested at its longest).
-const READ_TOGETHER: i64 = MAX_QUANTITY as i64;
-
-/// What `read_together` answers: the references that name a redemption (when asked), and
-/// each spend's tokens in its order.
-#[derive(Deserialize)]
-struct ReadTogether {
-    #[serde(default)]
-    existing: Vec<Named>,
-    spends: Vec<Vec<TokenDoc>>,
-}
-
-/// A redemption that exists, by what names it: all a transaction's read needs to know
-/// (the answer reads the record again, at majority), and far smaller than the record,
-/// whose `tokenIds` would count against the read's 16 MiB.
-#[derive(Deserialize)]
-struct Named {
-    owner: ObjectId,
-    reference: String,
-}
-
-/// The records of `spends`' references.
-fn references_filter(spends: &[Spend<'_>]) -> Document {
-    let references: Vec<Document> = spends
-        .iter()
-        .map(|spend| doc! { "owner": spend.owner, "reference": spend.reference })
-        .collect();
-    doc! { "$or": references }
-}
-
-/// The projection of a record to its `Named`.
-fn named_fields() -> Document {
-    doc! { "_id": 0, "owner": 1, "reference": 1 }
-}
-
-/// `spends` by position, in groups that one aggregate reads: consecutive spends whose
-/// limits add up to at most `READ_TOGETHER` (a spend that asks for more, alone).
-fn read_chunks(spends: &[Spend<'_>]) -> Vec<Vec<usize>> {
-    let mut chunks: Vec<Vec<usize>> = Vec::new();
-    let mut room = 0;
-    for (index, spend) in spends.iter().enumerate() {
-        let limit = spend.spendable.limit;
-        match chunks.last_mut() {
-            Some(chunk) if limit <= room => {
-                chunk.push(index);
-                room -= limit;
-            }
-            _ => {
-                chunks.push(vec![index]);
-                room = READ_TOGETHER - limit;
-            }
-        }
-    }
-    chunks
 }
 
 /// How a transaction's writes ended, when no command failed.
@@ -510,44 +362,4 @@ fn as_written(
 fn in_order(mut found: Vec<TokenDoc>, ids: &[ObjectId]) -> Vec<TokenDoc> {
     found.sort_by_key(|t| ids.iter().position(|id| *id == t.id));
     found
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn chunks_of(limits: &[i64]) -> Vec<Vec<usize>> {
-        let spendables: Vec<Spendable> = limits
-            .iter()
-            .map(|limit| Spendable {
-                query: TokenQuery::default(),
-                order: doc! { "_id": 1 },
-                limit: *limit,
-            })
-            .collect();
-        let spends: Vec<Spend<'_>> = spendables
-            .iter()
-            .map(|spendable| Spend {
-                owner: ObjectId::new(),
-                reference: "r",
-                spendable,
-                answered: None,
-            })
-            .collect();
-        read_chunks(&spends)
-    }
-
-    #[test]
-    fn spends_share_a_read_while_their_tokens_fit_one_answer() {
-        assert_eq!(chunks_of(&[]), Vec::<Vec<usize>>::new());
-        assert_eq!(chunks_of(&[10, 10, 10]), vec![vec![0, 1, 2]]);
-        let full = READ_TOGETHER;
-        assert_eq!(chunks_of(&[full - 10, 10, 1]), vec![vec![0, 1], vec![2]]);
-        assert_eq!(chunks_of(&[1, full, 1]), vec![vec![0], vec![1], vec![2]]);
-        // Larger than any allowed redemption: alone, never split.
-        assert_eq!(
-            chunks_of(&[5, full + 1, 5]),
-            vec![vec![0], vec![1], vec![2]]
-        );
-    }
 }

@@ -4,9 +4,9 @@
 //! A redemption's transaction costs the database more per command than its few
 //! documents do (each command in a transaction checks out the session, and the commit
 //! waits for the majority and the journal), so redemptions arriving together are
-//! committed together: ONE read of the references and of each owner's oldest tokens,
-//! ONE `update` of all the chosen tokens, ONE `insert` of all the records and ONE commit,
-//! whatever the batch's size (`Store::redeem_in_transaction`).
+//! committed together: one read of each owner's oldest tokens, then ONE `update` of all
+//! the chosen tokens, ONE `insert` of all the records and ONE commit, whatever the
+//! batch's size (`Store::redeem_in_transaction`).
 //!
 //! - Each owner's redemptions go to one writer task (by a hash of the owner), and a
 //!   batch takes at most one redemption per owner: two redemptions of one owner would
@@ -45,7 +45,7 @@ use crate::issuing::batch::{commit_surviving_panics, end_writers};
 use crate::store::{RedemptionAttempt, Spend, Spendable, StoreError};
 use crate::telemetry::{metric, traces};
 
-/// Writer tasks, each with the owners its hash gives it: a batch's commands run one after
+/// Writer tasks, each with the owners its hash gives it: a batch's reads run one after
 /// another in its transaction, so a writer has one batch in flight; four keep the
 /// database busy (measured at concurrency 32: two reached 0.40× the issuance rate where
 /// four reached 0.42–0.47×).

@@ -160,9 +160,8 @@ async fn redemptions_of_many_owners_at_once_share_transactions_and_each_spends_i
     );
 }
 
-/// Each command of a batch's transaction fails in turn, once, after the ones before it
-/// succeeded: the read of the references and tokens fails, the token update loses a
-/// write conflict, the records' insert fails, the
+/// Each write of a batch's transaction fails in turn, once, after the ones before it
+/// succeeded: the token update loses a write conflict, the records' insert fails, the
 /// commit's answer is lost, the commit applies but answers a write concern error. Every
 /// redemption is answered 201 with its own tokens (a 5xx only for one that was alone in
 /// its batch, and then by its retry), each token redeemed once, and the records match: a
@@ -174,9 +173,8 @@ async fn a_batch_whose_writes_fail_one_by_one_redeems_each_token_once() {
         code: 112,
         labels: vec!["TransientTransactionError".to_owned()],
     };
-    // Redemptions send no other `aggregate`, `update` or `insert` than their batch's.
+    // Redemptions send no other `update` or `insert` than their batch's.
     let faults = [
-        ("aggregate", Fault::error(2)),
         ("update", conflict),
         ("insert", Fault::error(2)),
         ("commitTransaction", Fault::CloseConnection),

@@ -305,44 +305,28 @@ async fn the_oldest_tokens_are_found_through_an_index_without_sorting() {
         201
     );
     app.db.run_command(doc! { "profile": 0 }).await.unwrap();
-    // Each redemption's transaction reads its tokens through a `$lookup` of its one read
-    // aggregate: that sub-pipeline, explained on `tokens`, is the query that runs.
-    let aggregates: Vec<mongodb::bson::Document> = {
+    let finds: Vec<mongodb::bson::Document> = {
         use futures::TryStreamExt;
         app.db
             .collection::<mongodb::bson::Document>("system.profile")
-            .find(doc! { "command.aggregate": 1, "command.pipeline.0.$documents": { "$exists": true } })
+            .find(doc! { "command.find": "tokens", "command.filter.status": "active" })
             .await
             .unwrap()
             .try_collect()
             .await
             .unwrap()
     };
-    let lookups: Vec<mongodb::bson::Document> = aggregates
-        .iter()
-        .flat_map(|entry| {
-            let pipeline = entry
-                .get_document("command")
-                .unwrap()
-                .get_array("pipeline")
-                .unwrap();
-            pipeline
-                .iter()
-                .filter_map(|stage| stage.as_document()?.get_document("$lookup").ok())
-                .filter(|lookup| lookup.get_str("from") == Ok("tokens"))
-                .cloned()
-                .collect::<Vec<_>>()
-        })
-        .collect();
-    assert_eq!(lookups.len(), 2, "{aggregates:?}");
-    for lookup in lookups {
+    assert_eq!(finds.len(), 2, "{finds:?}");
+    for entry in finds {
+        let command = entry.get_document("command").unwrap();
         let explain = app
             .db
             .run_command(doc! {
                 "explain": {
-                    "aggregate": "tokens",
-                    "pipeline": lookup.get_array("pipeline").unwrap().clone(),
-                    "cursor": {},
+                    "find": "tokens",
+                    "filter": command.get_document("filter").unwrap().clone(),
+                    "sort": command.get_document("sort").unwrap().clone(),
+                    "limit": command.get("limit").unwrap().clone(),
                 },
                 "verbosity": "queryPlanner",
             })
