@@ -1,7 +1,7 @@
 //! Each write of an upsert batch fails in turn, after the writes before it succeeded: the
 //! token insert (a failover code on both of its sends), and the mark (a failover code; or
 //! applied and then answered a write concern error, after tokens only the primary
-//! acknowledged). Whatever the first answer, once the request is sent again the payment
+//! acknowledged), and the reopen of the records that follows a failed mark. Whatever the first answer, once the request is sent again the payment
 //! has exactly its tokens, the ones every 2xx named, and its record is `issued`.
 
 use mongodb::bson::doc;
@@ -16,7 +16,7 @@ struct Case {
     first_status: u16,
 }
 
-const CASES: [Case; 3] = [
+const CASES: [Case; 4] = [
     Case {
         name: "the token insert fails with a failover code on both sends",
         payment: "pi_bw_tokens_fail",
@@ -30,6 +30,11 @@ const CASES: [Case; 3] = [
     Case {
         name: "the mark applies, then answers a write concern error",
         payment: "pi_bw_mark_unconfirmed",
+        first_status: 201,
+    },
+    Case {
+        name: "the mark fails, then the reopen after it on both of its sends",
+        payment: "pi_bw_reopen_fails",
         first_status: 201,
     },
 ];
@@ -53,12 +58,20 @@ async fn each_write_of_an_upsert_batch_failing_after_the_ones_before_leaves_exac
                 let first = app.issue(WRITER_KEY, &body).await;
                 (first, failing.off().await)
             }
-            _ => {
+            2 => {
                 let failing = turn
                     .set(&name, &["update"], Fault::WriteConcernError { code: 64 }, 1)
                     .await;
                 let first = app.issue(WRITER_KEY, &body).await;
                 (first, failing.off().await)
+            }
+            _ => {
+                // The mark (sent once), then the reopen and the driver's retry of it.
+                let failing = turn.set(&name, &["update"], Fault::error(91), 3).await;
+                let first = app.issue(WRITER_KEY, &body).await;
+                let entered = failing.off().await;
+                assert_eq!(entered, 3, "{}: the reopen did not fail", case.name);
+                (first, entered)
             }
         };
         assert!(entered >= 1, "{}: the fault never happened", case.name);
