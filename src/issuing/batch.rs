@@ -2,13 +2,16 @@
 //!
 //! Requests queue, one queue per mode; a few writer tasks per queue each take whatever has
 //! queued (at least one, at most `MAX_BATCH`, no waiting for more: at low load a batch is
-//! one request and nothing is added to its latency) and commit it with a fixed number of commands, whatever its size:
-//! 1. one read of the batch's payments: a payment known failed, canceled or refunded is
-//!    refused, nothing written. This read is also the one every set is settled against;
-//! 2. one `insert` of the records (status `issuing`): a record that exists already makes
-//!    its request a replay (step 5);
-//! 3. one `insert` of the claimed payments' tokens, acknowledged by the primary alone on a
-//!    replica set;
+//! one request and nothing is added to its latency) and commit it with a fixed number of
+//! commands, whatever its size, three of them dependent in upsert mode:
+//! 1. one read of the batch's payments, sent together with step 2: a payment known failed,
+//!    canceled or refunded is refused, and the record step 2 inserted for it taken back
+//!    (`Store::take_back_unconfirmed`). This read is also the one every set is settled
+//!    against;
+//! 2. one `insert` of the records (status `issuing`, `unconfirmed` until step 4): a record
+//!    that exists already makes its request a replay (step 5);
+//! 3. once both answered, one `insert` of the standing payments' tokens, acknowledged by
+//!    the primary alone on a replica set;
 //! 4. the settle: tokens the read of step 1 takes back (a partial refund known before)
 //!    are revoked; then one conditional update marks the records `issued` (`w:
 //!    majority`), all but those a refund held meanwhile, which settle again on the
@@ -21,14 +24,23 @@
 //!    one-request path (verify, complete with the upsert bulk, settle, take over a
 //!    pending record).
 //!
-//! Why step 1's read is enough to settle against: a refund recorded after it holds the
-//! payment's place in `issuances` before it revokes (`store::placeholder`). A hold before
-//! step 2 leaves a placeholder the record insert runs into (a replay, step 5); a hold
-//! after step 2 marks the `issuing` record held, so step 4's mark leaves it and it is
-//! settled again with a fresh read; a hold after the mark comes after the tokens, which
-//! the refund's own revoke then sees. And the record stays `issuing` until its settle is
-//! done: a settle that fails (or a process that dies) leaves it to self-repair, which
-//! settles it however long ago the refund was.
+//! Why step 1's read is enough to settle against, though the records may be in before
+//! it: a refund recorded after the read started holds the payment's place in `issuances`
+//! after recording (`store::placeholder`), so after the read too. A hold before step 2
+//! leaves a placeholder the record insert runs into (a replay, step 5); a hold after step
+//! 2 marks the `issuing` record held, so step 4's mark leaves it and it is settled again
+//! with a fresh read; a hold after the mark comes after the tokens, which the refund's
+//! own revoke then sees. And the record stays `issuing` until its settle is done: a
+//! settle that fails (or a process that dies) leaves it to self-repair, which settles it
+//! however long ago the refund was.
+//!
+//! Why an `unconfirmed` record is safe to take back: no token is written for it until
+//! the read says the payment stands, neither by its batch nor by anyone else, since every
+//! other writer confirms a record before acting on it (`Issuer::complete`), and the
+//! take-back leaves a confirmed record alone. A record a refund held is turned into that
+//! refund's placeholder rather than deleted: the hold promised the place stays taken. A
+//! read that fails leaves the records unconfirmed and answers 503: self-repair, or the
+//! retry, confirms and finishes them against a fresh read.
 //!
 //! Atomic mode writes the batch's records and tokens in one transaction instead of steps
 //! 2–3, so each issuance still commits whole; step 1's read runs while the transaction
@@ -331,41 +343,28 @@ struct Claimed {
 type Written = (Claimed, Vec<TokenSummary>);
 
 impl Issuer {
-    /// Step 1: refuses what the payment's known state forbids, before writing anything;
-    /// returns the others with the read.
-    async fn admit(&self, batch: Vec<Queued>) -> (Vec<Queued>, FirstRead) {
-        let at = Instant::now();
-        match self.refusals(&batch).await {
-            Ok((payments, refused)) => {
-                let admitted = match refused {
-                    None => batch,
-                    Some(refused) => answer_refused(batch, refused),
-                };
-                (admitted, FirstRead { payments, at })
-            }
-            Err(err) => {
-                fail_all(batch.into_iter().map(|q| q.answer), &err);
-                (Vec::new(), FirstRead::none())
-            }
-        }
-    }
-
-    /// The read of step 1: the payments, and the requests whose payment is known not to
-    /// stand (`None` when every one may go on).
-    async fn refusals(&self, batch: &[Queued]) -> Result<(Payments, Option<Refusals>), StoreError> {
-        if batch.is_empty() {
-            return Ok((Payments::new(), None));
-        }
-        let keys: Vec<&PaymentKey> = batch.iter().map(|q| &q.request.key).collect();
-        let payments = self.store.find_payments(&keys).await?;
-        let refused = refusals_of(batch.iter().map(|q| &q.request), &payments);
-        Ok((payments, refused))
-    }
-
     /// Steps 1–5 in upsert mode.
     async fn commit_upserts(&self, batch: Vec<Queued>) {
-        let (admitted, first_read) = self.admit(batch).await;
-        let (claimed, replays) = self.claim_records(admitted).await;
+        let keys: Vec<PaymentKey> = batch.iter().map(|q| q.request.key.clone()).collect();
+        let keys: Vec<&PaymentKey> = keys.iter().collect();
+        let at = Instant::now();
+        let (payments, (claimed, replays)) =
+            tokio::join!(self.store.find_payments(&keys), self.claim_records(batch));
+        let payments = match payments {
+            Ok(payments) => payments,
+            Err(err) => {
+                // Not knowing whether the payments stand, nothing more is written nor
+                // answered from: the records stay unconfirmed, for self-repair (or a
+                // retry) to confirm and finish against a fresh read, and the replays are
+                // not answered from sets their payment may no longer stand for.
+                fail_all(claimed.into_iter().map(|c| c.answer), &err);
+                return fail_all(replays.into_iter().map(|q| q.answer), &err);
+            }
+        };
+        let (claimed, replays) = self
+            .refuse_unless_standing(claimed, replays, &payments)
+            .await;
+        let first_read = FirstRead { payments, at };
         let writes = async {
             let (written, raced, ack) = self.insert_tokens(claimed).await;
             self.settle_and_mark(written, first_read, ack).await;
@@ -379,8 +378,8 @@ impl Issuer {
         tokio::join!(writes, self.replay_batch(replays));
     }
 
-    /// Step 2 (upsert mode): insert the records; a record that exists makes its request a
-    /// replay.
+    /// Step 2 (upsert mode): insert the records, `unconfirmed` while step 1's read is on
+    /// its way; a record that exists makes its request a replay.
     async fn claim_records(&self, upsert: Vec<Queued>) -> (Vec<Claimed>, Vec<Queued>) {
         let mut claimed = Vec::new();
         let mut replays = Vec::new();
@@ -389,7 +388,10 @@ impl Issuer {
         }
         let records: Vec<IssuanceDoc> = upsert
             .iter()
-            .map(|q| IssuanceDoc::new(&q.request, IssuanceStatus::Issuing))
+            .map(|q| IssuanceDoc {
+                unconfirmed: true,
+                ..IssuanceDoc::new(&q.request, IssuanceStatus::Issuing)
+            })
             .collect();
         let inserted = match self.store.insert_records(&records).await {
             Ok(inserted) => inserted,
@@ -412,6 +414,61 @@ impl Issuer {
             }
         }
         (claimed, replays)
+    }
+
+    /// After steps 1 and 2 (upsert mode): answers the requests whose payment step 1's
+    /// read shows not standing, taking their records back first (`take_back_unconfirmed`:
+    /// a retry answered before that could find the record and confirm it); returns the
+    /// rest. When a record cannot be taken back (the command failed, or a request that
+    /// waited past `UNCONFIRMED_WAIT` confirmed it), the refusal is no longer the last
+    /// word: the record stays, and whoever finishes it (self-repair, a retry) settles it
+    /// against a fresh read. Those requests hear 503, and their retry answers from it.
+    async fn refuse_unless_standing(
+        &self,
+        claimed: Vec<Claimed>,
+        replays: Vec<Queued>,
+        payments: &Payments,
+    ) -> (Vec<Claimed>, Vec<Queued>) {
+        let refusal = |key: &PaymentKey| refuse_unless_standing(payments.get(key)).err();
+        let mut standing = Vec::with_capacity(claimed.len());
+        let mut refused = Vec::new();
+        for claim in claimed {
+            match refusal(&claim.request.key) {
+                Some(err) => refused.push((claim, err)),
+                None => standing.push(claim),
+            }
+        }
+        let replays = replays
+            .into_iter()
+            .filter_map(|queued| match refusal(&queued.request.key) {
+                Some(err) => {
+                    let _ = queued.answer.send(Err(err));
+                    None
+                }
+                None => Some(queued),
+            })
+            .collect();
+        if !refused.is_empty() {
+            let ids: Vec<ObjectId> = refused.iter().map(|(c, _)| c.record.id).collect();
+            let kept = match self.store.take_back_unconfirmed(&ids).await {
+                Ok(taken_back) if taken_back == ids.len() as u64 => None,
+                Ok(_) => Some(StoreError::Unavailable(mongodb::error::Error::custom(
+                    "a record of a payment that does not stand was confirmed meanwhile",
+                ))),
+                Err(err) => Some(err),
+            };
+            if let Some(err) = &kept {
+                tracing::warn!(error = %err, records = ?ids, "cannot take back the records of payments that do not stand");
+            }
+            for (claim, refusal) in refused {
+                let answer = match &kept {
+                    None => refusal,
+                    Some(err) => IssueError::Store(err.clone()),
+                };
+                let _ = claim.answer.send(Err(answer));
+            }
+        }
+        (standing, replays)
     }
 
     /// Step 3 (upsert mode): one insert of the claimed payments' tokens. Returns the sets
@@ -523,6 +580,7 @@ impl Issuer {
                         (Ok(_), Some(status)) => Err(IssueError::PaymentNotSucceeded(status)),
                         (Ok(tokens), None) => {
                             claim.record.status = IssuanceStatus::Issued;
+                            claim.record.unconfirmed = false;
                             Ok(IssueOutcome::Created(IssuedTokens {
                                 issuance: claim.record,
                                 tokens,

@@ -23,6 +23,11 @@ use crate::store::{
     AtomicInsert, Existing, IssuanceDoc, PaymentDoc, StoreError, TokenSummary, retry,
 };
 
+/// How long a request waits for another batch's read to decide a record it finds
+/// `unconfirmed` (that read takes milliseconds), and how often it looks.
+const UNCONFIRMED_WAIT: Duration = Duration::from_secs(1);
+const UNCONFIRMED_POLL: Duration = Duration::from_millis(10);
+
 impl Issuer {
     /// Issues `request` as `caller` may.
     pub async fn issue(
@@ -112,14 +117,19 @@ impl Issuer {
         let existing = loop {
             match self.store.claim_record(&pending).await? {
                 None => return Ok(pending_answer(pending)),
-                Some(Existing::Record(record)) => break record,
+                Some(Existing::Record(record)) => {
+                    if let Some(record) = self.once_confirmed(record).await? {
+                        break record;
+                    }
+                }
                 Some(Existing::Placeholder(id)) => {
                     if let Some(taken) = self.store.take_over_placeholder(id, &pending).await? {
                         return Ok(pending_answer(taken));
                     }
                 }
             }
-            // The placeholder expired or was taken over in between: look again.
+            // The placeholder expired or was taken over in between, or the record was
+            // taken back: look again.
             attempt += 1;
             if !retry::RECORD_CHANGE.allows_another(attempt) {
                 return Err(record_kept_changing());
@@ -225,7 +235,11 @@ impl Issuer {
         existing: Existing,
     ) -> Result<Option<IssueOutcome>, IssueError> {
         let existing = match existing {
-            Existing::Record(record) => record,
+            Existing::Record(record) => match self.once_confirmed(record).await? {
+                Some(record) => record,
+                // Taken back by its batch: the place is free again, or a placeholder.
+                None => return Ok(None),
+            },
             // A refund came before any record, and the payment was standing when this
             // request read it (a partial refund, or a refund since): claimed in place,
             // then written and settled like a taken-over pending record.
@@ -259,10 +273,45 @@ impl Issuer {
         }
     }
 
+    /// `record` once its batch's read of the payment has decided it (see
+    /// `IssuanceDoc::unconfirmed`): confirmed, or `None` when the batch took it back. A
+    /// request that finds the record of a batch in flight waits for that read rather
+    /// than confirming the record itself, which would keep a record the payment's state
+    /// refuses (and its parameters would then answer the request, or refuse it). A
+    /// record still unconfirmed after `UNCONFIRMED_WAIT` belongs to a batch that stalled
+    /// or died: confirmed then, the caller having read the payment standing.
+    async fn once_confirmed(&self, record: IssuanceDoc) -> Result<Option<IssuanceDoc>, StoreError> {
+        if !record.unconfirmed {
+            return Ok(Some(record));
+        }
+        let deadline = tokio::time::Instant::now() + UNCONFIRMED_WAIT;
+        while tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(UNCONFIRMED_POLL).await;
+            match self.store.reread_record(&record).await? {
+                Some(now) if now.unconfirmed => {}
+                decided => return Ok(decided),
+            }
+        }
+        self.store.confirm_record(&record).await
+    }
+
     /// Answers from an existing (`issuing` or `issued`) record: completes its token set if
     /// it is short, and finishes it if it is not marked `issued` yet. A complete, issued
     /// set costs one read.
     pub(super) async fn complete(&self, record: IssuanceDoc) -> Result<IssuedTokens, IssueError> {
+        // A batch's record whose payment read is still on the way (its own, whose read
+        // said the payment stands, or one left by a batch that stalled or died):
+        // confirmed before any token is written for it, so that the batch can no longer
+        // take it back (a payment that does not stand is settled by `finish`'s fresh
+        // read).
+        let record = if record.unconfirmed {
+            self.store
+                .confirm_record(&record)
+                .await?
+                .ok_or_else(record_lost)?
+        } else {
+            record
+        };
         let key = record.key()?;
         let mut tokens = self.store.payment_tokens(&key).await?;
         let mut created = 0;
@@ -365,7 +414,7 @@ fn hide_mismatches(err: IssueError) -> IssueError {
 }
 
 /// An issuance record that vanished before it was marked `issued`: a failover rolled back
-/// its insert. Nothing is acknowledged; a retry records it again and converges on the
+/// its insert (or, for an `unconfirmed` one, its batch took it back). Nothing is acknowledged; a retry records it again and converges on the
 /// tokens.
 pub(super) fn record_lost() -> StoreError {
     StoreError::Unavailable(mongodb::error::Error::custom(

@@ -47,6 +47,15 @@ impl Issuer {
             else {
                 break;
             };
+            // A batch's record its batch has not decided yet, that old (the batch stalled
+            // or died): confirmed, or skipped when the batch took it back meanwhile.
+            let record = match record.unconfirmed {
+                true => match self.store.confirm_record(&record).await? {
+                    Some(record) => record,
+                    None => continue,
+                },
+                false => record,
+            };
             let payment = format!(
                 "{}/{}/{}",
                 record.provider, record.account_id, record.payment_intent_id

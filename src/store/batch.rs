@@ -16,7 +16,7 @@ use super::durability::{OpTime, pinned_command_writes};
 use super::error::{NOT_PRIMARY_CODES, StoreError};
 use super::filters::{issuances_filter, payments_tokens_filter};
 use super::payments::{PAYMENTS, PaymentDoc};
-use super::{ISSUANCES, Store, TOKENS};
+use super::{ISSUANCES, Store, TOKENS, placeholder};
 use crate::domain::{IssuanceStatus, PaymentKey};
 
 /// What inserting one record of a batch did.
@@ -104,7 +104,10 @@ impl Store {
                     "status": IssuanceStatus::Issuing.as_str(),
                     "heldAt": { "$exists": false },
                 },
-                "u": { "$set": { "status": IssuanceStatus::Issued.as_str() } },
+                "u": {
+                    "$set": { "status": IssuanceStatus::Issued.as_str() },
+                    "$unset": { "unconfirmed": "" },
+                },
                 "multi": true,
             }],
             "writeConcern": pinned_command_writes(&self.db),
@@ -135,6 +138,42 @@ impl Store {
             )
             .await?;
         Ok(())
+    }
+
+    /// Takes back the `unconfirmed` records of `ids`, which a batch inserted for
+    /// payments its read then found do not stand. Those no one confirmed meanwhile
+    /// (`confirm_record`) go: deleted when no refund held the place, so that nothing is
+    /// left of the request; turned into a refund's placeholder when one did, because a
+    /// hold is a promise that the payment's place stays taken, which an atomic issuance
+    /// that read the payment before the refund relies on (`placeholder`). Majority, like
+    /// every write. Returns how many it took back.
+    pub async fn take_back_unconfirmed(&self, ids: &[ObjectId]) -> Result<u64, StoreError> {
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        let unconfirmed = doc! {
+            "_id": { "$in": ids },
+            "status": IssuanceStatus::Issuing.as_str(),
+            "unconfirmed": true,
+        };
+        let mut unheld = unconfirmed.clone();
+        unheld.insert("heldAt", doc! { "$exists": false });
+        let deleted = self
+            .collection(ISSUANCES)
+            .delete_many(unheld)
+            .await?
+            .deleted_count;
+        if deleted == ids.len() as u64 {
+            return Ok(deleted);
+        }
+        // A hold that comes after the delete finds no record, and writes its own
+        // placeholder.
+        let turned = self
+            .collection(ISSUANCES)
+            .update_many(unconfirmed, placeholder::from_record())
+            .await?
+            .modified_count;
+        Ok(deleted + turned)
     }
 
     /// The records of `ids` as they are now (to tell which ones `mark_settled` left).

@@ -136,6 +136,13 @@ pub struct IssuanceDoc {
     /// When a `pending` record expires (a TTL index removes it); absent otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires_at: Option<DateTime>,
+    /// An `issuing` record a group-commit batch inserted while its read of the payment
+    /// was still on the way: the payment may yet turn out not to stand, and the batch
+    /// then takes the record back. Anyone else who acts on it confirms it first
+    /// (`Store::confirm_record`), which the batch's take-back then leaves alone; the
+    /// batch's mark clears it. Absent (false) on every other record.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unconfirmed: bool,
 }
 
 impl IssuanceDoc {
@@ -162,6 +169,7 @@ impl IssuanceDoc {
             created_at: DateTime::now(),
             requested_by: Some(request.requested_by.to_string()),
             expires_at: None,
+            unconfirmed: false,
         }
     }
 

@@ -92,6 +92,39 @@ impl Store {
             .await?)
     }
 
+    /// Confirms an `unconfirmed` record (see `IssuanceDoc::unconfirmed`) for a writer
+    /// about to act on it: from now on the batch that inserted it can no longer take it
+    /// back. Returns the record as it now is (confirmed by this write, or before by its
+    /// batch's mark or another writer), or `None` when it is gone: taken back by its
+    /// batch (the payment does not stand), or rolled back by a failover.
+    ///
+    /// A write even when the flag is gone already, so that its majority also covers a
+    /// confirm someone else made (a read could return one a failover may still undo);
+    /// and only of this very record: a record taken back into a placeholder keeps its
+    /// `_id`, which a later record or pending request taking the placeholder over
+    /// keeps too.
+    pub async fn confirm_record(
+        &self,
+        record: &IssuanceDoc,
+    ) -> Result<Option<IssuanceDoc>, StoreError> {
+        Ok(self
+            .records()
+            .find_one_and_update(
+                this_record(record),
+                doc! { "$unset": { "unconfirmed": "" } },
+            )
+            .return_document(ReturnDocument::After)
+            .await?)
+    }
+
+    /// `record` as it now is, `None` when it is gone (as `confirm_record` tells), read.
+    pub async fn reread_record(
+        &self,
+        record: &IssuanceDoc,
+    ) -> Result<Option<IssuanceDoc>, StoreError> {
+        Ok(self.records().find_one(this_record(record)).await?)
+    }
+
     /// Marks an `issuing` record `issued`: its set is complete and checked against the
     /// payment. Idempotent: true when the record is `issued` now, by this write or an
     /// earlier one; false when there is no such record (a failover rolled its insert
@@ -103,7 +136,10 @@ impl Store {
             .collection(ISSUANCES)
             .update_one(
                 doc! { "_id": id, "status": { "$in": marked.to_vec() } },
-                doc! { "$set": { "status": IssuanceStatus::Issued.as_str() }, "$unset": { "repairLeaseUntil": "" } },
+                doc! {
+                    "$set": { "status": IssuanceStatus::Issued.as_str() },
+                    "$unset": { "repairLeaseUntil": "", "unconfirmed": "" },
+                },
             )
             .await?;
         Ok(result.matched_count == 1)
@@ -184,4 +220,23 @@ impl Store {
 pub(super) fn record_document(record: &IssuanceDoc) -> Result<Document, StoreError> {
     mongodb::bson::to_document(record)
         .map_err(|e| StoreError::Internal(format!("cannot encode issuance record: {e}")))
+}
+
+/// The filter that finds `record` itself, past its batch's take-back: the same `_id`,
+/// payment key (the shard key of a sharded `issuances`, which a `findAndModify` there
+/// must name), creation time and parameters, and still a record past `pending`. A
+/// record or pending request that took its `_id` over has its own creation time.
+fn this_record(record: &IssuanceDoc) -> Document {
+    let statuses = [IssuanceStatus::Issuing, IssuanceStatus::Issued].map(|s| s.as_str());
+    doc! {
+        "_id": record.id,
+        "provider": &record.provider,
+        "accountId": &record.account_id,
+        "paymentIntentId": &record.payment_intent_id,
+        "createdAt": record.created_at,
+        "owner": record.owner,
+        "tokenType": &record.token_type,
+        "quantity": record.quantity,
+        "status": { "$in": statuses.to_vec() },
+    }
 }

@@ -74,6 +74,24 @@ pub(super) fn records_only() -> Document {
     doc! { "status": { "$ne": PLACEHOLDER } }
 }
 
+/// The update pipeline that turns a record into a placeholder in place, as a hold would
+/// have left it: the same `_id` and payment key, a fresh lifetime, the rest dropped.
+pub(super) fn from_record() -> Vec<Document> {
+    let lifetime_ms = PLACEHOLDER_LIFETIME.as_millis() as i64;
+    let mut placeholder: Document = RECORD_KEY_FIELDS
+        .into_iter()
+        .map(|field| (field.to_owned(), Bson::String(format!("${field}"))))
+        .collect();
+    placeholder.extend(doc! {
+        "_id": "$_id",
+        "status": PLACEHOLDER,
+        "heldAt": "$heldAt",
+        "createdAt": "$createdAt",
+        "expiresAt": { "$add": ["$$NOW", lifetime_ms] },
+    });
+    vec![doc! { "$replaceWith": placeholder }]
+}
+
 impl Store {
     /// A refund's hold on the payment's place (see the module's comment): waits for an
     /// uncommitted record of the payment, or writes (or extends) a placeholder. Returns

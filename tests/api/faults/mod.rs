@@ -7,6 +7,7 @@ mod marks;
 mod settle_quantity;
 mod status_moves;
 mod stuck_payments;
+mod unconfirmed;
 
 use crate::helpers::*;
 
