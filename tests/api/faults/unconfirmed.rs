@@ -357,7 +357,10 @@ async fn a_record_taken_back_whose_place_is_taken_over_is_never_confirmed() {
         unconfirmed: true,
         ..IssuanceDoc::new(&request, IssuanceStatus::Issuing)
     };
-    store.insert_records(&[record.clone()]).await.unwrap();
+    store
+        .insert_records(std::slice::from_ref(&record))
+        .await
+        .unwrap();
     // A refund holds the place, the batch's read refuses: the record becomes the
     // refund's placeholder, under the same `_id`.
     store.hold_place(&request.key).await.unwrap();
