@@ -416,13 +416,14 @@ impl Issuer {
         (claimed, replays)
     }
 
-    /// After steps 1 and 2 (upsert mode): answers the requests whose payment step 1's
-    /// read shows not standing, taking their records back first (`take_back_unconfirmed`:
-    /// a retry answered before that could find the record and confirm it); returns the
-    /// rest. When a record cannot be taken back (the command failed, or a request that
-    /// waited past `UNCONFIRMED_WAIT` confirmed it), the refusal is no longer the last
-    /// word: the record stays, and whoever finishes it (self-repair, a retry) settles it
-    /// against a fresh read. Those requests hear 503, and their retry answers from it.
+    /// After steps 1 and 2 (upsert mode): answers the requests (claims and replays) whose
+    /// payment step 1's read shows not standing, taking the claims' records back first
+    /// (`take_back_unconfirmed`: a retry answered before that could find the record and
+    /// confirm it); returns the rest. When a record cannot be taken back (the command
+    /// failed, a failover lost it, or a request that waited for it past its time
+    /// confirmed it), the refusal is no longer the last word: a record may stay, which
+    /// whoever finishes it (self-repair, a retry) settles against a fresh read. Then every
+    /// refused request of the batch hears 503, and its retry answers from what stands.
     async fn refuse_unless_standing(
         &self,
         claimed: Vec<Claimed>,
@@ -438,37 +439,40 @@ impl Issuer {
                 None => standing.push(claim),
             }
         }
-        let replays = replays
-            .into_iter()
-            .filter_map(|queued| match refusal(&queued.request.key) {
-                Some(err) => {
-                    let _ = queued.answer.send(Err(err));
-                    None
-                }
-                None => Some(queued),
-            })
-            .collect();
+        let mut standing_replays = Vec::with_capacity(replays.len());
+        // Refused replays (of a record this batch inserted, among others) are answered
+        // after the take-back, as the claims are: no 409 while the record may stay.
+        let mut refused_answers: Vec<(Answer, IssueError)> = Vec::new();
+        for queued in replays {
+            match refusal(&queued.request.key) {
+                Some(err) => refused_answers.push((queued.answer, err)),
+                None => standing_replays.push(queued),
+            }
+        }
+        let mut kept = None;
         if !refused.is_empty() {
             let ids: Vec<ObjectId> = refused.iter().map(|(c, _)| c.record.id).collect();
-            let kept = match self.store.take_back_unconfirmed(&ids).await {
+            kept = match self.store.take_back_unconfirmed(&ids).await {
                 Ok(taken_back) if taken_back == ids.len() as u64 => None,
                 Ok(_) => Some(StoreError::Unavailable(mongodb::error::Error::custom(
-                    "a record of a payment that does not stand was confirmed meanwhile",
+                    "a record of a payment that does not stand was not taken back: \
+                     another request confirmed it, or a failover lost it",
                 ))),
                 Err(err) => Some(err),
             };
             if let Some(err) = &kept {
                 tracing::warn!(error = %err, records = ?ids, "cannot take back the records of payments that do not stand");
             }
-            for (claim, refusal) in refused {
-                let answer = match &kept {
-                    None => refusal,
-                    Some(err) => IssueError::Store(err.clone()),
-                };
-                let _ = claim.answer.send(Err(answer));
-            }
+            refused_answers.extend(refused.into_iter().map(|(claim, err)| (claim.answer, err)));
         }
-        (standing, replays)
+        for (answer, refusal) in refused_answers {
+            let refusal = match &kept {
+                None => refusal,
+                Some(err) => IssueError::Store(err.clone()),
+            };
+            let _ = answer.send(Err(refusal));
+        }
+        (standing, standing_replays)
     }
 
     /// Step 3 (upsert mode): one insert of the claimed payments' tokens. Returns the sets

@@ -23,8 +23,9 @@ use crate::store::{
     AtomicInsert, Existing, IssuanceDoc, PaymentDoc, StoreError, TokenSummary, retry,
 };
 
-/// How long a request waits for another batch's read to decide a record it finds
-/// `unconfirmed` (that read takes milliseconds), and how often it looks.
+/// How long after its creation a record found `unconfirmed` is left to its batch (whose
+/// read takes milliseconds, and whose insert up to its patience with a record whose key a
+/// killed instance's transaction holds), and how often a request waiting for it looks.
 const UNCONFIRMED_WAIT: Duration = Duration::from_secs(1);
 const UNCONFIRMED_POLL: Duration = Duration::from_millis(10);
 
@@ -278,13 +279,21 @@ impl Issuer {
     /// request that finds the record of a batch in flight waits for that read rather
     /// than confirming the record itself, which would keep a record the payment's state
     /// refuses (and its parameters would then answer the request, or refuse it). A
-    /// record still unconfirmed after `UNCONFIRMED_WAIT` belongs to a batch that stalled
-    /// or died: confirmed then, the caller having read the payment standing.
+    /// record still unconfirmed `UNCONFIRMED_WAIT` after it was created belongs to a
+    /// batch that failed, stalled or died: confirmed at once then, the caller having read
+    /// the payment standing (a batch that was only slow answers its refused request 503
+    /// instead of 409).
     async fn once_confirmed(&self, record: IssuanceDoc) -> Result<Option<IssuanceDoc>, StoreError> {
         if !record.unconfirmed {
             return Ok(Some(record));
         }
-        let deadline = tokio::time::Instant::now() + UNCONFIRMED_WAIT;
+        // From the record's creation, by the clock of the instance that wrote it: a
+        // retry after a batch's failure (a whole batch of them, at worst, each holding
+        // its writer) does not wait for a decision that is not coming. A clock ahead
+        // of ours only makes the wait shorter, which costs a 503, not money.
+        let age_ms = DateTime::now().timestamp_millis() - record.created_at.timestamp_millis();
+        let age = Duration::from_millis(u64::try_from(age_ms).unwrap_or(0));
+        let deadline = tokio::time::Instant::now() + UNCONFIRMED_WAIT.saturating_sub(age);
         while tokio::time::Instant::now() < deadline {
             tokio::time::sleep(UNCONFIRMED_POLL).await;
             match self.store.reread_record(&record).await? {

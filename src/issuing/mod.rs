@@ -181,7 +181,8 @@ impl Issuer {
         self.config.default_mode
     }
 
-    /// A payment's issuance record and its tokens, if it has a record.
+    /// A payment's issuance record and its tokens, if it has a record. A batch's record
+    /// whose payment read is still on the way is not one yet: it may be taken back.
     pub async fn find_issuance(
         &self,
         key: &crate::domain::PaymentKey,
@@ -189,6 +190,9 @@ impl Issuer {
         let Some(issuance) = self.store.find_record(key).await? else {
             return Ok(None);
         };
+        if issuance.unconfirmed {
+            return Ok(None);
+        }
         let tokens = self.store.payment_tokens(key).await?;
         Ok(Some(IssuedTokens {
             issuance,

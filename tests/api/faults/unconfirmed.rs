@@ -398,3 +398,66 @@ async fn a_record_taken_back_whose_place_is_taken_over_is_never_confirmed() {
             .unwrap();
     }
 }
+
+#[tokio::test]
+async fn a_record_left_unconfirmed_by_a_failed_batch_is_confirmed_without_waiting() {
+    let name = unique_app_name();
+    let app = faulty_app(&name).await;
+    let payment = "pi_unc_abandoned";
+    let failing = FailPoint::set(&name, &["find"], Fault::error(91), 2).await;
+    let body = issuance_body(payment, 4);
+    assert_eq!(app.issue(WRITER_KEY, &body).await.status(), 503);
+    assert_eq!(failing.off().await, 2);
+    // Its batch failed a minute ago: no batch will decide the record now.
+    let a_minute_ago = mongodb::bson::DateTime::from_millis(
+        mongodb::bson::DateTime::now().timestamp_millis() - 60_000,
+    );
+    app.db
+        .collection::<Document>("issuances")
+        .update_one(
+            doc! { "paymentIntentId": payment },
+            doc! { "$set": { "createdAt": a_minute_ago } },
+        )
+        .await
+        .unwrap();
+
+    // Every `find` the retry sends is counted (held up 0 ms): a retry that waited for a
+    // decision would read the record again every 10 ms for a second.
+    let counting = FailPoint::always(&name, &["find"], Fault::Block { millis: 0 }).await;
+    let again = app.issue(WRITER_KEY, &body).await;
+    let finds = counting.off().await;
+    assert_eq!(again.status(), 200);
+    assert!(finds < 20, "the retry waited on the record: {finds} finds");
+    assert_eq!(app.stored_token_ids(payment).await.len(), 4);
+}
+
+#[tokio::test]
+async fn a_record_whose_read_is_held_up_is_not_shown_yet() {
+    let name = unique_app_name();
+    let app = faulty_app(&name).await;
+    let payment = "pi_unc_not_shown";
+    let path = format!("/v1/issuances/stripe/acct_1/{payment}");
+    let turn = FailPointTurn::take().await;
+    let held_up = turn
+        .set(
+            &name,
+            &["find"],
+            Fault::Block {
+                millis: READ_HELD_FOR.as_millis() as i64,
+            },
+            1,
+        )
+        .await;
+    let body = issuance_body(payment, 4);
+    let (first, shown) = tokio::join!(app.issue(WRITER_KEY, &body), async {
+        unconfirmed_record_inserted(&app, payment).await;
+        app.get(ADMIN_KEY, &path).await.status()
+    });
+    assert_eq!(held_up.off().await, 1);
+    assert_eq!(
+        shown, 404,
+        "a record its batch may still take back was shown"
+    );
+    assert_eq!(first.status(), 201);
+    assert_eq!(app.get(ADMIN_KEY, &path).await.status(), 200);
+}
