@@ -36,15 +36,21 @@ async fn places(app: &TestApp, payment: &str) -> Vec<Document> {
         .unwrap()
 }
 
-/// Waits until the batch held up on its read has inserted `payment`'s record.
+/// Waits until the batch held up on its read has inserted `payment`'s record, and the
+/// insert (which the primary alone acknowledged) is majority-committed: what the
+/// service's own reads see.
 async fn unconfirmed_record_inserted(app: &TestApp, payment: &str) {
     let deadline = Instant::now() + Duration::from_secs(10);
-    while app
-        .count(
-            "issuances",
-            doc! { "paymentIntentId": payment, "unconfirmed": true },
-        )
+    let majority = app.db.collection_with_options::<Document>(
+        "issuances",
+        mongodb::options::CollectionOptions::builder()
+            .read_concern(mongodb::options::ReadConcern::majority())
+            .build(),
+    );
+    while majority
+        .count_documents(doc! { "paymentIntentId": payment, "unconfirmed": true })
         .await
+        .unwrap()
         == 0
     {
         assert!(
