@@ -474,40 +474,51 @@ async fn a_take_back_that_fails_answers_the_same_batchs_refused_replay_503_too()
     let app = faulty_app(&name).await;
     let payment = "pi_unc_same_batch";
     refunded_long_ago(&app, payment).await;
-    // Both writers held up in the record insert of another payment's batch each, so that
-    // the two copies of the request queue meanwhile and go in one batch: the first
-    // claims the record, the second is its replay.
-    let turn = FailPointTurn::take().await;
-    let writers_busy = turn
-        .set(&name, &["insert"], Fault::Block { millis: 1500 }, 2)
-        .await;
+    // Both writers held up in the record insert of another payment's batch each (a
+    // transaction of the test's holds those payments' keys), so that the two copies of
+    // the request queue meanwhile and go in one batch: the first claims the record, the
+    // second is its replay. (A failpoint cannot hold them: setting the next one waits
+    // for the commands the last one holds up.)
+    let mut holders = Vec::new();
+    for other in ["pi_unc_same_batch_1", "pi_unc_same_batch_2"] {
+        let mut session = app.db.client().start_session().await.unwrap();
+        session.start_transaction().await.unwrap();
+        app.db
+            .collection::<Document>("issuances")
+            .insert_one(doc! {
+                "provider": "stripe", "accountId": "acct_1", "paymentIntentId": other,
+                "status": "placeholder",
+            })
+            .session(&mut session)
+            .await
+            .unwrap();
+        holders.push(session);
+    }
+    let failing = FailPoint::set(&name, &["delete"], Fault::error(91), 1).await;
     let body = issuance_body(payment, 4);
     let (first_other, second_other) = (
         issuance_body("pi_unc_same_batch_1", 1),
         issuance_body("pi_unc_same_batch_2", 1),
     );
-    let (other_1, other_2, (copy_1, copy_2, take_backs_failed)) = tokio::join!(
+    let (_, _, (copy_1, copy_2)) = tokio::join!(
         app.issue(WRITER_KEY, &first_other),
         async {
-            tokio::time::sleep(Duration::from_millis(300)).await;
+            tokio::time::sleep(Duration::from_millis(200)).await;
             app.issue(WRITER_KEY, &second_other).await
         },
         async {
-            tokio::time::sleep(Duration::from_millis(600)).await;
-            let failing = writers_busy
-                .replace(&name, &["delete"], Fault::error(91), 1)
-                .await;
-            let (copy_1, copy_2) =
-                tokio::join!(app.issue(WRITER_KEY, &body), app.issue(WRITER_KEY, &body));
-            (copy_1, copy_2, failing.off().await)
+            tokio::time::sleep(Duration::from_millis(400)).await;
+            let copies = tokio::join!(app.issue(WRITER_KEY, &body), app.issue(WRITER_KEY, &body));
+            for mut holder in holders {
+                holder.abort_transaction().await.unwrap();
+            }
+            copies
         }
     );
-    assert_eq!(other_1.status(), 201);
-    assert_eq!(other_2.status(), 201);
-    assert_eq!(take_backs_failed, 1, "the take-back did not fail");
+    assert_eq!(failing.off().await, 1, "the take-back did not fail");
     // The record stays: neither copy may hear the refusal as the last word.
-    assert_problem(copy_1, 503, "database_unavailable").await;
-    assert_problem(copy_2, 503, "database_unavailable").await;
+    let statuses = [copy_1.status().as_u16(), copy_2.status().as_u16()];
+    assert_eq!(statuses, [503, 503]);
     assert_problem(
         app.issue(WRITER_KEY, &body).await,
         409,
