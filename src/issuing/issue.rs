@@ -423,8 +423,8 @@ fn hide_mismatches(err: IssueError) -> IssueError {
 }
 
 /// An issuance record that vanished before it was marked `issued`: a failover rolled back
-/// its insert (or, for an `unconfirmed` one, its batch took it back). Nothing is acknowledged; a retry records it again and converges on the
-/// tokens.
+/// its insert (or, for an `unconfirmed` one, its batch took it back). Nothing is
+/// acknowledged; a retry records it again and converges on the tokens.
 pub(super) fn record_lost() -> StoreError {
     StoreError::Unavailable(mongodb::error::Error::custom(
         "the issuance record was lost before it was marked",

@@ -18,6 +18,13 @@ use crate::provider_events::*;
 /// How long the batch's read of the payments is held up.
 const READ_HELD_FOR: Duration = Duration::from_millis(1500);
 
+/// Holds up the next `find` of the app named `name` for `READ_HELD_FOR`: the read of the
+/// payments of the next batch.
+async fn hold_up_the_read(name: &str) -> FailPoint {
+    let millis = READ_HELD_FOR.as_millis() as i64;
+    FailPoint::set(name, &["find"], Fault::Block { millis }, 1).await
+}
+
 /// A faulty app that knows the Stripe provider, without sweeps.
 async fn faulty_app(name: &str) -> TestApp {
     spawn_app_named(name, &format!("{PROVIDERS}{NO_SWEEPS}")).await
@@ -106,17 +113,7 @@ async fn a_refund_holding_the_place_while_the_read_is_held_up_keeps_it_held() {
     let name = unique_app_name();
     let app = faulty_app(&name).await;
     let payment = "pi_unc_held";
-    let turn = FailPointTurn::take().await;
-    let held_up = turn
-        .set(
-            &name,
-            &["find"],
-            Fault::Block {
-                millis: READ_HELD_FOR.as_millis() as i64,
-            },
-            1,
-        )
-        .await;
+    let held_up = hold_up_the_read(&name).await;
 
     let body = issuance_body(payment, 4);
     let (first, ()) = tokio::join!(app.issue(WRITER_KEY, &body), async {
@@ -164,17 +161,7 @@ async fn a_retry_meeting_the_record_while_the_read_is_held_up_answers_the_same_t
     let name = unique_app_name();
     let app = faulty_app(&name).await;
     let payment = "pi_unc_retry";
-    let turn = FailPointTurn::take().await;
-    let held_up = turn
-        .set(
-            &name,
-            &["find"],
-            Fault::Block {
-                millis: READ_HELD_FOR.as_millis() as i64,
-            },
-            1,
-        )
-        .await;
+    let held_up = hold_up_the_read(&name).await;
 
     let body = issuance_body(payment, 4);
     let (first, retry) = tokio::join!(app.issue(WRITER_KEY, &body), async {
@@ -443,17 +430,7 @@ async fn a_record_whose_read_is_held_up_is_not_shown_yet() {
     let app = faulty_app(&name).await;
     let payment = "pi_unc_not_shown";
     let path = format!("/v1/issuances/stripe/acct_1/{payment}");
-    let turn = FailPointTurn::take().await;
-    let held_up = turn
-        .set(
-            &name,
-            &["find"],
-            Fault::Block {
-                millis: READ_HELD_FOR.as_millis() as i64,
-            },
-            1,
-        )
-        .await;
+    let held_up = hold_up_the_read(&name).await;
     let body = issuance_body(payment, 4);
     let (first, shown) = tokio::join!(app.issue(WRITER_KEY, &body), async {
         unconfirmed_record_inserted(&app, payment).await;
@@ -525,4 +502,104 @@ async fn a_take_back_that_fails_answers_the_same_batchs_refused_replay_503_too()
         "payment_not_succeeded",
     )
     .await;
+}
+
+#[tokio::test]
+async fn a_take_back_whose_turn_into_a_placeholder_fails_keeps_the_place_and_repair_settles_it() {
+    let name = unique_app_name();
+    let app = faulty_app(&name).await;
+    let payment = "pi_unc_turn_fails";
+    refunded_long_ago(&app, payment).await;
+    // The batch's side, through a store named as the app: its record, held by a refund
+    // meanwhile, whose read found the payment refunded.
+    let store = connect_store(&mongo_uri_named(&name), &app.db_name).await;
+    let mut request = atomic_issuance(payment, 4);
+    request.mode = tokenmint::domain::IssuanceMode::Upsert;
+    let record = IssuanceDoc {
+        unconfirmed: true,
+        ..IssuanceDoc::new(&request, IssuanceStatus::Issuing)
+    };
+    store
+        .insert_records(std::slice::from_ref(&record))
+        .await
+        .unwrap();
+    store.hold_place(&request.key).await.unwrap();
+
+    // The delete leaves the held record alone; the update that turns it into the
+    // refund's placeholder fails.
+    let failing = FailPoint::set(&name, &["update"], Fault::error(91), 1).await;
+    assert!(store.take_back_unconfirmed(&[record.id]).await.is_err());
+    assert_eq!(failing.off().await, 1);
+    let place = app
+        .find_stored("issuances", doc! { "paymentIntentId": payment })
+        .await;
+    assert_eq!(place.get_bool("unconfirmed"), Ok(true), "{place}");
+    assert!(
+        place.get_datetime("heldAt").is_ok(),
+        "the place is still held: {place}"
+    );
+
+    // Self-repair on another instance finishes it against a fresh read: the payment is
+    // refunded, so whatever it writes it revokes.
+    let repairer = spawn_app_on(
+        &app.db_name,
+        &format!("{PROVIDERS}[repair]\ninterval_ms = 200\nmin_age_ms = 500\n"),
+    )
+    .await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let place = repairer
+            .find_stored("issuances", doc! { "paymentIntentId": payment })
+            .await;
+        if place.get_str("status") == Ok("issued") {
+            assert!(!place.contains_key("unconfirmed"), "{place}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "never repaired: {place}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let states = repairer.token_states(payment).await;
+    assert_eq!(states.len(), 4, "{states:?}");
+    assert!(
+        states.iter().all(|(_, status)| status == "revoked"),
+        "an active token of a refunded payment: {states:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_confirm_that_fails_writes_no_token_and_the_retry_finishes_the_record() {
+    let name = unique_app_name();
+    let app = faulty_app(&name).await;
+    let payment = "pi_unc_confirm_fails";
+    let body = issuance_body(payment, 4);
+    // A batch whose read failed leaves its record unconfirmed.
+    let failing_read = FailPoint::set(&name, &["find"], Fault::error(91), 2).await;
+    assert_eq!(app.issue(WRITER_KEY, &body).await.status(), 503);
+    assert_eq!(failing_read.off().await, 2);
+
+    // The retry claims the place (the first `findAndModify`), meets the record, and its
+    // confirm (every `findAndModify` after that) fails: nothing written, 503.
+    let failing_confirm = FailPoint::after_first(&name, &["findAndModify"], Fault::error(91)).await;
+    let retry = app.issue(WRITER_KEY, &body).await;
+    assert!(failing_confirm.off().await >= 1, "the confirm never failed");
+    assert_problem(retry, 503, "database_unavailable").await;
+    let record = app
+        .find_stored("issuances", doc! { "paymentIntentId": payment })
+        .await;
+    assert_eq!(record.get_bool("unconfirmed"), Ok(true), "{record}");
+    assert_eq!(
+        app.count("tokens", doc! { "origin.paymentIntentId": payment })
+            .await,
+        0,
+        "a token written for a record no one confirmed"
+    );
+
+    let again = app.issue(WRITER_KEY, &body).await;
+    assert_eq!(again.status(), 200);
+    assert_eq!(app.stored_token_ids(payment).await.len(), 4);
+    let record = app
+        .find_stored("issuances", doc! { "paymentIntentId": payment })
+        .await;
+    assert_eq!(record.get_str("status"), Ok("issued"), "{record}");
+    assert!(!record.contains_key("unconfirmed"), "{record}");
 }
