@@ -6,9 +6,10 @@
 //! - The same reference again with the same tokenType and quantity is a replay: the same
 //!   tokens, nothing written. Another tokenType or quantity is a conflict.
 //! - Fewer active tokens than asked: refused with how many there are, nothing redeemed.
-//! - Everything happens in one transaction (`Store::redeem_in_transaction`), from the
-//!   reference's lookup to the commit: a crash leaves either no trace or the whole
-//!   redemption, and a retry finds the latter. Redemptions of different owners arriving
+//! - Every write happens in one transaction (`Store::redeem_in_transaction`), which
+//!   reads the tokens in its snapshot; the reference is looked up beside it, and its
+//!   unique index settles a race the lookup missed. A crash leaves either no trace or
+//!   the whole redemption, and a retry finds the latter. Redemptions of different owners arriving
 //!   together share the transaction (`batch`). Under
 //!   an `Idempotency-Key` the key's answer (201, the tokens) commits in it too, so a
 //!   retry with the key is answered 201 with the same body even when the first answer
@@ -110,18 +111,8 @@ impl Issuer {
                     }
                     return Ok(RedemptionOutcome::Created(redeemed));
                 }
-                // Answered from a majority read: the snapshot that showed it may hold a
-                // redemption a failover can still roll back (one whose commit gave up
-                // waiting for the majority). Until the majority has it, it is in the way.
-                RedemptionAttempt::Exists => {
-                    let existing = self
-                        .store
-                        .find_redemption(request.owner.object_id(), request.reference.as_str())
-                        .await?;
-                    if let Some(existing) = existing {
-                        return self.replay(existing, request, &visible).await;
-                    }
-                    pause_after_conflict(started, &mut attempt).await?;
+                RedemptionAttempt::Exists(existing) => {
+                    return self.replay(existing, request, &visible).await;
                 }
                 RedemptionAttempt::Refused(available) => {
                     return Err(RedemptionError::Insufficient { available });

@@ -73,11 +73,10 @@ pub struct SpendPlan {
 pub enum RedemptionAttempt<R> {
     /// Committed: the record and the tokens as redeemed, in the chosen order.
     Committed(Redeemed),
-    /// The transaction's snapshot shows a redemption of that reference already; nothing
-    /// was written for it. A snapshot that nothing was written after is not known to be
-    /// majority-committed (only a transaction's commit at `w: majority` makes it so): the
-    /// record must be read again (`find_redemption`) before an answer rests on it.
-    Exists,
+    /// The lookup beside the transaction found this redemption of that reference; nothing
+    /// was written for it. The lookup is a majority read, as every read outside a
+    /// transaction is: a failover cannot take back a record an answer rests on.
+    Exists(RedemptionDoc),
     /// The plan refused what it was shown; nothing was written for it.
     Refused(R),
     /// Nothing was written: another writer had one of the tokens, or a reference, first
@@ -132,8 +131,9 @@ impl Store {
     }
 
     /// One transaction for `spends`, one attempt each, in the same order: reads which of
-    /// their references exist (those are answered with their record, nothing written),
-    /// then each other spend's tokens, and asks `plan` (with the spend's position) what to
+    /// their references exist (outside the transaction, beside its first read; those are
+    /// answered with their record, nothing written), and each other spend's tokens, and
+    /// asks `plan` (with the spend's position) what to
     /// do with them, or for a refusal; redeems every planned record's `tokenIds` still active with its
     /// plan's fields in one update, inserts the records in one insert, answers each
     /// `answered` record, and commits. The planned redemptions commit together or not at
@@ -187,26 +187,32 @@ impl Store {
         mut plan: impl FnMut(usize, &[TokenDoc]) -> Result<SpendPlan, R>,
         attempts: &mut [Option<RedemptionAttempt<R>>],
     ) -> Result<Ended, Error> {
-        let existing = self.existing_redemptions(session, spends).await?;
-        let tokens = self.db.collection::<TokenDoc>(TOKENS);
+        let Some(first) = spends.first() else {
+            return Ok(Ended::Conflict);
+        };
+        // The references are read outside the transaction, beside its first read of
+        // tokens: one dependent round trip fewer. What keeps a reference to one
+        // redemption is its unique index, not this read: a record committed after the
+        // read makes the records' insert below fail, and the redemption runs again, its
+        // next read finding the record. A spend found to exist wastes the first read at
+        // most; the others are read only for the spends still to plan.
+        let (existing, first_found) = tokio::join!(
+            self.existing_redemptions(spends),
+            self.oldest_tokens(session, first.spendable),
+        );
+        let (existing, mut first_found) = (existing?, Some(first_found?));
         let mut planned = Vec::with_capacity(spends.len());
         for (index, spend) in spends.iter().enumerate() {
             let named =
                 |r: &RedemptionDoc| r.owner == spend.owner && r.reference == spend.reference;
-            if existing.iter().any(named) {
-                attempts[index] = Some(RedemptionAttempt::Exists);
+            if let Some(record) = existing.iter().find(|r| named(r)) {
+                attempts[index] = Some(RedemptionAttempt::Exists(record.clone()));
                 continue;
             }
-            let spendable = spend.spendable;
-            let found: Vec<TokenDoc> = tokens
-                .find(token_filter(&spendable.query))
-                .sort(spendable.order.clone())
-                .limit(spendable.limit)
-                .session(&mut *session)
-                .await?
-                .stream(&mut *session)
-                .try_collect()
-                .await?;
+            let found = match first_found.take() {
+                Some(found) if index == 0 => found,
+                _ => self.oldest_tokens(session, spend.spendable).await?,
+            };
             match plan(index, &found) {
                 Ok(plan) => planned.push(Planned { index, found, plan }),
                 Err(refused) => attempts[index] = Some(RedemptionAttempt::Refused(refused)),
@@ -256,11 +262,10 @@ impl Store {
 }
 
 impl Store {
-    /// The records of those of `spends`' references that exist, in one read of the
-    /// transaction's snapshot.
+    /// The records of those of `spends`' references that exist, in one read outside any
+    /// transaction.
     async fn existing_redemptions(
         &self,
-        session: &mut ClientSession,
         spends: &[Spend<'_>],
     ) -> Result<Vec<RedemptionDoc>, Error> {
         let named: Vec<Document> = spends
@@ -270,6 +275,23 @@ impl Store {
         self.db
             .collection::<RedemptionDoc>(REDEMPTIONS)
             .find(doc! { "$or": named })
+            .await?
+            .try_collect()
+            .await
+    }
+
+    /// `spendable`'s tokens in its order, as many as it asks for, in the transaction's
+    /// snapshot.
+    async fn oldest_tokens(
+        &self,
+        session: &mut ClientSession,
+        spendable: &Spendable,
+    ) -> Result<Vec<TokenDoc>, Error> {
+        self.db
+            .collection::<TokenDoc>(TOKENS)
+            .find(token_filter(&spendable.query))
+            .sort(spendable.order.clone())
+            .limit(spendable.limit)
             .session(&mut *session)
             .await?
             .stream(&mut *session)

@@ -127,6 +127,67 @@ async fn one_reference_sent_at_once_is_one_redemption() {
     assert_eq!(app.count("redemptions", doc! {}).await, 1);
 }
 
+/// The reference is read beside the transaction, not in it: another instance can commit
+/// a redemption of the same reference after one instance read it absent. The unique index
+/// then refuses the late one's record, nothing of it is written, and it answers from the
+/// redemption that won.
+#[tokio::test]
+async fn a_reference_taken_after_it_was_read_absent_is_one_redemption() {
+    let name = unique_app_name();
+    let late = spawn_app_named(&name, "[repair]\nenabled = false\n").await;
+    let first = spawn_app_on(&late.db_name, "").await;
+    first.issue_tokens("pi_ref_standard", 5).await;
+    let mut premium = issuance_body("pi_ref_premium", 5);
+    premium["tokenType"] = "premium".into();
+    assert_eq!(first.issue(ADMIN_KEY, &premium).await.status(), 201);
+
+    // The late instance's records insert is held: by then it has read the reference
+    // absent and redeemed premium tokens in its transaction.
+    let held = FailPointTurn::take()
+        .await
+        .set(&name, &["insert"], Fault::Block { millis: 1500 }, 1)
+        .await;
+    let mut late_body = redemption(2, "shared");
+    late_body["tokenType"] = "premium".into();
+    let late_answer = tokio::spawn({
+        let (http, url) = (late.http.clone(), late.url("/v1/redemptions"));
+        async move {
+            http.post(url)
+                .bearer_auth(ADMIN_KEY)
+                .json(&late_body)
+                .send()
+                .await
+                .expect("request sent")
+        }
+    });
+    assert!(
+        held.fired_within(1, std::time::Duration::from_secs(5))
+            .await
+    );
+    let won = redeem(&first, ADMIN_KEY, &redemption(3, "shared")).await;
+    assert_eq!(won.status(), 201);
+
+    let problem = assert_problem(late_answer.await.unwrap(), 409, "idempotency_conflict").await;
+    let fields: Vec<&str> = problem["mismatches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["field"].as_str().unwrap())
+        .collect();
+    assert!(fields.contains(&"tokenType"), "{problem}");
+    assert_eq!(held.off().await, 1);
+    let owner = mongodb::bson::oid::ObjectId::parse_str(OWNER).unwrap();
+    let redeemed = |token_type: &str| {
+        first.count(
+            "tokens",
+            doc! { "owner": owner, "type": token_type, "status": "redeemed" },
+        )
+    };
+    assert_eq!(redeemed("standard").await, 3);
+    assert_eq!(redeemed("premium").await, 0);
+    assert_eq!(first.count("redemptions", doc! {}).await, 1);
+}
+
 /// How many tokens a refund's receipt reports in `field` (absent: none).
 fn counted(receipt: &Value, field: &str) -> u64 {
     receipt.get(field).and_then(Value::as_u64).unwrap_or(0)
