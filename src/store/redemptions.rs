@@ -138,8 +138,9 @@ impl Store {
     /// plan's fields in one update, inserts the records in one insert, answers each
     /// `answered` record, and commits. The planned redemptions commit together or not at
     /// all: when one cannot (a token or reference taken, a key taken over) none is
-    /// written, and every planned one is told so; refusals stand then. Any other failure
-    /// is the whole call's.
+    /// written, and every planned one is told so; refusals stand then, except one whose
+    /// reference the snapshot shows taken, which is told so too. Any other failure is
+    /// the whole call's.
     ///
     /// The spends must not share tokens (in practice: one redemption per owner): two
     /// plans choosing the same token leave the update short, which writes nothing.
@@ -195,12 +196,14 @@ impl Store {
         // redemption is its unique index, not this read: a record committed after the
         // read makes the records' insert below fail, and the redemption runs again, its
         // next read finding the record. A spend found to exist wastes the first read at
-        // most; the others are read only for the spends still to plan.
+        // most; the others are read only for the spends still to plan. The token read's
+        // error goes first: a transient one makes the whole attempt a conflict.
         let (existing, first_found) = tokio::join!(
-            self.existing_redemptions(spends),
+            self.existing_redemptions(spends.iter()),
             self.oldest_tokens(session, first.spendable),
         );
-        let (existing, mut first_found) = (existing?, Some(first_found?));
+        let mut first_found = Some(first_found?);
+        let existing = existing?;
         let mut planned = Vec::with_capacity(spends.len());
         for (index, spend) in spends.iter().enumerate() {
             let named =
@@ -218,6 +221,7 @@ impl Store {
                 Err(refused) => attempts[index] = Some(RedemptionAttempt::Refused(refused)),
             }
         }
+        self.unrefuse_own_spends(session, spends, attempts).await?;
         if planned.is_empty() {
             return Ok(Ended::Conflict);
         }
@@ -262,22 +266,58 @@ impl Store {
 }
 
 impl Store {
-    /// The records of those of `spends`' references that exist, in one read outside any
-    /// transaction.
-    async fn existing_redemptions(
+    /// The records of those of `spends`' references that exist, in one majority read
+    /// outside any transaction.
+    async fn existing_redemptions<'a>(
         &self,
-        spends: &[Spend<'_>],
+        spends: impl Iterator<Item = &'a Spend<'a>>,
     ) -> Result<Vec<RedemptionDoc>, Error> {
-        let named: Vec<Document> = spends
-            .iter()
-            .map(|spend| doc! { "owner": spend.owner, "reference": spend.reference })
-            .collect();
         self.db
             .collection::<RedemptionDoc>(REDEMPTIONS)
-            .find(doc! { "$or": named })
+            .find(references(spends))
             .await?
             .try_collect()
             .await
+    }
+
+    /// Turns the refusals among `attempts` whose reference the transaction's snapshot
+    /// shows taken into conflicts, to run again. The snapshot is the primary's latest,
+    /// the lookup beside it only what a majority has: a redemption of the same reference
+    /// applied but not yet majority-committed (its commit gave up waiting, say) shows in
+    /// the snapshot by the tokens it spent, not in the lookup by its record. Refused, a
+    /// retry would deny what its own first attempt redeemed; run again, it is answered
+    /// from the record once the majority has it. Only refusals pay this read.
+    async fn unrefuse_own_spends<R>(
+        &self,
+        session: &mut ClientSession,
+        spends: &[Spend<'_>],
+        attempts: &mut [Option<RedemptionAttempt<R>>],
+    ) -> Result<(), Error> {
+        let refused =
+            |index: &usize| matches!(attempts[*index], Some(RedemptionAttempt::Refused(_)));
+        let indexes: Vec<usize> = (0..spends.len()).filter(refused).collect();
+        if indexes.is_empty() {
+            return Ok(());
+        }
+        let taken: Vec<RedemptionDoc> = self
+            .db
+            .collection::<RedemptionDoc>(REDEMPTIONS)
+            .find(references(indexes.iter().map(|index| &spends[*index])))
+            .session(&mut *session)
+            .await?
+            .stream(&mut *session)
+            .try_collect()
+            .await?;
+        for index in indexes {
+            let spend = &spends[index];
+            if taken
+                .iter()
+                .any(|r| r.owner == spend.owner && r.reference == spend.reference)
+            {
+                attempts[index] = None;
+            }
+        }
+        Ok(())
     }
 
     /// `spendable`'s tokens in its order, as many as it asks for, in the transaction's
@@ -328,6 +368,14 @@ impl Store {
         };
         Ok(modified as u64)
     }
+}
+
+/// The filter of `spends`' (owner, reference) pairs.
+fn references<'a>(spends: impl Iterator<Item = &'a Spend<'a>>) -> Document {
+    let named: Vec<Document> = spends
+        .map(|spend| doc! { "owner": spend.owner, "reference": spend.reference })
+        .collect();
+    doc! { "$or": named }
 }
 
 /// How a transaction's writes ended, when no command failed.

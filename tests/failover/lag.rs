@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use tokenmint_test_support::{
-    ADMIN_KEY, OWNER, TokenIds, indexed_token_ids, spawn_app_from, test_settings_at,
+    ADMIN_KEY, OWNER, TokenIds, indexed_token_ids, issuance_body, spawn_app_from, test_settings_at,
 };
 
 use super::load::{issuance, issue_until_ok};
@@ -52,6 +52,19 @@ pub(super) async fn scenario() {
         assert!(warm.violations.is_empty(), "{:?}", warm.violations);
         warm_ids.insert(mode, warm.acknowledged[0].1.clone());
     }
+    // The one token the lagging redemption spends, durable before the lag: the owner's
+    // whole balance of its type, so that a retry reading the primary's snapshot without
+    // seeing the first attempt's record would find nothing left to spend.
+    let mut spendable = issuance_body("pi_lag_spendable", 1);
+    spendable["tokenType"] = json!(LAG_TOKEN_TYPE);
+    let stocked = http
+        .post(format!("{base}/v1/issuances"))
+        .bearer_auth(ADMIN_KEY)
+        .json(&spendable)
+        .send()
+        .await
+        .expect("issuance sent");
+    assert_eq!(stocked.status(), 201);
 
     for s in &secondaries {
         set.signal(*s, libc::SIGSTOP);
@@ -84,10 +97,11 @@ pub(super) async fn scenario() {
         seconds.insert(mode, (status, ids));
     }
 
-    // The redemption's retry: the first one's commit gave up on the majority after
-    // `wtimeoutMS` (it is applied on the primary, not durable), and the retry's
-    // transaction sees its record in its snapshot.
-    let (second_redemption, _) = redeem_lagging(&patient, &redeemer.address).await;
+    // The redemption's retry, on the other instance (the first one's writer is still busy
+    // with it): the first one's commit is applied on the primary, not durable. The retry
+    // must neither answer from it (2xx) nor refuse for want of the token it spent (409
+    // `insufficient_balance`): either would be contradicted by a later answer.
+    let (second_redemption, _) = redeem_lagging(&patient, &base).await;
     eprintln!(
         "failover[replication-lag] redemption: second request answered {second_redemption} while the first was not durable"
     );
@@ -101,7 +115,7 @@ pub(super) async fn scenario() {
     for first in &firsts {
         early.push(first.is_finished());
     }
-    if (200..300).contains(&second_redemption) {
+    if (200..300).contains(&second_redemption) || second_redemption == 409 {
         violations.push(format!(
             "redemption: the retry was answered {second_redemption} while two of three members were stopped"
         ));
@@ -174,6 +188,15 @@ pub(super) async fn scenario() {
             ));
         }
     }
+    // After the failover the redemption is either lost with the old primary or durable:
+    // its retry redeems the token or replays it, the same token either way.
+    let (after, after_ids) = redeem_lagging(&patient, &redeemer.address).await;
+    eprintln!("failover[replication-lag] redemption: retried after the failover, answered {after}");
+    if !(200..300).contains(&after) || after_ids.len() != 1 {
+        violations.push(format!(
+            "redemption: retried after the failover, answered {after} naming {after_ids:?}"
+        ));
+    }
     redeemer.stop().await;
     app.stop().await;
     verify(&set.uri(), database, &mut violations).await;
@@ -205,14 +228,17 @@ async fn issue_lagging(http: &reqwest::Client, base: &str, mode: &str) -> (u16, 
     answered(answer).await
 }
 
-/// Sends the lagging redemption (one of `OWNER`'s tokens, reference `lag-redemption`)
-/// once.
+/// The type of the one token the lagging redemption spends.
+const LAG_TOKEN_TYPE: &str = "lagonly";
+
+/// Sends the lagging redemption (`OWNER`'s one token of [`LAG_TOKEN_TYPE`], reference
+/// `lag-redemption`) once.
 async fn redeem_lagging(http: &reqwest::Client, base: &str) -> (u16, TokenIds) {
     let request = http
         .post(format!("{base}/v1/redemptions"))
         .bearer_auth(ADMIN_KEY)
         .json(&json!({
-            "owner": OWNER, "tokenType": "standard", "quantity": 1, "reference": "lag-redemption",
+            "owner": OWNER, "tokenType": LAG_TOKEN_TYPE, "quantity": 1, "reference": "lag-redemption",
         }));
     answered(request.send().await).await
 }

@@ -32,6 +32,7 @@
 
 mod lag;
 mod load;
+mod majority_lag;
 mod replica_set;
 mod term;
 mod timeline;
@@ -307,6 +308,12 @@ async fn failover_primary_killed_loses_nothing_acknowledged() {
 #[ignore = "fault injection: scripts/reliability.sh"]
 async fn failover_replay_during_replication_lag_acknowledges_only_durable_tokens() {
     lag::scenario().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "fault injection: scripts/reliability.sh"]
+async fn failover_redemption_retried_before_the_majority_has_it_is_neither_answered_nor_refused() {
+    majority_lag::scenario().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
