@@ -5,7 +5,9 @@
 //!
 //! - The same reference again with the same tokenType and quantity is a replay: the same
 //!   tokens, nothing written. Another tokenType or quantity is a conflict.
-//! - Fewer active tokens than asked: refused with how many there are, nothing redeemed.
+//! - Fewer active tokens than asked: refused with how many there are, nothing redeemed;
+//!   unless the reference turns out taken (by a first attempt the majority does not
+//!   have yet), which runs again instead.
 //! - Every write happens in one transaction (`Store::redeem_in_transaction`), which
 //!   reads the tokens in its snapshot; the reference is looked up beside it, and its
 //!   unique index settles a race the lookup missed. A crash leaves either no trace or
@@ -42,8 +44,10 @@ pub(super) mod batch;
 
 /// How long one request keeps retrying a redemption that loses races: below the default
 /// `server.request_timeout_ms`, so a request that cannot get through hears "retry" (503)
-/// rather than a timeout. Each lost race means another redemption committed, so under
-/// contention this bounds the wait, not the progress.
+/// rather than a timeout. A lost race means another redemption committed (so under
+/// contention this bounds the wait, not the progress), or one of this reference is
+/// committed on the primary and not yet by the majority (a lagging replica set: then
+/// the request answers 503 until the majority has it).
 const CONFLICT_BUDGET: Duration = Duration::from_secs(5);
 /// The longest pause between two attempts, in milliseconds.
 const MAX_PAUSE_MS: u64 = 25;
@@ -123,8 +127,9 @@ impl Issuer {
                     }
                     return Err(RedemptionError::TakenOver);
                 }
-                // Someone else's commit is in the way; the next read sees it (a record
-                // of this reference included, then answered as a replay or conflict).
+                // Someone else's commit is in the way; a later read sees it (a record of
+                // this reference once the majority has it, then answered as a replay or
+                // conflict).
                 RedemptionAttempt::Conflict => {
                     metrics::counter!(metric::TRANSACTION_RETRIES_TOTAL).increment(1);
                     pause_after_conflict(started, &mut attempt).await?;

@@ -194,8 +194,8 @@ impl Store {
         // The references are read outside the transaction, beside its first read of
         // tokens: one dependent round trip fewer. What keeps a reference to one
         // redemption is its unique index, not this read: a record committed after the
-        // read makes the records' insert below fail, and the redemption runs again, its
-        // next read finding the record. A spend found to exist wastes the first read at
+        // read (or not yet majority-committed when it ran) makes the records' insert below
+        // fail, and the redemption runs again until the read finds the record. A spend found to exist wastes the first read at
         // most; the others are read only for the spends still to plan. The token read's
         // error goes first: a transient one makes the whole attempt a conflict.
         let (existing, first_found) = tokio::join!(

@@ -6,19 +6,30 @@
 //! a majority read, as when the secondaries lag. The first attempt spends the owner's
 //! only token of its type and gives up waiting for the majority; the retry, on another
 //! instance, must answer neither 2xx (from data a failover may lose) nor 409
-//! `insufficient_balance` (the token it finds spent is its own). Once the majority has
-//! the first attempt, the retry replays it.
+//! `insufficient_balance` (the token it finds spent is its own), but 503. Once the
+//! majority has the first attempt, the retry replays it. Twice: with the owner's only
+//! token of the type (the retry finds nothing to spend), and with two (it finds the
+//! other, and the first attempt's record stops its insert).
 
 use std::time::Duration;
 
+use mongodb::Database;
 use mongodb::bson::{Document, doc};
-use serde_json::json;
+use serde_json::{Value, json};
 use tokenmint_test_support::{
     ADMIN_KEY, OWNER, indexed_token_ids, issuance_body, spawn_app_from, test_settings_at,
 };
 
 use super::replica_set::ReplicaSet;
 use super::{ONE_AT_A_TIME, start_app};
+
+/// Turns the primary's `disableSnapshotting` failpoint to `mode`.
+async fn snapshotting(admin: &Database, mode: &str) {
+    admin
+        .run_command(doc! { "configureFailPoint": "disableSnapshotting", "mode": mode })
+        .await
+        .expect("failpoint set");
+}
 
 pub(super) async fn scenario() {
     let _one = ONE_AT_A_TIME.lock().await;
@@ -38,77 +49,80 @@ pub(super) async fn scenario() {
         .timeout(Duration::from_secs(60))
         .build()
         .unwrap();
-    let mut stock = issuance_body("pi_majority_lag", 1);
-    stock["tokenType"] = json!("lagonly");
-    let stocked = http
-        .post(format!("{}/v1/issuances", app.address))
-        .bearer_auth(ADMIN_KEY)
-        .json(&stock)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(stocked.status(), 201);
-    let body = json!({
-        "owner": OWNER, "tokenType": "lagonly", "quantity": 1, "reference": "majority-lag",
-    });
-    let redeem = |base: String| {
-        let (http, body) = (http.clone(), body.clone());
-        async move {
-            let response = http
-                .post(format!("{base}/v1/redemptions"))
-                .bearer_auth(ADMIN_KEY)
-                .json(&body)
-                .send()
-                .await
-                .unwrap();
-            let status = response.status().as_u16();
-            (status, response.json::<serde_json::Value>().await.unwrap())
-        }
-    };
-
     let admin = set.clients()[primary].database("admin");
-    let snapshotting = |mode: &'static str| {
-        let admin = admin.clone();
-        async move {
-            admin
-                .run_command(doc! { "configureFailPoint": "disableSnapshotting", "mode": mode })
-                .await
-                .expect("failpoint set");
-        }
-    };
-    snapshotting("alwaysOn").await;
-    let (first, first_body) = redeem(redeemer.address.clone()).await;
-    eprintln!("failover[majority-lag] first attempt answered {first}: {first_body}");
-    let (retry, retry_body) = redeem(app.address.clone()).await;
-    eprintln!("failover[majority-lag] retry answered {retry}: {retry_body}");
-    snapshotting("off").await;
-
-    assert!(
-        !(200..300).contains(&first),
-        "the first attempt was answered {first} before the majority had it"
-    );
-    assert!(
-        !(200..300).contains(&retry) && retry != 409,
-        "the retry was answered {retry} while its first attempt was applied, not durable: {retry_body}"
-    );
-    // Once the majority has the first attempt, a retry replays it: the one token.
-    let mut replayed = (0, json!(null));
-    for _ in 0..20 {
-        replayed = redeem(app.address.clone()).await;
-        if replayed.0 == 200 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-    assert_eq!(replayed.0, 200, "{}", replayed.1);
-    assert_eq!(indexed_token_ids(&replayed.1).len(), 1, "{}", replayed.1);
-    let records = set.clients()[primary]
+    let tokens = set.clients()[primary]
         .database(database)
-        .collection::<Document>("redemptions")
-        .count_documents(doc! { "reference": "majority-lag" })
-        .await
-        .unwrap();
-    assert_eq!(records, 1);
+        .collection::<Document>("tokens");
+    // One token: the retry finds nothing left to spend (it must not refuse). Two: it
+    // finds the other one, and the first attempt's record stops its insert.
+    for (token_type, stocked) in [("lagone", 1), ("lagtwo", 2)] {
+        let payment = format!("pi_majority_{token_type}");
+        let mut stock = issuance_body(&payment, stocked);
+        stock["tokenType"] = json!(token_type);
+        let issued = http
+            .post(format!("{}/v1/issuances", app.address))
+            .bearer_auth(ADMIN_KEY)
+            .json(&stock)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(issued.status(), 201);
+        let body = json!({
+            "owner": OWNER, "tokenType": token_type, "quantity": 1, "reference": token_type,
+        });
+        let redeem = |base: String| {
+            let (http, body) = (http.clone(), body.clone());
+            async move {
+                let response = http
+                    .post(format!("{base}/v1/redemptions"))
+                    .bearer_auth(ADMIN_KEY)
+                    .json(&body)
+                    .send()
+                    .await
+                    .unwrap();
+                let status = response.status().as_u16();
+                (status, response.json::<Value>().await.unwrap())
+            }
+        };
+
+        snapshotting(&admin, "alwaysOn").await;
+        let (first, first_body) = redeem(redeemer.address.clone()).await;
+        eprintln!(
+            "failover[majority-lag] {token_type}: first attempt answered {first}: {first_body}"
+        );
+        let (retry, retry_body) = redeem(app.address.clone()).await;
+        eprintln!("failover[majority-lag] {token_type}: retry answered {retry}: {retry_body}");
+        snapshotting(&admin, "off").await;
+
+        assert!(
+            !(200..300).contains(&first),
+            "{token_type}: the first attempt was answered {first} before the majority had it"
+        );
+        // 503, retry later: `database_unavailable` once its attempts' budget is spent, or
+        // `request_timeout` when an attempt outlasts the request (seen with two tokens,
+        // where the attempt wrote before its insert failed).
+        assert_eq!(
+            retry, 503,
+            "{token_type}: the retry while its first attempt was applied, not durable: {retry_body}"
+        );
+        // Once the majority has the first attempt, a retry replays it: one token, the
+        // only one redeemed.
+        let mut replayed = (0, Value::Null);
+        for _ in 0..20 {
+            replayed = redeem(app.address.clone()).await;
+            if replayed.0 == 200 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        assert_eq!(replayed.0, 200, "{token_type}: {}", replayed.1);
+        assert_eq!(indexed_token_ids(&replayed.1).len(), 1, "{}", replayed.1);
+        let redeemed = tokens
+            .count_documents(doc! { "type": token_type, "status": "redeemed" })
+            .await
+            .unwrap();
+        assert_eq!(redeemed, 1, "{token_type}");
+    }
     redeemer.stop().await;
     app.stop().await;
 }
