@@ -5,13 +5,10 @@
 //!
 //! - The same reference again with the same tokenType and quantity is a replay: the same
 //!   tokens, nothing written. Another tokenType or quantity is a conflict.
-//! - Fewer active tokens than asked: refused with how many there are, nothing redeemed;
-//!   unless the reference turns out taken (by a first attempt the majority does not
-//!   have yet), which runs again instead.
-//! - Every write happens in one transaction (`Store::redeem_in_transaction`), which
-//!   reads the tokens in its snapshot; the reference is looked up beside it, and its
-//!   unique index settles a race the lookup missed. A crash leaves either no trace or
-//!   the whole redemption, and a retry finds the latter. Redemptions of different owners arriving
+//! - Fewer active tokens than asked: refused with how many there are, nothing redeemed.
+//! - Everything happens in one transaction (`Store::redeem_in_transaction`), from the
+//!   reference's lookup to the commit: a crash leaves either no trace or the whole
+//!   redemption, and a retry finds the latter. Redemptions of different owners arriving
 //!   together share the transaction (`batch`). Under
 //!   an `Idempotency-Key` the key's answer (201, the tokens) commits in it too, so a
 //!   retry with the key is answered 201 with the same body even when the first answer
@@ -44,10 +41,8 @@ pub(super) mod batch;
 
 /// How long one request keeps retrying a redemption that loses races: below the default
 /// `server.request_timeout_ms`, so a request that cannot get through hears "retry" (503)
-/// rather than a timeout. A lost race means another redemption committed (so under
-/// contention this bounds the wait, not the progress), or one of this reference is
-/// committed on the primary and not yet by the majority (a lagging replica set: then
-/// the request answers 503 until the majority has it).
+/// rather than a timeout. Each lost race means another redemption committed, so under
+/// contention this bounds the wait, not the progress.
 const CONFLICT_BUDGET: Duration = Duration::from_secs(5);
 /// The longest pause between two attempts, in milliseconds.
 const MAX_PAUSE_MS: u64 = 25;
@@ -115,8 +110,18 @@ impl Issuer {
                     }
                     return Ok(RedemptionOutcome::Created(redeemed));
                 }
-                RedemptionAttempt::Exists(existing) => {
-                    return self.replay(existing, request, &visible).await;
+                // Answered from a majority read: the snapshot that showed it may hold a
+                // redemption a failover can still roll back (one whose commit gave up
+                // waiting for the majority). Until the majority has it, it is in the way.
+                RedemptionAttempt::Exists => {
+                    let existing = self
+                        .store
+                        .find_redemption(request.owner.object_id(), request.reference.as_str())
+                        .await?;
+                    if let Some(existing) = existing {
+                        return self.replay(existing, request, &visible).await;
+                    }
+                    pause_after_conflict(started, &mut attempt).await?;
                 }
                 RedemptionAttempt::Refused(available) => {
                     return Err(RedemptionError::Insufficient { available });
@@ -127,9 +132,8 @@ impl Issuer {
                     }
                     return Err(RedemptionError::TakenOver);
                 }
-                // Someone else's commit is in the way; a later read sees it (a record of
-                // this reference once the majority has it, then answered as a replay or
-                // conflict).
+                // Someone else's commit is in the way; the next read sees it (a record
+                // of this reference included, then answered as a replay or conflict).
                 RedemptionAttempt::Conflict => {
                     metrics::counter!(metric::TRANSACTION_RETRIES_TOTAL).increment(1);
                     pause_after_conflict(started, &mut attempt).await?;

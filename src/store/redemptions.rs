@@ -73,10 +73,11 @@ pub struct SpendPlan {
 pub enum RedemptionAttempt<R> {
     /// Committed: the record and the tokens as redeemed, in the chosen order.
     Committed(Redeemed),
-    /// The lookup beside the transaction found this redemption of that reference; nothing
-    /// was written for it. The lookup is a majority read, as every read outside a
-    /// transaction is: a failover cannot take back a record an answer rests on.
-    Exists(RedemptionDoc),
+    /// The transaction's snapshot shows a redemption of that reference already; nothing
+    /// was written for it. A snapshot that nothing was written after is not known to be
+    /// majority-committed (only a transaction's commit at `w: majority` makes it so): the
+    /// record must be read again (`find_redemption`) before an answer rests on it.
+    Exists,
     /// The plan refused what it was shown; nothing was written for it.
     Refused(R),
     /// Nothing was written: another writer had one of the tokens, or a reference, first
@@ -131,16 +132,14 @@ impl Store {
     }
 
     /// One transaction for `spends`, one attempt each, in the same order: reads which of
-    /// their references exist (outside the transaction, beside its first read; those are
-    /// answered with their record, nothing written), and each other spend's tokens, and
-    /// asks `plan` (with the spend's position) what to
+    /// their references exist (those are answered with their record, nothing written),
+    /// then each other spend's tokens, and asks `plan` (with the spend's position) what to
     /// do with them, or for a refusal; redeems every planned record's `tokenIds` still active with its
     /// plan's fields in one update, inserts the records in one insert, answers each
     /// `answered` record, and commits. The planned redemptions commit together or not at
     /// all: when one cannot (a token or reference taken, a key taken over) none is
-    /// written, and every planned one is told so; refusals stand then, except one whose
-    /// reference the snapshot shows taken, which is told so too. Any other failure is
-    /// the whole call's.
+    /// written, and every planned one is told so; refusals stand then. Any other failure
+    /// is the whole call's.
     ///
     /// The spends must not share tokens (in practice: one redemption per owner): two
     /// plans choosing the same token leave the update short, which writes nothing.
@@ -188,40 +187,31 @@ impl Store {
         mut plan: impl FnMut(usize, &[TokenDoc]) -> Result<SpendPlan, R>,
         attempts: &mut [Option<RedemptionAttempt<R>>],
     ) -> Result<Ended, Error> {
-        let Some(first) = spends.first() else {
-            return Ok(Ended::Conflict);
-        };
-        // The references are read outside the transaction, beside its first read of
-        // tokens: one dependent round trip fewer. What keeps a reference to one
-        // redemption is its unique index, not this read: a record committed after the
-        // read (or not yet majority-committed when it ran) makes the records' insert below
-        // fail, and the redemption runs again until the read finds the record. A spend found to exist wastes the first read at
-        // most; the others are read only for the spends still to plan. The token read's
-        // error goes first: a transient one makes the whole attempt a conflict.
-        let (existing, first_found) = tokio::join!(
-            self.existing_redemptions(spends.iter()),
-            self.oldest_tokens(session, first.spendable),
-        );
-        let mut first_found = Some(first_found?);
-        let existing = existing?;
+        let existing = self.existing_redemptions(session, spends).await?;
+        let tokens = self.db.collection::<TokenDoc>(TOKENS);
         let mut planned = Vec::with_capacity(spends.len());
         for (index, spend) in spends.iter().enumerate() {
             let named =
                 |r: &RedemptionDoc| r.owner == spend.owner && r.reference == spend.reference;
-            if let Some(record) = existing.iter().find(|r| named(r)) {
-                attempts[index] = Some(RedemptionAttempt::Exists(record.clone()));
+            if existing.iter().any(named) {
+                attempts[index] = Some(RedemptionAttempt::Exists);
                 continue;
             }
-            let found = match first_found.take() {
-                Some(found) if index == 0 => found,
-                _ => self.oldest_tokens(session, spend.spendable).await?,
-            };
+            let spendable = spend.spendable;
+            let found: Vec<TokenDoc> = tokens
+                .find(token_filter(&spendable.query))
+                .sort(spendable.order.clone())
+                .limit(spendable.limit)
+                .session(&mut *session)
+                .await?
+                .stream(&mut *session)
+                .try_collect()
+                .await?;
             match plan(index, &found) {
                 Ok(plan) => planned.push(Planned { index, found, plan }),
                 Err(refused) => attempts[index] = Some(RedemptionAttempt::Refused(refused)),
             }
         }
-        self.unrefuse_own_spends(session, spends, attempts).await?;
         if planned.is_empty() {
             return Ok(Ended::Conflict);
         }
@@ -266,72 +256,20 @@ impl Store {
 }
 
 impl Store {
-    /// The records of those of `spends`' references that exist, in one majority read
-    /// outside any transaction.
-    async fn existing_redemptions<'a>(
-        &self,
-        spends: impl Iterator<Item = &'a Spend<'a>>,
-    ) -> Result<Vec<RedemptionDoc>, Error> {
-        self.db
-            .collection::<RedemptionDoc>(REDEMPTIONS)
-            .find(references(spends))
-            .await?
-            .try_collect()
-            .await
-    }
-
-    /// Turns the refusals among `attempts` whose reference the transaction's snapshot
-    /// shows taken into conflicts, to run again. The snapshot is the primary's latest,
-    /// the lookup beside it only what a majority has: a redemption of the same reference
-    /// applied but not yet majority-committed (its commit gave up waiting, say) shows in
-    /// the snapshot by the tokens it spent, not in the lookup by its record. Refused, a
-    /// retry would deny what its own first attempt redeemed; run again, it is answered
-    /// from the record once the majority has it. Only refusals pay this read.
-    async fn unrefuse_own_spends<R>(
+    /// The records of those of `spends`' references that exist, in one read of the
+    /// transaction's snapshot.
+    async fn existing_redemptions(
         &self,
         session: &mut ClientSession,
         spends: &[Spend<'_>],
-        attempts: &mut [Option<RedemptionAttempt<R>>],
-    ) -> Result<(), Error> {
-        let refused =
-            |index: &usize| matches!(attempts[*index], Some(RedemptionAttempt::Refused(_)));
-        let indexes: Vec<usize> = (0..spends.len()).filter(refused).collect();
-        if indexes.is_empty() {
-            return Ok(());
-        }
-        let taken: Vec<RedemptionDoc> = self
-            .db
-            .collection::<RedemptionDoc>(REDEMPTIONS)
-            .find(references(indexes.iter().map(|index| &spends[*index])))
-            .session(&mut *session)
-            .await?
-            .stream(&mut *session)
-            .try_collect()
-            .await?;
-        for index in indexes {
-            let spend = &spends[index];
-            if taken
-                .iter()
-                .any(|r| r.owner == spend.owner && r.reference == spend.reference)
-            {
-                attempts[index] = None;
-            }
-        }
-        Ok(())
-    }
-
-    /// `spendable`'s tokens in its order, as many as it asks for, in the transaction's
-    /// snapshot.
-    async fn oldest_tokens(
-        &self,
-        session: &mut ClientSession,
-        spendable: &Spendable,
-    ) -> Result<Vec<TokenDoc>, Error> {
+    ) -> Result<Vec<RedemptionDoc>, Error> {
+        let named: Vec<Document> = spends
+            .iter()
+            .map(|spend| doc! { "owner": spend.owner, "reference": spend.reference })
+            .collect();
         self.db
-            .collection::<TokenDoc>(TOKENS)
-            .find(token_filter(&spendable.query))
-            .sort(spendable.order.clone())
-            .limit(spendable.limit)
+            .collection::<RedemptionDoc>(REDEMPTIONS)
+            .find(doc! { "$or": named })
             .session(&mut *session)
             .await?
             .stream(&mut *session)
@@ -368,14 +306,6 @@ impl Store {
         };
         Ok(modified as u64)
     }
-}
-
-/// The filter of `spends`' (owner, reference) pairs.
-fn references<'a>(spends: impl Iterator<Item = &'a Spend<'a>>) -> Document {
-    let named: Vec<Document> = spends
-        .map(|spend| doc! { "owner": spend.owner, "reference": spend.reference })
-        .collect();
-    doc! { "$or": named }
 }
 
 /// How a transaction's writes ended, when no command failed.

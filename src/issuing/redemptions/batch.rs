@@ -21,8 +21,7 @@
 //!   commands), every redemption of it is told `Conflict` and tries again alone
 //!   (`Issuer::redeem_amount`), so that one contended owner or one bad request costs the
 //!   others one retry, not their answer. A refusal (too few tokens) rests on the
-//!   transaction's snapshot read and stands when the rest conflicts, unless that
-//!   snapshot shows its reference taken (`Store::redeem_in_transaction`).
+//!   transaction's snapshot read and stands when the rest conflicts.
 //! - A redemption whose request is gone by the time its batch forms (it timed out, or
 //!   the client went away, while it waited) is left out: nothing is written for a
 //!   request nobody will be answered for.

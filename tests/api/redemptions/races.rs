@@ -127,10 +127,9 @@ async fn one_reference_sent_at_once_is_one_redemption() {
     assert_eq!(app.count("redemptions", doc! {}).await, 1);
 }
 
-/// The reference is read beside the transaction, not in it: another instance can commit
-/// a redemption of the same reference after one instance read it absent. The unique index
-/// then refuses the late one's record, nothing of it is written, and it answers from the
-/// redemption that won.
+/// Another instance commits a redemption of the same reference after one instance's
+/// transaction read it absent: the unique index then refuses the late one's record,
+/// nothing of it is written, and it answers from the redemption that won.
 #[tokio::test]
 async fn a_reference_taken_after_it_was_read_absent_is_one_redemption() {
     let name = unique_app_name();
