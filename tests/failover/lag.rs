@@ -7,13 +7,11 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use tokenmint_test_support::{
-    ADMIN_KEY, OWNER, TokenIds, indexed_token_ids, issuance_body, spawn_app_from, test_settings_at,
-};
+use tokenmint_test_support::{ADMIN_KEY, OWNER, TokenIds, indexed_token_ids};
 
-use super::load::{issuance, issue_until_ok};
+use super::load::{issuance, issue_until_ok, stock_tokens};
 use super::replica_set::ReplicaSet;
-use super::{ONE_AT_A_TIME, start_app, verify};
+use super::{ONE_AT_A_TIME, start_app, start_impatient_app, verify};
 
 /// The window between "applied on the primary" and "majority-committed": both secondaries
 /// are paused (SIGSTOP), a first request for a payment is sent (its write is applied on the
@@ -30,14 +28,7 @@ pub(super) async fn scenario() {
     let database = "tokenmint_failover_lag";
     let app = start_app(&set, database).await;
     let base = app.address.clone();
-    // An instance whose writes give up waiting for the majority after 2 s (`wtimeoutMS`
-    // in its URI), for the redemption.
-    let redeemer = spawn_app_from(&test_settings_at(
-        &format!("{}&wtimeoutMS=2000", set.uri()),
-        database,
-        "[mongo]\nserver_selection_timeout_ms = 5000\n",
-    ))
-    .await;
+    let redeemer = start_impatient_app(&set, database).await;
     let http = tokenmint_test_support::http_client_builder()
         .timeout(Duration::from_secs(15))
         .build()
@@ -55,16 +46,7 @@ pub(super) async fn scenario() {
     // The one token the lagging redemption spends, durable before the lag: the owner's
     // whole balance of its type, so that a retry reading the primary's snapshot without
     // seeing the first attempt's record would find nothing left to spend.
-    let mut spendable = issuance_body("pi_lag_spendable", 1);
-    spendable["tokenType"] = json!(LAG_TOKEN_TYPE);
-    let stocked = http
-        .post(format!("{base}/v1/issuances"))
-        .bearer_auth(ADMIN_KEY)
-        .json(&spendable)
-        .send()
-        .await
-        .expect("issuance sent");
-    assert_eq!(stocked.status(), 201);
+    stock_tokens(&http, &base, "pi_lag_spendable", LAG_TOKEN_TYPE, 1).await;
 
     for s in &secondaries {
         set.signal(*s, libc::SIGSTOP);

@@ -47,6 +47,27 @@ pub(super) fn issuance(payment: &str, mode: &str) -> Value {
     body
 }
 
+/// Issues `quantity` of `OWNER`'s tokens of `token_type` for `payment` through `base`,
+/// once, asserting the 201: the stock a redemption scenario spends.
+pub(super) async fn stock_tokens(
+    http: &reqwest::Client,
+    base: &str,
+    payment: &str,
+    token_type: &str,
+    quantity: i64,
+) {
+    let mut body = issuance_body(payment, quantity);
+    body["tokenType"] = json!(token_type);
+    let answer = http
+        .post(format!("{base}/v1/issuances"))
+        .bearer_auth(ADMIN_KEY)
+        .json(&body)
+        .send()
+        .await
+        .expect("issuance sent");
+    assert_eq!(answer.status(), 201, "{payment}");
+}
+
 /// Sends `body` until it is answered 2xx (retrying 5xx and connection errors after a
 /// short pause) or the deadline passes.
 pub(super) async fn issue_until_ok(

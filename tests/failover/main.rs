@@ -87,6 +87,18 @@ async fn start_app(set: &ReplicaSet, database: &str) -> TestApp {
     spawn_app_from(&settings).await
 }
 
+/// Another instance on `database` whose writes give up waiting for the majority after
+/// 2 s (`wtimeoutMS` in its URI): a redemption's first attempt that answers while the
+/// majority lags, instead of waiting for it.
+async fn start_impatient_app(set: &ReplicaSet, database: &str) -> TestApp {
+    spawn_app_from(&test_settings_at(
+        &format!("{}&wtimeoutMS=2000", set.uri()),
+        database,
+        "[mongo]\nserver_selection_timeout_ms = 5000\n",
+    ))
+    .await
+}
+
 async fn failover_scenario(fault: Fault) {
     let _one = ONE_AT_A_TIME.lock().await;
     let name = match fault {

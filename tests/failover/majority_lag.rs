@@ -16,12 +16,11 @@ use std::time::Duration;
 use mongodb::Database;
 use mongodb::bson::{Document, doc};
 use serde_json::{Value, json};
-use tokenmint_test_support::{
-    ADMIN_KEY, OWNER, indexed_token_ids, issuance_body, spawn_app_from, test_settings_at,
-};
+use tokenmint_test_support::{ADMIN_KEY, OWNER, indexed_token_ids};
 
+use super::load::stock_tokens;
 use super::replica_set::ReplicaSet;
-use super::{ONE_AT_A_TIME, start_app};
+use super::{ONE_AT_A_TIME, start_app, start_impatient_app};
 
 /// Turns the primary's `disableSnapshotting` failpoint to `mode`.
 async fn snapshotting(admin: &Database, mode: &str) {
@@ -38,13 +37,7 @@ pub(super) async fn scenario() {
     let primary = set.wait_until_healthy(Duration::from_secs(60)).await;
     let database = "tokenmint_failover_majority_lag";
     let app = start_app(&set, database).await;
-    // The first attempt's instance gives up waiting for the majority after 2 s.
-    let redeemer = spawn_app_from(&test_settings_at(
-        &format!("{}&wtimeoutMS=2000", set.uri()),
-        database,
-        "[mongo]\nserver_selection_timeout_ms = 5000\n",
-    ))
-    .await;
+    let redeemer = start_impatient_app(&set, database).await;
     let http = tokenmint_test_support::http_client_builder()
         .timeout(Duration::from_secs(60))
         .build()
@@ -57,16 +50,7 @@ pub(super) async fn scenario() {
     // is (the retry must not spend it).
     for (token_type, stocked) in [("lagone", 1), ("lagtwo", 2)] {
         let payment = format!("pi_majority_{token_type}");
-        let mut stock = issuance_body(&payment, stocked);
-        stock["tokenType"] = json!(token_type);
-        let issued = http
-            .post(format!("{}/v1/issuances", app.address))
-            .bearer_auth(ADMIN_KEY)
-            .json(&stock)
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(issued.status(), 201);
+        stock_tokens(&http, &app.address, &payment, token_type, stocked).await;
         let body = json!({
             "owner": OWNER, "tokenType": token_type, "quantity": 1, "reference": token_type,
         });

@@ -82,6 +82,16 @@ async fn refunded_long_ago(app: &TestApp, payment: &str) {
     assert_eq!(removed.deleted_count, 1, "the refund left a placeholder");
 }
 
+/// Sends `body` as the writer key and asserts the refusal: 409 `payment_not_succeeded`.
+async fn assert_refused(app: &TestApp, body: &serde_json::Value) {
+    assert_problem(
+        app.issue(WRITER_KEY, body).await,
+        409,
+        "payment_not_succeeded",
+    )
+    .await;
+}
+
 #[tokio::test]
 async fn a_payment_refunded_long_ago_is_refused_and_its_record_taken_back() {
     let app = faulty_app(&unique_app_name()).await;
@@ -89,12 +99,7 @@ async fn a_payment_refunded_long_ago_is_refused_and_its_record_taken_back() {
     refunded_long_ago(&app, payment).await;
 
     for _ in 0..2 {
-        assert_problem(
-            app.issue(WRITER_KEY, &issuance_body(payment, 4)).await,
-            409,
-            "payment_not_succeeded",
-        )
-        .await;
+        assert_refused(&app, &issuance_body(payment, 4)).await;
         assert_eq!(
             places(&app, payment).await,
             Vec::<Document>::new(),
@@ -144,12 +149,7 @@ async fn a_refund_holding_the_place_while_the_read_is_held_up_keeps_it_held() {
         0
     );
     // Sent again: refused, and the placeholder is what stays.
-    assert_problem(
-        app.issue(WRITER_KEY, &body).await,
-        409,
-        "payment_not_succeeded",
-    )
-    .await;
+    assert_refused(&app, &body).await;
     assert_eq!(
         app.count_records(doc! { "paymentIntentId": payment }).await,
         0
@@ -302,12 +302,7 @@ async fn a_take_back_that_fails_answers_503_and_the_record_is_settled_later() {
 
     // Its retry finishes it against a fresh read: the payment is refunded, so whatever
     // was written is revoked, and the answer is the refusal.
-    assert_problem(
-        app.issue(WRITER_KEY, &issuance_body(payment, 4)).await,
-        409,
-        "payment_not_succeeded",
-    )
-    .await;
+    assert_refused(&app, &issuance_body(payment, 4)).await;
     let active = app
         .token_states(payment)
         .await
@@ -333,12 +328,7 @@ async fn a_failed_read_answers_replays_503_too() {
     let replay = app.issue(WRITER_KEY, &body).await;
     assert_eq!(failing.off().await, 2);
     assert_problem(replay, 503, "database_unavailable").await;
-    assert_problem(
-        app.issue(WRITER_KEY, &body).await,
-        409,
-        "payment_not_succeeded",
-    )
-    .await;
+    assert_refused(&app, &body).await;
 }
 
 #[tokio::test]
@@ -496,12 +486,7 @@ async fn a_take_back_that_fails_answers_the_same_batchs_refused_replay_503_too()
     // The record stays: neither copy may hear the refusal as the last word.
     let statuses = [copy_1.status().as_u16(), copy_2.status().as_u16()];
     assert_eq!(statuses, [503, 503]);
-    assert_problem(
-        app.issue(WRITER_KEY, &body).await,
-        409,
-        "payment_not_succeeded",
-    )
-    .await;
+    assert_refused(&app, &body).await;
 }
 
 #[tokio::test]
