@@ -82,6 +82,39 @@ async fn refunded_long_ago(app: &TestApp, payment: &str) {
     assert_eq!(removed.deleted_count, 1, "the refund left a placeholder");
 }
 
+/// Asserts that `payment`'s record is still unconfirmed and that no token was written for
+/// it (none may be before the payment is read as standing); returns the record.
+async fn assert_left_unconfirmed(app: &TestApp, payment: &str) -> Document {
+    let record = app
+        .find_stored("issuances", doc! { "paymentIntentId": payment })
+        .await;
+    assert_eq!(record.get_bool("unconfirmed"), Ok(true), "{record}");
+    assert_eq!(
+        app.count("tokens", doc! { "origin.paymentIntentId": payment })
+            .await,
+        0,
+        "a token written for a record no one confirmed"
+    );
+    record
+}
+
+/// Inserts `request`'s record as a batch does before its read answers: `issuing`,
+/// `unconfirmed`.
+async fn insert_unconfirmed(
+    store: &tokenmint::store::Store,
+    request: &tokenmint::domain::NewIssuance,
+) -> IssuanceDoc {
+    let record = IssuanceDoc {
+        unconfirmed: true,
+        ..IssuanceDoc::new(request, IssuanceStatus::Issuing)
+    };
+    store
+        .insert_records(std::slice::from_ref(&record))
+        .await
+        .unwrap();
+    record
+}
+
 /// Sends `body` as the writer key and asserts the refusal: 409 `payment_not_succeeded`.
 async fn assert_refused(app: &TestApp, body: &serde_json::Value) {
     assert_problem(
@@ -204,17 +237,8 @@ async fn a_failed_read_leaves_the_record_unconfirmed_and_the_retry_finishes_it()
     assert_eq!(failing.off().await, 2);
     assert_problem(first, 503, "database_unavailable").await;
 
-    let record = app
-        .find_stored("issuances", doc! { "paymentIntentId": payment })
-        .await;
+    let record = assert_left_unconfirmed(&app, payment).await;
     assert_eq!(record.get_str("status"), Ok("issuing"), "{record}");
-    assert_eq!(record.get_bool("unconfirmed"), Ok(true), "{record}");
-    assert_eq!(
-        app.count("tokens", doc! { "origin.paymentIntentId": payment })
-            .await,
-        0,
-        "no token before the payment was read"
-    );
 
     let again = app.issue(WRITER_KEY, &body).await;
     assert_eq!(again.status(), 200);
@@ -295,10 +319,7 @@ async fn a_take_back_that_fails_answers_503_and_the_record_is_settled_later() {
     assert_eq!(failing.off().await, 1);
     // Not a refusal: the record is still there, for whoever finishes it.
     assert_problem(first, 503, "database_unavailable").await;
-    let record = app
-        .find_stored("issuances", doc! { "paymentIntentId": payment })
-        .await;
-    assert_eq!(record.get_bool("unconfirmed"), Ok(true), "{record}");
+    assert_left_unconfirmed(&app, payment).await;
 
     // Its retry finishes it against a fresh read: the payment is refunded, so whatever
     // was written is revoked, and the answer is the refusal.
@@ -336,14 +357,7 @@ async fn a_record_taken_back_whose_place_is_taken_over_is_never_confirmed() {
     let app = spawn_app().await;
     let store = app.store().await;
     let request = atomic_issuance("pi_unc_reused_id", 2);
-    let record = IssuanceDoc {
-        unconfirmed: true,
-        ..IssuanceDoc::new(&request, IssuanceStatus::Issuing)
-    };
-    store
-        .insert_records(std::slice::from_ref(&record))
-        .await
-        .unwrap();
+    let record = insert_unconfirmed(&store, &request).await;
     // A refund holds the place, the batch's read refuses: the record becomes the
     // refund's placeholder, under the same `_id`.
     store.hold_place(&request.key).await.unwrap();
@@ -500,14 +514,7 @@ async fn a_take_back_whose_turn_into_a_placeholder_fails_keeps_the_place_and_rep
     let store = connect_store(&mongo_uri_named(&name), &app.db_name).await;
     let mut request = atomic_issuance(payment, 4);
     request.mode = tokenmint::domain::IssuanceMode::Upsert;
-    let record = IssuanceDoc {
-        unconfirmed: true,
-        ..IssuanceDoc::new(&request, IssuanceStatus::Issuing)
-    };
-    store
-        .insert_records(std::slice::from_ref(&record))
-        .await
-        .unwrap();
+    let record = insert_unconfirmed(&store, &request).await;
     store.hold_place(&request.key).await.unwrap();
 
     // The delete leaves the held record alone; the update that turns it into the
@@ -568,16 +575,7 @@ async fn a_confirm_that_fails_writes_no_token_and_the_retry_finishes_the_record(
     let retry = app.issue(WRITER_KEY, &body).await;
     assert!(failing_confirm.off().await >= 1, "the confirm never failed");
     assert_problem(retry, 503, "database_unavailable").await;
-    let record = app
-        .find_stored("issuances", doc! { "paymentIntentId": payment })
-        .await;
-    assert_eq!(record.get_bool("unconfirmed"), Ok(true), "{record}");
-    assert_eq!(
-        app.count("tokens", doc! { "origin.paymentIntentId": payment })
-            .await,
-        0,
-        "a token written for a record no one confirmed"
-    );
+    assert_left_unconfirmed(&app, payment).await;
 
     let again = app.issue(WRITER_KEY, &body).await;
     assert_eq!(again.status(), 200);
