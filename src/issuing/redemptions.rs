@@ -69,6 +69,11 @@ pub enum RedemptionError {
     /// Lost races for longer than the budget.
     #[error("the tokens kept changing")]
     Contended,
+    /// The transaction's snapshot (the primary's latest) kept showing a redemption of the
+    /// reference that a majority read did not find, for longer than the budget: the
+    /// majority lags behind the primary, and the redemption may yet be rolled back.
+    #[error("the reference's redemption is not on the majority yet")]
+    AwaitingMajority,
     /// The `Idempotency-Key`'s lease ended and another attempt took the key over.
     #[error("another attempt holds the idempotency key")]
     TakenOver,
@@ -121,7 +126,9 @@ impl Issuer {
                     if let Some(existing) = existing {
                         return self.replay(existing, request, &visible).await;
                     }
-                    pause_after_conflict(started, &mut attempt).await?;
+                    pause_after_conflict(started, &mut attempt)
+                        .await
+                        .map_err(|BudgetSpent| RedemptionError::AwaitingMajority)?;
                 }
                 RedemptionAttempt::Refused(available) => {
                     return Err(RedemptionError::Insufficient { available });
@@ -136,7 +143,9 @@ impl Issuer {
                 // of this reference included, then answered as a replay or conflict).
                 RedemptionAttempt::Conflict => {
                     metrics::counter!(metric::TRANSACTION_RETRIES_TOTAL).increment(1);
-                    pause_after_conflict(started, &mut attempt).await?;
+                    pause_after_conflict(started, &mut attempt)
+                        .await
+                        .map_err(|BudgetSpent| RedemptionError::Contended)?;
                 }
             }
         }
@@ -215,14 +224,17 @@ impl Issuer {
     }
 }
 
+/// The retry budget (`CONFLICT_BUDGET`) of a request is spent.
+struct BudgetSpent;
+
 /// Counts `attempt` as lost and pauses before the next, a little longer each time;
-/// `Contended` once the budget since `started` is spent. A first attempt may have
+/// `BudgetSpent` once the budget since `started` is spent. A first attempt may have
 /// waited its turn in a batch that failed for another's sake: it always gets one
 /// attempt alone.
-async fn pause_after_conflict(started: Instant, attempt: &mut u64) -> Result<(), RedemptionError> {
+async fn pause_after_conflict(started: Instant, attempt: &mut u64) -> Result<(), BudgetSpent> {
     *attempt += 1;
     if *attempt > 1 && started.elapsed() > CONFLICT_BUDGET {
-        return Err(RedemptionError::Contended);
+        return Err(BudgetSpent);
     }
     let ceiling = (*attempt * 2).min(MAX_PAUSE_MS);
     let pause = rand::rng().random_range(1..=ceiling.max(1));

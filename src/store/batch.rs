@@ -13,7 +13,7 @@ use mongodb::error::Error;
 
 use super::documents::{IssuanceDoc, TokenSummary, token_summary_projection};
 use super::durability::{OpTime, pinned_command_writes};
-use super::error::{NOT_PRIMARY_CODES, StoreError};
+use super::error::{NOT_PRIMARY_CODES, StoreError, write_concern_unconfirmed};
 use super::filters::{issuances_filter, payments_tokens_filter};
 use super::payments::{PAYMENTS, PaymentDoc};
 use super::{ISSUANCES, Store, TOKENS, placeholder};
@@ -256,16 +256,14 @@ impl Store {
 }
 
 /// A write concern error: written but not confirmed durable, so nothing in the command may
-/// be acknowledged. Unavailability (the senders retry) on a failover code or when the
-/// majority was not confirmed in time (`maxTimeMS`, `wtimeout`), else a bug.
+/// be acknowledged. Unavailability (the senders retry) when `write_concern_unconfirmed`
+/// says so, else a bug.
 fn write_concern_failure(code: i32) -> StoreError {
-    const NOT_CONFIRMED_IN_TIME: [i32; 2] = [50, 64];
-    if NOT_PRIMARY_CODES.contains(&code) || NOT_CONFIRMED_IN_TIME.contains(&code) {
-        StoreError::Unavailable(Error::custom(format!(
-            "write concern failed with code {code}"
-        )))
+    let message = format!("write concern failed with code {code}");
+    if write_concern_unconfirmed(code) {
+        StoreError::Unavailable(Error::custom(message))
     } else {
-        StoreError::Internal(format!("write concern failed with code {code}"))
+        StoreError::Internal(message)
     }
 }
 

@@ -2,7 +2,9 @@
 //! outages, by index name for duplicate keys (a duplicate key on the token
 //! index is a race to retry, any other duplicate key is a real error).
 
-use mongodb::error::{Error, ErrorKind, TRANSIENT_TRANSACTION_ERROR, WriteFailure};
+use mongodb::error::{
+    Error, ErrorKind, InsertManyError, TRANSIENT_TRANSACTION_ERROR, WriteFailure,
+};
 
 pub use super::indexes::{ISSUANCES_PAYMENT_INDEX, TOKENS_PAYMENT_INDEX};
 
@@ -56,11 +58,25 @@ pub fn is_unavailable(err: &Error) -> bool {
         ErrorKind::Command(cmd) => {
             NOT_PRIMARY_CODES.contains(&cmd.code) || UNREACHABLE_CODES.contains(&cmd.code)
         }
-        ErrorKind::Write(WriteFailure::WriteConcernError(wce)) => {
-            NOT_PRIMARY_CODES.contains(&wce.code)
-        }
+        ErrorKind::Write(WriteFailure::WriteConcernError(wce))
+        | ErrorKind::InsertMany(InsertManyError {
+            write_errors: None,
+            write_concern_error: Some(wce),
+            ..
+        }) => write_concern_unconfirmed(wce.code),
         _ => err.contains_label("RetryableWriteError"),
     }
+}
+
+/// True when a write concern error means "written, but not confirmed durable": the node
+/// stepped down (a failover code), or the majority did not confirm in time (`maxTimeMS`
+/// 50, the URI's `wtimeoutMS` 64). Nothing of such a write may be acknowledged, and the
+/// client retries: every write is idempotent, so the retry answers from what the
+/// majority then has. Any other write concern error (an unknown `w` mode, say) is a
+/// deployment's misconfiguration, which retrying does not cure.
+pub(super) fn write_concern_unconfirmed(code: i32) -> bool {
+    const NOT_CONFIRMED_IN_TIME: [i32; 2] = [50, 64];
+    NOT_PRIMARY_CODES.contains(&code) || NOT_CONFIRMED_IN_TIME.contains(&code)
 }
 
 /// How long the server may wait on a document another transaction holds before a write

@@ -10,7 +10,10 @@
 use mongodb::bson::{Bson, DateTime, Document, RawArrayBuf, RawDocumentBuf, oid::ObjectId, rawdoc};
 
 use super::documents::new_token;
-use super::error::{NOT_PRIMARY_CODES, StoreError, TOKENS_PAYMENT_INDEX, index_in_message};
+use super::error::{
+    NOT_PRIMARY_CODES, StoreError, TOKENS_PAYMENT_INDEX, index_in_message,
+    write_concern_unconfirmed,
+};
 use super::filters::token_filter;
 use super::{Store, TOKENS};
 use crate::domain::NewIssuance;
@@ -26,7 +29,8 @@ pub struct BulkResult {
 pub enum BulkFailure {
     /// Two writers raced to insert the same token; retrying converges.
     TokenRace,
-    /// The primary stepped down or shut down mid-bulk (failover): a 503, not a bug.
+    /// The primary stepped down or shut down mid-bulk (failover), or the majority did not
+    /// confirm the write in time: a 503, not a bug.
     Unavailable(String),
     Other(String),
 }
@@ -120,8 +124,17 @@ fn bson_integer(value: &Bson) -> Option<i64> {
 pub fn first_failure(reply: &Document) -> Option<BulkFailure> {
     if let Ok(wce) = reply.get_document("writeConcernError") {
         let code = wce.get("code").and_then(bson_integer).unwrap_or_default();
-        let message = wce.get_str("errmsg").unwrap_or("write concern error");
-        return Some(not_primary_or_other(code, message.to_owned()));
+        let message = wce
+            .get_str("errmsg")
+            .unwrap_or("write concern error")
+            .to_owned();
+        return Some(
+            if i32::try_from(code).is_ok_and(write_concern_unconfirmed) {
+                BulkFailure::Unavailable(message)
+            } else {
+                BulkFailure::Other(message)
+            },
+        );
     }
     let errors = reply.get_array("writeErrors").ok()?;
     let mut failure = None;

@@ -272,3 +272,57 @@ async fn an_issuance_that_cannot_commit_fails_alone_not_its_batch_mates() {
     }
     assert_eq!(app.count("issuances", doc! {}).await, 4 * 24);
 }
+
+/// An atomic issuance whose commit applied but whose majority did not confirm it in time
+/// (a write concern error, as a URI's `wtimeoutMS` makes of a lagging majority): 503
+/// `database_unavailable`, not a 500, since the retry is the cure; the retry answers the
+/// committed tokens as a replay, and none is written twice.
+#[tokio::test]
+async fn a_commit_the_majority_did_not_confirm_in_time_answers_503_and_the_retry_replays_it() {
+    let name = unique_app_name();
+    let app = spawn_app_named(&name, "").await;
+    let body = atomic_body("pi_unconfirmed_commit", 3);
+    let failpoint = FailPoint::always(
+        &name,
+        &["commitTransaction"],
+        Fault::WriteConcernError { code: 64 },
+    )
+    .await;
+    let failed = app.issue(WRITER_KEY, &body).await;
+    assert!(failpoint.off().await >= 1, "the commit failed");
+    assert!(failed.headers().contains_key("retry-after"));
+    assert_problem(failed, 503, "database_unavailable").await;
+    assert_eq!(
+        app.token_indexes("pi_unconfirmed_commit").await,
+        vec![0, 1, 2],
+        "the commit applied"
+    );
+
+    let retry = app.issue(WRITER_KEY, &body).await;
+    assert_eq!(retry.status(), 200, "a replay of what the commit wrote");
+    let retry: Value = retry.json().await.unwrap();
+    assert_eq!(retry["created"], 0);
+    let mut answered: Vec<String> = retry["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|token| token["id"].as_str().unwrap().to_owned())
+        .collect();
+    let mut stored: Vec<String> = app
+        .tokens_of("pi_unconfirmed_commit")
+        .await
+        .iter()
+        .map(|token| token.get_object_id("_id").unwrap().to_hex())
+        .collect();
+    answered.sort();
+    stored.sort();
+    assert_eq!(answered, stored, "the tokens the commit wrote, once");
+    assert_eq!(
+        app.count(
+            "issuances",
+            doc! { "paymentIntentId": "pi_unconfirmed_commit" }
+        )
+        .await,
+        1
+    );
+}

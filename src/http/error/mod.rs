@@ -366,6 +366,13 @@ impl From<RedemptionError> for ApiError {
                 tracing::warn!("a redemption kept losing races for its tokens");
                 Self::DatabaseUnavailable
             }
+            // Neither answered nor refused until the majority has the first attempt.
+            RedemptionError::AwaitingMajority => {
+                tracing::warn!(
+                    "a redemption's reference is committed on the primary but not on the majority: replication lags"
+                );
+                Self::DatabaseUnavailable
+            }
             // Another attempt holds the key now and answers the request.
             RedemptionError::TakenOver => Self::RequestInProgress,
             RedemptionError::Store(err) => err.into(),

@@ -14,7 +14,9 @@ use super::{
 };
 use crate::helpers::*;
 
-/// The write concern error a commit answers after it applied (WriteConcernFailed).
+/// The write concern error a commit answers after it applied (WriteConcernFailed: the
+/// majority did not confirm it within `wtimeoutMS`). The service answers it 503
+/// `database_unavailable`: the retry is the cure, not a report.
 const APPLIED_BUT_FAILED: Fault = Fault::WriteConcernError { code: 64 };
 
 /// The answer write fails inside the action's transaction: the transfer is undone with
@@ -68,7 +70,7 @@ async fn a_commit_that_applied_but_failed_is_answered_as_committed() {
         let failpoint = FailPoint::always(&name, &["commitTransaction"], APPLIED_BUT_FAILED).await;
         let failed = post(&app, ADMIN_KEY, &path, Some(&key), Some(if_match), body).await;
         assert!(failpoint.off().await >= 1, "{operation}: the commit failed");
-        let problem = assert_problem(failed, 500, "internal_error").await;
+        let problem = assert_problem(failed, 503, "database_unavailable").await;
         assert!(
             !problem.to_string().contains("failpoint"),
             "no driver text: {problem}"
@@ -112,7 +114,7 @@ async fn a_redemption_whose_answer_was_lost_is_answered_201_with_its_tokens() {
     let failpoint = FailPoint::always(&name, &["commitTransaction"], APPLIED_BUT_FAILED).await;
     let failed = post_redemption(&app, Some("spend"), &body).await;
     assert!(failpoint.off().await >= 1, "the commit failed");
-    assert_problem(failed, 500, "internal_error").await;
+    assert_problem(failed, 503, "database_unavailable").await;
     let record = app
         .find_stored("redemptions", doc! { "reference": "order-lost" })
         .await;
