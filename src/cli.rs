@@ -134,8 +134,22 @@ pub enum Finished {
 }
 
 impl Cli {
-    /// Runs the command; `Err` means it could not run (exit 2).
-    pub async fn run(self) -> anyhow::Result<Finished> {
+    /// The settings the command runs with, loaded before the runtime (which they size);
+    /// `None` for the commands that need none (`openapi`, `keys new`), which a broken
+    /// configuration must not stop.
+    pub fn settings(&self) -> anyhow::Result<Option<Settings>> {
+        match self.command {
+            Command::Openapi
+            | Command::Keys {
+                command: KeysCommand::New { .. },
+            } => Ok(None),
+            _ => Ok(Some(Settings::load(self.config.as_deref())?)),
+        }
+    }
+
+    /// Runs the command with the settings `Cli::settings` loaded; `Err` means it could not
+    /// run (exit 2).
+    pub async fn run(self, settings: Option<Settings>) -> anyhow::Result<Finished> {
         // Commands that need no configuration: a broken one must not stop them.
         match self.command {
             Command::Openapi => {
@@ -155,7 +169,7 @@ impl Cli {
             } => return new_key(id, scopes, accounts),
             _ => {}
         }
-        let settings = Settings::load(self.config.as_deref())?;
+        let settings = settings.context("the command's settings were not loaded")?;
         // A provider secret no delivery could verify stops every command, as any bad
         // setting does, though only `serve` and `webhooks sign` use the providers.
         crate::webhooks::Providers::from_settings(&settings.providers)?;
@@ -198,6 +212,18 @@ impl Cli {
         }
         finished
     }
+}
+
+/// The runtime a command runs on: `server.worker_threads` workers when the settings
+/// name a number, else one per core (or `TOKIO_WORKER_THREADS`), as for the commands
+/// that load no settings.
+pub fn runtime(settings: Option<&Settings>) -> anyhow::Result<tokio::runtime::Runtime> {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    builder.enable_all();
+    if let Some(threads) = settings.and_then(|settings| settings.server.worker_threads) {
+        builder.worker_threads(threads.get());
+    }
+    builder.build().context("cannot start the async runtime")
 }
 
 /// `keys new`: the key to stderr (so that stdout can be appended to a config file), the
@@ -419,4 +445,22 @@ async fn verify(settings: &Settings, repair: bool, json: bool) -> anyhow::Result
     } else {
         Finished::Findings
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `server.worker_threads` sizes the runtime every command runs on.
+    #[test]
+    fn the_runtime_has_the_worker_threads_the_settings_name() {
+        let workers = |layer: &str| {
+            let settings = Settings::with_overrides(&[layer]).unwrap();
+            runtime(Some(&settings)).unwrap().metrics().num_workers()
+        };
+        assert_eq!(workers(""), 1, "the default");
+        assert_eq!(workers("[server]\nworker_threads = 3"), 3);
+        let per_core = runtime(None).unwrap().metrics().num_workers();
+        assert_eq!(workers("[server]\nworker_threads = 0"), per_core);
+    }
 }

@@ -17,7 +17,7 @@ mod validate;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::num::NonZeroU32;
+use std::num::{NonZeroU32, NonZeroUsize};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -127,6 +127,19 @@ pub struct ServerSettings {
     /// addresses); a request from any other peer is counted under the peer's address.
     #[serde(deserialize_with = "networks")]
     pub trusted_proxies: Vec<IpNet>,
+    /// The runtime's worker threads; `None` (0 in the file): one per core, as tokio
+    /// chooses. One by default: the service waits on MongoDB far more than it computes,
+    /// and each wake-up handed between workers costs more CPU than a second worker gives
+    /// back until one core is busy (docs/BENCHMARKS.md has the figures).
+    #[serde(deserialize_with = "per_core_when_zero")]
+    pub worker_threads: Option<NonZeroUsize>,
+}
+
+/// A thread count where 0 means "one per core" (`None`).
+fn per_core_when_zero<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<NonZeroUsize>, D::Error> {
+    usize::deserialize(deserializer).map(NonZeroUsize::new)
 }
 
 /// A list of networks, each a CIDR (`10.0.0.0/8`, `2001:db8::/32`) or a single address
@@ -563,6 +576,18 @@ mod tests {
             settings.idempotency.retention,
             Duration::from_secs(24 * 3600)
         );
+    }
+
+    #[test]
+    fn worker_threads_are_one_by_default_and_zero_means_one_per_core() {
+        let defaults = Settings::with_overrides(&[""]).unwrap();
+        assert_eq!(defaults.server.worker_threads, NonZeroUsize::new(1));
+        let per_core = Settings::with_overrides(&["[server]\nworker_threads = 0"]).unwrap();
+        assert_eq!(per_core.server.worker_threads, None);
+        let four = Settings::with_overrides(&["[server]\nworker_threads = 4"]).unwrap();
+        assert_eq!(four.server.worker_threads, NonZeroUsize::new(4));
+        let err = Settings::with_overrides(&["[server]\nworker_threads = -1"]).unwrap_err();
+        assert!(err.to_string().contains("worker_threads"), "{err}");
     }
 
     #[test]
