@@ -138,8 +138,10 @@ impl Store {
     /// plan's fields in one update, inserts the records in one insert, answers each
     /// `answered` record, and commits. The planned redemptions commit together or not at
     /// all: when one cannot (a token or reference taken, a key taken over) none is
-    /// written, and every planned one is told so; refusals stand then. Any other failure
-    /// is the whole call's.
+    /// written, and every planned one is told so, refusals too. A refusal is answered only
+    /// from a committed transaction (an empty one, when nothing else is to be written),
+    /// whose commit waited for the majority to have its snapshot. Any other failure is the
+    /// whole call's.
     ///
     /// The spends must not share tokens (in practice: one redemption per owner): two
     /// plans choosing the same token leave the update short, which writes nothing.
@@ -157,7 +159,8 @@ impl Store {
         let result = self
             .redeem_in_session(&mut session, spends, plan, &mut attempts)
             .await;
-        if !matches!(result, Ok(Ended::Committed)) {
+        let committed = matches!(result, Ok(Ended::Committed));
+        if !committed {
             abort_quietly(&mut session).await;
         }
         match result {
@@ -170,10 +173,15 @@ impl Store {
             Err(err) => return Err(err.into()),
         }
         // A committed redemption was filled in with its record, a refusal with itself;
-        // any other planned one was not written.
+        // any other planned one was not written. A refusal stands only when the
+        // transaction committed: only then did the majority confirm the snapshot it rests
+        // on. Otherwise it tries again, as the planned ones do.
         Ok(attempts
             .into_iter()
-            .map(|attempt| attempt.unwrap_or(RedemptionAttempt::Conflict))
+            .map(|attempt| match attempt {
+                Some(RedemptionAttempt::Refused(_)) if !committed => RedemptionAttempt::Conflict,
+                attempt => attempt.unwrap_or(RedemptionAttempt::Conflict),
+            })
             .collect())
     }
 
@@ -213,6 +221,17 @@ impl Store {
             }
         }
         if planned.is_empty() {
+            // Nothing to write. A refusal rests on the snapshot, the primary's latest,
+            // which may hold a redemption the majority does not have yet (and a failover
+            // may roll back): committing the empty transaction with the majority waits
+            // until the majority has everything the snapshot showed.
+            if attempts
+                .iter()
+                .any(|attempt| matches!(attempt, Some(RedemptionAttempt::Refused(_))))
+            {
+                commit_with_retry(session).await?;
+                return Ok(Ended::Committed);
+            }
             return Ok(Ended::Conflict);
         }
         let chosen: usize = planned.iter().map(|p| p.plan.record.token_ids.len()).sum();

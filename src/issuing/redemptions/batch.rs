@@ -21,7 +21,9 @@
 //!   commands), every redemption of it is told `Conflict` and tries again alone
 //!   (`Issuer::redeem_amount`), so that one contended owner or one bad request costs the
 //!   others one retry, not their answer. A refusal (too few tokens) rests on the
-//!   transaction's snapshot read and stands when the rest conflicts.
+//!   transaction's snapshot read, and stands only when the transaction commits (an empty
+//!   one, when nothing else is written): the commit waits for the majority to have what
+//!   the snapshot showed. When the rest conflicts, the refused one tries again alone too.
 //! - A redemption whose request is gone by the time its batch forms (it timed out, or
 //!   the client went away, while it waited) is left out: nothing is written for a
 //!   request nobody will be answered for.
