@@ -90,7 +90,7 @@ problem_codes! {
     RateLimited = "rate_limited", TOO_MANY_REQUESTS, "Too many requests",
         "The API key, or the webhook provider, exceeded its rate limit. Wait the number of seconds in `Retry-After` (a whole number, rounded up) before retrying.";
     DatabaseUnavailable = "database_unavailable", SERVICE_UNAVAILABLE, "Database unavailable",
-        "MongoDB did not answer, or did not confirm a write durable in time. Nothing is left half-done: retry the same request after `Retry-After` seconds, and it is answered as if it had been sent once.";
+        "MongoDB did not answer, or did not confirm a write durable in time. Nothing is left half-done: retry the same request after `Retry-After` seconds. A request that is safe to retry (an issuance, a redemption, a redeem with its `reference`, a token action with an `Idempotency-Key`) is then answered as if it had been sent once; a token action without either may find its own change done (409 or 412).";
     TransactionsUnavailable = "transactions_unavailable", SERVICE_UNAVAILABLE, "Transactions unavailable",
         "Atomic issuance and redemptions by amount need MongoDB transactions (a replica set) and this deployment has none; issue in mode `upsert` instead.";
     RequestTimeout = "request_timeout", SERVICE_UNAVAILABLE, "Request timed out",

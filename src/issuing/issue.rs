@@ -431,9 +431,15 @@ pub(super) fn record_lost() -> StoreError {
     ))
 }
 
-/// A record (or placeholder) that changed under every attempt to claim or take it over.
+/// A record (or placeholder) that changed under every attempt to claim or take it over,
+/// or that kept taking the payment's place unseen by a majority read: a write the
+/// majority does not have yet (its commit gave up waiting, the secondaries lag). Either
+/// passes; the retry, later, is answered from what then holds the place.
 fn record_kept_changing() -> IssueError {
-    StoreError::Internal("issuance record kept changing under the request".to_owned()).into()
+    StoreError::Unavailable(mongodb::error::Error::custom(
+        "the issuance record kept changing, or is not the majority's yet",
+    ))
+    .into()
 }
 
 /// The BSON time `ttl` from now.

@@ -203,7 +203,8 @@ impl Issuer {
                 }
                 None => self.store.write_token_gated(&current, set).await?,
             };
-            let stale = match written {
+            // Whether the change in the way is on the primary only, as far as we can tell.
+            let lagging = match written {
                 GatedWrite::Written(token) => {
                     if let Some(keyed) = &keyed {
                         keyed.attempt.settle();
@@ -216,23 +217,41 @@ impl Issuer {
                     }
                     return Ok(TransitionOutcome::TakenOver);
                 }
-                // matchedCount == 0: another writer got there first.
+                // matchedCount == 0: the token moved since it was read.
                 GatedWrite::Stale => {
                     record_rejection(transition);
-                    true
+                    match self.store.find_token(id).await? {
+                        None => return Ok(TransitionOutcome::NotFound),
+                        // Still the version the write missed: the change in the way is
+                        // on the primary, not yet the majority's (a write on its way to
+                        // the secondaries, or lagging ones). Whose it is — this request's
+                        // own first attempt, answered 5xx, or another's — shows once the
+                        // majority has it: look again after a pause.
+                        Some(now) if now.version == current.version => true,
+                        Some(now) if transition.is_replayed_by(&now) => {
+                            return Ok(TransitionOutcome::Replayed(now));
+                        }
+                        // Someone else's version: the client's 412 under `If-Match`;
+                        // without, decide again on it.
+                        Some(now) if matches!(gate, Gate::IfMatch(_)) => {
+                            return Ok(TransitionOutcome::VersionConflict(now));
+                        }
+                        Some(_) => false,
+                    }
                 }
                 // Another transaction holds the token or the record: read both again
                 // after a pause (a version that moved is then the client's 412).
                 GatedWrite::Conflict => false,
             };
-            if stale && matches!(gate, Gate::IfMatch(_)) {
-                return Ok(match self.store.find_token(id).await? {
-                    Some(now) => TransitionOutcome::VersionConflict(now),
-                    None => TransitionOutcome::NotFound,
-                });
-            }
             match backoff.next_delay(started.elapsed()) {
                 Some(delay) => tokio::time::sleep(delay).await,
+                // A majority that never showed the change in the way: retry later (503),
+                // as for an outage; neither a refusal nor a conflict could be told.
+                None if lagging => {
+                    return Err(StoreError::Unavailable(mongodb::error::Error::custom(
+                        "the token's last change is not the majority's yet",
+                    )));
+                }
                 None => return Ok(TransitionOutcome::Contended(current)),
             }
         }

@@ -247,3 +247,40 @@ async fn the_readme_redeem_walkthrough_answers_as_documented() {
     assert_eq!(db.get_str("redemptionRef").unwrap(), "order-42");
     assert_eq!(version_of(&db), 1);
 }
+
+/// A redeem with its `reference` that applied but whose majority did not confirm it in
+/// time (a write concern error, as a URI's `wtimeoutMS` makes of lagging secondaries):
+/// 503 `database_unavailable`, and the retry, at the same `If-Match`, replays it (200,
+/// the token redeemed once, with the reference), as the problem type promises for a
+/// request that is safe to retry.
+#[tokio::test]
+async fn a_redeem_the_majority_did_not_confirm_in_time_is_replayed_by_its_retry() {
+    let name = unique_app_name();
+    let app = spawn_app_named(&name, "").await;
+    let id = app.issue_tokens("pi_unconfirmed_redeem", 1).await.remove(0);
+    let order = || Some(json!({"reference": "order-unconfirmed"}));
+    let failpoint = FailPoint::set(
+        &name,
+        &["findAndModify"],
+        Fault::WriteConcernError { code: 64 },
+        1,
+    )
+    .await;
+    let failed = change(&app, ADMIN_KEY, &id, "redeem", Some("\"0\""), order()).await;
+    assert_eq!(failpoint.off().await, 1, "the redeem's write failed");
+    assert_problem(failed, 503, "database_unavailable").await;
+    assert_eq!(
+        app.stored_token(&id).await.get_str("status").unwrap(),
+        "redeemed",
+        "the write applied"
+    );
+
+    // Quick enough that the retry's majority read may still show the token active: its
+    // gated write then misses, and the read after it tells its own first attempt.
+    let retry = change(&app, ADMIN_KEY, &id, "redeem", Some("\"0\""), order()).await;
+    assert_eq!(retry.status(), 200);
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    let db = app.stored_token(&id).await;
+    assert_eq!(db.get_str("redemptionRef").unwrap(), "order-unconfirmed");
+    assert_eq!(version_of(&db), 1, "redeemed once");
+}
