@@ -28,6 +28,7 @@ use std::time::Duration;
 
 use mongodb::Database;
 use mongodb::bson::{Document, doc};
+use reqwest::RequestBuilder;
 use serde_json::{Value, json};
 use tokenmint_test_support::{ADMIN_KEY, OWNER, indexed_token_ids, issuance_body};
 
@@ -35,12 +36,86 @@ use super::load::stock_tokens;
 use super::replica_set::ReplicaSet;
 use super::{ONE_AT_A_TIME, start_app, start_impatient_app};
 
-/// Turns the primary's `disableSnapshotting` failpoint to `mode`.
-async fn snapshotting(admin: &Database, mode: &str) {
-    admin
-        .run_command(doc! { "configureFailPoint": "disableSnapshotting", "mode": mode })
-        .await
-        .expect("failpoint set");
+/// A status and a JSON body.
+type Answer = (u16, Value);
+
+/// The instances and the primary the cases run against.
+struct Lag {
+    http: reqwest::Client,
+    admin: Database,
+    /// An instance that waits for the majority as long as its requests may run.
+    app: String,
+    /// An instance whose writes give up waiting for the majority after 2 s.
+    impatient: String,
+}
+
+impl Lag {
+    fn post(&self, base: &str, path: &str, body: &Value) -> RequestBuilder {
+        self.http
+            .post(format!("{base}{path}"))
+            .bearer_auth(ADMIN_KEY)
+            .json(body)
+    }
+
+    /// `first`, then `retry`, while the primary's majority snapshot is held back
+    /// (`disableSnapshotting`, a test-only failpoint); each answer logged under `label`.
+    async fn while_lagging(
+        &self,
+        label: &str,
+        first: RequestBuilder,
+        retry: RequestBuilder,
+    ) -> (Answer, Answer) {
+        self.snapshotting("alwaysOn").await;
+        let first = answer(first).await;
+        eprintln!(
+            "failover[majority-lag] {label}: first answered {} {}",
+            first.0, first.1
+        );
+        let retry = answer(retry).await;
+        eprintln!(
+            "failover[majority-lag] {label}: retry answered {} {}",
+            retry.0, retry.1
+        );
+        self.snapshotting("off").await;
+        (first, retry)
+    }
+
+    async fn snapshotting(&self, mode: &str) {
+        self.admin
+            .run_command(doc! { "configureFailPoint": "disableSnapshotting", "mode": mode })
+            .await
+            .expect("failpoint set");
+    }
+}
+
+/// Sends `request`; its status and JSON body.
+async fn answer(request: RequestBuilder) -> Answer {
+    let response = request.send().await.unwrap();
+    let status = response.status().as_u16();
+    (status, response.json::<Value>().await.unwrap())
+}
+
+/// What `request` builds, sent until it is answered other than 503 (the majority catching
+/// up once the failpoint is off), at most 20 times half a second apart.
+async fn once_the_majority_has_it(request: impl Fn() -> RequestBuilder) -> Answer {
+    let mut last = (0, Value::Null);
+    for _ in 0..20 {
+        last = answer(request()).await;
+        if last.0 != 503 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    last
+}
+
+/// 503 `database_unavailable`: retry later.
+fn assert_unavailable((status, body): &Answer, what: &str) {
+    assert_eq!(
+        (*status, body["code"].as_str()),
+        (503, Some("database_unavailable")),
+        "{what}: {body}"
+    );
 }
 
 pub(super) async fn scenario() {
@@ -51,11 +126,15 @@ pub(super) async fn scenario() {
     let database = "tokenmint_failover_majority_lag";
     let app = start_app(&set, database).await;
     let redeemer = start_impatient_app(&set, database).await;
-    let http = tokenmint_test_support::http_client_builder()
-        .timeout(Duration::from_secs(60))
-        .build()
-        .unwrap();
-    let admin = set.clients()[primary].database("admin");
+    let lag = Lag {
+        http: tokenmint_test_support::http_client_builder()
+            .timeout(Duration::from_secs(60))
+            .build()
+            .unwrap(),
+        admin: set.clients()[primary].database("admin"),
+        app: app.address.clone(),
+        impatient: redeemer.address.clone(),
+    };
     let tokens = set.clients()[primary]
         .database(database)
         .collection::<Document>("tokens");
@@ -63,55 +142,27 @@ pub(super) async fn scenario() {
     // is (the retry must not spend it).
     for (token_type, stocked) in [("lagone", 1), ("lagtwo", 2)] {
         let payment = format!("pi_majority_{token_type}");
-        stock_tokens(&http, &app.address, &payment, token_type, stocked).await;
+        stock_tokens(&lag.http, &lag.app, &payment, token_type, stocked).await;
         let body = json!({
             "owner": OWNER, "tokenType": token_type, "quantity": 1, "reference": token_type,
         });
-        let redeem = |base: String| {
-            let (http, body) = (http.clone(), body.clone());
-            async move {
-                let response = http
-                    .post(format!("{base}/v1/redemptions"))
-                    .bearer_auth(ADMIN_KEY)
-                    .json(&body)
-                    .send()
-                    .await
-                    .unwrap();
-                let status = response.status().as_u16();
-                (status, response.json::<Value>().await.unwrap())
-            }
-        };
-
-        snapshotting(&admin, "alwaysOn").await;
-        let (first, first_body) = redeem(redeemer.address.clone()).await;
-        eprintln!(
-            "failover[majority-lag] {token_type}: first attempt answered {first}: {first_body}"
-        );
-        let (retry, retry_body) = redeem(app.address.clone()).await;
-        eprintln!("failover[majority-lag] {token_type}: retry answered {retry}: {retry_body}");
-        snapshotting(&admin, "off").await;
-
+        let redeem = |base: &str| lag.post(base, "/v1/redemptions", &body);
+        let (first, retry) = lag
+            .while_lagging(token_type, redeem(&lag.impatient), redeem(&lag.app))
+            .await;
         assert!(
-            !(200..300).contains(&first),
-            "{token_type}: the first attempt was answered {first} before the majority had it"
+            !(200..300).contains(&first.0),
+            "{token_type}: the first attempt was answered {first:?} before the majority had it"
         );
-        // 503 `database_unavailable`, retry later: the record its snapshot shows is not
-        // the majority's yet, and its attempts' budget ends.
-        assert_eq!(
-            (retry, retry_body["code"].as_str()),
-            (503, Some("database_unavailable")),
-            "{token_type}: the retry while its first attempt was applied, not durable: {retry_body}"
+        // Retry later: the record its snapshot shows is not the majority's yet, and its
+        // attempts' budget ends.
+        assert_unavailable(
+            &retry,
+            &format!("{token_type}: the retry while its first attempt was applied, not durable"),
         );
         // Once the majority has the first attempt, a retry replays it: one token, the
         // only one redeemed.
-        let mut replayed = (0, Value::Null);
-        for _ in 0..20 {
-            replayed = redeem(app.address.clone()).await;
-            if replayed.0 == 200 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(500)).await;
-        }
+        let replayed = once_the_majority_has_it(|| redeem(&lag.app)).await;
         assert_eq!(replayed.0, 200, "{token_type}: {}", replayed.1);
         assert_eq!(indexed_token_ids(&replayed.1).len(), 1, "{}", replayed.1);
         let redeemed = tokens
@@ -120,9 +171,9 @@ pub(super) async fn scenario() {
             .unwrap();
         assert_eq!(redeemed, 1, "{token_type}");
     }
-    another_reference_waits_for_the_majority(&http, &admin, &app.address, &redeemer.address).await;
-    atomic_issuance_waits_for_the_majority(&http, &admin, &app.address, &redeemer.address).await;
-    token_redeem_waits_for_the_majority(&http, &admin, &app.address, &redeemer.address).await;
+    another_reference_waits_for_the_majority(&lag).await;
+    atomic_issuance_waits_for_the_majority(&lag).await;
+    token_redeem_waits_for_the_majority(&lag).await;
     redeemer.stop().await;
     app.stop().await;
 }
@@ -130,49 +181,27 @@ pub(super) async fn scenario() {
 /// A redemption of another reference, for the token a lagging redemption spent: 503
 /// while the majority lags (a refusal would rest on what a failover may roll back),
 /// 409 `insufficient_balance` once the majority has the first.
-async fn another_reference_waits_for_the_majority(
-    http: &reqwest::Client,
-    admin: &Database,
-    app: &str,
-    impatient: &str,
-) {
-    stock_tokens(http, app, "pi_majority_lagother", "lagother", 1).await;
-    let redeem = |base: &str, reference: &str| {
-        let request = http
-            .post(format!("{base}/v1/redemptions"))
-            .bearer_auth(ADMIN_KEY)
-            .json(&json!({
-                "owner": OWNER, "tokenType": "lagother", "quantity": 1, "reference": reference,
-            }));
-        async move {
-            let response = request.send().await.unwrap();
-            let status = response.status().as_u16();
-            (status, response.json::<Value>().await.unwrap())
-        }
-    };
-    snapshotting(admin, "alwaysOn").await;
-    let (first, first_body) = redeem(impatient, "lagother-first").await;
-    eprintln!("failover[majority-lag] lagother: first answered {first}: {first_body}");
-    let (other, other_body) = redeem(impatient, "lagother-second").await;
-    eprintln!("failover[majority-lag] lagother: another reference answered {other}: {other_body}");
-    snapshotting(admin, "off").await;
+async fn another_reference_waits_for_the_majority(lag: &Lag) {
+    stock_tokens(&lag.http, &lag.app, "pi_majority_lagother", "lagother", 1).await;
+    let redemption = |reference: &str| json!({ "owner": OWNER, "tokenType": "lagother", "quantity": 1, "reference": reference });
+    let (first, second) = (redemption("lagother-first"), redemption("lagother-second"));
+    let redeem = |base: &str, body: &Value| lag.post(base, "/v1/redemptions", body);
+    let (first_answer, other) = lag
+        .while_lagging(
+            "lagother",
+            redeem(&lag.impatient, &first),
+            redeem(&lag.impatient, &second),
+        )
+        .await;
     assert!(
-        !(200..300).contains(&first),
-        "lagother: {first} {first_body}"
+        !(200..300).contains(&first_answer.0),
+        "lagother: {first_answer:?}"
     );
-    assert_eq!(
-        (other, other_body["code"].as_str()),
-        (503, Some("database_unavailable")),
-        "another reference while the token's redemption was applied, not durable: {other_body}"
+    assert_unavailable(
+        &other,
+        "another reference while the token's redemption was applied, not durable",
     );
-    let mut refused = (0, Value::Null);
-    for _ in 0..20 {
-        refused = redeem(app, "lagother-second").await;
-        if refused.0 != 503 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    let refused = once_the_majority_has_it(|| redeem(&lag.app, &second)).await;
     assert_eq!(
         (
             refused.0,
@@ -183,7 +212,7 @@ async fn another_reference_waits_for_the_majority(
         "once the majority has the first: {}",
         refused.1
     );
-    let replayed = redeem(app, "lagother-first").await;
+    let replayed = answer(redeem(&lag.app, &first)).await;
     assert_eq!(replayed.0, 200, "{}", replayed.1);
 }
 
@@ -191,51 +220,18 @@ async fn another_reference_waits_for_the_majority(
 /// majority: 503, then 503 for its retry while the majority lags (a record is in the
 /// way that a majority read does not find), then a replay (200, nothing created) of the
 /// tokens it committed, once.
-async fn atomic_issuance_waits_for_the_majority(
-    http: &reqwest::Client,
-    admin: &Database,
-    app: &str,
-    impatient: &str,
-) {
+async fn atomic_issuance_waits_for_the_majority(lag: &Lag) {
     let mut body = issuance_body("pi_majority_atomic", 2);
     body["mode"] = json!("atomic");
-    let issue = |base: &str| {
-        let request = http
-            .post(format!("{base}/v1/issuances"))
-            .bearer_auth(ADMIN_KEY)
-            .json(&body);
-        async move {
-            let response = request.send().await.unwrap();
-            let status = response.status().as_u16();
-            (status, response.json::<Value>().await.unwrap())
-        }
-    };
-    snapshotting(admin, "alwaysOn").await;
-    let (first, first_body) = issue(impatient).await;
-    eprintln!("failover[majority-lag] atomic: first answered {first}: {first_body}");
-    // On the impatient instance too: a write of the retry's that waits for the majority
-    // (a patient one waits until the request's own timeout) gives up after its 2 s.
-    let (retry, retry_body) = issue(impatient).await;
-    eprintln!("failover[majority-lag] atomic: retry answered {retry}: {retry_body}");
-    snapshotting(admin, "off").await;
-    assert_eq!(
-        (first, first_body["code"].as_str()),
-        (503, Some("database_unavailable")),
-        "the commit the majority did not confirm: {first_body}"
-    );
-    assert_eq!(
-        (retry, retry_body["code"].as_str()),
-        (503, Some("database_unavailable")),
-        "the retry while the majority lags: {retry_body}"
-    );
-    let mut replayed = (0, Value::Null);
-    for _ in 0..20 {
-        replayed = issue(app).await;
-        if replayed.0 != 503 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    let issue = |base: &str| lag.post(base, "/v1/issuances", &body);
+    // The retry on the impatient instance too: a write of the retry's that waits for the
+    // majority (a patient one waits until the request's own timeout) gives up after 2 s.
+    let (first, retry) = lag
+        .while_lagging("atomic", issue(&lag.impatient), issue(&lag.impatient))
+        .await;
+    assert_unavailable(&first, "the commit the majority did not confirm");
+    assert_unavailable(&retry, "the retry while the majority lags");
+    let replayed = once_the_majority_has_it(|| issue(&lag.app)).await;
     assert_eq!(
         (replayed.0, &replayed.1["created"]),
         (200, &json!(0)),
@@ -249,61 +245,23 @@ async fn atomic_issuance_waits_for_the_majority(
 /// waiting for the majority: 503; its retry while the majority lags reads the token
 /// active and its gated write misses the version its own first attempt made: 503, not
 /// 412; once the majority has it, a replay (200), the token redeemed once.
-async fn token_redeem_waits_for_the_majority(
-    http: &reqwest::Client,
-    admin: &Database,
-    app: &str,
-    impatient: &str,
-) {
+async fn token_redeem_waits_for_the_majority(lag: &Lag) {
     let mut body = issuance_body("pi_majority_redeem", 1);
     body["tokenType"] = json!("lagredeem");
-    let issued: Value = http
-        .post(format!("{app}/v1/issuances"))
-        .bearer_auth(ADMIN_KEY)
-        .json(&body)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let (status, issued) = answer(lag.post(&lag.app, "/v1/issuances", &body)).await;
+    assert_eq!(status, 201, "{issued}");
     let id = indexed_token_ids(&issued).remove(0).1;
+    let reference = json!({ "reference": "lagredeem" });
     let redeem = |base: &str| {
-        let request = http
-            .post(format!("{base}/v1/tokens/{id}/redeem"))
-            .bearer_auth(ADMIN_KEY)
+        lag.post(base, &format!("/v1/tokens/{id}/redeem"), &reference)
             .header("If-Match", "\"0\"")
-            .json(&json!({ "reference": "lagredeem" }));
-        async move {
-            let response = request.send().await.unwrap();
-            let status = response.status().as_u16();
-            (status, response.json::<Value>().await.unwrap())
-        }
     };
-    snapshotting(admin, "alwaysOn").await;
-    let (first, first_body) = redeem(impatient).await;
-    eprintln!("failover[majority-lag] redeem: first answered {first}: {first_body}");
-    let (retry, retry_body) = redeem(impatient).await;
-    eprintln!("failover[majority-lag] redeem: retry answered {retry}: {retry_body}");
-    snapshotting(admin, "off").await;
-    assert_eq!(
-        (first, first_body["code"].as_str()),
-        (503, Some("database_unavailable")),
-        "the write the majority did not confirm: {first_body}"
-    );
-    assert_eq!(
-        (retry, retry_body["code"].as_str()),
-        (503, Some("database_unavailable")),
-        "the retry while the majority lags: {retry_body}"
-    );
-    let mut replayed = (0, Value::Null);
-    for _ in 0..20 {
-        replayed = redeem(app).await;
-        if replayed.0 != 503 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    let (first, retry) = lag
+        .while_lagging("redeem", redeem(&lag.impatient), redeem(&lag.impatient))
+        .await;
+    assert_unavailable(&first, "the write the majority did not confirm");
+    assert_unavailable(&retry, "the retry while the majority lags");
+    let replayed = once_the_majority_has_it(|| redeem(&lag.app)).await;
     assert_eq!(
         (replayed.0, &replayed.1["version"], &replayed.1["status"]),
         (200, &json!(1), &json!("redeemed")),
