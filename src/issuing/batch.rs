@@ -454,10 +454,10 @@ impl Issuer {
             let ids: Vec<ObjectId> = refused.iter().map(|(c, _)| c.record.id).collect();
             kept = match self.store.take_back_unconfirmed(&ids).await {
                 Ok(taken_back) if taken_back == ids.len() as u64 => None,
-                Ok(_) => Some(StoreError::Unavailable(mongodb::error::Error::custom(
+                Ok(_) => Some(StoreError::unavailable(
                     "a record of a payment that does not stand was not taken back: \
                      another request confirmed it, or a failover lost it",
-                ))),
+                )),
                 Err(err) => Some(err),
             };
             if let Some(err) = &kept {

@@ -435,9 +435,7 @@ fn hide_mismatches(err: IssueError) -> IssueError {
 /// its insert (or, for an `unconfirmed` one, its batch took it back). Nothing is
 /// acknowledged; a retry records it again and converges on the tokens.
 pub(super) fn record_lost() -> StoreError {
-    StoreError::Unavailable(mongodb::error::Error::custom(
-        "the issuance record was lost before it was marked",
-    ))
+    StoreError::unavailable("the issuance record was lost before it was marked")
 }
 
 /// A record (or placeholder) that changed under every attempt to claim or take it over,
@@ -445,10 +443,8 @@ pub(super) fn record_lost() -> StoreError {
 /// majority does not have yet (its commit gave up waiting, the secondaries lag). Either
 /// passes; the retry, later, is answered from what then holds the place.
 fn record_kept_changing() -> IssueError {
-    StoreError::Unavailable(mongodb::error::Error::custom(
-        "the issuance record kept changing, or is not the majority's yet",
-    ))
-    .into()
+    StoreError::unavailable("the issuance record kept changing, or is not the majority's yet")
+        .into()
 }
 
 /// The BSON time `ttl` from now.

@@ -248,9 +248,9 @@ impl Issuer {
                 // A majority that never showed the change in the way: retry later (503),
                 // as for an outage; neither a refusal nor a conflict could be told.
                 None if lagging => {
-                    return Err(StoreError::Unavailable(mongodb::error::Error::custom(
+                    return Err(StoreError::unavailable(
                         "the token's last change is not the majority's yet",
-                    )));
+                    ));
                 }
                 None => return Ok(TransitionOutcome::Contended(current)),
             }

@@ -9,7 +9,6 @@ use std::collections::HashMap;
 
 use futures::TryStreamExt;
 use mongodb::bson::{Document, RawArrayBuf, doc, oid::ObjectId, rawdoc};
-use mongodb::error::Error;
 
 use super::documents::{IssuanceDoc, TokenSummary, token_summary_projection};
 use super::durability::{OpTime, pinned_command_writes};
@@ -261,7 +260,7 @@ impl Store {
 fn write_concern_failure(code: i32) -> StoreError {
     let message = format!("write concern failed with code {code}");
     if write_concern_unconfirmed(code) {
-        StoreError::Unavailable(Error::custom(message))
+        StoreError::unavailable(message)
     } else {
         StoreError::Internal(message)
     }
@@ -270,7 +269,7 @@ fn write_concern_failure(code: i32) -> StoreError {
 /// A write error's code as a store error: unavailability on a failover code, else a bug.
 fn code_error(code: i32) -> StoreError {
     if NOT_PRIMARY_CODES.contains(&code) {
-        StoreError::Unavailable(Error::custom(format!("write failed with code {code}")))
+        StoreError::unavailable(format!("write failed with code {code}"))
     } else {
         StoreError::Internal(format!("write failed with code {code}"))
     }

@@ -29,6 +29,15 @@ pub enum StoreError {
     Internal(String),
 }
 
+impl StoreError {
+    /// Unavailability the service concludes itself, with no driver error to carry (a
+    /// write concern error read from a reply, a record lost to a failover, a majority that
+    /// does not show a change yet): retry later. `message` is logged, never answered.
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        StoreError::Unavailable(Error::custom(message.into()))
+    }
+}
+
 impl From<Error> for StoreError {
     fn from(err: Error) -> Self {
         if is_unavailable(&err) {

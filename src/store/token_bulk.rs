@@ -63,9 +63,7 @@ impl Store {
                     ));
                 }
                 Some(BulkFailure::Unavailable(message)) => {
-                    return Err(StoreError::Unavailable(mongodb::error::Error::custom(
-                        message,
-                    )));
+                    return Err(StoreError::unavailable(message));
                 }
                 Some(BulkFailure::Other(message)) => return Err(StoreError::Internal(message)),
             }

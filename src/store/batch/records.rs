@@ -154,9 +154,9 @@ impl Store {
         out_of_time: &AtomicUsize,
     ) -> RecordInsert {
         if out_of_time.load(Ordering::Relaxed) >= ALONE_OUT_OF_TIME_LIMIT {
-            return RecordInsert::Failed(StoreError::Unavailable(Error::custom(
+            return RecordInsert::Failed(StoreError::unavailable(
                 "record inserts keep running out of time",
-            )));
+            ));
         }
         let inserted = match self
             .insert_records_command(std::slice::from_ref(record))
