@@ -345,3 +345,38 @@ async fn the_oldest_tokens_are_found_through_an_index_without_sorting() {
         );
     }
 }
+
+/// A refusal is answered only once the majority has what it rests on: the transaction,
+/// with nothing to write, is committed with the majority rather than aborted. When that
+/// commit answers a write concern error (the majority did not confirm in time), the
+/// refusal is not answered: 503 `database_unavailable`, nothing written; the retry, once
+/// the commit goes through, is refused with `available`.
+#[tokio::test]
+async fn a_refusal_whose_commit_the_majority_did_not_confirm_is_not_answered() {
+    let name = unique_app_name();
+    let app = spawn_app_named(&name, "").await;
+    app.issue_tokens("pi_red_refusal_commit", 2).await;
+    let failpoint = FailPoint::always(
+        &name,
+        &["commitTransaction"],
+        Fault::WriteConcernError { code: 64 },
+    )
+    .await;
+    let failed = redeem(&app, ADMIN_KEY, &redemption(3, "order-too-many")).await;
+    assert!(
+        failpoint.off().await >= 1,
+        "the refusal's empty transaction was committed"
+    );
+    assert_problem(failed, 503, "database_unavailable").await;
+    assert_eq!(count_status(&app, "active").await, 2, "nothing redeemed");
+    assert_eq!(app.count("redemptions", doc! {}).await, 0);
+
+    let problem = assert_problem(
+        redeem(&app, ADMIN_KEY, &redemption(3, "order-too-many")).await,
+        409,
+        "insufficient_balance",
+    )
+    .await;
+    assert_eq!(problem["available"], 2);
+    assert_eq!(count_status(&app, "active").await, 2);
+}
