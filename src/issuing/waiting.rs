@@ -6,13 +6,17 @@
 //! issues at once anyway), and at most `MAX_WAIT`. The wait is not work: the HTTP layer
 //! adds it to the request's timeout, so a wait of N seconds never ends in a 503.
 //!
-//! Nobody polls the database. Each instance runs one change stream
+//! Nobody polls the database. While anyone waits, each instance runs one change stream
 //! (`Store::applied_payment_events`) and wakes, through an in-memory registry, the waiters
 //! of the payment it names; a woken waiter checks again. A waiter registers before its
 //! first check, so an event applied while that check runs still wakes it. Whenever the
-//! stream is (re)opened, after an error or a failover, every waiter checks once more: an
-//! event applied while no stream was open would otherwise hold its waiter until the
-//! deadline. The number of waiters is bounded, in total (`issuance.max_waiters`) and per
+//! stream is (re)opened, for a first waiter or after an error or a failover, every waiter
+//! checks once more: an event applied while no stream was open would otherwise hold its
+//! waiter until the deadline. The stream is closed once nobody has waited for
+//! `IDLE_LINGER`: a change stream makes the primary read every entry of its oplog, every
+//! token written included, which cost mongod a seventh of its CPU per issuance under a
+//! steady load of issuances (docs/BENCHMARKS.md), and each instance pays it again; it is
+//! worth paying only while someone waits. The number of waiters is bounded, in total (`issuance.max_waiters`) and per
 //! client address (`issuance.max_waiters_per_address`, so one abuser holding a public
 //! checkout key cannot take every place); beyond either a request is answered at once,
 //! as if it had not asked to wait. A waiter is a guard: a client that disconnects drops the
@@ -24,13 +28,14 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::{Stream, StreamExt};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::{Caller, IssueError, IssueOutcome, Issuer};
 use crate::domain::{ClientAddress, NewIssuance, PaymentKey};
+use crate::store::StoreError;
 use crate::telemetry::metric;
 
 /// The longest wait a client may ask for; a larger `wait` is clamped to it.
@@ -42,6 +47,9 @@ pub fn longest_wait(requested: u64) -> Duration {
 
 /// How long the change stream's watcher waits before opening it again after a failure.
 const REOPEN_DELAY: Duration = Duration::from_secs(1);
+/// How long the change stream stays open after the last waiter left: long enough that a
+/// steady trickle of waiting checkouts keeps one stream rather than opening one each.
+const IDLE_LINGER: Duration = Duration::from_secs(5);
 
 /// The bounds on waiting, taken from `Settings`.
 #[derive(Debug, Clone, Copy, Default)]
@@ -115,31 +123,30 @@ impl Issuer {
     }
 
     /// Starts this instance's watcher of applied payment events, which wakes the waiters
-    /// of each payment it sees; it runs until the returned handle is dropped. The stream
-    /// is opened before this returns (when the database answers), so a request served
-    /// afterwards never waits on a stream that is not watching yet.
-    pub async fn watch_fulfilments(&self) -> FulfilmentWatch {
+    /// of each payment it sees; it runs until the returned handle is dropped. It opens the
+    /// change stream when a first request registers to wait, and wakes every waiter once
+    /// the stream is open (what was applied before went unseen), so a request never waits
+    /// on a stream that is not watching; it closes the stream once nobody has waited for
+    /// `IDLE_LINGER`.
+    pub fn watch_fulfilments(&self) -> FulfilmentWatch {
         let store = self.store.clone();
         let waiters = self.waiters.clone();
-        let mut opened = Some(store.applied_payment_events().await);
         let task = tokio::spawn(async move {
+            let mut waiting = waiters.waiting.subscribe();
             loop {
-                let attempt = match opened.take() {
-                    Some(first) => first,
-                    None => store.applied_payment_events().await,
-                };
-                match attempt {
+                if waiting.wait_for(|count| *count > 0).await.is_err() {
+                    return;
+                }
+                match store.applied_payment_events().await {
                     Ok(mut events) => {
                         // Whatever was applied while no stream was open went unseen.
                         waiters.wake_all();
-                        while let Some(event) = events.next().await {
-                            match event {
-                                Ok(key) => waiters.wake(&key),
-                                Err(err) => {
-                                    tracing::warn!(error = %err, "the change stream of applied payment events failed; reopening it");
-                                    break;
-                                }
-                            }
+                        let ended = tokio::select! {
+                            ended = wake_on_events(&mut events, &waiters) => ended,
+                            () = nobody_waits_for(&mut waiting, IDLE_LINGER) => continue,
+                        };
+                        if let Err(err) = ended {
+                            tracing::warn!(error = %err, "the change stream of applied payment events failed; reopening it");
                         }
                     }
                     Err(err) => {
@@ -152,6 +159,30 @@ impl Issuer {
         FulfilmentWatch {
             task,
             waiters: self.waiters.clone(),
+        }
+    }
+}
+
+/// Wakes the waiters of each payment `events` names, until the stream ends (the error
+/// that ended it, if any).
+async fn wake_on_events(
+    events: &mut (impl Stream<Item = Result<PaymentKey, StoreError>> + Unpin),
+    waiters: &Waiters,
+) -> Result<(), StoreError> {
+    while let Some(key) = events.next().await {
+        waiters.wake(&key?);
+    }
+    Ok(())
+}
+
+/// Returns once the number of waiters `waiting` tells has stayed 0 for `linger`.
+async fn nobody_waits_for(waiting: &mut watch::Receiver<usize>, linger: Duration) {
+    loop {
+        // The registry outlives its watcher, so these only end when the count does.
+        let _ = waiting.wait_for(|count| *count == 0).await;
+        tokio::select! {
+            () = tokio::time::sleep(linger) => return,
+            _ = waiting.wait_for(|count| *count > 0) => {}
         }
     }
 }
@@ -179,6 +210,9 @@ impl Drop for FulfilmentWatch {
 pub(super) struct Waiters {
     config: WaitingConfig,
     registry: Mutex<Registry>,
+    /// How many wait, sent under the registry's lock at each change: the watcher opens
+    /// its change stream only while this is above 0.
+    waiting: watch::Sender<usize>,
 }
 
 #[derive(Default)]
@@ -203,6 +237,7 @@ impl Waiters {
         Self {
             config,
             registry: Mutex::new(Registry::default()),
+            waiting: watch::channel(0).0,
         }
     }
 
@@ -225,6 +260,7 @@ impl Waiters {
             return None;
         }
         registry.count += 1;
+        self.waiting.send_replace(registry.count);
         registry.addresses.insert(client, from_client + 1);
         let waitlist = registry
             .payments
@@ -302,6 +338,7 @@ impl Drop for Slot {
     fn drop(&mut self) {
         let mut registry = self.waiters.registry();
         registry.count -= 1;
+        self.waiters.waiting.send_replace(registry.count);
         if let Some(from_client) = registry.addresses.get_mut(&self.client) {
             *from_client -= 1;
             if *from_client == 0 {

@@ -169,11 +169,12 @@ impl Application {
             );
         }
         let mut issuer = issuer(settings, store.clone());
-        // Watching before the listener serves: no request can wait unwatched. Change
-        // streams need a replica set (or mongos), as transactions do; a standalone mongod
-        // has neither, and a wait nothing could end would only hold checkouts for nothing.
+        // The watcher runs before the listener serves: no request can wait unwatched.
+        // Change streams need a replica set (or mongos), as transactions do; a standalone
+        // mongod has neither, and a wait nothing could end would only hold checkouts for
+        // nothing.
         let fulfilments = if store.supports_transactions().await? {
-            Some(issuer.watch_fulfilments().await)
+            Some(issuer.watch_fulfilments())
         } else {
             tracing::warn!("no replica set: `Prefer: wait` is ignored (no change streams)");
             issuer = issuer.with_waiting(WaitingConfig {

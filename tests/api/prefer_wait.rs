@@ -8,6 +8,7 @@
 
 use std::time::{Duration, Instant};
 
+use futures::TryStreamExt;
 use mongodb::bson::{Document, doc};
 use serde_json::Value;
 use tokenmint::startup::Application;
@@ -362,6 +363,75 @@ async fn shutdown_answers_the_waiters_at_once() {
     let pending = doc! { "paymentIntentId": "pi_stopping", "status": "pending" };
     assert_eq!(records.count_documents(pending).await.unwrap(), 1);
     drop_database_blocking(&db_name);
+}
+
+/// The change streams open on `app`'s `webhook_events` (each test has its own database),
+/// waiting for more or idle between two reads.
+async fn change_streams(app: &TestApp) -> usize {
+    let ops: Vec<Document> = app
+        .db
+        .client()
+        .database("admin")
+        .aggregate([
+            doc! { "$currentOp": { "idleCursors": true, "allUsers": true } },
+            doc! { "$match": {
+                "ns": format!("{}.webhook_events", app.db_name),
+                "cursor.originatingCommand.aggregate": "webhook_events",
+            } },
+        ])
+        .await
+        .unwrap()
+        .try_collect()
+        .await
+        .unwrap();
+    ops.len()
+}
+
+/// Polls until `app` has `expected` change streams open, for at most `within`.
+async fn until_change_streams(app: &TestApp, expected: usize, within: Duration) {
+    let deadline = Instant::now() + within;
+    loop {
+        let open = change_streams(app).await;
+        if open == expected {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{open} change streams open, expected {expected}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A change stream makes the primary read its whole oplog, every token written included:
+/// an instance opens one only while a checkout waits, and closes it a few seconds after
+/// the last waiter left. The waiter still hears its event.
+#[tokio::test]
+async fn the_change_stream_is_open_only_while_someone_waits() {
+    let _turn = WAITING.lock().await;
+    let app = app().await;
+    // Served, with no waiter: nothing is watched (a stream would show within this).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(change_streams(&app).await, 0, "a stream while nobody waits");
+    let answer = issue_preferring(&app, REQUEST_KEY, "pi_nowait", "wait=0").await;
+    assert_eq!(answer.status(), 202);
+    assert_eq!(
+        change_streams(&app).await,
+        0,
+        "a stream for a checkout that does not wait"
+    );
+
+    let waiting = wait_in_background(&app, "pi_watched", 2, "wait=20");
+    until_waiting(&app, "pi_watched").await;
+    until_change_streams(&app, 1, Duration::from_secs(5)).await;
+    let applied_at = apply(&app, "succeeded", "pi_watched", "2").await;
+    let (answer, answered_at) = waiting.await.unwrap();
+    assert_woken(applied_at, answered_at, Duration::from_secs(1));
+    assert_eq!(answer.status(), 200);
+    assert_eq!(app.token_indexes("pi_watched").await, vec![0, 1]);
+
+    until_waiters(&app, 0.0).await;
+    until_change_streams(&app, 0, Duration::from_secs(15)).await;
 }
 
 /// The watcher's change stream ends (here: its collection dropped, which invalidates it)
