@@ -342,6 +342,37 @@ mod tests {
         }
     }
 
+    /// The token upsert is a command written by hand, which the driver sends without the
+    /// client's write concern: it must carry it itself, the URI's `wtimeoutMS` included,
+    /// or under a lagging majority it would wait until the request's timeout.
+    #[tokio::test]
+    async fn the_token_upsert_command_carries_the_clients_write_concern_and_wtimeout() {
+        let mut options = mongodb::options::ClientOptions::default();
+        options.write_concern = Some(crate::store::durability::durable_writes(Some(
+            std::time::Duration::from_millis(2500),
+        )));
+        let db = mongodb::Client::with_options(options)
+            .unwrap()
+            .database("x");
+        let command = crate::store::token_bulk::bulk_command(&request(), DateTime::now(), &db)
+            .to_document()
+            .unwrap();
+        let concern = command.get_document("writeConcern").unwrap();
+        assert_eq!(concern.get_str("w"), Ok("majority"), "{concern}");
+        assert_eq!(concern.get_bool("j"), Ok(true), "{concern}");
+        assert_eq!(
+            concern
+                .get("wtimeout")
+                .and_then(Bson::as_i64)
+                .or_else(|| concern
+                    .get("wtimeout")
+                    .and_then(Bson::as_i32)
+                    .map(i64::from)),
+            Some(2500),
+            "{concern}"
+        );
+    }
+
     /// The raw builders must write exactly the documented shape (docs: the data model), with
     /// the same BSON types the rest of the store reads back.
     #[test]

@@ -64,9 +64,9 @@ pub(super) fn durable_writes(wtimeout: Option<std::time::Duration>) -> WriteConc
     concern
 }
 
-/// `durable_writes` as a command's `writeConcern`, for a command built by hand (which the
-/// driver sends as written, without the client's write concern).
-pub(super) fn durable_command_writes() -> RawDocumentBuf {
+/// `durable_writes` without a `wtimeout`, as a command's `writeConcern`: what
+/// `pinned_command_writes` falls back to for a client without a write concern.
+fn durable_command_writes() -> RawDocumentBuf {
     mongodb::bson::rawdoc! { "w": "majority", "j": true }
 }
 

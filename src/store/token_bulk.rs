@@ -7,6 +7,7 @@
 //! MongoDB 6.0 has no `bulkWrite` command (8.0+), so the statements go in one `update`
 //! command: one round trip, whatever the quantity.
 
+use mongodb::Database;
 use mongodb::bson::{Bson, DateTime, Document, RawArrayBuf, RawDocumentBuf, oid::ObjectId, rawdoc};
 
 use super::documents::new_token;
@@ -40,7 +41,7 @@ impl Store {
     /// number of times (any other duplicate key is a real error).
     pub async fn upsert_tokens(&self, issuance: &NewIssuance) -> Result<BulkResult, StoreError> {
         let now = DateTime::now();
-        let command = bulk_command(issuance, now);
+        let command = bulk_command(issuance, now, self.database());
         let mut result = BulkResult::default();
         let mut attempt = 0;
         loop {
@@ -71,9 +72,12 @@ impl Store {
     }
 }
 
-/// The `update` command: one `$setOnInsert` upsert per token, unordered. Built as raw
-/// BSON, so the driver sends these bytes as they are (no `Document` to encode).
-pub fn bulk_command(issuance: &NewIssuance, now: DateTime) -> RawDocumentBuf {
+/// The `update` command: one `$setOnInsert` upsert per token, unordered, with `db`'s
+/// pinned write concern (the URI's `wtimeoutMS` included: under a lagging majority the
+/// command gives up when the driver's own writes do, not at the request's timeout).
+/// Built as raw BSON, so the driver sends these bytes as they are (no `Document` to
+/// encode).
+pub fn bulk_command(issuance: &NewIssuance, now: DateTime, db: &Database) -> RawDocumentBuf {
     let mut updates = RawArrayBuf::new();
     for token_index in 0..i64::from(issuance.params.quantity.get()) {
         updates.push(rawdoc! {
@@ -87,7 +91,7 @@ pub fn bulk_command(issuance: &NewIssuance, now: DateTime) -> RawDocumentBuf {
         "updates": updates,
         "ordered": false,
         // A command is sent as written: the client's pinned write concern is not added.
-        "writeConcern": super::durability::durable_command_writes(),
+        "writeConcern": super::durability::pinned_command_writes(db),
     }
 }
 

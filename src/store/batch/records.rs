@@ -24,7 +24,7 @@ use mongodb::options::{ReadConcern, ReadPreference, SelectionCriteria};
 
 use super::{RecordInsert, WriteReply, code_error, write_concern_failure};
 use crate::store::documents::IssuanceDoc;
-use crate::store::durability::durable_command_writes;
+use crate::store::durability::pinned_command_writes;
 use crate::store::error::{ISSUANCES_PAYMENT_INDEX, StoreError, command_code, index_in_message};
 use crate::store::{ISSUANCES, Store};
 
@@ -116,7 +116,7 @@ impl Store {
         records: &[IssuanceDoc],
     ) -> Result<Vec<RecordInsert>, RecordsCommand> {
         let write_concern = if self.is_sharded().await? {
-            durable_command_writes()
+            pinned_command_writes(&self.db)
         } else {
             rawdoc! { "w": 1, "j": false }
         };
