@@ -101,6 +101,9 @@ impl Issuer {
             };
         };
         let deadline = deadline_from + Duration::from_secs(secs);
+        // Only now, pending, does it need the change stream: a checkout answered by its
+        // first check never makes the watcher open one.
+        slot.begin_waiting();
         waits(Duration::from_secs(secs));
         loop {
             let woken = slot.woken_before(deadline).await;
@@ -124,10 +127,15 @@ impl Issuer {
 
     /// Starts this instance's watcher of applied payment events, which wakes the waiters
     /// of each payment it sees; it runs until the returned handle is dropped. It opens the
-    /// change stream when a first request registers to wait, and wakes every waiter once
-    /// the stream is open (what was applied before went unseen), so a request never waits
-    /// on a stream that is not watching; it closes the stream once nobody has waited for
-    /// `IDLE_LINGER`.
+    /// change stream when a first request begins to wait (its first check said pending),
+    /// and wakes every waiter once the stream is open (what was applied before went
+    /// unseen), so a request never waits on a stream that is not watching; it closes the
+    /// stream once nobody has waited for `IDLE_LINGER`.
+    ///
+    /// A new stream reports what is applied after it opens, and the waiters' checks after
+    /// that first wake read at majority: nothing between is lost because an event is
+    /// recorded only after its effects were acknowledged by the majority, so a check that
+    /// follows the event's record sees them.
     pub fn watch_fulfilments(&self) -> FulfilmentWatch {
         let store = self.store.clone();
         let waiters = self.waiters.clone();
@@ -210,14 +218,17 @@ impl Drop for FulfilmentWatch {
 pub(super) struct Waiters {
     config: WaitingConfig,
     registry: Mutex<Registry>,
-    /// How many wait, sent under the registry's lock at each change: the watcher opens
-    /// its change stream only while this is above 0.
+    /// How many wait (`Slot::begin_waiting`), sent under the registry's lock at each
+    /// change: the watcher opens its change stream only while this is above 0.
     waiting: watch::Sender<usize>,
 }
 
 #[derive(Default)]
 struct Registry {
+    /// Places taken, by requests that wait or are about to (their first check runs).
     count: usize,
+    /// Of those, the requests waiting: their first check said pending.
+    waiting: usize,
     payments: HashMap<PaymentKey, Waitlist>,
     /// How many wait per client address; an address leaves with its last waiter, so
     /// this holds at most `max_waiters` entries.
@@ -260,7 +271,6 @@ impl Waiters {
             return None;
         }
         registry.count += 1;
-        self.waiting.send_replace(registry.count);
         registry.addresses.insert(client, from_client + 1);
         let waitlist = registry
             .payments
@@ -277,6 +287,7 @@ impl Waiters {
             key: key.clone(),
             client,
             wake,
+            waiting: false,
         })
     }
 
@@ -320,9 +331,19 @@ struct Slot {
     key: PaymentKey,
     client: ClientAddress,
     wake: watch::Receiver<()>,
+    /// Counted among those waiting (`begin_waiting`).
+    waiting: bool,
 }
 
 impl Slot {
+    /// Counts this slot among the waiting, which has the watcher open its change stream.
+    fn begin_waiting(&mut self) {
+        let mut registry = self.waiters.registry();
+        registry.waiting += 1;
+        self.waiters.waiting.send_replace(registry.waiting);
+        self.waiting = true;
+    }
+
     /// Waits for a wake since the last one this slot saw (or since it registered), or
     /// for `deadline`; true when woken to check again, false when the wait is over (the
     /// deadline, or shutdown).
@@ -338,7 +359,10 @@ impl Drop for Slot {
     fn drop(&mut self) {
         let mut registry = self.waiters.registry();
         registry.count -= 1;
-        self.waiters.waiting.send_replace(registry.count);
+        if self.waiting {
+            registry.waiting -= 1;
+            self.waiters.waiting.send_replace(registry.waiting);
+        }
         if let Some(from_client) = registry.addresses.get_mut(&self.client) {
             *from_client -= 1;
             if *from_client == 0 {
@@ -421,6 +445,25 @@ mod tests {
         let later = Instant::now() + Duration::from_secs(60);
         assert!(!slot.woken_before(later).await, "a closed wait is over");
         assert!(register(&waiters, "pi_2").is_none());
+    }
+
+    #[test]
+    fn only_a_place_whose_request_waits_asks_for_the_change_stream() {
+        let waiters = waiters(10);
+        let waiting = waiters.waiting.subscribe();
+        let mut first = register(&waiters, "pi_1").unwrap();
+        let second = register(&waiters, "pi_2").unwrap();
+        assert_eq!(*waiting.borrow(), 0, "registered, still checking");
+        first.begin_waiting();
+        assert_eq!(*waiting.borrow(), 1);
+        drop(second);
+        assert_eq!(
+            *waiting.borrow(),
+            1,
+            "a place that never waited leaves no trace"
+        );
+        drop(first);
+        assert_eq!(*waiting.borrow(), 0);
     }
 
     #[test]

@@ -387,18 +387,33 @@ async fn change_streams(app: &TestApp) -> usize {
     ops.len()
 }
 
-/// Polls until `app` has `expected` change streams open, for at most `within`.
+/// Polls until `app` has `expected` change streams open, for at most `within`. One
+/// reading of `$currentOp` may miss a stream between its waits for more (its `getMore`
+/// neither running nor idle at that instant), so the count must hold on a second
+/// reading more than a `getMore`'s wait (1 s) later.
 async fn until_change_streams(app: &TestApp, expected: usize, within: Duration) {
     let deadline = Instant::now() + within;
     loop {
         let open = change_streams(app).await;
         if open == expected {
-            return;
+            tokio::time::sleep(Duration::from_millis(1200)).await;
+            if change_streams(app).await == expected {
+                return;
+            }
         }
         assert!(
             Instant::now() < deadline,
             "{open} change streams open, expected {expected}"
         );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Asserts that `app` opens no change stream within `during`.
+async fn no_change_stream_during(app: &TestApp, during: Duration, what: &str) {
+    let until = Instant::now() + during;
+    while Instant::now() < until {
+        assert_eq!(change_streams(app).await, 0, "{what}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -410,16 +425,25 @@ async fn until_change_streams(app: &TestApp, expected: usize, within: Duration) 
 async fn the_change_stream_is_open_only_while_someone_waits() {
     let _turn = WAITING.lock().await;
     let app = app().await;
-    // Served, with no waiter: nothing is watched (a stream would show within this).
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(change_streams(&app).await, 0, "a stream while nobody waits");
+    no_change_stream_during(
+        &app,
+        Duration::from_millis(500),
+        "a stream while nobody waits",
+    )
+    .await;
     let answer = issue_preferring(&app, REQUEST_KEY, "pi_nowait", "wait=0").await;
     assert_eq!(answer.status(), 202);
-    assert_eq!(
-        change_streams(&app).await,
-        0,
-        "a stream for a checkout that does not wait"
-    );
+    // Asking to wait for a payment its first check answers: no wait, so no stream.
+    apply(&app, "succeeded", "pi_ready", "1").await;
+    let answer = issue_preferring(&app, REQUEST_KEY, "pi_ready", "wait=20").await;
+    assert_eq!(answer.status(), 200);
+    assert_eq!(preference_applied(&answer), None);
+    no_change_stream_during(
+        &app,
+        Duration::from_millis(1500),
+        "a stream for a checkout that did not wait",
+    )
+    .await;
 
     let waiting = wait_in_background(&app, "pi_watched", 2, "wait=20");
     until_waiting(&app, "pi_watched").await;
@@ -434,6 +458,35 @@ async fn the_change_stream_is_open_only_while_someone_waits() {
     until_change_streams(&app, 0, Duration::from_secs(15)).await;
 }
 
+/// The success is applied while the first waiter's stream is still opening (its
+/// `aggregate` held 2 s by a failpoint), so the stream never reports it: the watcher
+/// wakes every waiter once the stream is open, and the checkout gets its tokens then,
+/// not at the end of its 20 s.
+#[tokio::test]
+async fn an_event_applied_while_the_stream_opens_still_wakes_the_waiter() {
+    let _turn = WAITING.lock().await;
+    let turn = FailPointTurn::take().await;
+    let name = unique_app_name();
+    let app = spawn_app_named(&name, PROVIDERS).await;
+    let opening = turn
+        .set(&name, &["aggregate"], Fault::Block { millis: 2_000 }, 1)
+        .await;
+    let waiting = wait_in_background(&app, "pi_opening", 1, "wait=20");
+    until_waiting(&app, "pi_opening").await;
+    assert!(
+        opening.fired_within(1, Duration::from_secs(5)).await,
+        "the stream's aggregate was not held"
+    );
+
+    let applied_at = apply(&app, "succeeded", "pi_opening", "1").await;
+    let (answer, answered_at) = waiting.await.unwrap();
+    assert_woken(applied_at, answered_at, Duration::from_secs(5));
+    assert_eq!(answer.status(), 200);
+    assert_eq!(preference_applied(&answer), Some("wait=20"));
+    assert_eq!(status(&app, "pi_opening").await, "issued");
+    assert_eq!(app.token_indexes("pi_opening").await, vec![0]);
+}
+
 /// The watcher's change stream ends (here: its collection dropped, which invalidates it)
 /// and the success event is applied while no stream is open, so no stream ever sees it.
 /// The watcher reopens the stream and wakes every waiter to check again: the checkout
@@ -444,6 +497,8 @@ async fn a_waiter_checks_again_when_the_change_stream_reopens() {
     let app = app().await;
     let waiting = wait_in_background(&app, "pi_reopen", 2, "wait=20");
     until_waiting(&app, "pi_reopen").await;
+    // The stream must be open before its collection is dropped, or nothing reopens.
+    until_change_streams(&app, 1, Duration::from_secs(5)).await;
 
     app.db
         .collection::<Document>("webhook_events")
