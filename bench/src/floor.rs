@@ -27,7 +27,7 @@ use std::time::Instant;
 
 use futures::TryStreamExt;
 use mongodb::bson::{DateTime, doc, oid::ObjectId};
-use mongodb::options::ClientOptions;
+use mongodb::options::{Acknowledgment, ClientOptions, WriteConcern};
 use mongodb::{Client, Collection, Database};
 use tokenmint::domain::{IssuanceMode, NewIssuance};
 use tokenmint::store::builders::{
@@ -90,6 +90,14 @@ impl Floor {
             Design::Reference => "tokenmint-bench-reference-floor",
         };
         options.app_name = Some(app_name.to_owned());
+        // The service's durability whatever the URI says: its hand-written commands carry
+        // the client's write concern.
+        options.write_concern = Some(
+            WriteConcern::builder()
+                .w(Acknowledgment::Majority)
+                .journal(true)
+                .build(),
+        );
         options.server_selection_timeout = Some(timeout);
         options.connect_timeout = Some(timeout);
         options.max_pool_size = Some(max_pool_size);

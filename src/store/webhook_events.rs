@@ -2,10 +2,11 @@
 //! outcome; expired after `webhooks.retention_days` by a TTL index on `receivedAt`.
 
 use mongodb::IndexModel;
-use mongodb::bson::{DateTime, Document, doc};
+use mongodb::bson::{DateTime, Document, doc, rawdoc};
 use mongodb::options::IndexOptions;
 
 use super::Store;
+use super::durability::pinned_command_writes;
 use super::error::{StoreError, duplicate_key_index};
 use super::indexes::WEBHOOK_EVENTS_TTL_INDEX;
 use crate::domain::EventOutcome;
@@ -87,9 +88,11 @@ impl Store {
             Err(err) if matches!(err.kind.as_ref(), mongodb::error::ErrorKind::Command(c) if c.code == 85 || c.code == 86) =>
             {
                 self.database()
-                    .run_command(doc! {
+                    .run_raw_command(rawdoc! {
                         "collMod": WEBHOOK_EVENTS,
                         "index": { "name": WEBHOOK_EVENTS_TTL_INDEX, "expireAfterSeconds": seconds as i64 },
+                        // A command is sent as written: the pinned concern is not added.
+                        "writeConcern": pinned_command_writes(self.database()),
                     })
                     .await?;
                 Ok(())
