@@ -176,7 +176,14 @@ impl Issuer {
                 lease: config.lease,
                 retention: config.retention,
             };
-            let existing = match self.store.claim_idempotency_record(&claim).await? {
+            let claimed = match self.store.claim_idempotency_record(&claim).await {
+                Ok(claimed) => claimed,
+                Err(err) => {
+                    self.take_back_unconfirmed_claim(&err, claim.id, attempt);
+                    return Err(err);
+                }
+            };
+            let existing = match claimed {
                 Claimed::Fresh => return Ok(Begun::Proceed(Attempt::new(claim.id, attempt))),
                 Claimed::Existing(existing) => *existing,
                 Claimed::Raced => continue,
@@ -207,6 +214,24 @@ impl Issuer {
         }
         // Another attempt kept winning the key meanwhile: it is running.
         Ok(Begun::InProgress)
+    }
+
+    /// After a claim that failed with `err`: when the database was unavailable the claim
+    /// may stand although unconfirmed (a write concern error comes after the write), and
+    /// left there it would answer the key's retries 409 `request_in_progress` until its
+    /// lease ends, for an attempt that never ran. It is deleted if it is still this
+    /// attempt's and unanswered, in the background so that the 503 is not held up by a
+    /// second wait for the same majority; if that fails too, the lease ends it.
+    fn take_back_unconfirmed_claim(&self, err: &StoreError, record: ObjectId, attempt: ObjectId) {
+        if !matches!(err, StoreError::Unavailable(_)) {
+            return;
+        }
+        let store = self.store.clone();
+        tokio::spawn(async move {
+            if let Err(err) = store.release_idempotency_record(record, attempt).await {
+                tracing::warn!(error = %err, "an unconfirmed idempotency claim could not be taken back; its lease will end it");
+            }
+        });
     }
 
     /// Keeps `answer` for the key's retries, or releases the key when the answer is a 5xx

@@ -49,6 +49,34 @@ async fn a_failed_answer_write_undoes_the_action_and_the_retry_runs_it_once() {
     assert_transferred_once(&app, &id, "run by the retry").await;
 }
 
+/// The key's claim applies but answers a write concern error: the attempt answers 503
+/// and takes its unconfirmed claim back, so the key's retry runs the action at once
+/// instead of hearing 409 `request_in_progress` until the claim's lease ends.
+#[tokio::test]
+async fn a_claim_that_applied_but_failed_is_taken_back_for_the_retry() {
+    let name = unique_app_name();
+    let app = spawn_app_named(&name, "").await;
+    let id = app.issue_tokens("pi_rerun_claim", 1).await.remove(0);
+    // The claim is the flow's first findAndModify (the token's write is the second).
+    let failpoint = FailPoint::set(&name, &["findAndModify"], APPLIED_BUT_FAILED, 1).await;
+    let failed = send_transfer(&app, &id, "claim").await;
+    assert_problem(failed, 503, "database_unavailable").await;
+    assert_eq!(failpoint.off().await, 1, "the claim failed");
+    assert_eq!(token_version(&app, &id).await, Some(0), "nothing ran");
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !key_records(&app, "admin").await.is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the unconfirmed claim still holds the key"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    let retry = transfer_keyed(&app, &id, "claim").await;
+    assert_eq!((retry.status, retry.replayed), (200, false));
+    assert_transferred_once(&app, &id, "run by the retry").await;
+}
+
 /// The commit applies but answers an error, so the first attempt answers 5xx: its
 /// answer committed with the action, and every retry — `If-Match: *` and an exact one
 /// alike, which a re-run would re-apply or refuse with 412 — gets it.
