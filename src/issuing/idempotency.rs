@@ -38,6 +38,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use mongodb::bson::{Binary, oid::ObjectId, spec::BinarySubtype};
 use sha2::{Digest, Sha256};
+use tokio::sync::Semaphore;
+use tracing::Instrument;
 
 use super::Issuer;
 use crate::domain::IdempotencyKey;
@@ -52,6 +54,10 @@ use crate::store::{
 /// action's own refusals (404, 409, 412) are kept: they are what happened to it, unless
 /// they are `Finality::Transient`.
 const REFUSED_BEFORE_THE_ACTION: [u16; 7] = [400, 403, 413, 415, 422, 428, 429];
+
+/// Unconfirmed claims taken back at once, at most (`Issuer::take_back_unconfirmed_claim`).
+const MAX_TAKE_BACKS: usize = 16;
+static TAKING_BACK: Semaphore = Semaphore::const_new(MAX_TAKE_BACKS);
 
 /// Whether an answer says for good what became of the request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -203,11 +209,18 @@ impl Issuer {
             // No answer: the holder is running, or ended without one (its request was
             // dropped or timed out, or its instance died). The database's clock says
             // which: a lease that is over is taken over, and this attempt runs.
-            if self
+            let taken_over = match self
                 .store
                 .take_over_idempotency_record(&existing, attempt, config.lease)
-                .await?
+                .await
             {
+                Ok(taken_over) => taken_over,
+                Err(err) => {
+                    self.take_back_unconfirmed_claim(&err, existing.id, attempt);
+                    return Err(err);
+                }
+            };
+            if taken_over {
                 return Ok(Begun::Proceed(Attempt::new(existing.id, attempt)));
             }
             return Ok(Begun::InProgress);
@@ -216,22 +229,33 @@ impl Issuer {
         Ok(Begun::InProgress)
     }
 
-    /// After a claim that failed with `err`: when the database was unavailable the claim
-    /// may stand although unconfirmed (a write concern error comes after the write), and
-    /// left there it would answer the key's retries 409 `request_in_progress` until its
-    /// lease ends, for an attempt that never ran. It is deleted if it is still this
-    /// attempt's and unanswered, in the background so that the 503 is not held up by a
-    /// second wait for the same majority; if that fails too, the lease ends it.
+    /// After a claim or a take-over of `record` that failed with `err`: when the database
+    /// was unavailable the write may stand although unconfirmed (a write concern error
+    /// comes after the write), and left there it would answer the key's retries 409
+    /// `request_in_progress` until its lease ends, for an attempt that never ran. It is
+    /// deleted if it still names this attempt and has no answer, in the background so that
+    /// the 503 is not held up by a second wait for the same majority. The delete waits
+    /// for the majority at most `HELD_PATIENCE` (`release_idempotency_record`), and at
+    /// most `MAX_TAKE_BACKS` run at once, so an outage of the majority cannot fill the
+    /// connection pool with them; a claim not taken back is ended by its lease.
     fn take_back_unconfirmed_claim(&self, err: &StoreError, record: ObjectId, attempt: ObjectId) {
         if !matches!(err, StoreError::Unavailable(_)) {
             return;
         }
+        let Ok(permit) = TAKING_BACK.try_acquire() else {
+            tracing::warn!(
+                "too many unconfirmed idempotency claims to take back; their leases will end them"
+            );
+            return;
+        };
         let store = self.store.clone();
-        tokio::spawn(async move {
+        let taking_back = async move {
+            let _permit = permit;
             if let Err(err) = store.release_idempotency_record(record, attempt).await {
                 tracing::warn!(error = %err, "an unconfirmed idempotency claim could not be taken back; its lease will end it");
             }
-        });
+        };
+        tokio::spawn(taking_back.instrument(tracing::Span::current()));
     }
 
     /// Keeps `answer` for the key's retries, or releases the key when the answer is a 5xx

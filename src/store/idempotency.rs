@@ -19,6 +19,7 @@ use serde::{Deserialize, Serialize};
 
 use super::Store;
 use super::atomic::commit_with_retry;
+use super::durability::durable_writes;
 use super::error::{HELD_PATIENCE, StoreError, duplicate_key_index, ran_out_of_time};
 use super::indexes::IDEMPOTENCY_KEY_INDEX;
 
@@ -250,7 +251,9 @@ impl Store {
         Ok(true)
     }
 
-    /// Deletes the unanswered record `id` if `attempt` still holds it.
+    /// Deletes the unanswered record `id` if `attempt` still holds it, waiting for the
+    /// majority at most `HELD_PATIENCE`: a release that cannot be confirmed leaves the
+    /// record to its lease rather than holding a connection.
     pub async fn release_idempotency_record(
         &self,
         id: ObjectId,
@@ -258,6 +261,7 @@ impl Store {
     ) -> Result<(), StoreError> {
         self.idempotency_keys()
             .delete_one(held_by(id, attempt))
+            .write_concern(durable_writes(Some(HELD_PATIENCE)))
             .await?;
         Ok(())
     }

@@ -77,6 +77,64 @@ async fn a_claim_that_applied_but_failed_is_taken_back_for_the_retry() {
     assert_transferred_once(&app, &id, "run by the retry").await;
 }
 
+/// The claim of a key whose record another attempt holds (its lease running) answers a
+/// write concern error: the record, which the claim left as it was, is not this attempt's
+/// to take back, and stays the other attempt's.
+#[tokio::test]
+async fn a_failed_claim_never_takes_back_another_attempts_record() {
+    let name = unique_app_name();
+    let app = spawn_app_named(&name, "").await;
+    let id = app.issue_tokens("pi_rerun_claim_other", 1).await.remove(0);
+    let path = format!("/v1/tokens/{id}/transfer");
+    let body = serde_json::to_vec(&json!({ "newOwner": OTHER_OWNER })).unwrap();
+    let running = DateTime::from_millis(DateTime::now().timestamp_millis() + 60_000);
+    insert_unanswered_record(&app, "held", &path, &body, running).await;
+    let holder = key_records(&app, "admin").await[0]
+        .get_object_id("attempt")
+        .unwrap();
+    let failpoint = FailPoint::set(&name, &["findAndModify"], APPLIED_BUT_FAILED, 1).await;
+    let failed = send_transfer(&app, &id, "held").await;
+    assert_problem(failed, 503, "database_unavailable").await;
+    assert_eq!(failpoint.off().await, 1, "the claim failed");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let records = key_records(&app, "admin").await;
+    assert_eq!(records.len(), 1, "{records:?}");
+    assert_eq!(records[0].get_object_id("attempt").unwrap(), holder);
+    assert_eq!(token_version(&app, &id).await, Some(0), "nothing ran");
+}
+
+/// A take-over of a key whose holder's lease ended applies but answers a write concern
+/// error: the record now names an attempt that never ran, and is taken back like a
+/// fresh claim, so the key's retry runs the action at once.
+#[tokio::test]
+async fn a_take_over_that_applied_but_failed_is_taken_back_for_the_retry() {
+    let name = unique_app_name();
+    let app = spawn_app_named(&name, "").await;
+    let id = app.issue_tokens("pi_rerun_take_over", 1).await.remove(0);
+    let path = format!("/v1/tokens/{id}/transfer");
+    let body = serde_json::to_vec(&json!({ "newOwner": OTHER_OWNER })).unwrap();
+    let ended = DateTime::from_millis(DateTime::now().timestamp_millis() - 1_000);
+    insert_unanswered_record(&app, "over", &path, &body, ended).await;
+    // The claim (the first findAndModify) finds the record; the take-over fails.
+    let failpoint = FailPoint::after_first(&name, &["findAndModify"], APPLIED_BUT_FAILED).await;
+    let failed = send_transfer(&app, &id, "over").await;
+    assert_problem(failed, 503, "database_unavailable").await;
+    assert_eq!(failpoint.off().await, 1, "the take-over failed");
+    assert_eq!(token_version(&app, &id).await, Some(0), "nothing ran");
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !key_records(&app, "admin").await.is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the unconfirmed take-over still holds the key"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    let retry = transfer_keyed(&app, &id, "over").await;
+    assert_eq!((retry.status, retry.replayed), (200, false));
+    assert_transferred_once(&app, &id, "run by the retry").await;
+}
+
 /// The commit applies but answers an error, so the first attempt answers 5xx: its
 /// answer committed with the action, and every retry — `If-Match: *` and an exact one
 /// alike, which a re-run would re-apply or refuse with 412 — gets it.
