@@ -218,8 +218,8 @@ impl Drop for FulfilmentWatch {
 pub(super) struct Waiters {
     config: WaitingConfig,
     registry: Mutex<Registry>,
-    /// How many wait (`Slot::begin_waiting`), sent under the registry's lock at each
-    /// change: the watcher opens its change stream only while this is above 0.
+    /// How many wait (`Slot::begin_waiting`): the watcher opens its change stream only
+    /// while this is above 0.
     waiting: watch::Sender<usize>,
 }
 
@@ -227,8 +227,6 @@ pub(super) struct Waiters {
 struct Registry {
     /// Places taken, by requests that wait or are about to (their first check runs).
     count: usize,
-    /// Of those, the requests waiting: their first check said pending.
-    waiting: usize,
     payments: HashMap<PaymentKey, Waitlist>,
     /// How many wait per client address; an address leaves with its last waiter, so
     /// this holds at most `max_waiters` entries.
@@ -338,9 +336,7 @@ struct Slot {
 impl Slot {
     /// Counts this slot among the waiting, which has the watcher open its change stream.
     fn begin_waiting(&mut self) {
-        let mut registry = self.waiters.registry();
-        registry.waiting += 1;
-        self.waiters.waiting.send_replace(registry.waiting);
+        self.waiters.waiting.send_modify(|waiting| *waiting += 1);
         self.waiting = true;
     }
 
@@ -360,8 +356,7 @@ impl Drop for Slot {
         let mut registry = self.waiters.registry();
         registry.count -= 1;
         if self.waiting {
-            registry.waiting -= 1;
-            self.waiters.waiting.send_replace(registry.waiting);
+            self.waiters.waiting.send_modify(|waiting| *waiting -= 1);
         }
         if let Some(from_client) = registry.addresses.get_mut(&self.client) {
             *from_client -= 1;

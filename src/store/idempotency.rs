@@ -252,16 +252,22 @@ impl Store {
     }
 
     /// Deletes the unanswered record `id` if `attempt` still holds it, waiting for the
-    /// majority at most `HELD_PATIENCE`: a release that cannot be confirmed leaves the
-    /// record to its lease rather than holding a connection.
+    /// majority at most `HELD_PATIENCE` (or the URI's `wtimeoutMS`, if shorter): a
+    /// release that cannot be confirmed leaves the record to its lease rather than
+    /// holding a connection.
     pub async fn release_idempotency_record(
         &self,
         id: ObjectId,
         attempt: ObjectId,
     ) -> Result<(), StoreError> {
+        let wtimeout = self
+            .db
+            .write_concern()
+            .and_then(|concern| concern.w_timeout)
+            .map_or(HELD_PATIENCE, |uri| uri.min(HELD_PATIENCE));
         self.idempotency_keys()
             .delete_one(held_by(id, attempt))
-            .write_concern(durable_writes(Some(HELD_PATIENCE)))
+            .write_concern(durable_writes(Some(wtimeout)))
             .await?;
         Ok(())
     }

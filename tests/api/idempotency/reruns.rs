@@ -49,6 +49,31 @@ async fn a_failed_answer_write_undoes_the_action_and_the_retry_runs_it_once() {
     assert_transferred_once(&app, &id, "run by the retry").await;
 }
 
+/// An unanswered record of `key` for [`send_transfer`]'s request on token `id`, held by
+/// another attempt whose lease ends `lease_ms` from now (in the past when negative).
+async fn insert_transfer_record(app: &TestApp, id: &str, key: &str, lease_ms: i64) {
+    let path = format!("/v1/tokens/{id}/transfer");
+    let body = serde_json::to_vec(&json!({ "newOwner": OTHER_OWNER })).unwrap();
+    let lease_until = DateTime::from_millis(DateTime::now().timestamp_millis() + lease_ms);
+    insert_unanswered_record(app, key, &path, &body, lease_until).await;
+}
+
+/// Waits (at most 5 s) until no record holds the admin key's keys, a failed attempt's
+/// having been taken back; then the transfer of `id` with `key` runs, once.
+async fn the_retry_runs_once_the_key_is_free(app: &TestApp, id: &str, key: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !key_records(app, "admin").await.is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the unconfirmed write still holds the key"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let retry = transfer_keyed(app, id, key).await;
+    assert_eq!((retry.status, retry.replayed), (200, false));
+    assert_transferred_once(app, id, "run by the retry").await;
+}
+
 /// The key's claim applies but answers a write concern error: the attempt answers 503
 /// and takes its unconfirmed claim back, so the key's retry runs the action at once
 /// instead of hearing 409 `request_in_progress` until the claim's lease ends.
@@ -63,18 +88,7 @@ async fn a_claim_that_applied_but_failed_is_taken_back_for_the_retry() {
     assert_problem(failed, 503, "database_unavailable").await;
     assert_eq!(failpoint.off().await, 1, "the claim failed");
     assert_eq!(token_version(&app, &id).await, Some(0), "nothing ran");
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while !key_records(&app, "admin").await.is_empty() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the unconfirmed claim still holds the key"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-
-    let retry = transfer_keyed(&app, &id, "claim").await;
-    assert_eq!((retry.status, retry.replayed), (200, false));
-    assert_transferred_once(&app, &id, "run by the retry").await;
+    the_retry_runs_once_the_key_is_free(&app, &id, "claim").await;
 }
 
 /// The claim of a key whose record another attempt holds (its lease running) answers a
@@ -85,10 +99,7 @@ async fn a_failed_claim_never_takes_back_another_attempts_record() {
     let name = unique_app_name();
     let app = spawn_app_named(&name, "").await;
     let id = app.issue_tokens("pi_rerun_claim_other", 1).await.remove(0);
-    let path = format!("/v1/tokens/{id}/transfer");
-    let body = serde_json::to_vec(&json!({ "newOwner": OTHER_OWNER })).unwrap();
-    let running = DateTime::from_millis(DateTime::now().timestamp_millis() + 60_000);
-    insert_unanswered_record(&app, "held", &path, &body, running).await;
+    insert_transfer_record(&app, &id, "held", 60_000).await;
     let holder = key_records(&app, "admin").await[0]
         .get_object_id("attempt")
         .unwrap();
@@ -111,28 +122,14 @@ async fn a_take_over_that_applied_but_failed_is_taken_back_for_the_retry() {
     let name = unique_app_name();
     let app = spawn_app_named(&name, "").await;
     let id = app.issue_tokens("pi_rerun_take_over", 1).await.remove(0);
-    let path = format!("/v1/tokens/{id}/transfer");
-    let body = serde_json::to_vec(&json!({ "newOwner": OTHER_OWNER })).unwrap();
-    let ended = DateTime::from_millis(DateTime::now().timestamp_millis() - 1_000);
-    insert_unanswered_record(&app, "over", &path, &body, ended).await;
+    insert_transfer_record(&app, &id, "over", -1_000).await;
     // The claim (the first findAndModify) finds the record; the take-over fails.
     let failpoint = FailPoint::after_first(&name, &["findAndModify"], APPLIED_BUT_FAILED).await;
     let failed = send_transfer(&app, &id, "over").await;
     assert_problem(failed, 503, "database_unavailable").await;
     assert_eq!(failpoint.off().await, 1, "the take-over failed");
     assert_eq!(token_version(&app, &id).await, Some(0), "nothing ran");
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while !key_records(&app, "admin").await.is_empty() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the unconfirmed take-over still holds the key"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-
-    let retry = transfer_keyed(&app, &id, "over").await;
-    assert_eq!((retry.status, retry.replayed), (200, false));
-    assert_transferred_once(&app, &id, "run by the retry").await;
+    the_retry_runs_once_the_key_is_free(&app, &id, "over").await;
 }
 
 /// The commit applies but answers an error, so the first attempt answers 5xx: its
