@@ -12,7 +12,7 @@ use mongodb::bson::{Document, RawArrayBuf, doc, oid::ObjectId, rawdoc};
 
 use super::documents::{IssuanceDoc, TokenSummary, token_summary_projection};
 use super::durability::{OpTime, pinned_command_writes};
-use super::error::{NOT_PRIMARY_CODES, StoreError, write_concern_unconfirmed};
+use super::error::{StoreError, unavailable_code, write_concern_unconfirmed};
 use super::filters::{issuances_filter, payments_tokens_filter};
 use super::payments::{PAYMENTS, PaymentDoc};
 use super::{ISSUANCES, Store, TOKENS, placeholder};
@@ -266,9 +266,10 @@ fn write_concern_failure(code: i32) -> StoreError {
     }
 }
 
-/// A write error's code as a store error: unavailability on a failover code, else a bug.
+/// A write error's code as a store error: unavailability on a failover or unreachable
+/// code, else a bug.
 fn code_error(code: i32) -> StoreError {
-    if NOT_PRIMARY_CODES.contains(&code) {
+    if unavailable_code(code) {
         StoreError::unavailable(format!("write failed with code {code}"))
     } else {
         StoreError::Internal(format!("write failed with code {code}"))

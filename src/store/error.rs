@@ -49,13 +49,21 @@ impl From<Error> for StoreError {
 }
 
 /// Server codes meaning "this node cannot take the write now" (failover, shutdown).
-pub(super) const NOT_PRIMARY_CODES: [i32; 8] = [91, 189, 10107, 11600, 11602, 13435, 13436, 262];
+const NOT_PRIMARY_CODES: [i32; 8] = [91, 189, 10107, 11600, 11602, 13435, 13436, 262];
 
 /// Server codes meaning "a node behind this one could not be reached" (HostUnreachable,
 /// HostNotFound, NetworkTimeout, SocketException, FailedToSatisfyReadPreference): what a
 /// router answers while a shard elects. The driver labels such errors retryable only on
 /// the commands it retries itself; a command written by hand is classified by code.
 const UNREACHABLE_CODES: [i32; 5] = [6, 7, 89, 9001, 133];
+
+/// True for a server code that means unavailability (`NOT_PRIMARY_CODES`,
+/// `UNREACHABLE_CODES`), wherever it comes: a command's error, a write error of one
+/// statement, a write concern error. Written once, because a code classed as a bug in one
+/// of those places turns a failover into a 500 with the write perhaps applied.
+pub(super) fn unavailable_code(code: i32) -> bool {
+    NOT_PRIMARY_CODES.contains(&code) || UNREACHABLE_CODES.contains(&code)
+}
 
 /// True when the error means MongoDB is (perhaps briefly) unreachable or electing.
 pub fn is_unavailable(err: &Error) -> bool {
@@ -64,9 +72,7 @@ pub fn is_unavailable(err: &Error) -> bool {
         | ErrorKind::Io(_)
         | ErrorKind::ConnectionPoolCleared { .. }
         | ErrorKind::Shutdown => true,
-        ErrorKind::Command(cmd) => {
-            NOT_PRIMARY_CODES.contains(&cmd.code) || UNREACHABLE_CODES.contains(&cmd.code)
-        }
+        ErrorKind::Command(cmd) => unavailable_code(cmd.code),
         ErrorKind::Write(WriteFailure::WriteConcernError(wce))
         | ErrorKind::InsertMany(InsertManyError {
             write_errors: None,
@@ -78,14 +84,14 @@ pub fn is_unavailable(err: &Error) -> bool {
 }
 
 /// True when a write concern error means "written, but not confirmed durable": the node
-/// stepped down (a failover code), or the majority did not confirm in time (`maxTimeMS`
-/// 50, the URI's `wtimeoutMS` 64). Nothing of such a write may be acknowledged, and the
+/// stepped down, or a router could not reach the shard (`unavailable_code`), or the
+/// majority did not confirm in time (`maxTimeMS` 50, the URI's `wtimeoutMS` 64). Nothing of such a write may be acknowledged, and the
 /// client retries: every write is idempotent, so the retry answers from what the
 /// majority then has. Any other write concern error (an unknown `w` mode, say) is a
 /// deployment's misconfiguration, which retrying does not cure.
 pub(super) fn write_concern_unconfirmed(code: i32) -> bool {
     const NOT_CONFIRMED_IN_TIME: [i32; 2] = [50, 64];
-    NOT_PRIMARY_CODES.contains(&code) || NOT_CONFIRMED_IN_TIME.contains(&code)
+    unavailable_code(code) || NOT_CONFIRMED_IN_TIME.contains(&code)
 }
 
 /// How long the server may wait on a document another transaction holds before a write
@@ -165,5 +171,16 @@ mod tests {
         let msg = "E11000 duplicate key error collection: db.tokens index: uniq_token_payment_index dup key: { origin.provider: \"s\" }";
         assert_eq!(index_in_message(msg).as_deref(), Some(TOKENS_PAYMENT_INDEX));
         assert_eq!(index_in_message("E11000 duplicate key"), None);
+    }
+
+    #[test]
+    fn a_write_concern_error_is_unconfirmed_for_every_unavailable_code_and_a_timeout_only() {
+        for code in NOT_PRIMARY_CODES.into_iter().chain(UNREACHABLE_CODES) {
+            assert!(write_concern_unconfirmed(code), "code {code}");
+        }
+        assert!(write_concern_unconfirmed(50) && write_concern_unconfirmed(64));
+        // UnknownReplWriteConcern, UnsatisfiableWriteConcern: a deployment's mistake,
+        // which a retry does not cure.
+        assert!(!write_concern_unconfirmed(79) && !write_concern_unconfirmed(100));
     }
 }

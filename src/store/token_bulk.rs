@@ -12,8 +12,7 @@ use mongodb::bson::{Bson, DateTime, Document, RawArrayBuf, RawDocumentBuf, oid::
 
 use super::documents::new_token;
 use super::error::{
-    NOT_PRIMARY_CODES, StoreError, TOKENS_PAYMENT_INDEX, index_in_message,
-    write_concern_unconfirmed,
+    StoreError, TOKENS_PAYMENT_INDEX, index_in_message, unavailable_code, write_concern_unconfirmed,
 };
 use super::filters::token_filter;
 use super::{Store, TOKENS};
@@ -146,7 +145,7 @@ pub fn first_failure(reply: &Document) -> Option<BulkFailure> {
         let race =
             code == 11000 && index_in_message(message).as_deref() == Some(TOKENS_PAYMENT_INDEX);
         if !race {
-            return Some(not_primary_or_other(
+            return Some(unavailable_or_other(
                 code,
                 format!("token upsert failed (code {code})"),
             ));
@@ -156,10 +155,11 @@ pub fn first_failure(reply: &Document) -> Option<BulkFailure> {
     failure
 }
 
-/// A failover code (the node stepped down or is shutting down) is unavailability; the
-/// statements are not acknowledged and the client's retry converges. Anything else is a bug.
-fn not_primary_or_other(code: i64, message: String) -> BulkFailure {
-    if i32::try_from(code).is_ok_and(|code| NOT_PRIMARY_CODES.contains(&code)) {
+/// A failover or unreachable code (the node stepped down, or a router lost the shard) is
+/// unavailability; the statements are not acknowledged and the client's retry converges.
+/// Anything else is a bug.
+fn unavailable_or_other(code: i64, message: String) -> BulkFailure {
+    if i32::try_from(code).is_ok_and(unavailable_code) {
         BulkFailure::Unavailable(message)
     } else {
         BulkFailure::Other(message)

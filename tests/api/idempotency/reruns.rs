@@ -74,21 +74,31 @@ async fn the_retry_runs_once_the_key_is_free(app: &TestApp, id: &str, key: &str)
     assert_transferred_once(app, id, "run by the retry").await;
 }
 
-/// The key's claim applies but answers a write concern error: the attempt answers 503
-/// and takes its unconfirmed claim back, so the key's retry runs the action at once
-/// instead of hearing 409 `request_in_progress` until the claim's lease ends.
+/// The key's claim applies but answers a write concern error (the majority's timeout, or
+/// a router that lost the shard's answer): the attempt answers 503 and takes its
+/// unconfirmed claim back, so the key's retry runs the action at once instead of hearing
+/// 409 `request_in_progress` until the claim's lease ends.
 #[tokio::test]
 async fn a_claim_that_applied_but_failed_is_taken_back_for_the_retry() {
-    let name = unique_app_name();
-    let app = spawn_app_named(&name, "").await;
-    let id = app.issue_tokens("pi_rerun_claim", 1).await.remove(0);
-    // The claim is the flow's first findAndModify (the token's write is the second).
-    let failpoint = FailPoint::set(&name, &["findAndModify"], APPLIED_BUT_FAILED, 1).await;
-    let failed = send_transfer(&app, &id, "claim").await;
-    assert_problem(failed, 503, "database_unavailable").await;
-    assert_eq!(failpoint.off().await, 1, "the claim failed");
-    assert_eq!(token_version(&app, &id).await, Some(0), "nothing ran");
-    the_retry_runs_once_the_key_is_free(&app, &id, "claim").await;
+    // 64: WriteConcernFailed (wtimeout), once. 89: NetworkTimeout, from a router, which
+    // the driver retries itself (a retryable write's error label), so on both sends.
+    for (code, times) in [(64, 1), (89, 2)] {
+        let name = unique_app_name();
+        let app = spawn_app_named(&name, "").await;
+        let id = app.issue_tokens("pi_rerun_claim", 1).await.remove(0);
+        // The claim is the flow's first findAndModify (the token's write is the second).
+        let fault = Fault::WriteConcernError { code };
+        let failpoint = FailPoint::set(&name, &["findAndModify"], fault, times).await;
+        let failed = send_transfer(&app, &id, "claim").await;
+        assert_problem(failed, 503, "database_unavailable").await;
+        assert_eq!(
+            failpoint.off().await,
+            times,
+            "the claim failed, code {code}"
+        );
+        assert_eq!(token_version(&app, &id).await, Some(0), "nothing ran");
+        the_retry_runs_once_the_key_is_free(&app, &id, "claim").await;
+    }
 }
 
 /// The claim of a key whose record another attempt holds (its lease running) answers a
