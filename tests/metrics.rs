@@ -358,6 +358,15 @@ async fn with_a_metrics_listener_the_public_port_serves_no_metrics() {
         Some(1.0),
         "batch sizes in buckets:\n{text}"
     );
+    // The issuance's wait for a writer, by its mode, in the latency buckets.
+    assert_eq!(
+        bucket(
+            &format!("{}_bucket", metric::ISSUANCE_QUEUE_WAIT_SECONDS),
+            "mode=\"upsert\",le=\"60\""
+        ),
+        Some(1.0),
+        "queue waits in buckets:\n{text}"
+    );
     assert_eq!(
         bucket(
             &format!("{}_bucket", metric::WEBHOOK_PROCESSING_DURATION_SECONDS),

@@ -107,6 +107,8 @@ struct Queued {
     answer: Answer,
     /// The request's span, which the batch's span links to.
     span: tracing::Span,
+    /// When it was queued, for `ISSUANCE_QUEUE_WAIT_SECONDS`.
+    queued_at: Instant,
 }
 
 /// Group commit's writer tasks and the queues into them, one per mode. The application
@@ -171,6 +173,7 @@ impl Committer {
                 request,
                 answer,
                 span: tracing::Span::current(),
+                queued_at: Instant::now(),
             })
             .await
             .map_err(|_| gone())?;
@@ -253,7 +256,7 @@ fn start_writers(
     for _ in 0..WRITERS {
         let (issuer, receiver) = (issuer.clone(), receiver.clone());
         writers.push(tokio::spawn(async move {
-            while let Some(batch) = next_batch(&receiver).await {
+            while let Some(batch) = next_batch(&receiver, mode).await {
                 // The batch's own span, its MongoDB commands inside it; it belongs to
                 // no one request's trace, and links to each.
                 let span = tracing::info_span!("batch", mode = mode.as_str(), size = batch.len());
@@ -272,7 +275,10 @@ fn start_writers(
 }
 
 /// Waits for one request, then takes whatever else has queued, within the bounds.
-async fn next_batch(receiver: &AsyncMutex<mpsc::Receiver<Queued>>) -> Option<Vec<Queued>> {
+async fn next_batch(
+    receiver: &AsyncMutex<mpsc::Receiver<Queued>>,
+    mode: IssuanceMode,
+) -> Option<Vec<Queued>> {
     let mut receiver = receiver.lock().await;
     let first = receiver.recv().await?;
     let mut tokens = u64::from(first.request.params.quantity.get());
@@ -285,6 +291,11 @@ async fn next_batch(receiver: &AsyncMutex<mpsc::Receiver<Queued>>) -> Option<Vec
         batch.push(next);
     }
     metrics::histogram!(metric::ISSUANCE_BATCH_SIZE).record(batch.len() as f64);
+    let waited = metrics::histogram!(metric::ISSUANCE_QUEUE_WAIT_SECONDS, "mode" => mode.as_str());
+    let taken_at = Instant::now();
+    for queued in &batch {
+        waited.record(taken_at.duration_since(queued.queued_at).as_secs_f64());
+    }
     Some(batch)
 }
 

@@ -26,6 +26,10 @@ pub const REPAIRS_TOTAL: &str = "tokenmint_repairs_total";
 pub const ISSUANCE_WAITERS: &str = "tokenmint_issuance_waiters";
 /// Issuances committed together by one group commit (either mode).
 pub const ISSUANCE_BATCH_SIZE: &str = "tokenmint_issuance_batch_size";
+/// Time an issuance waited in its mode's queue for a writer task to take it into a
+/// batch, by `mode`: near zero while a writer is free; when both are busy, up to a
+/// batch's commit. The part of a request's latency that group commit adds.
+pub const ISSUANCE_QUEUE_WAIT_SECONDS: &str = "tokenmint_issuance_queue_wait_seconds";
 /// Redemptions that shared one transaction attempt (see `BATCH_SIZE_BUCKETS`).
 pub const REDEMPTION_BATCH_SIZE: &str = "tokenmint_redemption_batch_size";
 /// Upsert-mode batches whose mark came from another term than their token insert (an
@@ -128,6 +132,11 @@ pub(super) fn describe() {
     describe_histogram!(
         ISSUANCE_BATCH_SIZE,
         "Issuances committed together by one group commit (either mode)"
+    );
+    describe_histogram!(
+        ISSUANCE_QUEUE_WAIT_SECONDS,
+        Unit::Seconds,
+        "Time an issuance waited for a batch writer, by mode (upsert, atomic)"
     );
     describe_histogram!(
         REDEMPTION_BATCH_SIZE,
