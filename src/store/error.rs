@@ -54,7 +54,10 @@ const NOT_PRIMARY_CODES: [i32; 8] = [91, 189, 10107, 11600, 11602, 13435, 13436,
 /// Server codes meaning "a node behind this one could not be reached" (HostUnreachable,
 /// HostNotFound, NetworkTimeout, SocketException, FailedToSatisfyReadPreference): what a
 /// router answers while a shard elects. The driver labels such errors retryable only on
-/// the commands it retries itself; a command written by hand is classified by code.
+/// the commands it retries itself; a command written by hand is classified by code. A
+/// lasting cause (a shard host missing from DNS) then answers 503 for as long as it
+/// lasts, logged as unavailability: the write's outcome is unknown, so a 500 would be no
+/// truer, and a retry is safe.
 const UNREACHABLE_CODES: [i32; 5] = [6, 7, 89, 9001, 133];
 
 /// True for a server code that means unavailability (`NOT_PRIMARY_CODES`,

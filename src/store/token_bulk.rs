@@ -29,8 +29,8 @@ pub struct BulkResult {
 pub enum BulkFailure {
     /// Two writers raced to insert the same token; retrying converges.
     TokenRace,
-    /// The primary stepped down or shut down mid-bulk (failover), or the majority did not
-    /// confirm the write in time: a 503, not a bug.
+    /// The primary stepped down or shut down mid-bulk (failover), a router could not reach
+    /// the shard, or the majority did not confirm the write in time: a 503, not a bug.
     Unavailable(String),
     Other(String),
 }
@@ -181,11 +181,17 @@ mod tests {
             first_failure(&stepdown),
             Some(BulkFailure::Unavailable(_))
         ));
-        let not_primary = doc! { "ok": 1, "writeErrors": [ { "index": 0, "code": 10107, "errmsg": "not primary" } ] };
-        assert!(matches!(
-            first_failure(&not_primary),
-            Some(BulkFailure::Unavailable(_))
-        ));
+        for code in [10107, 89, 133] {
+            let unavailable =
+                doc! { "ok": 1, "writeErrors": [ { "index": 0, "code": code, "errmsg": "" } ] };
+            assert!(
+                matches!(
+                    first_failure(&unavailable),
+                    Some(BulkFailure::Unavailable(_))
+                ),
+                "{code}"
+            );
+        }
         let other =
             doc! { "ok": 1, "writeErrors": [ { "index": 0, "code": 2, "errmsg": "bad value" } ] };
         assert!(matches!(first_failure(&other), Some(BulkFailure::Other(_))));

@@ -250,15 +250,23 @@ mod tests {
                 { "index": 2, "code": 11000, "errmsg": "E11000 duplicate key error index: _id_ dup key: {}" },
                 { "index": 3, "code": 10107, "errmsg": "not primary" },
                 { "index": 4, "code": 2, "errmsg": "bad value" },
+                { "index": 5, "code": 89, "errmsg": "a router's network timeout" },
             ] }),
-            5,
+            6,
         );
         let Ok(results) = results else {
             panic!("per record")
         };
         assert_eq!(
             kinds(results),
-            ["inserted", "exists", "inserted", "unavailable", "failed"]
+            [
+                "inserted",
+                "exists",
+                "inserted",
+                "unavailable",
+                "failed",
+                "unavailable"
+            ]
         );
     }
 
