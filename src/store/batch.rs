@@ -13,7 +13,7 @@ use mongodb::bson::{Document, RawArrayBuf, doc, oid::ObjectId, rawdoc};
 use super::documents::{IssuanceDoc, TokenSummary, token_summary_projection};
 use super::durability::{OpTime, pinned_command_writes};
 use super::error::{StoreError, unavailable_code, write_concern_unconfirmed};
-use super::filters::{issuances_filter, payments_tokens_filter};
+use super::filters::{TOKEN_KEY_FIELDS, issuances_filter, payments_tokens_filter};
 use super::payments::{PAYMENTS, PaymentDoc};
 use super::{ISSUANCES, Store, TOKENS, placeholder};
 use crate::domain::{IssuanceStatus, PaymentKey, TokenStatus};
@@ -233,11 +233,7 @@ impl Store {
             return Ok(sets);
         }
         let mut projection = token_summary_projection();
-        for field in [
-            "origin.provider",
-            "origin.accountId",
-            "origin.paymentIntentId",
-        ] {
+        for field in TOKEN_KEY_FIELDS {
             projection.insert(field, 1);
         }
         let mut rows = self
@@ -248,7 +244,7 @@ impl Store {
             .sort(doc! { "tokenIndex": 1 })
             .await?;
         // The keys asked for, by payment id, so that a row finds its key without parsing
-        // it again (the filter returns only their tokens).
+        // it again.
         let mut by_payment: HashMap<&str, Vec<&PaymentKey>> = HashMap::new();
         for key in keys {
             by_payment
@@ -258,28 +254,32 @@ impl Store {
         }
         while let Some(row) = rows.try_next().await? {
             let origin = &row.origin;
-            let asked = by_payment
-                .get(origin.payment_intent_id.as_str())
-                .and_then(|candidates| {
-                    candidates.iter().find(|key| {
-                        key.provider.as_str() == origin.provider
-                            && key.account_id.as_str() == origin.account_id
+            // The filter selects only the keys asked for, so every row finds its own.
+            let Some(key) =
+                by_payment
+                    .get(origin.payment_intent_id.as_str())
+                    .and_then(|candidates| {
+                        candidates.iter().find(|key| {
+                            key.provider.as_str() == origin.provider
+                                && key.account_id.as_str() == origin.account_id
+                        })
                     })
-                });
-            let key = match asked {
-                Some(key) => (*key).clone(),
-                None => super::documents::stored_key(
-                    &origin.provider,
-                    &origin.account_id,
-                    &origin.payment_intent_id,
-                )?,
+            else {
+                continue;
             };
-            sets.entry(key).or_default().push(TokenSummary {
+            let summary = TokenSummary {
                 id: row.id,
                 token_index: row.token_index,
                 status: row.status,
                 version: row.version,
-            });
+            };
+            // The key is cloned once per payment, not once per token.
+            match sets.get_mut(*key) {
+                Some(set) => set.push(summary),
+                None => {
+                    sets.insert((*key).clone(), vec![summary]);
+                }
+            }
         }
         Ok(sets)
     }

@@ -8,7 +8,7 @@ use crate::domain::PaymentKey;
 
 /// The payment key's fields (`RECORD_KEY_FIELDS`) as a token stores them, under `origin`
 /// (a prefix of its unique index).
-const TOKEN_KEY_FIELDS: [&str; 3] = [
+pub(super) const TOKEN_KEY_FIELDS: [&str; 3] = [
     "origin.provider",
     "origin.accountId",
     "origin.paymentIntentId",

@@ -74,6 +74,22 @@ async fn the_retry_runs_once_the_key_is_free(app: &TestApp, id: &str, key: &str)
     assert_transferred_once(app, id, "run by the retry").await;
 }
 
+/// Sends the keyed transfer while `failpoint` is armed: it answers 503, the failpoint
+/// was entered `times` times (`what` names the write), and the token is untouched.
+async fn a_failed_transfer_ran_nothing(
+    app: &TestApp,
+    id: &str,
+    key: &str,
+    failpoint: FailPoint,
+    times: i64,
+    what: &str,
+) {
+    let failed = send_transfer(app, id, key).await;
+    assert_problem(failed, 503, "database_unavailable").await;
+    assert_eq!(failpoint.off().await, times, "{what} failed");
+    assert_eq!(token_version(app, id).await, Some(0), "nothing ran");
+}
+
 /// The key's claim applies but answers a write concern error (the majority's timeout, or
 /// a router that lost the shard's answer): the attempt answers 503 and takes its
 /// unconfirmed claim back, so the key's retry runs the action at once instead of hearing
@@ -89,14 +105,8 @@ async fn a_claim_that_applied_but_failed_is_taken_back_for_the_retry() {
         // The claim is the flow's first findAndModify (the token's write is the second).
         let fault = Fault::WriteConcernError { code };
         let failpoint = FailPoint::set(&name, &["findAndModify"], fault, times).await;
-        let failed = send_transfer(&app, &id, "claim").await;
-        assert_problem(failed, 503, "database_unavailable").await;
-        assert_eq!(
-            failpoint.off().await,
-            times,
-            "the claim failed, code {code}"
-        );
-        assert_eq!(token_version(&app, &id).await, Some(0), "nothing ran");
+        let what = format!("the claim, code {code},");
+        a_failed_transfer_ran_nothing(&app, &id, "claim", failpoint, times, &what).await;
         the_retry_runs_once_the_key_is_free(&app, &id, "claim").await;
     }
 }
@@ -114,14 +124,11 @@ async fn a_failed_claim_never_takes_back_another_attempts_record() {
         .get_object_id("attempt")
         .unwrap();
     let failpoint = FailPoint::set(&name, &["findAndModify"], APPLIED_BUT_FAILED, 1).await;
-    let failed = send_transfer(&app, &id, "held").await;
-    assert_problem(failed, 503, "database_unavailable").await;
-    assert_eq!(failpoint.off().await, 1, "the claim failed");
+    a_failed_transfer_ran_nothing(&app, &id, "held", failpoint, 1, "the claim").await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let records = key_records(&app, "admin").await;
     assert_eq!(records.len(), 1, "{records:?}");
     assert_eq!(records[0].get_object_id("attempt").unwrap(), holder);
-    assert_eq!(token_version(&app, &id).await, Some(0), "nothing ran");
 }
 
 /// A take-over of a key whose holder's lease ended applies but answers a write concern
@@ -135,10 +142,7 @@ async fn a_take_over_that_applied_but_failed_is_taken_back_for_the_retry() {
     insert_transfer_record(&app, &id, "over", -1_000).await;
     // The claim (the first findAndModify) finds the record; the take-over fails.
     let failpoint = FailPoint::after_first(&name, &["findAndModify"], APPLIED_BUT_FAILED).await;
-    let failed = send_transfer(&app, &id, "over").await;
-    assert_problem(failed, 503, "database_unavailable").await;
-    assert_eq!(failpoint.off().await, 1, "the take-over failed");
-    assert_eq!(token_version(&app, &id).await, Some(0), "nothing ran");
+    a_failed_transfer_ran_nothing(&app, &id, "over", failpoint, 1, "the take-over").await;
     the_retry_runs_once_the_key_is_free(&app, &id, "over").await;
 }
 
