@@ -60,6 +60,7 @@ impl Issuer {
         provider: &str,
         event: &ParsedEvent,
     ) -> Result<Processed, StoreError> {
+        self.writes.count();
         if self
             .store
             .webhook_event_seen(provider, event.event_id())

@@ -36,6 +36,7 @@ impl Issuer {
         caller: Caller,
         request: &NewIssuance,
     ) -> Result<IssueOutcome, IssueError> {
+        self.writes.count();
         match caller {
             Caller::Trusted => self.issue_authorised(request).await,
             Caller::Checkout => self

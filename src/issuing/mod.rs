@@ -23,6 +23,7 @@ mod batch;
 mod events;
 mod idempotency;
 mod issue;
+mod oplog_waiter;
 mod redemptions;
 mod repair;
 mod standing;
@@ -35,6 +36,7 @@ use std::time::Duration;
 
 pub use events::Processed;
 pub use idempotency::{Answer, Attempt, Begun, Finality, IdempotentRequest, Keyed};
+pub use oplog_waiter::OplogWaiter;
 pub use redemptions::{Redeemed, RedemptionError, RedemptionOutcome};
 pub use repair::{RepairReport, spawn_repair};
 pub use standing::{Settlement, entitlement};
@@ -133,6 +135,8 @@ pub struct Issuer {
     spender: Arc<OnceLock<redemptions::batch::Spender>>,
     /// Checkouts waiting for their payment's event (`Prefer: wait`), by payment.
     waiters: Arc<waiting::Waiters>,
+    /// Requests that write, counted: the load `hold_oplog_waiter` goes by.
+    writes: Arc<oplog_waiter::Writes>,
 }
 
 impl Issuer {
@@ -143,6 +147,7 @@ impl Issuer {
             committer: Arc::new(OnceLock::new()),
             spender: Arc::new(OnceLock::new()),
             waiters: Arc::new(waiting::Waiters::new(WaitingConfig::default())),
+            writes: Arc::default(),
         }
     }
 

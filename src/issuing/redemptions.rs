@@ -94,6 +94,7 @@ impl Issuer {
         visible: impl Fn(&TokenDoc) -> bool,
         keyed: Option<Keyed<'_, Redeemed>>,
     ) -> Result<RedemptionOutcome, RedemptionError> {
+        self.writes.count();
         let started = Instant::now();
         let spendable = spendable(request, grants);
         let stored = keyed

@@ -12,6 +12,7 @@ mod keys;
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::num::NonZeroU32;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -24,7 +25,8 @@ use crate::domain::Provider;
 use crate::embedded::EmbeddedMongo;
 use crate::http::{AppState, metrics_router, router};
 use crate::issuing::{
-    FulfilmentWatch, IdempotencyConfig, Issuer, IssuingConfig, WaitingConfig, spawn_repair,
+    FulfilmentWatch, IdempotencyConfig, Issuer, IssuingConfig, OplogWaiter, WaitingConfig,
+    spawn_repair,
 };
 use crate::server::{Limits, ShuttingDown};
 use crate::settings::Settings;
@@ -35,6 +37,9 @@ pub use keys::{DEV_KEY_FILE, dev_key_path, read_dev_key};
 
 /// How often the background probe pings MongoDB for `tokenmint_mongodb_up`.
 const DATABASE_PROBE_EVERY: Duration = Duration::from_secs(2);
+/// The smallest `mongo.max_pool_size` the oplog waiter is held with: it keeps one
+/// connection for itself, a `Prefer: wait` stream another.
+const MIN_POOL_FOR_OPLOG_WAITER: u32 = 4;
 
 /// A connected, migrated, bound application, ready to serve.
 pub struct Application {
@@ -50,6 +55,9 @@ pub struct Application {
     /// Wakes this instance's waiting checkouts; stopped (every waiter answered) as soon
     /// as shutdown begins. `None` on a standalone mongod, which has no change streams.
     fulfilments: Option<FulfilmentWatch>,
+    /// Held until the server has stopped; `None` when `mongo.oplog_waiter_below_per_second`
+    /// is 0 or on a standalone mongod.
+    oplog_waiter: Option<OplogWaiter>,
     /// Its group-commit writers are stopped once the server has stopped.
     issuer: Issuer,
 }
@@ -183,6 +191,14 @@ impl Application {
             });
             None
         };
+        // Its own check of the deployment's members is the one that matters; a standalone
+        // has no oplog to wait on. Its `getMore` keeps one pooled connection busy nearly
+        // all the time: in a pool smaller than `MIN_POOL_FOR_OPLOG_WAITER` requests would
+        // queue behind it for up to a second.
+        let oplog_waiter = NonZeroU32::new(settings.mongo.oplog_waiter_below_per_second)
+            .filter(|_| fulfilments.is_some())
+            .filter(|_| settings.mongo.max_pool_size >= MIN_POOL_FOR_OPLOG_WAITER)
+            .map(|below| issuer.hold_oplog_waiter(below));
         if settings.repair.enabled {
             let repair = &settings.repair;
             spawn_repair(
@@ -211,6 +227,7 @@ impl Application {
             },
             shutting_down,
             fulfilments,
+            oplog_waiter,
             issuer,
         })
     }
@@ -256,6 +273,7 @@ impl Application {
             limits,
             shutting_down,
             fulfilments,
+            oplog_waiter,
             issuer,
         } = self;
         let (stopping_tx, stopping_rx) = tokio::sync::oneshot::channel::<()>();
@@ -301,6 +319,8 @@ impl Application {
         // Before the store closes: the batches the last requests queued still need it.
         // They get as long as the requests did.
         issuer.stop_writers(grace).await;
+        // The store's shutdown waits for every open cursor to be dropped, the waiter's too.
+        drop(oplog_waiter);
         store.shutdown().await;
         if let Some(embedded) = embedded {
             embedded.stop().await;

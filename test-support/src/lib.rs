@@ -7,6 +7,7 @@
 //! - [`app`]: the service in-process on port 0, one randomly named database per test;
 //! - [`service`]: the real `tokenmint` binary as a child process, for tests that kill it;
 //! - [`failpoint`]: MongoDB failing one command at the step a test chooses;
+//! - [`change_streams`]: the change streams an app holds open, as mongod lists them;
 //! - [`answers`]: reading and asserting HTTP answers and the tokens stored behind them;
 //! - [`shard_keys`]: the shard keys, and the check every test app makes of its writes.
 //!
@@ -14,6 +15,7 @@
 
 pub mod answers;
 pub mod app;
+pub mod change_streams;
 pub mod failpoint;
 pub mod mongod;
 pub mod service;
@@ -21,6 +23,7 @@ pub mod shard_keys;
 
 pub use answers::*;
 pub use app::*;
+pub use change_streams::*;
 pub use failpoint::*;
 pub use mongod::*;
 pub use service::*;

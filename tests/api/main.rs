@@ -22,6 +22,7 @@ mod lifecycles;
 mod migrations;
 mod migrations_load;
 mod money;
+mod oplog_waiter;
 mod ops;
 mod paddle;
 mod prefer_wait;

@@ -1,0 +1,83 @@
+//! The oplog waiter: on a replica set of one member (the test mongod is one), a quiet
+//! instance keeps a change stream open on `oplog_waiter`, a collection nothing writes, so
+//! that mongod confirms majority writes at once; under load it closes it, and opens it
+//! again once the load has passed.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use mongodb::bson::doc;
+
+use crate::helpers::*;
+
+const WAITER: &str = "oplog_waiter";
+
+#[tokio::test]
+async fn an_idle_instance_keeps_a_cursor_waiting_on_the_oplog_and_writes_nothing() {
+    let app = spawn_app().await;
+    until_change_streams(&app, WAITER, 1, Duration::from_secs(5)).await;
+    // Issuing goes on as before, and the waiter's collection is never created.
+    let tokens = app.issue_tokens("pi_waiter_idle", 2).await;
+    assert_eq!(tokens.len(), 2);
+    assert_eq!(app.count("tokens", doc! {}).await, 2);
+    let collections = app.db.list_collection_names().await.unwrap();
+    assert!(
+        !collections.iter().any(|name| name == WAITER),
+        "{collections:?}"
+    );
+}
+
+/// Bound 0 turns it off; a pool of 3 connections is too small to give one to it.
+#[tokio::test]
+async fn with_no_bound_or_a_small_pool_no_waiter_is_opened() {
+    let off = spawn_app_with("[mongo]\noplog_waiter_below_per_second = 0\n").await;
+    let small = spawn_app_with("[mongo]\nmax_pool_size = 3\n").await;
+    let roomy = spawn_app_with("[mongo]\nmax_pool_size = 4\n").await;
+    until_change_streams(&roomy, WAITER, 1, Duration::from_secs(5)).await;
+    for (app, what) in [
+        (&off, "a waiter with bound 0"),
+        (&small, "a waiter in a pool of 3"),
+    ] {
+        no_change_stream_during(app, WAITER, Duration::from_secs(1), what).await;
+    }
+}
+
+/// Bound 20 a second: four clients issuing one after another go well above it, so the
+/// waiter closes while they run and opens again once they stop.
+#[tokio::test]
+async fn under_load_the_waiter_is_closed_and_it_comes_back_once_quiet() {
+    let app = Arc::new(spawn_app_with("[mongo]\noplog_waiter_below_per_second = 20\n").await);
+    until_change_streams(&app, WAITER, 1, Duration::from_secs(5)).await;
+
+    let running = Arc::new(AtomicBool::new(true));
+    let clients: Vec<_> = (0..4)
+        .map(|client| {
+            let (app, running) = (app.clone(), running.clone());
+            tokio::spawn(async move {
+                let mut issued = 0;
+                while running.load(Ordering::Relaxed) {
+                    let payment = format!("pi_waiter_{client}_{issued}");
+                    let answer = app.issue(WRITER_KEY, &issuance_body(&payment, 1)).await;
+                    assert_eq!(answer.status(), 201, "{payment}");
+                    issued += 1;
+                }
+                issued
+            })
+        })
+        .collect();
+    until_change_streams(&app, WAITER, 0, Duration::from_secs(10)).await;
+    running.store(false, Ordering::Relaxed);
+    let mut issued = 0;
+    for client in clients {
+        issued += client.await.unwrap();
+    }
+    // Every answer was a token written: the load was real, and nothing was lost to it.
+    assert_eq!(app.count("tokens", doc! {}).await, issued);
+    assert_eq!(
+        app.count("issuances", doc! { "status": "issued" }).await,
+        issued
+    );
+
+    until_change_streams(&app, WAITER, 1, Duration::from_secs(5)).await;
+}
