@@ -36,7 +36,8 @@ impl Issuer {
         caller: Caller,
         request: &NewIssuance,
     ) -> Result<IssueOutcome, IssueError> {
-        self.writes.count();
+        // Its record, pending or not; `issue_authorised` counts the tokens.
+        self.writes.count(1);
         match caller {
             Caller::Trusted => self.issue_authorised(request).await,
             Caller::Checkout => self
@@ -155,6 +156,7 @@ impl Issuer {
         &self,
         request: &NewIssuance,
     ) -> Result<IssueOutcome, IssueError> {
+        self.writes.count(u64::from(request.params.quantity.get()));
         self.committer().submit(request.clone()).await
     }
 

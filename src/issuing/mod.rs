@@ -135,7 +135,7 @@ pub struct Issuer {
     spender: Arc<OnceLock<redemptions::batch::Spender>>,
     /// Checkouts waiting for their payment's event (`Prefer: wait`), by payment.
     waiters: Arc<waiting::Waiters>,
-    /// Requests that write, counted: the load `hold_oplog_waiter` goes by.
+    /// Documents written, counted: the load `hold_oplog_waiter` goes by.
     writes: Arc<oplog_waiter::Writes>,
 }
 

@@ -9,13 +9,15 @@
 //! issuance (its mark), redemption (its commit) and token action pays the tick: at one
 //! request at a time, a quarter of the request's time (docs/BENCHMARKS.md).
 //!
-//! So while the instance takes fewer requests that write (issuances, redemptions, token
-//! actions, provider events) a second than the bound (`mongo.oplog_waiter_below_per_second`),
-//! it holds a change stream that reports nothing (`Store::wait_on_oplog`). The stream
-//! costs mongod a read of every oplog entry, which under load costs more than the tick
-//! saves (at 32 requests at a time, 3.5 and 6.4 % of the issuance rate in two runs), so at
-//! the bound it is closed, and opened again only below half of it: a load hovering at the
-//! bound does not open and close it every second. The load is sampled once a second;
+//! So while the instance writes fewer documents a second than the bound
+//! (`mongo.oplog_waiter_below_per_second`), it holds a change stream that reports nothing
+//! (`Store::wait_on_oplog`). The stream costs mongod a read of every oplog entry, one per
+//! document written, which under load costs more than the tick saves: at 32 issuances of
+//! 4 tokens at a time (about 12,000 documents a second) 3.5 and 6.4 % of the issuance
+//! rate in two runs, at 16 issuances of 100 tokens (about 30,000) 11 and 14 %. So the
+//! load is counted in documents, not requests; at the bound the stream is closed, and
+//! opened again only below half of it: a load hovering at the bound does not open and
+//! close it every second. The load is sampled once a second;
 //! nothing here is on a request's path. Each instance counts its own load: several
 //! instances on one member each hold a stream, and together may pass the bound unseen.
 
@@ -38,16 +40,17 @@ const REOPEN_DELAY: Duration = Duration::from_secs(1);
 /// again: a set grows or shrinks by a reconfiguration, rarely.
 const RECHECK_MEMBERS: Duration = Duration::from_secs(60);
 
-/// The requests that write (issuances, redemptions, token actions, provider events) this
-/// instance has taken since it started: their count over a second is the load the waiter
-/// is held or closed by.
+/// The documents this instance's requests may write, counted since it started as each
+/// request arrives (an issuance its record and tokens, a redemption its record and the
+/// tokens it spends, a token action one, a provider event its record and the payment's):
+/// their count over a second is the load the waiter is held or closed by.
 #[derive(Debug, Default)]
 pub(super) struct Writes(AtomicU64);
 
 impl Writes {
-    /// Counts one request that writes.
-    pub(super) fn count(&self) {
-        self.0.fetch_add(1, Ordering::Relaxed);
+    /// Counts a request that may write `documents`.
+    pub(super) fn count(&self, documents: u64) {
+        self.0.fetch_add(documents, Ordering::Relaxed);
     }
 
     fn total(&self) -> u64 {
@@ -56,7 +59,7 @@ impl Writes {
 }
 
 impl Issuer {
-    /// Starts holding the oplog waiter while the load stays below `below` writes a second
+    /// Starts holding the oplog waiter while the load stays below `below` documents a second
     /// and the deployment is a replica set of one member; it runs until the returned
     /// handle is dropped. It first opens at once: an idle instance starts quiet.
     pub fn hold_oplog_waiter(&self, below: NonZeroU32) -> OplogWaiter {
@@ -121,7 +124,7 @@ impl Failing {
     }
 }
 
-/// The load, sampled every `SAMPLE`, in writes a second.
+/// The load, sampled every `SAMPLE`, in documents a second.
 struct Load {
     writes: Arc<Writes>,
     below: u64,
@@ -142,7 +145,7 @@ impl Load {
         }
     }
 
-    /// The writes a second since the last sample, at the next tick (the first tick is at
+    /// The documents a second since the last sample, at the next tick (the first tick is at
     /// once). A tick may come late, after a pause: the rate is over the time that passed.
     /// Cancel-safe: a sample is taken only when its tick has come.
     async fn next_rate(&mut self) -> u64 {

@@ -94,7 +94,8 @@ impl Issuer {
         visible: impl Fn(&TokenDoc) -> bool,
         keyed: Option<Keyed<'_, Redeemed>>,
     ) -> Result<RedemptionOutcome, RedemptionError> {
-        self.writes.count();
+        // Its record and the tokens it spends.
+        self.writes.count(1 + u64::from(request.quantity.get()));
         let started = Instant::now();
         let spendable = spendable(request, grants);
         let stored = keyed

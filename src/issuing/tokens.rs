@@ -157,7 +157,7 @@ impl Issuer {
         visible: impl Fn(&TokenDoc) -> bool,
         keyed: Option<Keyed<'_, TokenDoc>>,
     ) -> Result<TransitionOutcome, StoreError> {
-        self.writes.count();
+        self.writes.count(1);
         let keyed = match keyed {
             Some(keyed) if self.store.supports_transactions().await? => Some(keyed),
             // A standalone server: the answer is kept after the write.

@@ -204,7 +204,7 @@ pub struct MongoSettings {
     #[serde(rename = "server_selection_timeout_ms", deserialize_with = "millis")]
     pub server_selection_timeout: Duration,
     pub max_pool_size: u32,
-    /// On a replica set of one member, the load (requests that write, a second)
+    /// On a replica set of one member, the load (documents written a second)
     /// below which a cursor is kept waiting on the oplog; 0: never.
     pub oplog_waiter_below_per_second: u32,
     pub embedded: EmbeddedMongoSettings,

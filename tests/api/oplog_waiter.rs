@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use mongodb::bson::doc;
 
@@ -43,22 +43,27 @@ async fn with_no_bound_or_a_small_pool_no_waiter_is_opened() {
     }
 }
 
-/// Bound 20 a second: four clients issuing one after another go well above it, so the
-/// waiter closes while they run and opens again once they stop.
+/// Bound 300 documents a second: two clients issuing 100 tokens at a time, one issuance
+/// after another, write far more documents than that in far fewer than 300 requests a
+/// second, so the waiter closes while they run (the load is counted in documents, what
+/// the stream costs mongod), and opens again once they stop.
 #[tokio::test]
 async fn under_load_the_waiter_is_closed_and_it_comes_back_once_quiet() {
-    let app = Arc::new(spawn_app_with("[mongo]\noplog_waiter_below_per_second = 20\n").await);
+    const QUANTITY: u64 = 100;
+    let app = Arc::new(spawn_app_with("[mongo]\noplog_waiter_below_per_second = 300\n").await);
     until_change_streams(&app, WAITER, 1, Duration::from_secs(5)).await;
 
     let running = Arc::new(AtomicBool::new(true));
-    let clients: Vec<_> = (0..4)
+    let started = Instant::now();
+    let clients: Vec<_> = (0..2)
         .map(|client| {
             let (app, running) = (app.clone(), running.clone());
             tokio::spawn(async move {
                 let mut issued = 0;
                 while running.load(Ordering::Relaxed) {
                     let payment = format!("pi_waiter_{client}_{issued}");
-                    let answer = app.issue(WRITER_KEY, &issuance_body(&payment, 1)).await;
+                    let body = issuance_body(&payment, QUANTITY as i64);
+                    let answer = app.issue(WRITER_KEY, &body).await;
                     assert_eq!(answer.status(), 201, "{payment}");
                     issued += 1;
                 }
@@ -72,8 +77,10 @@ async fn under_load_the_waiter_is_closed_and_it_comes_back_once_quiet() {
     for client in clients {
         issued += client.await.unwrap();
     }
-    // Every answer was a token written: the load was real, and nothing was lost to it.
-    assert_eq!(app.count("tokens", doc! {}).await, issued);
+    let per_second = issued as f64 / started.elapsed().as_secs_f64();
+    assert!(per_second < 300.0, "{per_second} requests a second");
+    // Every answer was a set of tokens written: the load was real, and nothing was lost.
+    assert_eq!(app.count("tokens", doc! {}).await, issued * QUANTITY);
     assert_eq!(
         app.count("issuances", doc! { "status": "issued" }).await,
         issued
