@@ -15,11 +15,11 @@
 //! document written, which under load costs more than the tick saves: at 32 issuances of
 //! 4 tokens at a time (about 12,000 documents a second) 3.5 and 6.4 % of the issuance
 //! rate in two runs, at 16 issuances of 100 tokens (about 30,000) 11 and 14 %. So the
-//! load is counted in documents, not requests; at the bound the stream is closed, and
-//! opened again only below half of it: a load hovering at the bound does not open and
-//! close it every second. The load is sampled once a second;
-//! nothing here is on a request's path. Each instance counts its own load: several
-//! instances on one member each hold a stream, and together may pass the bound unseen.
+//! load is counted in documents, not requests. At the bound the stream is closed, and it
+//! is opened again only below half of it, so that a load hovering at the bound does not
+//! open and close it every second. The load is sampled once a second; nothing here is on
+//! a request's path. Each instance counts its own load: several instances on one member
+//! each hold a stream, and together may pass the bound unseen.
 
 use std::num::NonZeroU32;
 use std::sync::Arc;
@@ -59,9 +59,9 @@ impl Writes {
 }
 
 impl Issuer {
-    /// Starts holding the oplog waiter while the load stays below `below` documents a second
-    /// and the deployment is a replica set of one member; it runs until the returned
-    /// handle is dropped. It first opens at once: an idle instance starts quiet.
+    /// Starts holding the oplog waiter while the load stays below `below` documents a
+    /// second and the deployment is a replica set of one member; it runs until the
+    /// returned handle is dropped. It first opens at once: an idle instance starts quiet.
     pub fn hold_oplog_waiter(&self, below: NonZeroU32) -> OplogWaiter {
         let store = self.store.clone();
         let mut load = Load::new(self.writes.clone(), below);
