@@ -36,9 +36,6 @@ use crate::store::StoreError;
 const SAMPLE: Duration = Duration::from_secs(1);
 /// How long after a failed open (or a stream that ended) the waiter tries again.
 const REOPEN_DELAY: Duration = Duration::from_secs(1);
-/// How long a deployment found to have more than one member is left before it is asked
-/// again: a set grows or shrinks by a reconfiguration, rarely.
-const RECHECK_MEMBERS: Duration = Duration::from_secs(60);
 
 /// The documents this instance's requests may write, counted since it started as each
 /// request arrives (an issuance its record and tokens, a redemption its record and the
@@ -60,8 +57,9 @@ impl Writes {
 
 impl Issuer {
     /// Starts holding the oplog waiter while the load stays below `below` documents a
-    /// second and the deployment is a replica set of one member; it runs until the
-    /// returned handle is dropped. It first opens at once: an idle instance starts quiet.
+    /// second; it runs until the returned handle is dropped. It first opens at once: an
+    /// idle instance starts quiet. Whether the deployment is one that gains from it (a
+    /// replica set of one member) is the caller's to ask.
     pub fn hold_oplog_waiter(&self, below: NonZeroU32) -> OplogWaiter {
         let store = self.store.clone();
         let mut load = Load::new(self.writes.clone(), below);
@@ -71,18 +69,6 @@ impl Issuer {
             let mut failing = Failing::default();
             loop {
                 load.until_quiet().await;
-                match store.is_single_member_set().await {
-                    Ok(true) => {}
-                    Ok(false) => {
-                        tokio::time::sleep(RECHECK_MEMBERS).await;
-                        continue;
-                    }
-                    Err(err) => {
-                        failing.tell(&err, "cannot ask the deployment's members");
-                        tokio::time::sleep(REOPEN_DELAY).await;
-                        continue;
-                    }
-                }
                 match store.wait_on_oplog().await {
                     Ok(waiting) => {
                         failing = Failing::default();

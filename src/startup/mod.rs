@@ -56,7 +56,7 @@ pub struct Application {
     /// as shutdown begins. `None` on a standalone mongod, which has no change streams.
     fulfilments: Option<FulfilmentWatch>,
     /// Held until the server has stopped; `None` when `mongo.oplog_waiter_below_per_second`
-    /// is 0 or on a standalone mongod.
+    /// is 0, the pool is too small, or the deployment is not a replica set of one member.
     oplog_waiter: Option<OplogWaiter>,
     /// Its group-commit writers are stopped once the server has stopped.
     issuer: Issuer,
@@ -191,14 +191,19 @@ impl Application {
             });
             None
         };
-        // Its own check of the deployment's members is the one that matters; a standalone
-        // has no oplog to wait on. Its `getMore` keeps one pooled connection busy nearly
-        // all the time: in a pool smaller than `MIN_POOL_FOR_OPLOG_WAITER` requests would
-        // queue behind it for up to a second.
-        let oplog_waiter = NonZeroU32::new(settings.mongo.oplog_waiter_below_per_second)
-            .filter(|_| fulfilments.is_some())
-            .filter(|_| settings.mongo.max_pool_size >= MIN_POOL_FOR_OPLOG_WAITER)
-            .map(|below| issuer.hold_oplog_waiter(below));
+        // Only a replica set of one member gains from it: a set with secondaries has their
+        // oplog readers waiting already, a standalone no oplog, a mongos no oplog of its
+        // own. Its `getMore` keeps one pooled connection busy nearly all the time: in a
+        // pool smaller than `MIN_POOL_FOR_OPLOG_WAITER` requests would queue behind it.
+        let oplog_waiter = match NonZeroU32::new(settings.mongo.oplog_waiter_below_per_second) {
+            Some(below)
+                if settings.mongo.max_pool_size >= MIN_POOL_FOR_OPLOG_WAITER
+                    && store.is_single_member_set().await? =>
+            {
+                Some(issuer.hold_oplog_waiter(below))
+            }
+            _ => None,
+        };
         if settings.repair.enabled {
             let repair = &settings.repair;
             spawn_repair(

@@ -69,13 +69,6 @@ impl Store {
         Ok(stream.map(|event| payment_of(event?)))
     }
 
-    /// Whether the deployment is a replica set of one member, as a fresh `hello` says
-    /// (its membership may have changed since the start).
-    pub async fn is_single_member_set(&self) -> Result<bool, StoreError> {
-        let hello = self.db.run_command(doc! { "hello": 1 }).await?;
-        Ok(single_member(&hello))
-    }
-
     /// Opens a change stream on `OPLOG_WAITER`, a collection nothing writes, and returns
     /// the future that holds it: the future ends only when the stream does (its error, if
     /// any), and dropping it closes the cursor. While it is polled, one of its `getMore`s
@@ -96,7 +89,7 @@ impl Store {
 /// Whether `hello` describes a replica set of one member: its only host is itself, and
 /// it lists no passive member and no arbiter (hidden members are not listed, but a hidden
 /// member reads the oplog like any secondary).
-fn single_member(hello: &Document) -> bool {
+pub(super) fn single_member(hello: &Document) -> bool {
     let listed = |field| hello.get_array(field).map_or(0, Vec::len);
     hello.get_str("setName").is_ok()
         && listed("hosts") == 1

@@ -90,8 +90,9 @@ pub fn is_unavailable(err: &Error) -> bool {
 /// stepped down, or a router could not reach the shard (`unavailable_code`), or the
 /// majority did not confirm in time (`maxTimeMS` 50, the URI's `wtimeoutMS` 64). Nothing
 /// of such a write may be acknowledged, and the client retries: every write is
-/// idempotent, so the retry answers from what the majority then has. Any other write concern error (an unknown `w` mode, say) is a
-/// deployment's misconfiguration, which retrying does not cure.
+/// idempotent, so the retry answers from what the majority then has. Any other write
+/// concern error (an unknown `w` mode, say) is a deployment's misconfiguration, which
+/// retrying does not cure.
 pub(super) fn write_concern_unconfirmed(code: i32) -> bool {
     const NOT_CONFIRMED_IN_TIME: [i32; 2] = [50, 64];
     unavailable_code(code) || NOT_CONFIRMED_IN_TIME.contains(&code)

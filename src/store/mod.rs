@@ -98,6 +98,8 @@ struct Deployment {
     /// A mongos in front of shards: one write's durability says nothing of another
     /// shard's, so no write may lean on a later one for its durability.
     sharded: bool,
+    /// A replica set of one member (`changes::single_member`).
+    single_member: bool,
 }
 
 impl Store {
@@ -211,6 +213,11 @@ impl Store {
         Ok(deployment.transactions && !deployment.sharded)
     }
 
+    /// Whether the deployment is a replica set of one member, as the first `hello` said.
+    pub async fn is_single_member_set(&self) -> Result<bool, StoreError> {
+        Ok(self.deployment().await?.single_member)
+    }
+
     async fn deployment(&self) -> Result<Deployment, StoreError> {
         let deployment = self
             .deployment
@@ -221,6 +228,7 @@ impl Store {
                 Ok::<_, StoreError>(Deployment {
                     transactions: replica_set || mongos,
                     sharded: mongos,
+                    single_member: changes::single_member(&hello),
                 })
             })
             .await?;
