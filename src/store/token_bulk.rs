@@ -45,13 +45,13 @@ impl Store {
         let mut attempt = 0;
         loop {
             let reply = self.database().run_raw_command(command.clone()).await?;
-            result.inserted.extend(upserted_ids(&reply)?);
+            let upserted = upserted_ids(&reply)?;
+            // Counted as the reply says, whatever else it says: a reply that fails one
+            // statement still inserted the others.
+            metrics::counter!(metric::TOKENS_CREATED_TOTAL).increment(upserted.len() as u64);
+            result.inserted.extend(upserted);
             match first_failure(&reply) {
-                None => {
-                    metrics::counter!(metric::TOKENS_CREATED_TOTAL)
-                        .increment(result.inserted.len() as u64);
-                    return Ok(result);
-                }
+                None => return Ok(result),
                 Some(BulkFailure::TokenRace) if attempt < self.config.duplicate_key_retries => {
                     // The racer's token now exists; the retry matches it and inserts the rest.
                     attempt += 1;

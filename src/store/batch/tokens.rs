@@ -93,7 +93,6 @@ impl Store {
             (pinned_command_writes(&self.db), TokensAck::Majority)
         };
         let mut failures: Vec<Option<TokenInsert>> = sets.iter().map(|_| None).collect();
-        let mut failed_documents = 0;
         let mut start = 0;
         while start < documents.len() {
             let end = command_end(&documents, start);
@@ -103,6 +102,7 @@ impl Store {
             if let TokensAck::Primary(points) = &mut ack {
                 points.push(reply.op_time);
             }
+            let mut refused = 0;
             for error in reply.write_errors {
                 let Some(&set_index) = owner_of.get(start + error.index) else {
                     continue;
@@ -117,16 +117,17 @@ impl Store {
                     Some(TOKENS_PAYMENT_INDEX) => TokenInsert::Raced,
                     _ => TokenInsert::Failed(code_error(error.code)),
                 };
-                failed_documents += 1;
+                refused += 1;
                 // A real failure outranks a race for the same set.
                 if !matches!(failures[set_index], Some(TokenInsert::Failed(_))) {
                     failures[set_index] = Some(failure);
                 }
             }
+            // Counted per command: its tokens stand even when a later command fails.
+            metrics::counter!(metric::TOKENS_CREATED_TOTAL)
+                .increment((end - start - refused) as u64);
             start = end;
         }
-        metrics::counter!(metric::TOKENS_CREATED_TOTAL)
-            .increment((documents.len() - failed_documents) as u64);
         let results = summaries
             .into_iter()
             .zip(failures)
