@@ -4,6 +4,7 @@
 use std::time::{Duration, Instant};
 
 use futures::TryStreamExt;
+use mongodb::Client;
 use mongodb::bson::{Document, doc};
 
 use crate::app::TestApp;
@@ -11,14 +12,18 @@ use crate::app::TestApp;
 /// The change streams open on `collection` of `app`'s database (each test has its own),
 /// waiting for more or idle between two reads.
 pub async fn change_streams(app: &TestApp, collection: &str) -> usize {
-    let ops: Vec<Document> = app
-        .db
-        .client()
+    change_streams_on(app.db.client(), &app.db_name, collection).await
+}
+
+/// [`change_streams`] of any client's `database` (a service binary's, say), read through
+/// `client`.
+pub async fn change_streams_on(client: &Client, database: &str, collection: &str) -> usize {
+    let ops: Vec<Document> = client
         .database("admin")
         .aggregate([
             doc! { "$currentOp": { "idleCursors": true, "allUsers": true } },
             doc! { "$match": {
-                "ns": format!("{}.{collection}", app.db_name),
+                "ns": format!("{database}.{collection}"),
                 "cursor.originatingCommand.aggregate": collection,
             } },
         ])

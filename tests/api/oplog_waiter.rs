@@ -88,3 +88,41 @@ async fn under_load_the_waiter_is_closed_and_it_comes_back_once_quiet() {
 
     until_change_streams(&app, WAITER, 1, Duration::from_secs(5)).await;
 }
+
+/// A waiter that cannot open (every `aggregate` of the service's client refused, as for
+/// a user without the change-stream privilege) warns once, not every second, keeps
+/// trying, and opens once it may. Read from the real binary's log.
+#[tokio::test]
+async fn a_waiter_that_cannot_open_warns_once_and_opens_once_it_may() {
+    let scratch = ScratchDatabase::create("waiter_refused").await;
+    // A first start migrates the database (migrations aggregate too).
+    Service::start(scratch.name()).kill();
+    let app_name = unique_app_name();
+    let refused = FailPoint::always(&app_name, &["aggregate"], Fault::error(13)).await;
+    let uri = mongo_uri_named(&app_name);
+    let service = Service::start_with(scratch.name(), &[("TOKENMINT__MONGO__URI", &uri)]);
+    // Three attempts, a second apart: the first warns, the others only at debug.
+    assert!(
+        refused.fired_within(3, Duration::from_secs(10)).await,
+        "the waiter did not try three times:\n{}",
+        service.recent_log()
+    );
+    let log = service.recent_log();
+    let warnings = log
+        .lines()
+        .filter(|line| line.contains("WARN") && line.contains("retrying every second"))
+        .count();
+    assert_eq!(warnings, 1, "{log}");
+
+    assert!(refused.off().await >= 3);
+    let client = mongodb::Client::with_uri_str(mongo_uri()).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while change_streams_on(&client, scratch.name(), WAITER).await != 1 {
+        assert!(
+            Instant::now() < deadline,
+            "no waiter once allowed:\n{}",
+            service.recent_log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
