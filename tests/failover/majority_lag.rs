@@ -20,6 +20,9 @@
 //! while the majority still lags 503 too (the record in the way is not the majority's
 //! yet: neither a replay nor a bug), then a replay of the committed tokens.
 //!
+//! Before all that, neither instance holds an oplog waiter: on a set with secondaries
+//! their oplog readers already wait on the primary's oplog.
+//!
 //! Last a single token's redeem with its `reference` and `If-Match`: 503, its retry
 //! while the majority lags 503 (not 412 for the version its own first attempt made),
 //! then a replay.
@@ -30,7 +33,9 @@ use mongodb::Database;
 use mongodb::bson::{Document, doc};
 use reqwest::RequestBuilder;
 use serde_json::{Value, json};
-use tokenmint_test_support::{ADMIN_KEY, OWNER, indexed_token_ids, issuance_body};
+use tokenmint_test_support::{
+    ADMIN_KEY, OWNER, indexed_token_ids, issuance_body, no_change_stream_during,
+};
 
 use super::load::stock_tokens;
 use super::replica_set::ReplicaSet;
@@ -126,6 +131,17 @@ pub(super) async fn scenario() {
     let database = "tokenmint_failover_majority_lag";
     let app = start_app(&set, database).await;
     let redeemer = start_impatient_app(&set, database).await;
+    // With secondaries, their oplog readers already wait on the primary's oplog: neither
+    // instance holds an oplog waiter of its own.
+    for instance in [&app, &redeemer] {
+        no_change_stream_during(
+            instance,
+            "oplog_waiter",
+            Duration::from_secs(2),
+            "an oplog waiter on a set of three",
+        )
+        .await;
+    }
     let lag = Lag {
         http: tokenmint_test_support::http_client_builder()
             .timeout(Duration::from_secs(60))
