@@ -116,7 +116,7 @@ async fn a_waiter_that_cannot_open_warns_once_and_opens_once_it_may() {
 
     assert!(refused.off().await >= 3);
     let client = mongodb::Client::with_uri_str(mongo_uri()).await.unwrap();
-    let deadline = Instant::now() + Duration::from_secs(5);
+    let deadline = Instant::now() + Duration::from_secs(10);
     while change_streams_on(&client, scratch.name(), WAITER).await != 1 {
         assert!(
             Instant::now() < deadline,
