@@ -390,3 +390,78 @@ async fn with_a_metrics_listener_the_public_port_serves_no_metrics() {
     assert!(inserts.is_some_and(|n| n >= 1.0), "{text}");
     drop(service);
 }
+
+/// Tokens a write inserted are counted although its reply then failed: a completion of a
+/// short set whose `update` applied but answered a write concern error (the majority did
+/// not confirm it) still wrote its two tokens, and they are counted once, not again when
+/// the retry finds them. A separate process: its counters are its own.
+#[tokio::test]
+async fn tokens_a_failed_reply_still_inserted_are_counted_once() {
+    let scratch = ScratchDatabase::create("metrics_failed_reply").await;
+    let app_name = unique_app_name();
+    let uri = mongo_uri_named(&app_name);
+    let service = Service::start_with(scratch.name(), &[("TOKENMINT__MONGO__URI", &uri)]);
+    let http = reqwest::Client::new();
+    let issue = || {
+        http.post(format!("{}/v1/issuances", service.base))
+            .bearer_auth(SERVICE_KEY)
+            .json(&issuance_body("pi_counted_once", 3))
+            .send()
+    };
+    assert_eq!(issue().await.unwrap().status(), 201);
+    let created = |samples: &[(String, String, f64)]| {
+        sample(samples, metric::TOKENS_CREATED_TOTAL, "").expect("the counter")
+    };
+    assert_eq!(created(&scrape(&http, &service.base).await.1), 3.0);
+
+    // A crash between the record and its last two tokens, as it leaves the set.
+    let db = mongodb::Client::with_uri_str(mongo_uri())
+        .await
+        .unwrap()
+        .database(scratch.name());
+    let tokens = db.collection::<mongodb::bson::Document>("tokens");
+    let deleted = tokens
+        .delete_many(mongodb::bson::doc! { "tokenIndex": { "$gte": 1 } })
+        .await
+        .unwrap();
+    assert_eq!(deleted.deleted_count, 2);
+    db.collection::<mongodb::bson::Document>("issuances")
+        .update_one(
+            mongodb::bson::doc! { "paymentIntentId": "pi_counted_once" },
+            mongodb::bson::doc! { "$set": { "status": "issuing" } },
+        )
+        .await
+        .unwrap();
+
+    // The retry completes the set; its token upsert applies and answers a write concern
+    // error, so the retry is not answered 2xx.
+    let failed = FailPoint::set(
+        &app_name,
+        &["update"],
+        Fault::WriteConcernError { code: 64 },
+        1,
+    )
+    .await;
+    let answer = issue().await.unwrap();
+    assert!(!answer.status().is_success(), "{}", answer.status());
+    assert_eq!(failed.off().await, 1);
+    assert_eq!(
+        tokens
+            .count_documents(mongodb::bson::doc! {})
+            .await
+            .unwrap(),
+        3
+    );
+    assert_eq!(created(&scrape(&http, &service.base).await.1), 5.0);
+
+    // The next retry finds the set whole: a replay, nothing more counted.
+    assert_eq!(issue().await.unwrap().status(), 200);
+    assert_eq!(
+        tokens
+            .count_documents(mongodb::bson::doc! {})
+            .await
+            .unwrap(),
+        3
+    );
+    assert_eq!(created(&scrape(&http, &service.base).await.1), 5.0);
+}
