@@ -86,17 +86,6 @@ impl Store {
     }
 }
 
-/// Whether `hello` describes a replica set of one member: its only host is itself, and
-/// it lists no passive member and no arbiter (hidden members are not listed, but a hidden
-/// member reads the oplog like any secondary).
-pub(super) fn single_member(hello: &Document) -> bool {
-    let listed = |field| hello.get_array(field).map_or(0, Vec::len);
-    hello.get_str("setName").is_ok()
-        && listed("hosts") == 1
-        && listed("passives") == 0
-        && listed("arbiters") == 0
-}
-
 /// The payment key of one change, as stored (validated when it was written).
 fn payment_of(event: ChangeStreamEvent<EventPayment>) -> Result<PaymentKey, StoreError> {
     let payment = event.full_document.ok_or_else(|| {
@@ -107,25 +96,4 @@ fn payment_of(event: ChangeStreamEvent<EventPayment>) -> Result<PaymentKey, Stor
         &payment.account_id,
         &payment.payment_intent_id,
     )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn only_a_set_whose_one_host_is_its_only_member_counts_as_one() {
-        let one = doc! { "setName": "rs", "hosts": ["a:27017"] };
-        assert!(single_member(&one));
-        let three = doc! { "setName": "rs", "hosts": ["a:27017", "b:27017", "c:27017"] };
-        assert!(!single_member(&three));
-        let passive = doc! { "setName": "rs", "hosts": ["a:27017"], "passives": ["b:27017"] };
-        assert!(!single_member(&passive));
-        let arbiter = doc! { "setName": "rs", "hosts": ["a:27017"], "arbiters": ["c:27017"] };
-        assert!(!single_member(&arbiter));
-        // A mongos and a standalone name no set.
-        let mongos = doc! { "msg": "isdbgrid" };
-        assert!(!single_member(&mongos));
-        assert!(!single_member(&doc! { "isWritablePrimary": true }));
-    }
 }

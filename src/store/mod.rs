@@ -73,6 +73,26 @@ pub struct StoreConfig {
     pub command_events: Option<EventHandler<CommandEvent>>,
 }
 
+impl Deployment {
+    /// What a `hello` reply says of the deployment.
+    fn from_hello(hello: &Document) -> Self {
+        let replica_set = hello.get_str("setName").is_ok();
+        let mongos = hello.get_str("msg").is_ok_and(|m| m == "isdbgrid");
+        // One member: its only host is itself, and it lists no passive member and no
+        // arbiter (hidden members are not listed, but a hidden member reads the oplog
+        // like any secondary).
+        let listed = |field| hello.get_array(field).map_or(0, Vec::len);
+        Self {
+            transactions: replica_set || mongos,
+            sharded: mongos,
+            single_member: replica_set
+                && listed("hosts") == 1
+                && listed("passives") == 0
+                && listed("arbiters") == 0,
+        }
+    }
+}
+
 impl Store {
     /// The `_version` gate's retry policy, for the layer that retries.
     pub fn version_gate_policy(&self) -> RetryPolicy {
@@ -98,7 +118,7 @@ struct Deployment {
     /// A mongos in front of shards: one write's durability says nothing of another
     /// shard's, so no write may lean on a later one for its durability.
     sharded: bool,
-    /// A replica set of one member (`changes::single_member`).
+    /// A replica set of one member, whose oplog no secondary reads.
     single_member: bool,
 }
 
@@ -223,13 +243,7 @@ impl Store {
             .deployment
             .get_or_try_init(|| async {
                 let hello = self.db.run_command(doc! { "hello": 1 }).await?;
-                let replica_set = hello.get_str("setName").is_ok();
-                let mongos = hello.get_str("msg").is_ok_and(|m| m == "isdbgrid");
-                Ok::<_, StoreError>(Deployment {
-                    transactions: replica_set || mongos,
-                    sharded: mongos,
-                    single_member: changes::single_member(&hello),
-                })
+                Ok::<_, StoreError>(Deployment::from_hello(&hello))
             })
             .await?;
         Ok(*deployment)
@@ -238,5 +252,28 @@ impl Store {
     /// Closes pooled connections; the client is unusable afterwards.
     pub async fn shutdown(self) {
         self.client.shutdown().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_set_whose_one_host_is_its_only_member_counts_as_one() {
+        let one = |hello: Document| Deployment::from_hello(&hello).single_member;
+        assert!(one(doc! { "setName": "rs", "hosts": ["a:27017"] }));
+        assert!(!one(
+            doc! { "setName": "rs", "hosts": ["a:27017", "b:27017", "c:27017"] }
+        ));
+        assert!(!one(
+            doc! { "setName": "rs", "hosts": ["a:27017"], "passives": ["b:27017"] }
+        ));
+        assert!(!one(
+            doc! { "setName": "rs", "hosts": ["a:27017"], "arbiters": ["c:27017"] }
+        ));
+        // A mongos and a standalone name no set.
+        assert!(!one(doc! { "msg": "isdbgrid" }));
+        assert!(!one(doc! { "isWritablePrimary": true }));
     }
 }
