@@ -110,7 +110,7 @@ fn an_unusable_secret_names_its_provider_and_is_never_printed() {
 fn other_bad_values_are_named_by_key_without_their_value() {
     let origins = format!("[\"{SECRET}\"]");
     // A command, the one variable it runs with, and what the refusal names.
-    let cases: [(&str, &str, &str, &[&str]); 4] = [
+    let cases: [(&str, &str, &str, &[&str]); 5] = [
         (
             "serve",
             "TOKENMINT__SERVER__CORS_ORIGINS",
@@ -122,6 +122,12 @@ fn other_bad_values_are_named_by_key_without_their_value() {
             "TOKENMINT__ISSUANCE__MAX_QUANTITY",
             "20000",
             &["`issuance.max_quantity`", "at most 10000"],
+        ),
+        (
+            "verify",
+            "TOKENMINT__ISSUANCE__MAX_BATCHES_IN_FLIGHT",
+            "17",
+            &["`issuance.max_batches_in_flight`", "from 2 to 16"],
         ),
         (
             "verify",

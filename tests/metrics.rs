@@ -465,3 +465,95 @@ async fn tokens_a_failed_reply_still_inserted_are_counted_once() {
     );
     assert_eq!(created(&scrape(&http, &service.base).await.1), 5.0);
 }
+
+/// Where a batch's time is round trips the database spends no CPU on (every command of
+/// the service held 10 ms, as a database far away makes it), more batches in flight
+/// answer sooner, and the writers find it: the limit on batches in flight is kept above
+/// two (a gauge of 4 means 3 was measured and kept, then 4 tried). Every issuance answered
+/// 201 has its record issued and its token. A separate process: the gauge is its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn where_round_trips_dominate_more_batches_go_in_flight() {
+    const CLIENTS: usize = 8;
+    let scratch = ScratchDatabase::create("metrics_in_flight").await;
+    let app_name = unique_app_name();
+    let uri = mongo_uri_named(&app_name);
+    let service = Service::start_with(
+        scratch.name(),
+        &[
+            ("TOKENMINT__MONGO__URI", &uri),
+            ("TOKENMINT__ISSUANCE__MAX_BATCHES_IN_FLIGHT", "8"),
+        ],
+    );
+    let http = reqwest::Client::new();
+    let held = FailPoint::set(
+        &app_name,
+        &["find", "insert", "update"],
+        Fault::Block { millis: 10 },
+        i64::from(i32::MAX),
+    )
+    .await;
+
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let clients: Vec<_> = (0..CLIENTS)
+        .map(|client| {
+            let (http, base, stop) = (http.clone(), service.base.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut issued = Vec::new();
+                for n in 0.. {
+                    if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        break;
+                    }
+                    let payment = format!("pi_in_flight_{client}_{n}");
+                    let answer = http
+                        .post(format!("{base}/v1/issuances"))
+                        .bearer_auth(SERVICE_KEY)
+                        .json(&issuance_body(&payment, 1))
+                        .send()
+                        .await
+                        .unwrap();
+                    assert_eq!(answer.status(), 201, "{payment}");
+                    issued.push(payment);
+                }
+                issued
+            })
+        })
+        .collect();
+
+    let gauge = |samples: &[(String, String, f64)]| {
+        sample(
+            samples,
+            metric::ISSUANCE_BATCHES_IN_FLIGHT,
+            "mode=\"upsert\"",
+        )
+        .unwrap_or(0.0)
+    };
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut highest = 0.0f64;
+    while highest < 4.0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        highest = highest.max(gauge(&scrape(&http, &service.base).await.1));
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut issued = Vec::new();
+    for client in clients {
+        issued.extend(client.await.unwrap());
+    }
+    held.off().await;
+    assert!(highest >= 4.0, "the limit never passed 3: {highest}");
+
+    let db = mongodb::Client::with_uri_str(mongo_uri())
+        .await
+        .unwrap()
+        .database(scratch.name());
+    let count = |collection: &str, filter: mongodb::bson::Document| {
+        let collection = db.collection::<mongodb::bson::Document>(collection);
+        async move { collection.count_documents(filter).await.unwrap() }
+    };
+    let answered = issued.len() as u64;
+    assert_eq!(count("tokens", mongodb::bson::doc! {}).await, answered);
+    assert_eq!(
+        count("issuances", mongodb::bson::doc! { "status": "issued" }).await,
+        answered
+    );
+    assert_eq!(count("issuances", mongodb::bson::doc! {}).await, answered);
+}

@@ -1,9 +1,11 @@
 //! Group commit: concurrent issuances share database commands.
 //!
-//! Requests queue, one queue per mode; a few writer tasks per queue each take whatever has
-//! queued (at least one, at most `MAX_BATCH`, no waiting for more: at low load a batch is
-//! one request and nothing is added to its latency) and commit it with a fixed number of
-//! commands, whatever its size, three of them dependent in upsert mode:
+//! Requests queue, one queue per mode; writer tasks, as many at once as the mode's
+//! `InFlight` allows (two, or as many as answer soonest up to
+//! `issuance.max_batches_in_flight`), each take whatever has queued (at least one, at most
+//! `MAX_BATCH`, no waiting for more: at low load a batch is one request and nothing is
+//! added to its latency) and commit it with a fixed number of commands, whatever its
+//! size, three of them dependent in upsert mode:
 //! 1. one read of the batch's payments, sent together with step 2: a payment known failed,
 //!    canceled or refunded is refused, and the record step 2 inserted for it taken back
 //!    (`Store::take_back_unconfirmed`). This read is also the one every set is settled
@@ -67,6 +69,7 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
 mod atomic;
+mod in_flight;
 
 use futures::FutureExt;
 use futures::future::join_all;
@@ -76,6 +79,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::Instrument;
 
+use self::in_flight::{Admitted, InFlight};
 use super::issue::{record_lost, refuse_other_params, refuse_unless_standing};
 use super::standing::takes_back;
 use super::{IssueError, IssueOutcome, IssuedTokens, Issuer, Settlement};
@@ -86,11 +90,6 @@ use crate::store::{
 };
 use crate::telemetry::{metric, traces};
 
-/// Writer tasks per mode: up to this many batches of a mode are in flight while the next
-/// ones gather. Two keep the database busy while the next batch gathers; more split the
-/// queue into smaller batches (measured at concurrency 32: one writer 16 issuances a batch, two 9, four 6 —
-/// and four cost mongod the most per issuance).
-const WRITERS: usize = 2;
 /// Most requests per batch.
 const MAX_BATCH: usize = 256;
 /// Most tokens per batch: bounds the memory one batch holds (the store splits the insert
@@ -128,12 +127,14 @@ struct Queues {
 }
 
 impl Committer {
-    /// Starts the writer tasks for `issuer` (on the current runtime): `WRITERS` per mode.
+    /// Starts the writer tasks for `issuer` (on the current runtime): as many per mode as
+    /// batches may be in flight at most, as many committing at once as the mode's
+    /// `InFlight` allows.
     /// Each mode has its own, so that batches of one mode held up by the database (an
     /// atomic commit waiting for the majority, say) never make the other mode's requests
     /// wait for a writer; when one mode is used, the other's tasks only sleep.
     pub(super) fn start(issuer: &Issuer) -> Self {
-        let mut writers = Vec::with_capacity(2 * WRITERS);
+        let mut writers = Vec::with_capacity(2 * issuer.config.max_batches_in_flight);
         let queues = Queues {
             upsert: start_writers(issuer, IssuanceMode::Upsert, &mut writers),
             atomic: start_writers(issuer, IssuanceMode::Atomic, &mut writers),
@@ -253,13 +254,22 @@ fn start_writers(
 ) -> mpsc::Sender<Queued> {
     let (queue, receiver) = mpsc::channel::<Queued>(QUEUE);
     let receiver = Arc::new(AsyncMutex::new(receiver));
-    for _ in 0..WRITERS {
-        let (issuer, receiver) = (issuer.clone(), receiver.clone());
+    let most = issuer.config.max_batches_in_flight;
+    let in_flight = Arc::new(InFlight::new(mode, most));
+    for _ in 0..most {
+        let (issuer, receiver, in_flight) = (issuer.clone(), receiver.clone(), in_flight.clone());
         writers.push(tokio::spawn(async move {
-            while let Some(batch) = next_batch(&receiver, mode).await {
+            while let Some(taken) = next_batch(&receiver, &in_flight, mode).await {
+                let Taken {
+                    batch,
+                    admitted,
+                    waited,
+                } = taken;
+                let requests = batch.len();
+                let started = Instant::now();
                 // The batch's own span, its MongoDB commands inside it; it belongs to
                 // no one request's trace, and links to each.
-                let span = tracing::info_span!("batch", mode = mode.as_str(), size = batch.len());
+                let span = tracing::info_span!("batch", mode = mode.as_str(), size = requests);
                 traces::link_to(&span, batch.iter().map(|queued| queued.span.clone()));
                 let commit = async {
                     match mode {
@@ -268,19 +278,33 @@ fn start_writers(
                     }
                 };
                 commit_surviving_panics("issuance", commit.instrument(span)).await;
+                let lived = waited + started.elapsed() * requests as u32;
+                in_flight.finished(admitted, requests, lived);
             }
         }));
     }
     queue
 }
 
-/// Waits for one request, then takes whatever else has queued, within the bounds.
-async fn next_batch(
+/// A batch a writer took, with its admission and its requests' time in the queue, summed.
+struct Taken<'a> {
+    batch: Vec<Queued>,
+    admitted: Admitted<'a>,
+    waited: Duration,
+}
+
+/// Waits for one request and for room among the batches in flight, then takes whatever
+/// else has queued, within the bounds.
+async fn next_batch<'a>(
     receiver: &AsyncMutex<mpsc::Receiver<Queued>>,
+    in_flight: &'a InFlight,
     mode: IssuanceMode,
-) -> Option<Vec<Queued>> {
+) -> Option<Taken<'a>> {
     let mut receiver = receiver.lock().await;
     let first = receiver.recv().await?;
+    // Admitted with the queue still held: what arrives while the batches in flight are
+    // all the limit allows joins this one.
+    let admitted = in_flight.admit().await;
     let mut tokens = u64::from(first.request.params.quantity.get());
     let mut batch = vec![first];
     while batch.len() < MAX_BATCH && tokens < MAX_BATCH_TOKENS {
@@ -290,13 +314,22 @@ async fn next_batch(
         tokens += u64::from(next.request.params.quantity.get());
         batch.push(next);
     }
+    drop(receiver);
     metrics::histogram!(metric::ISSUANCE_BATCH_SIZE).record(batch.len() as f64);
-    let waited = metrics::histogram!(metric::ISSUANCE_QUEUE_WAIT_SECONDS, "mode" => mode.as_str());
+    let histogram =
+        metrics::histogram!(metric::ISSUANCE_QUEUE_WAIT_SECONDS, "mode" => mode.as_str());
     let taken_at = Instant::now();
+    let mut waited = Duration::ZERO;
     for queued in &batch {
-        waited.record(taken_at.duration_since(queued.queued_at).as_secs_f64());
+        let wait = taken_at.duration_since(queued.queued_at);
+        histogram.record(wait.as_secs_f64());
+        waited += wait;
     }
-    Some(batch)
+    Some(Taken {
+        batch,
+        admitted,
+        waited,
+    })
 }
 
 /// Which requests a batch's payment read refuses: (position in the batch, refusal).

@@ -57,6 +57,9 @@ pub struct IssuingConfig {
     pub pending_ttl: Duration,
     /// How `Idempotency-Key`s are held and kept.
     pub idempotency: IdempotencyConfig,
+    /// The most batches of one mode committed at once (`issuance.max_batches_in_flight`,
+    /// at least 2).
+    pub max_batches_in_flight: usize,
 }
 
 /// How `Idempotency-Key`s are held and kept.

@@ -247,7 +247,15 @@ pub struct IssuanceSettings {
     pub max_waiters: u32,
     /// Of those, the most one client address may hold (`ClientAddress`: IPv6 by /64).
     pub max_waiters_per_address: NonZeroU32,
+    /// The most batches of one mode committed at once (2 to `MAX_BATCHES_IN_FLIGHT`).
+    /// Above 2, the writers find by trying how many, from 2 to this, answer requests
+    /// soonest; 2 keeps two, what answers soonest where mongod shares the service's cores.
+    pub max_batches_in_flight: u32,
 }
+
+/// The most `issuance.max_batches_in_flight` may be: each batch in flight holds a writer
+/// task and up to two pooled connections.
+pub const MAX_BATCHES_IN_FLIGHT: u32 = 16;
 
 /// Self-repair of token sets a crash left short.
 #[derive(Debug, Clone, Deserialize)]
@@ -571,6 +579,7 @@ mod tests {
         assert_eq!(settings.issuance.max_quantity, 1000);
         assert_eq!(settings.issuance.max_waiters, 768);
         assert_eq!(settings.issuance.max_waiters_per_address.get(), 8);
+        assert_eq!(settings.issuance.max_batches_in_flight, 2);
         assert_eq!(settings.rate_limit.per_address_per_second.get(), 20);
         assert_eq!(settings.rate_limit.per_address_burst.get(), 40);
         assert!(settings.server.trusted_proxies.is_empty());

@@ -2,7 +2,9 @@
 //! it refuses, and never the value.
 
 use super::errors::invalid;
-use super::{MAX_QUANTITY, ProviderSettings, Settings, SettingsError, WebhookScheme};
+use super::{
+    MAX_BATCHES_IN_FLIGHT, MAX_QUANTITY, ProviderSettings, Settings, SettingsError, WebhookScheme,
+};
 use crate::domain::Provider;
 
 /// The fewest connections kept from waiting checkouts, however small
@@ -76,6 +78,12 @@ impl Settings {
                 "repair.withdrawal_lookback_ms",
                 "must be at least repair.interval_ms + server.request_timeout_ms (a sweep must \
                  still see a refund that raced an issuance)",
+            ));
+        }
+        if !(2..=MAX_BATCHES_IN_FLIGHT).contains(&self.issuance.max_batches_in_flight) {
+            return Err(invalid(
+                "issuance.max_batches_in_flight",
+                format!("must be from 2 to {MAX_BATCHES_IN_FLIGHT}"),
             ));
         }
         if self.issuance.max_quantity > MAX_QUANTITY {

@@ -348,6 +348,7 @@ pub fn issuer(settings: &Settings, store: Store) -> Issuer {
                 retention: settings.idempotency.retention,
                 lease: settings.request_timeout(),
             },
+            max_batches_in_flight: settings.issuance.max_batches_in_flight as usize,
         },
     )
     .with_waiting(WaitingConfig {

@@ -30,6 +30,9 @@ pub const ISSUANCE_BATCH_SIZE: &str = "tokenmint_issuance_batch_size";
 /// batch, by `mode`: near zero while a writer is free; when both are busy, up to a
 /// batch's commit. The part of a request's latency that group commit adds.
 pub const ISSUANCE_QUEUE_WAIT_SECONDS: &str = "tokenmint_issuance_queue_wait_seconds";
+/// How many batches of a mode may be committed at once, by `mode`: 2, or the number from
+/// 2 to `issuance.max_batches_in_flight` the writers found answers requests soonest.
+pub const ISSUANCE_BATCHES_IN_FLIGHT: &str = "tokenmint_issuance_batches_in_flight";
 /// Redemptions that shared one transaction attempt (see `BATCH_SIZE_BUCKETS`).
 pub const REDEMPTION_BATCH_SIZE: &str = "tokenmint_redemption_batch_size";
 /// Upsert-mode batches whose mark came from another term than their token insert (an
@@ -137,6 +140,10 @@ pub(super) fn describe() {
         ISSUANCE_QUEUE_WAIT_SECONDS,
         Unit::Seconds,
         "Time an issuance waited for a batch writer, by mode (upsert, atomic)"
+    );
+    describe_gauge!(
+        ISSUANCE_BATCHES_IN_FLIGHT,
+        "How many batches of a mode may be committed at once, by mode: 2, or the number up to issuance.max_batches_in_flight found to answer requests soonest"
     );
     describe_histogram!(
         REDEMPTION_BATCH_SIZE,

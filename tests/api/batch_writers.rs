@@ -52,7 +52,7 @@ async fn stopping_the_writers_answers_what_was_queued_then_ends_them() {
     assert!(futures::poll!(&mut issuing).is_pending());
 
     let (stopped, outcomes) = tokio::join!(issuer.stop_writers(BOUND), issuing);
-    assert_eq!(stopped, 4, "two writers per mode, all ended");
+    assert_eq!(stopped, 4, "two writers per mode by default, all ended");
     for outcome in outcomes {
         assert!(
             matches!(outcome, Ok(IssueOutcome::Created(ref set)) if set.tokens.len() == 3),
