@@ -527,7 +527,8 @@ async fn where_round_trips_dominate_more_batches_go_in_flight() {
         )
         .unwrap_or(0.0)
     };
-    let deadline = Instant::now() + Duration::from_secs(120);
+    // About 40 s on a quiet machine: four trials, two of them of one more to be won.
+    let deadline = Instant::now() + Duration::from_secs(180);
     let mut highest = 0.0f64;
     while highest < 4.0 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(200)).await;

@@ -134,7 +134,7 @@ impl Committer {
     /// atomic commit waiting for the majority, say) never make the other mode's requests
     /// wait for a writer; when one mode is used, the other's tasks only sleep.
     pub(super) fn start(issuer: &Issuer) -> Self {
-        let mut writers = Vec::with_capacity(2 * issuer.config.max_batches_in_flight);
+        let mut writers = Vec::new();
         let queues = Queues {
             upsert: start_writers(issuer, IssuanceMode::Upsert, &mut writers),
             atomic: start_writers(issuer, IssuanceMode::Atomic, &mut writers),
@@ -254,9 +254,8 @@ fn start_writers(
 ) -> mpsc::Sender<Queued> {
     let (queue, receiver) = mpsc::channel::<Queued>(QUEUE);
     let receiver = Arc::new(AsyncMutex::new(receiver));
-    let most = issuer.config.max_batches_in_flight;
-    let in_flight = Arc::new(InFlight::new(mode, most));
-    for _ in 0..most {
+    let in_flight = Arc::new(InFlight::new(mode, issuer.config.max_batches_in_flight));
+    for _ in 0..in_flight.most() {
         let (issuer, receiver, in_flight) = (issuer.clone(), receiver.clone(), in_flight.clone());
         writers.push(tokio::spawn(async move {
             while let Some(taken) = next_batch(&receiver, &in_flight, mode).await {

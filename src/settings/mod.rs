@@ -254,7 +254,8 @@ pub struct IssuanceSettings {
 }
 
 /// The most `issuance.max_batches_in_flight` may be: each batch in flight holds a writer
-/// task and up to two pooled connections.
+/// task and pooled connections (two at once on its common path, more for replays and
+/// slow paths), and a connection that is not free makes a command wait for one.
 pub const MAX_BATCHES_IN_FLIGHT: u32 = 16;
 
 /// Self-repair of token sets a crash left short.

@@ -27,11 +27,12 @@ pub const ISSUANCE_WAITERS: &str = "tokenmint_issuance_waiters";
 /// Issuances committed together by one group commit (either mode).
 pub const ISSUANCE_BATCH_SIZE: &str = "tokenmint_issuance_batch_size";
 /// Time an issuance waited in its mode's queue for a writer task to take it into a
-/// batch, by `mode`: near zero while a writer is free; when both are busy, up to a
-/// batch's commit. The part of a request's latency that group commit adds.
+/// batch, by `mode`: near zero while a writer is free; when the batches in flight are
+/// all the limit allows, up to a batch's commit. The part of a request's latency that group commit adds.
 pub const ISSUANCE_QUEUE_WAIT_SECONDS: &str = "tokenmint_issuance_queue_wait_seconds";
 /// How many batches of a mode may be committed at once, by `mode`: 2, or the number from
-/// 2 to `issuance.max_batches_in_flight` the writers found answers requests soonest.
+/// 2 to `issuance.max_batches_in_flight` the writers found answers requests soonest (one
+/// more or one fewer during a trial).
 pub const ISSUANCE_BATCHES_IN_FLIGHT: &str = "tokenmint_issuance_batches_in_flight";
 /// Redemptions that shared one transaction attempt (see `BATCH_SIZE_BUCKETS`).
 pub const REDEMPTION_BATCH_SIZE: &str = "tokenmint_redemption_batch_size";
