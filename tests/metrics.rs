@@ -123,6 +123,14 @@ async fn scrape(http: &reqwest::Client, base: &str) -> (String, Vec<(String, Str
     (text, samples)
 }
 
+/// How many documents of `collection` in `db` match `filter`.
+async fn count(db: &mongodb::Database, collection: &str, filter: mongodb::bson::Document) -> u64 {
+    db.collection::<mongodb::bson::Document>(collection)
+        .count_documents(filter)
+        .await
+        .unwrap()
+}
+
 fn sample(samples: &[(String, String, f64)], name: &str, labels: &str) -> Option<f64> {
     samples
         .iter()
@@ -445,24 +453,12 @@ async fn tokens_a_failed_reply_still_inserted_are_counted_once() {
     let answer = issue().await.unwrap();
     assert!(!answer.status().is_success(), "{}", answer.status());
     assert_eq!(failed.off().await, 1);
-    assert_eq!(
-        tokens
-            .count_documents(mongodb::bson::doc! {})
-            .await
-            .unwrap(),
-        3
-    );
+    assert_eq!(count(&db, "tokens", mongodb::bson::doc! {}).await, 3);
     assert_eq!(created(&scrape(&http, &service.base).await.1), 5.0);
 
     // The next retry finds the set whole: a replay, nothing more counted.
     assert_eq!(issue().await.unwrap().status(), 200);
-    assert_eq!(
-        tokens
-            .count_documents(mongodb::bson::doc! {})
-            .await
-            .unwrap(),
-        3
-    );
+    assert_eq!(count(&db, "tokens", mongodb::bson::doc! {}).await, 3);
     assert_eq!(created(&scrape(&http, &service.base).await.1), 5.0);
 }
 
@@ -546,15 +542,14 @@ async fn where_round_trips_dominate_more_batches_go_in_flight() {
         .await
         .unwrap()
         .database(scratch.name());
-    let count = |collection: &str, filter: mongodb::bson::Document| {
-        let collection = db.collection::<mongodb::bson::Document>(collection);
-        async move { collection.count_documents(filter).await.unwrap() }
-    };
     let answered = issued.len() as u64;
-    assert_eq!(count("tokens", mongodb::bson::doc! {}).await, answered);
+    assert_eq!(count(&db, "tokens", mongodb::bson::doc! {}).await, answered);
     assert_eq!(
-        count("issuances", mongodb::bson::doc! { "status": "issued" }).await,
+        count(&db, "issuances", mongodb::bson::doc! { "status": "issued" }).await,
         answered
     );
-    assert_eq!(count("issuances", mongodb::bson::doc! {}).await, answered);
+    assert_eq!(
+        count(&db, "issuances", mongodb::bson::doc! {}).await,
+        answered
+    );
 }

@@ -258,12 +258,12 @@ fn start_writers(
     for _ in 0..in_flight.most() {
         let (issuer, receiver, in_flight) = (issuer.clone(), receiver.clone(), in_flight.clone());
         writers.push(tokio::spawn(async move {
-            while let Some(taken) = next_batch(&receiver, &in_flight, mode).await {
-                let Taken {
-                    batch,
-                    admitted,
-                    waited,
-                } = taken;
+            while let Some(Taken {
+                batch,
+                admitted,
+                waited,
+            }) = next_batch(&receiver, &in_flight, mode).await
+            {
                 let requests = batch.len();
                 let started = Instant::now();
                 // The batch's own span, its MongoDB commands inside it; it belongs to
