@@ -422,6 +422,9 @@ async fn tokens_a_failed_reply_still_inserted_are_counted_once() {
     };
     assert_eq!(created(&scrape(&http, &service.base).await.1), 3.0);
 
+    // The failpoint's turn first: waiting for it (another test may hold it for a minute)
+    // between the crash and the retry would let self-repair finish the set meanwhile.
+    let turn = FailPointTurn::take().await;
     // A crash between the record and its last two tokens, as it leaves the set.
     let db = mongodb::Client::with_uri_str(mongo_uri())
         .await
@@ -443,13 +446,14 @@ async fn tokens_a_failed_reply_still_inserted_are_counted_once() {
 
     // The retry completes the set; its token upsert applies and answers a write concern
     // error, so the retry is not answered 2xx.
-    let failed = FailPoint::set(
-        &app_name,
-        &["update"],
-        Fault::WriteConcernError { code: 64 },
-        1,
-    )
-    .await;
+    let failed = turn
+        .set(
+            &app_name,
+            &["update"],
+            Fault::WriteConcernError { code: 64 },
+            1,
+        )
+        .await;
     let answer = issue().await.unwrap();
     assert!(!answer.status().is_success(), "{}", answer.status());
     assert_eq!(failed.off().await, 1);
