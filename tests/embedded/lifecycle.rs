@@ -1,7 +1,7 @@
-//! Starting and stopping: the service survives a restart on its data directory, a failed
-//! start stops its mongod cleanly, `/readyz` turns 503 the moment shutdown begins, and a
-//! terminal's Ctrl-C (SIGINT to the whole foreground process group) drains the service's
-//! in-flight requests before mongod is stopped.
+//! Starting and stopping: the service survives a restart on its data directory (its mongod
+//! keeping no snapshot history), a failed start stops its mongod cleanly, `/readyz` turns
+//! 503 the moment shutdown begins, and a terminal's Ctrl-C (SIGINT to the whole foreground
+//! process group) drains the service's in-flight requests before mongod is stopped.
 
 use std::time::{Duration, Instant};
 
@@ -37,6 +37,26 @@ async fn serve_with_embedded_mongod_survives_a_restart() {
             .iter()
             .any(|cmdline| cmdline.contains("mongod")),
         "the embedded mongod runs on {data_dir:?}"
+    );
+    // It keeps no snapshot history: the index keys redemptions delete must not stay in
+    // the way of the next reads for MongoDB's default five minutes.
+    let direct = format!(
+        "mongodb://127.0.0.1:{}/?directConnection=true",
+        mongod_port(&data_dir)
+    );
+    let window = mongodb::Client::with_uri_str(&direct)
+        .await
+        .unwrap()
+        .database("admin")
+        .run_command(
+            mongodb::bson::doc! { "getParameter": 1, "minSnapshotHistoryWindowInSeconds": 1 },
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        window.get_i32("minSnapshotHistoryWindowInSeconds"),
+        Ok(0),
+        "{window}"
     );
     let (status, first) = post_issuance(&http, &server).await;
     assert_eq!(status, 201, "{first}\n{}", server.logs());
