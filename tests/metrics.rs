@@ -557,3 +557,72 @@ async fn where_round_trips_dominate_more_batches_go_in_flight() {
         answered
     );
 }
+
+/// Group commit writes a batch's tokens in one `insert`, whatever the batch's size: new
+/// payments issued together cost two inserts per batch (its records', then its tokens'),
+/// never one per payment. Counted by the command metrics of a fresh process, the first
+/// inserts held a while so that the payments sent meanwhile queue and share batches.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_inserts_all_its_tokens_in_one_command() {
+    const PAYMENTS: usize = 24;
+    const QUANTITY: i64 = 3;
+    let scratch = ScratchDatabase::create("metrics_token_insert").await;
+    let app_name = unique_app_name();
+    let uri = mongo_uri_named(&app_name);
+    let service = Service::start_with(
+        scratch.name(),
+        &[
+            ("TOKENMINT__MONGO__URI", &uri),
+            ("TOKENMINT__TELEMETRY__MONGODB_COMMAND_METRICS", "true"),
+        ],
+    );
+    let http = reqwest::Client::new();
+    let (_, before) = scrape(&http, &service.base).await;
+    let held = FailPoint::set(&app_name, &["insert"], Fault::Block { millis: 300 }, 2).await;
+    let answers = futures::future::join_all((0..PAYMENTS).map(|n| {
+        http.post(format!("{}/v1/issuances", service.base))
+            .bearer_auth(SERVICE_KEY)
+            .json(&issuance_body(&format!("pi_one_insert_{n}"), QUANTITY))
+            .send()
+    }))
+    .await;
+    for answer in answers {
+        assert_eq!(answer.unwrap().status(), 201);
+    }
+    held.off().await;
+
+    let (text, after) = scrape(&http, &service.base).await;
+    let grown = |name: &str, labels: &str| {
+        sample(&after, name, labels).unwrap_or(0.0) - sample(&before, name, labels).unwrap_or(0.0)
+    };
+    let batch_size = metric::ISSUANCE_BATCH_SIZE;
+    let batches = grown(&format!("{batch_size}_count"), "");
+    assert_eq!(
+        grown(&format!("{batch_size}_sum"), ""),
+        PAYMENTS as f64,
+        "{text}"
+    );
+    assert!(
+        batches < PAYMENTS as f64,
+        "no batch held two payments:\n{text}"
+    );
+    let inserts = grown(
+        &format!("{}_count", metric::MONGODB_COMMAND_DURATION_SECONDS),
+        "command=\"insert\",outcome=\"ok\"",
+    );
+    assert_eq!(inserts, 2.0 * batches, "{batches} batches:\n{text}");
+
+    let db = mongodb::Client::with_uri_str(mongo_uri())
+        .await
+        .unwrap()
+        .database(scratch.name());
+    let issued = PAYMENTS as u64;
+    assert_eq!(
+        count(&db, "tokens", mongodb::bson::doc! {}).await,
+        issued * QUANTITY as u64
+    );
+    assert_eq!(
+        count(&db, "issuances", mongodb::bson::doc! { "status": "issued" }).await,
+        issued
+    );
+}
