@@ -407,8 +407,7 @@ async fn with_a_metrics_listener_the_public_port_serves_no_metrics() {
 async fn tokens_a_failed_reply_still_inserted_are_counted_once() {
     let scratch = ScratchDatabase::create("metrics_failed_reply").await;
     let app_name = unique_app_name();
-    let uri = mongo_uri_named(&app_name);
-    let service = Service::start_with(scratch.name(), &[("TOKENMINT__MONGO__URI", &uri)]);
+    let service = Service::start_named(scratch.name(), &app_name, &[]);
     let http = reqwest::Client::new();
     let issue = || {
         http.post(format!("{}/v1/issuances", service.base))
@@ -476,13 +475,10 @@ async fn where_round_trips_dominate_more_batches_go_in_flight() {
     const CLIENTS: usize = 8;
     let scratch = ScratchDatabase::create("metrics_in_flight").await;
     let app_name = unique_app_name();
-    let uri = mongo_uri_named(&app_name);
-    let service = Service::start_with(
+    let service = Service::start_named(
         scratch.name(),
-        &[
-            ("TOKENMINT__MONGO__URI", &uri),
-            ("TOKENMINT__ISSUANCE__MAX_BATCHES_IN_FLIGHT", "8"),
-        ],
+        &app_name,
+        &[("TOKENMINT__ISSUANCE__MAX_BATCHES_IN_FLIGHT", "8")],
     );
     let http = reqwest::Client::new();
     let held = FailPoint::set(
@@ -568,13 +564,10 @@ async fn a_batch_inserts_all_its_tokens_in_one_command() {
     const QUANTITY: i64 = 3;
     let scratch = ScratchDatabase::create("metrics_token_insert").await;
     let app_name = unique_app_name();
-    let uri = mongo_uri_named(&app_name);
-    let service = Service::start_with(
+    let service = Service::start_named(
         scratch.name(),
-        &[
-            ("TOKENMINT__MONGO__URI", &uri),
-            ("TOKENMINT__TELEMETRY__MONGODB_COMMAND_METRICS", "true"),
-        ],
+        &app_name,
+        &[("TOKENMINT__TELEMETRY__MONGODB_COMMAND_METRICS", "true")],
     );
     let http = reqwest::Client::new();
     let (_, before) = scrape(&http, &service.base).await;

@@ -11,6 +11,7 @@ use std::time::Duration;
 use tokenmint::embedded::die_with_parent;
 use tokenmint::http::auth::key_hash;
 
+use crate::failpoint::mongo_uri_named;
 use crate::mongod::{mongo_uri, workspace_root};
 
 /// The admin key a [`Service`] accepts.
@@ -47,6 +48,15 @@ impl Service {
     /// Starts the binary against `database` and waits for its "listening on" line.
     pub fn start(database: &str) -> Service {
         Service::start_with(database, &[])
+    }
+
+    /// `start_with`, its MongoDB client named `app_name` (`mongo_uri_named`): what a
+    /// `failCommand` failpoint aimed at this process's commands alone needs.
+    pub fn start_named(database: &str, app_name: &str, settings: &[(&str, &str)]) -> Service {
+        let uri = mongo_uri_named(app_name);
+        let mut named = vec![("TOKENMINT__MONGO__URI", uri.as_str())];
+        named.extend_from_slice(settings);
+        Service::start_with(database, &named)
     }
 
     /// `start`, with `settings` as extra environment variables (after the defaults, so

@@ -99,8 +99,7 @@ async fn a_waiter_that_cannot_open_warns_once_and_opens_once_it_may() {
     Service::start(scratch.name()).kill();
     let app_name = unique_app_name();
     let refused = FailPoint::always(&app_name, &["aggregate"], Fault::error(13)).await;
-    let uri = mongo_uri_named(&app_name);
-    let service = Service::start_with(scratch.name(), &[("TOKENMINT__MONGO__URI", &uri)]);
+    let service = Service::start_named(scratch.name(), &app_name, &[]);
     // Three attempts, a second apart: the first warns, the others only at debug.
     assert!(
         refused.fired_within(3, Duration::from_secs(10)).await,

@@ -59,9 +59,7 @@ pub(super) async fn scenario(key: Option<&str>) {
         .expect("setParameter transactionLifetimeLimitSeconds");
 
     let name = unique_app_name();
-    let uri = mongo_uri_named(&name);
-    let mut service =
-        Service::start_with(scratch.name(), &[("TOKENMINT__MONGO__URI", uri.as_str())]);
+    let mut service = Service::start_named(scratch.name(), &name, &[]);
     let issued = reqwest::Client::new()
         .post(format!("{}/v1/issuances", service.base))
         .bearer_auth(SERVICE_KEY)

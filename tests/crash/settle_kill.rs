@@ -59,13 +59,10 @@ pub(super) async fn scenario(mode: &str) {
     refunded_long_ago(store, &payment).await;
 
     let name = unique_app_name();
-    let uri = mongo_uri_named(&name);
-    let mut service = Service::start_with(
+    let mut service = Service::start_named(
         scratch.name(),
-        &[
-            ("TOKENMINT__MONGO__URI", uri.as_str()),
-            ("TOKENMINT__REPAIR__ENABLED", "false"),
-        ],
+        &name,
+        &[("TOKENMINT__REPAIR__ENABLED", "false")],
     );
     // In atomic mode the transaction's own update (the record committing `issuing`) goes
     // first: the revoke after the commit is the second.
