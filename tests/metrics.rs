@@ -619,3 +619,73 @@ async fn a_batch_inserts_all_its_tokens_in_one_command() {
         issued
     );
 }
+
+/// A redemption retried with its reference is answered from its own transaction: the
+/// references' read and the existing redemption's tokens, both in the transaction's
+/// snapshot, then a commit that waits for the majority to have that snapshot. No read
+/// after it, and no abort: counted by the command metrics of a fresh process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redemption_retry_is_answered_from_its_transaction() {
+    const RETRIES: usize = 3;
+    let scratch = ScratchDatabase::create("metrics_redemption_retry").await;
+    // No self-repair sweep: its reads would land among the counted ones.
+    let service = Service::start_with(
+        scratch.name(),
+        &[
+            ("TOKENMINT__TELEMETRY__MONGODB_COMMAND_METRICS", "true"),
+            ("TOKENMINT__REPAIR__ENABLED", "false"),
+        ],
+    );
+    let http = reqwest::Client::new();
+    let issued = http
+        .post(format!("{}/v1/issuances", service.base))
+        .bearer_auth(SERVICE_KEY)
+        .json(&issuance_body("pi_redemption_retry", 3))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(issued.status(), 201);
+    let body = json!({ "owner": OWNER, "tokenType": "standard", "quantity": 2, "reference": "order-retry" });
+    let redeem = || {
+        http.post(format!("{}/v1/redemptions", service.base))
+            .bearer_auth(SERVICE_KEY)
+            .json(&body)
+            .send()
+    };
+    let first = redeem().await.unwrap();
+    assert_eq!(first.status(), 201);
+    let first: serde_json::Value = first.json().await.unwrap();
+
+    let (_, before) = scrape(&http, &service.base).await;
+    for _ in 0..RETRIES {
+        let retry = redeem().await.unwrap();
+        assert_eq!(retry.status(), 200);
+        let retry: serde_json::Value = retry.json().await.unwrap();
+        assert_eq!(retry, first, "the same redemption, the same tokens");
+    }
+    let (text, after) = scrape(&http, &service.base).await;
+    let grown = |command: &str| {
+        let labels = format!("command=\"{command}\",outcome=\"ok\"");
+        let name = format!("{}_count", metric::MONGODB_COMMAND_DURATION_SECONDS);
+        sample(&after, &name, &labels).unwrap_or(0.0)
+            - sample(&before, &name, &labels).unwrap_or(0.0)
+    };
+    assert_eq!(grown("commitTransaction"), RETRIES as f64, "{text}");
+    assert_eq!(grown("abortTransaction"), 0.0, "{text}");
+    // Each retry: its reference's record, then its tokens; nothing read after.
+    assert_eq!(grown("find"), 2.0 * RETRIES as f64, "{text}");
+
+    let db = mongodb::Client::with_uri_str(mongo_uri())
+        .await
+        .unwrap()
+        .database(scratch.name());
+    assert_eq!(count(&db, "redemptions", mongodb::bson::doc! {}).await, 1);
+    assert_eq!(
+        count(&db, "tokens", mongodb::bson::doc! { "status": "redeemed" }).await,
+        2
+    );
+    assert_eq!(
+        count(&db, "tokens", mongodb::bson::doc! { "status": "active" }).await,
+        1
+    );
+}

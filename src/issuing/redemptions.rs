@@ -117,16 +117,20 @@ impl Issuer {
                     }
                     return Ok(RedemptionOutcome::Created(redeemed));
                 }
+                // The transaction committed with the majority: what its snapshot showed
+                // is the majority's.
+                RedemptionAttempt::Exists(Some(existing)) => {
+                    return replay(existing, request, &visible);
+                }
                 // Answered from a majority read: the snapshot that showed it may hold a
                 // redemption a failover can still roll back (one whose commit gave up
                 // waiting for the majority). Until the majority has it, it is in the way.
-                RedemptionAttempt::Exists => {
+                RedemptionAttempt::Exists(None) => {
                     let existing = self
-                        .store
-                        .find_redemption(request.owner.object_id(), request.reference.as_str())
+                        .read_redemption(request.owner.object_id(), request.reference.as_str())
                         .await?;
                     if let Some(existing) = existing {
-                        return self.replay(existing, request, &visible).await;
+                        return replay(existing, request, &visible);
                     }
                     pause_after_conflict(started, &mut attempt)
                         .await
@@ -189,41 +193,45 @@ impl Issuer {
         reference: &str,
         visible: impl Fn(&TokenDoc) -> bool,
     ) -> Result<Option<Redeemed>, StoreError> {
+        Ok(self
+            .read_redemption(owner, reference)
+            .await?
+            .filter(|redeemed| redeemed.tokens.iter().all(visible)))
+    }
+
+    /// The owner's redemption of `reference` and its tokens, by majority reads.
+    async fn read_redemption(
+        &self,
+        owner: ObjectId,
+        reference: &str,
+    ) -> Result<Option<Redeemed>, StoreError> {
         let Some(record) = self.store.find_redemption(owner, reference).await? else {
             return Ok(None);
         };
         let tokens = self.store.tokens_by_ids(&record.token_ids).await?;
-        Ok(tokens
-            .iter()
-            .all(visible)
-            .then_some(Redeemed { record, tokens }))
+        Ok(Some(Redeemed { record, tokens }))
     }
+}
 
-    /// Answers a request whose reference has a redemption: a replay when the parameters
-    /// match, else a conflict listing the differing ones.
-    async fn replay(
-        &self,
-        existing: RedemptionDoc,
-        request: &NewRedemption,
-        visible: &impl Fn(&TokenDoc) -> bool,
-    ) -> Result<RedemptionOutcome, RedemptionError> {
-        let tokens = self.store.tokens_by_ids(&existing.token_ids).await?;
-        if !tokens.iter().all(visible) {
-            return Err(RedemptionError::Conflict(vec![Mismatch {
-                field: "reference".to_owned(),
-                existing: None,
-                requested: json!(request.reference.as_str()),
-            }]));
-        }
-        let mismatches = mismatches(&existing, request);
-        if !mismatches.is_empty() {
-            return Err(RedemptionError::Conflict(mismatches));
-        }
-        Ok(RedemptionOutcome::Replayed(Redeemed {
-            record: existing,
-            tokens,
-        }))
+/// Answers a request whose reference has the redemption `existing`: a replay when the
+/// parameters match, else a conflict listing the differing ones.
+fn replay(
+    existing: Redeemed,
+    request: &NewRedemption,
+    visible: &impl Fn(&TokenDoc) -> bool,
+) -> Result<RedemptionOutcome, RedemptionError> {
+    if !existing.tokens.iter().all(visible) {
+        return Err(RedemptionError::Conflict(vec![Mismatch {
+            field: "reference".to_owned(),
+            existing: None,
+            requested: json!(request.reference.as_str()),
+        }]));
     }
+    let mismatches = mismatches(&existing.record, request);
+    if !mismatches.is_empty() {
+        return Err(RedemptionError::Conflict(mismatches));
+    }
+    Ok(RedemptionOutcome::Replayed(existing))
 }
 
 /// The retry budget (`CONFLICT_BUDGET`) of a request is spent.

@@ -7,6 +7,7 @@
 //! with nothing written; whether and when to try again is the caller's to decide.
 
 use std::collections::{HashMap, HashSet};
+use std::time::Duration;
 
 use futures::TryStreamExt;
 use mongodb::ClientSession;
@@ -26,6 +27,10 @@ use crate::domain::TokenStatus;
 
 /// The collection's name.
 pub const REDEMPTIONS: &str = "redemptions";
+
+/// How long a transaction that writes nothing waits for the majority to confirm its
+/// snapshot: on a healthy set a few milliseconds; longer means replication lags.
+const CONFIRM_PATIENCE: Duration = Duration::from_secs(1);
 
 /// One document of `redemptions`: what was asked, and the tokens it redeemed, in the
 /// order they were chosen.
@@ -76,10 +81,12 @@ pub enum RedemptionAttempt<R> {
     /// Committed: the record and the tokens as redeemed, in the chosen order.
     Committed(Redeemed),
     /// The transaction's snapshot shows a redemption of that reference already; nothing
-    /// was written for it. A snapshot that nothing was written after is not known to be
-    /// majority-committed (only a transaction's commit at `w: majority` makes it so): the
-    /// record must be read again (`find_redemption`) before an answer rests on it.
-    Exists,
+    /// was written for it. With the record and its tokens as the snapshot showed them
+    /// when the transaction committed: its commit at `w: majority` waited for the
+    /// majority to have that snapshot, so an answer may rest on them. Without, when it
+    /// did not commit: the snapshot is not known to be the majority's, and the record
+    /// must be read again (`find_redemption`) before an answer rests on it.
+    Exists(Option<Redeemed>),
     /// The plan refused what it was shown; nothing was written for it.
     Refused(R),
     /// Nothing was written: another writer had one of the tokens, or a reference, first
@@ -134,16 +141,17 @@ impl Store {
     }
 
     /// One transaction for `spends`, one attempt each, in the same order: reads which of
-    /// their references exist (those are answered with their record, nothing written),
-    /// then each other spend's tokens, and asks `plan` (with the spend's position) what to
-    /// do with them, or for a refusal; redeems every planned record's `tokenIds` still active with its
-    /// plan's fields in one update, inserts the records in one insert, answers each
-    /// `answered` record, and commits. The planned redemptions commit together or not at
-    /// all: when one cannot (a token or reference taken, a key taken over) none is
-    /// written, and every planned one is told so, refusals too. A refusal is answered only
-    /// from a committed transaction (an empty one, when nothing else is to be written),
-    /// whose commit waited for the majority to have its snapshot. Any other failure is the
-    /// whole call's.
+    /// their references exist and those redemptions' tokens (answered with them, nothing
+    /// written), then each other spend's tokens, and asks `plan` (with the spend's
+    /// position) what to do with them, or for a refusal; redeems every planned record's
+    /// `tokenIds` still active with its plan's fields in one update, inserts the records
+    /// in one insert, answers each `answered` record, and commits. The planned
+    /// redemptions commit together or not at all: when one cannot (a token or reference
+    /// taken, a key taken over) none is written, and every planned one is told so,
+    /// refusals too. A refusal or an existing redemption is answered from the snapshot
+    /// only when the transaction committed (an empty one, when nothing else is to be
+    /// written, given at most `CONFIRM_PATIENCE`), whose commit waited for the majority
+    /// to have its snapshot. Any other failure is the whole call's.
     ///
     /// The spends must not share tokens (in practice: one redemption per owner): two
     /// plans choosing the same token leave the update short, which writes nothing.
@@ -166,7 +174,7 @@ impl Store {
             abort_quietly(&mut session).await;
         }
         match result {
-            Ok(Ended::Committed | Ended::Conflict) => {}
+            Ok(Ended::Committed | Ended::Conflict | Ended::Unconfirmed) => {}
             Ok(Ended::TakenOver(index)) => attempts[index] = Some(RedemptionAttempt::TakenOver),
             Err(err)
                 if is_transient_transaction_error(&err)
@@ -174,14 +182,17 @@ impl Store {
                         == Some(REDEMPTIONS_REFERENCE_INDEX) => {}
             Err(err) => return Err(err.into()),
         }
-        // A committed redemption was filled in with its record, a refusal with itself;
-        // any other planned one was not written. A refusal stands only when the
-        // transaction committed: only then did the majority confirm the snapshot it rests
-        // on. Otherwise it tries again, as the planned ones do.
+        // A committed redemption was filled in with its record, a refusal with itself, an
+        // existing one with what the snapshot showed of it; any other planned one was not
+        // written. A refusal and an existing redemption's tokens stand only when the
+        // transaction committed: only then did the majority confirm the snapshot they
+        // rest on. Otherwise a refusal tries again, as the planned ones do, and an
+        // existing redemption is read again.
         Ok(attempts
             .into_iter()
             .map(|attempt| match attempt {
                 Some(RedemptionAttempt::Refused(_)) if !committed => RedemptionAttempt::Conflict,
+                Some(RedemptionAttempt::Exists(_)) if !committed => RedemptionAttempt::Exists(None),
                 attempt => attempt.unwrap_or(RedemptionAttempt::Conflict),
             })
             .collect())
@@ -197,14 +208,16 @@ impl Store {
         mut plan: impl FnMut(usize, &[TokenDoc]) -> Result<SpendPlan, R>,
         attempts: &mut [Option<RedemptionAttempt<R>>],
     ) -> Result<Ended, Error> {
-        let existing = self.existing_redemptions(session, spends).await?;
+        let mut existing = self.existing_redemptions(session, spends).await?;
         let tokens = self.db.collection::<TokenDoc>(TOKENS);
         let mut planned = Vec::with_capacity(spends.len());
         for (index, spend) in spends.iter().enumerate() {
-            let named =
-                |r: &RedemptionDoc| r.owner == spend.owner && r.reference == spend.reference;
-            if existing.iter().any(named) {
-                attempts[index] = Some(RedemptionAttempt::Exists);
+            let named = |r: &Redeemed| {
+                r.record.owner == spend.owner && r.record.reference == spend.reference
+            };
+            if let Some(position) = existing.iter().position(named) {
+                let found = existing.swap_remove(position);
+                attempts[index] = Some(RedemptionAttempt::Exists(Some(found)));
                 continue;
             }
             let spendable = spend.spendable;
@@ -223,18 +236,18 @@ impl Store {
             }
         }
         if planned.is_empty() {
-            // Nothing to write. A refusal rests on the snapshot, the primary's latest,
-            // which may hold a redemption the majority does not have yet (and a failover
-            // may roll back): committing the empty transaction with the majority waits
-            // until the majority has everything the snapshot showed.
-            if attempts
-                .iter()
-                .any(|attempt| matches!(attempt, Some(RedemptionAttempt::Refused(_))))
-            {
-                commit_with_retry(session).await?;
-                return Ok(Ended::Committed);
-            }
-            return Ok(Ended::Conflict);
+            // Nothing to write: every spend was refused or exists. Both rest on the
+            // snapshot, the primary's latest, which may hold a redemption the majority
+            // does not have yet (and a failover may roll back): committing the empty
+            // transaction with the majority waits until the majority has everything the
+            // snapshot showed. Not longer than `CONFIRM_PATIENCE`: with nothing written
+            // there is nothing to lose by giving up, and the spends are then read again
+            // or tried again, each within its request's budget, rather than holding
+            // the writer (and its other owners) for as long as the majority lags.
+            return match tokio::time::timeout(CONFIRM_PATIENCE, commit_with_retry(session)).await {
+                Ok(committed) => committed.map(|()| Ended::Committed),
+                Err(_) => Ok(Ended::Unconfirmed),
+            };
         }
         let chosen: usize = planned.iter().map(|p| p.plan.record.token_ids.len()).sum();
         // In a snapshot transaction a token changed since the read is a write conflict,
@@ -277,25 +290,56 @@ impl Store {
 }
 
 impl Store {
-    /// The records of those of `spends`' references that exist, in one read of the
-    /// transaction's snapshot.
+    /// The redemptions of those of `spends`' references that exist, with their tokens
+    /// in the order they were chosen: in two reads of the transaction's snapshot, the
+    /// records and then all their tokens at once, whatever their number (the second
+    /// only when a record exists).
     async fn existing_redemptions(
         &self,
         session: &mut ClientSession,
         spends: &[Spend<'_>],
-    ) -> Result<Vec<RedemptionDoc>, Error> {
+    ) -> Result<Vec<Redeemed>, Error> {
         let named: Vec<Document> = spends
             .iter()
             .map(|spend| doc! { "owner": spend.owner, "reference": spend.reference })
             .collect();
-        self.db
+        let records: Vec<RedemptionDoc> = self
+            .db
             .collection::<RedemptionDoc>(REDEMPTIONS)
             .find(doc! { "$or": named })
             .session(&mut *session)
             .await?
             .stream(&mut *session)
             .try_collect()
-            .await
+            .await?;
+        if records.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ids: Vec<ObjectId> = records
+            .iter()
+            .flat_map(|record| record.token_ids.iter().copied())
+            .collect();
+        let mut tokens: HashMap<ObjectId, TokenDoc> = self
+            .db
+            .collection::<TokenDoc>(TOKENS)
+            .find(doc! { "_id": { "$in": ids } })
+            .session(&mut *session)
+            .await?
+            .stream(&mut *session)
+            .map_ok(|token| (token.id, token))
+            .try_collect()
+            .await?;
+        Ok(records
+            .into_iter()
+            .map(|record| Redeemed {
+                tokens: record
+                    .token_ids
+                    .iter()
+                    .filter_map(|id| tokens.remove(id))
+                    .collect(),
+                record,
+            })
+            .collect())
     }
 
     /// Runs `redeem_command` in the session's transaction; returns how many tokens it
@@ -332,8 +376,10 @@ impl Store {
 /// How a transaction's writes ended, when no command failed.
 enum Ended {
     Committed,
-    /// Nothing to write, or a token no longer as read.
+    /// A token no longer as read.
     Conflict,
+    /// Nothing to write, and the majority did not confirm the snapshot in time.
+    Unconfirmed,
     /// The spend at this position lost its `Idempotency-Key`'s record.
     TakenOver(usize),
 }
