@@ -7,7 +7,6 @@
 //! with nothing written; whether and when to try again is the caller's to decide.
 
 use std::collections::{HashMap, HashSet};
-use std::time::Duration;
 
 use futures::TryStreamExt;
 use mongodb::ClientSession;
@@ -27,10 +26,6 @@ use crate::domain::TokenStatus;
 
 /// The collection's name.
 pub const REDEMPTIONS: &str = "redemptions";
-
-/// How long a transaction that writes nothing waits for the majority to confirm its
-/// snapshot: on a healthy set a few milliseconds; longer means replication lags.
-const CONFIRM_PATIENCE: Duration = Duration::from_secs(1);
 
 /// One document of `redemptions`: what was asked, and the tokens it redeemed, in the
 /// order they were chosen.
@@ -141,7 +136,7 @@ impl Store {
     }
 
     /// One transaction for `spends`, one attempt each, in the same order: reads which of
-    /// their references exist and those redemptions' tokens (answered with them, nothing
+    /// their references exist (answered with the record and its tokens, nothing
     /// written), then each other spend's tokens, and asks `plan` (with the spend's
     /// position) what to do with them, or for a refusal; redeems every planned record's
     /// `tokenIds` still active with its plan's fields in one update, inserts the records
@@ -149,9 +144,9 @@ impl Store {
     /// redemptions commit together or not at all: when one cannot (a token or reference
     /// taken, a key taken over) none is written, and every planned one is told so,
     /// refusals too. A refusal or an existing redemption is answered from the snapshot
-    /// only when the transaction committed (an empty one, when nothing else is to be
-    /// written, given at most `CONFIRM_PATIENCE`), whose commit waited for the majority
-    /// to have its snapshot. Any other failure is the whole call's.
+    /// only when the transaction committed (an empty one, when there are refusals and
+    /// nothing to write), whose commit waited for the majority to have its snapshot.
+    /// Any other failure is the whole call's.
     ///
     /// The spends must not share tokens (in practice: one redemption per owner): two
     /// plans choosing the same token leave the update short, which writes nothing.
@@ -174,7 +169,7 @@ impl Store {
             abort_quietly(&mut session).await;
         }
         match result {
-            Ok(Ended::Committed | Ended::Conflict | Ended::Unconfirmed) => {}
+            Ok(Ended::Committed | Ended::Conflict) => {}
             Ok(Ended::TakenOver(index)) => attempts[index] = Some(RedemptionAttempt::TakenOver),
             Err(err)
                 if is_transient_transaction_error(&err)
@@ -208,16 +203,15 @@ impl Store {
         mut plan: impl FnMut(usize, &[TokenDoc]) -> Result<SpendPlan, R>,
         attempts: &mut [Option<RedemptionAttempt<R>>],
     ) -> Result<Ended, Error> {
-        let mut existing = self.existing_redemptions(session, spends).await?;
+        let records = self.existing_redemptions(session, spends).await?;
         let tokens = self.db.collection::<TokenDoc>(TOKENS);
+        let mut existing = Vec::new();
         let mut planned = Vec::with_capacity(spends.len());
         for (index, spend) in spends.iter().enumerate() {
-            let named = |r: &Redeemed| {
-                r.record.owner == spend.owner && r.record.reference == spend.reference
-            };
-            if let Some(position) = existing.iter().position(named) {
-                let found = existing.swap_remove(position);
-                attempts[index] = Some(RedemptionAttempt::Exists(Some(found)));
+            let named =
+                |r: &&RedemptionDoc| r.owner == spend.owner && r.reference == spend.reference;
+            if let Some(record) = records.iter().find(named) {
+                existing.push((index, record.clone()));
                 continue;
             }
             let spendable = spend.spendable;
@@ -235,19 +229,29 @@ impl Store {
                 Err(refused) => attempts[index] = Some(RedemptionAttempt::Refused(refused)),
             }
         }
+        let refused = attempts
+            .iter()
+            .any(|attempt| matches!(attempt, Some(RedemptionAttempt::Refused(_))));
+        if planned.is_empty() && !refused {
+            // Only existing redemptions: they are read again after the transaction, by
+            // majority reads, which is what committing it would wait for anyway.
+            for (index, _) in existing {
+                attempts[index] = Some(RedemptionAttempt::Exists(None));
+            }
+            return Ok(Ended::Conflict);
+        }
+        // This transaction commits, and its commit confirms the snapshot: the existing
+        // redemptions are answered from it, their tokens read here in one go.
+        for (index, redeemed) in self.with_tokens(session, existing).await? {
+            attempts[index] = Some(RedemptionAttempt::Exists(Some(redeemed)));
+        }
         if planned.is_empty() {
-            // Nothing to write: every spend was refused or exists. Both rest on the
-            // snapshot, the primary's latest, which may hold a redemption the majority
-            // does not have yet (and a failover may roll back): committing the empty
-            // transaction with the majority waits until the majority has everything the
-            // snapshot showed. Not longer than `CONFIRM_PATIENCE`: with nothing written
-            // there is nothing to lose by giving up, and the spends are then read again
-            // or tried again, each within its request's budget, rather than holding
-            // the writer (and its other owners) for as long as the majority lags.
-            return match tokio::time::timeout(CONFIRM_PATIENCE, commit_with_retry(session)).await {
-                Ok(committed) => committed.map(|()| Ended::Committed),
-                Err(_) => Ok(Ended::Unconfirmed),
-            };
+            // Nothing to write. A refusal rests on the snapshot, the primary's latest,
+            // which may hold a redemption the majority does not have yet (and a failover
+            // may roll back): committing the empty transaction with the majority waits
+            // until the majority has everything the snapshot showed.
+            commit_with_retry(session).await?;
+            return Ok(Ended::Committed);
         }
         let chosen: usize = planned.iter().map(|p| p.plan.record.token_ids.len()).sum();
         // In a snapshot transaction a token changed since the read is a write conflict,
@@ -290,36 +294,43 @@ impl Store {
 }
 
 impl Store {
-    /// The redemptions of those of `spends`' references that exist, with their tokens
-    /// in the order they were chosen: in two reads of the transaction's snapshot, the
-    /// records and then all their tokens at once, whatever their number (the second
-    /// only when a record exists).
+    /// The records of those of `spends`' references that exist, in one read of the
+    /// transaction's snapshot.
     async fn existing_redemptions(
         &self,
         session: &mut ClientSession,
         spends: &[Spend<'_>],
-    ) -> Result<Vec<Redeemed>, Error> {
+    ) -> Result<Vec<RedemptionDoc>, Error> {
         let named: Vec<Document> = spends
             .iter()
             .map(|spend| doc! { "owner": spend.owner, "reference": spend.reference })
             .collect();
-        let records: Vec<RedemptionDoc> = self
-            .db
+        self.db
             .collection::<RedemptionDoc>(REDEMPTIONS)
             .find(doc! { "$or": named })
             .session(&mut *session)
             .await?
             .stream(&mut *session)
             .try_collect()
-            .await?;
+            .await
+    }
+
+    /// `records` (each with its spend's position), each with its tokens in the order
+    /// they were chosen: all their tokens in one read of the transaction's snapshot,
+    /// none when there are no records.
+    async fn with_tokens(
+        &self,
+        session: &mut ClientSession,
+        records: Vec<(usize, RedemptionDoc)>,
+    ) -> Result<Vec<(usize, Redeemed)>, Error> {
         if records.is_empty() {
             return Ok(Vec::new());
         }
         let ids: Vec<ObjectId> = records
             .iter()
-            .flat_map(|record| record.token_ids.iter().copied())
+            .flat_map(|(_, record)| record.token_ids.iter().copied())
             .collect();
-        let mut tokens: HashMap<ObjectId, TokenDoc> = self
+        let tokens: HashMap<ObjectId, TokenDoc> = self
             .db
             .collection::<TokenDoc>(TOKENS)
             .find(doc! { "_id": { "$in": ids } })
@@ -331,13 +342,13 @@ impl Store {
             .await?;
         Ok(records
             .into_iter()
-            .map(|record| Redeemed {
-                tokens: record
+            .map(|(index, record)| {
+                let tokens = record
                     .token_ids
                     .iter()
-                    .filter_map(|id| tokens.remove(id))
-                    .collect(),
-                record,
+                    .filter_map(|id| tokens.get(id).cloned())
+                    .collect();
+                (index, Redeemed { record, tokens })
             })
             .collect())
     }
@@ -376,10 +387,8 @@ impl Store {
 /// How a transaction's writes ended, when no command failed.
 enum Ended {
     Committed,
-    /// A token no longer as read.
+    /// Nothing to commit (only existing redemptions), or a token no longer as read.
     Conflict,
-    /// Nothing to write, and the majority did not confirm the snapshot in time.
-    Unconfirmed,
     /// The spend at this position lost its `Idempotency-Key`'s record.
     TakenOver(usize),
 }

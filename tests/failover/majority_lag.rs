@@ -194,11 +194,9 @@ pub(super) async fn scenario() {
     app.stop().await;
 }
 
-/// A redemption of another reference, for the token a lagging redemption spent, on the
-/// instance that waits for the majority as long as its requests may run: 503
-/// `database_unavailable` while the majority lags (a refusal would rest on what a
-/// failover may roll back), within its redemption's budget rather than at the request's
-/// timeout; 409 `insufficient_balance` once the majority has the first.
+/// A redemption of another reference, for the token a lagging redemption spent: 503
+/// while the majority lags (a refusal would rest on what a failover may roll back),
+/// 409 `insufficient_balance` once the majority has the first.
 async fn another_reference_waits_for_the_majority(lag: &Lag) {
     stock_tokens(&lag.http, &lag.app, "pi_majority_lagother", "lagother", 1).await;
     let redemption = |reference: &str| json!({ "owner": OWNER, "tokenType": "lagother", "quantity": 1, "reference": reference });
@@ -208,7 +206,7 @@ async fn another_reference_waits_for_the_majority(lag: &Lag) {
         .while_lagging(
             "lagother",
             redeem(&lag.impatient, &first),
-            redeem(&lag.app, &second),
+            redeem(&lag.impatient, &second),
         )
         .await;
     assert!(

@@ -9,6 +9,9 @@ use futures::future::join_all;
 use mongodb::bson::{Document, doc, oid::ObjectId};
 use serde_json::{Value, json};
 
+use tokenmint::domain::{Owner, TokenStatus, TokenType};
+use tokenmint::store::{RedemptionAttempt, RedemptionDoc, Spend, SpendPlan, Spendable, TokenQuery};
+
 use super::redeem;
 use crate::helpers::*;
 
@@ -277,4 +280,117 @@ async fn a_redemption_whose_request_timed_out_before_its_turn_is_never_written()
         .map(|r| r.get_str("reference").unwrap().to_owned())
         .collect();
     assert!(!references.contains(&"behind".to_owned()), "{references:?}");
+}
+
+/// The spends of one owner's `standard` tokens, oldest first by id, `limit` of them.
+fn standard_of(owner: ObjectId, limit: i64) -> Spendable {
+    Spendable {
+        query: TokenQuery {
+            owner: Some(Owner::from_object_id(owner)),
+            token_type: Some(TokenType::parse("standard").unwrap()),
+            status: Some(TokenStatus::Active),
+            account: None,
+            accounts: None,
+            after: None,
+        },
+        order: doc! { "_id": 1 },
+        limit,
+    }
+}
+
+/// A retried redemption that shares a transaction with one that writes is answered from
+/// that transaction's snapshot, which its commit confirmed with the majority: the record
+/// and its tokens as the first attempt left them, nothing read after it. One that has
+/// the transaction to itself is left to be read again (nothing would be committed).
+#[tokio::test]
+async fn an_existing_redemption_is_answered_from_a_transaction_that_commits() {
+    let app = spawn_app_with(NO_REPAIR).await;
+    let (retried, other) = (ObjectId::new(), ObjectId::new());
+    for (i, owner) in [retried, other].iter().enumerate() {
+        let mut body = issuance_body(&format!("pi_existing_{i}"), 4);
+        body["owner"] = json!(owner.to_hex());
+        assert_eq!(app.issue(ADMIN_KEY, &body).await.status(), 201);
+    }
+    let body = json!({
+        "owner": retried.to_hex(), "tokenType": "standard", "quantity": 3, "reference": "first",
+    });
+    let first = redeem(&app, ADMIN_KEY, &body).await;
+    assert_eq!(first.status(), 201);
+    let first_ids = token_ids(&json(first).await);
+
+    let store = app.store().await;
+    let (retried_spend, other_spend) = (standard_of(retried, 3), standard_of(other, 2));
+    let spends = [
+        Spend {
+            owner: retried,
+            reference: "first",
+            spendable: &retried_spend,
+            answered: None,
+        },
+        Spend {
+            owner: other,
+            reference: "other",
+            spendable: &other_spend,
+            answered: None,
+        },
+    ];
+    let attempts = store
+        .redeem_in_transaction::<u64>(&spends, |index, found| {
+            assert_eq!(index, 1, "only the new redemption is planned");
+            Ok(SpendPlan {
+                set: doc! { "status": "redeemed", "redemptionRef": "other" },
+                record: RedemptionDoc {
+                    id: ObjectId::new(),
+                    owner: other,
+                    reference: "other".to_owned(),
+                    token_type: "standard".to_owned(),
+                    quantity: 2,
+                    account_id: None,
+                    token_ids: found.iter().map(|t| t.id).collect(),
+                    created_at: mongodb::bson::DateTime::now(),
+                    requested_by: "test".to_owned(),
+                },
+            })
+        })
+        .await
+        .unwrap();
+    let RedemptionAttempt::Exists(Some(existing)) = &attempts[0] else {
+        panic!(
+            "the retry was not answered from the transaction: {:?}",
+            attempts[0]
+        );
+    };
+    assert_eq!(existing.record.reference, "first");
+    let answered: Vec<String> = existing.tokens.iter().map(|t| t.id.to_hex()).collect();
+    assert_eq!(
+        answered, first_ids,
+        "its tokens, in the order they were chosen"
+    );
+    assert!(existing.tokens.iter().all(|t| t.status == TokenStatus::Redeemed));
+    assert!(
+        matches!(attempts[1], RedemptionAttempt::Committed(_)),
+        "{:?}",
+        attempts[1]
+    );
+    // In the database: the first redemption untouched, the other one committed.
+    let records = all(&app, "redemptions").await;
+    assert_eq!(records.len(), 2);
+    let redeemed: Vec<Document> = all(&app, "tokens")
+        .await
+        .into_iter()
+        .filter(|t| t.get_str("status") == Ok("redeemed"))
+        .collect();
+    assert_eq!(redeemed.len(), 5);
+
+    // Alone, nothing is committed: the snapshot is not confirmed, so it is read again.
+    let attempts = store
+        .redeem_in_transaction::<u64>(&spends[..1], |_, _| panic!("nothing to plan"))
+        .await
+        .unwrap();
+    assert!(
+        matches!(attempts[0], RedemptionAttempt::Exists(None)),
+        "{:?}",
+        attempts[0]
+    );
+    assert_eq!(all(&app, "redemptions").await.len(), 2);
 }
