@@ -211,6 +211,8 @@ impl Store {
             let named =
                 |r: &&RedemptionDoc| r.owner == spend.owner && r.reference == spend.reference;
             if let Some(record) = records.iter().find(named) {
+                // Read again after the transaction, unless its commit confirms it below.
+                attempts[index] = Some(RedemptionAttempt::Exists(None));
                 existing.push((index, record.clone()));
                 continue;
             }
@@ -235,9 +237,6 @@ impl Store {
         if planned.is_empty() && !refused {
             // Only existing redemptions: they are read again after the transaction, by
             // majority reads, which is what committing it would wait for anyway.
-            for (index, _) in existing {
-                attempts[index] = Some(RedemptionAttempt::Exists(None));
-            }
             return Ok(Ended::Conflict);
         }
         // This transaction commits, and its commit confirms the snapshot: the existing

@@ -298,10 +298,11 @@ fn standard_of(owner: ObjectId, limit: i64) -> Spendable {
     }
 }
 
-/// A retried redemption that shares a transaction with one that writes is answered from
-/// that transaction's snapshot, which its commit confirmed with the majority: the record
-/// and its tokens as the first attempt left them, nothing read after it. One that has
-/// the transaction to itself is left to be read again (nothing would be committed).
+/// A retried redemption that shares a transaction with one that writes, or with a
+/// refusal, is answered from that transaction's snapshot, which its commit confirmed
+/// with the majority: the record and its tokens as the first attempt left them, nothing
+/// read after it. One that has the transaction to itself, or shares one that does not
+/// commit, is left to be read again.
 #[tokio::test]
 async fn an_existing_redemption_is_answered_from_a_transaction_that_commits() {
     let app = spawn_app_with(NO_REPAIR).await;
@@ -366,7 +367,12 @@ async fn an_existing_redemption_is_answered_from_a_transaction_that_commits() {
         answered, first_ids,
         "its tokens, in the order they were chosen"
     );
-    assert!(existing.tokens.iter().all(|t| t.status == TokenStatus::Redeemed));
+    assert!(
+        existing
+            .tokens
+            .iter()
+            .all(|t| t.status == TokenStatus::Redeemed)
+    );
     assert!(
         matches!(attempts[1], RedemptionAttempt::Committed(_)),
         "{:?}",
@@ -391,6 +397,73 @@ async fn an_existing_redemption_is_answered_from_a_transaction_that_commits() {
         matches!(attempts[0], RedemptionAttempt::Exists(None)),
         "{:?}",
         attempts[0]
+    );
+
+    // Beside a refusal, the empty transaction is committed to confirm it: both answered
+    // from the snapshot.
+    let third = [
+        Spend {
+            owner: retried,
+            reference: "first",
+            spendable: &retried_spend,
+            answered: None,
+        },
+        Spend {
+            owner: other,
+            reference: "third",
+            spendable: &other_spend,
+            answered: None,
+        },
+    ];
+    let attempts = store
+        .redeem_in_transaction::<u64>(&third, |_, found| Err(found.len() as u64))
+        .await
+        .unwrap();
+    let RedemptionAttempt::Exists(Some(existing)) = &attempts[0] else {
+        panic!("not answered beside a refusal: {:?}", attempts[0]);
+    };
+    let answered: Vec<String> = existing.tokens.iter().map(|t| t.id.to_hex()).collect();
+    assert_eq!(answered, first_ids);
+    assert!(
+        matches!(attempts[1], RedemptionAttempt::Refused(2)),
+        "{:?}",
+        attempts[1]
+    );
+
+    // Beside a redemption that cannot be written (its chosen tokens are spent already),
+    // nothing commits: the existing one is read again, the other tries again.
+    let spent: Vec<ObjectId> = first_ids
+        .iter()
+        .map(|id| ObjectId::parse_str(id).unwrap())
+        .collect();
+    let attempts = store
+        .redeem_in_transaction::<u64>(&third, |_, _| {
+            Ok(SpendPlan {
+                set: doc! { "status": "redeemed", "redemptionRef": "third" },
+                record: RedemptionDoc {
+                    id: ObjectId::new(),
+                    owner: other,
+                    reference: "third".to_owned(),
+                    token_type: "standard".to_owned(),
+                    quantity: 3,
+                    account_id: None,
+                    token_ids: spent.clone(),
+                    created_at: mongodb::bson::DateTime::now(),
+                    requested_by: "test".to_owned(),
+                },
+            })
+        })
+        .await
+        .unwrap();
+    assert!(
+        matches!(attempts[0], RedemptionAttempt::Exists(None)),
+        "{:?}",
+        attempts[0]
+    );
+    assert!(
+        matches!(attempts[1], RedemptionAttempt::Conflict),
+        "{:?}",
+        attempts[1]
     );
     assert_eq!(all(&app, "redemptions").await.len(), 2);
 }
