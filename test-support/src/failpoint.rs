@@ -118,6 +118,21 @@ impl FailPoint {
         Self::set_mode(turn, app_name, commands, fault, doc! { "skip": 1 }.into()).await
     }
 
+    /// As [`FailPoint::set`], for those of `commands` on the collection `namespace`
+    /// (`database.collection`) alone: aims at one step of a flow whose other steps send
+    /// the same command to other collections.
+    pub async fn set_on(
+        app_name: &str,
+        commands: &[&str],
+        namespace: &str,
+        fault: Fault,
+        times: i64,
+    ) -> Self {
+        let turn = FailPointTurn::take().await;
+        let mode = doc! { "times": times }.into();
+        Self::configure(turn, app_name, commands, Some(namespace), fault, mode).await
+    }
+
     /// As [`FailPoint::set`], for every such command until turned off.
     pub async fn always(app_name: &str, commands: &[&str], fault: Fault) -> Self {
         FailPointTurn::take()
@@ -127,9 +142,20 @@ impl FailPoint {
     }
 
     async fn set_mode(
+        turn: FailPointTurn,
+        app_name: &str,
+        commands: &[&str],
+        fault: Fault,
+        mode: Bson,
+    ) -> Self {
+        Self::configure(turn, app_name, commands, None, fault, mode).await
+    }
+
+    async fn configure(
         FailPointTurn(turn): FailPointTurn,
         app_name: &str,
         commands: &[&str],
+        namespace: Option<&str>,
         fault: Fault,
         mode: Bson,
     ) -> Self {
@@ -137,6 +163,9 @@ impl FailPoint {
             .await
             .expect("admin client");
         let mut data = doc! { "failCommands": commands, "appName": app_name };
+        if let Some(namespace) = namespace {
+            data.insert("namespace", namespace);
+        }
         match fault {
             Fault::Error { code, labels } => {
                 data.insert("errorCode", code);

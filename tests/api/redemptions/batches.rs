@@ -10,7 +10,9 @@ use mongodb::bson::{Document, doc, oid::ObjectId};
 use serde_json::{Value, json};
 
 use tokenmint::domain::{Owner, TokenStatus, TokenType};
-use tokenmint::store::{RedemptionAttempt, RedemptionDoc, Spend, SpendPlan, Spendable, TokenQuery};
+use tokenmint::store::{
+    RedemptionAttempt, RedemptionDoc, Spend, SpendPlan, Spendable, TokenDoc, TokenQuery,
+};
 
 use super::redeem;
 use crate::helpers::*;
@@ -298,14 +300,37 @@ fn standard_of(owner: ObjectId, limit: i64) -> Spendable {
     }
 }
 
-/// A retried redemption that shares a transaction with one that writes, or with a
-/// refusal, is answered from that transaction's snapshot, which its commit confirmed
-/// with the majority: the record and its tokens as the first attempt left them, nothing
-/// read after it. One that has the transaction to itself, or shares one that does not
-/// commit, is left to be read again.
-#[tokio::test]
-async fn an_existing_redemption_is_answered_from_a_transaction_that_commits() {
-    let app = spawn_app_with(NO_REPAIR).await;
+/// A spend of `reference` for `owner`, without an `Idempotency-Key`.
+fn spend<'a>(owner: ObjectId, reference: &'a str, spendable: &'a Spendable) -> Spend<'a> {
+    Spend {
+        owner,
+        reference,
+        spendable,
+        answered: None,
+    }
+}
+
+/// The plan that redeems `ids` for `owner`'s redemption `reference`.
+fn redeeming(owner: ObjectId, reference: &str, ids: Vec<ObjectId>) -> SpendPlan {
+    SpendPlan {
+        set: doc! { "status": "redeemed", "redemptionRef": reference },
+        record: RedemptionDoc {
+            id: ObjectId::new(),
+            owner,
+            reference: reference.to_owned(),
+            token_type: "standard".to_owned(),
+            quantity: ids.len() as i64,
+            account_id: None,
+            token_ids: ids,
+            created_at: mongodb::bson::DateTime::now(),
+            requested_by: "test".to_owned(),
+        },
+    }
+}
+
+/// Two owners of four `standard` tokens each, the first of whom redeemed three of them
+/// as `first`: the two owners, and the ids of those three in the order they were chosen.
+async fn a_redemption_to_retry(app: &TestApp) -> (ObjectId, ObjectId, Vec<String>) {
     let (retried, other) = (ObjectId::new(), ObjectId::new());
     for (i, owner) in [retried, other].iter().enumerate() {
         let mut body = issuance_body(&format!("pi_existing_{i}"), 4);
@@ -315,78 +340,90 @@ async fn an_existing_redemption_is_answered_from_a_transaction_that_commits() {
     let body = json!({
         "owner": retried.to_hex(), "tokenType": "standard", "quantity": 3, "reference": "first",
     });
-    let first = redeem(&app, ADMIN_KEY, &body).await;
+    let first = redeem(app, ADMIN_KEY, &body).await;
     assert_eq!(first.status(), 201);
-    let first_ids = token_ids(&json(first).await);
+    (retried, other, token_ids(&json(first).await))
+}
 
-    let store = app.store().await;
-    let (retried_spend, other_spend) = (standard_of(retried, 3), standard_of(other, 2));
-    let spends = [
-        Spend {
-            owner: retried,
-            reference: "first",
-            spendable: &retried_spend,
-            answered: None,
-        },
-        Spend {
-            owner: other,
-            reference: "other",
-            spendable: &other_spend,
-            answered: None,
-        },
-    ];
-    let attempts = store
-        .redeem_in_transaction::<u64>(&spends, |index, found| {
-            assert_eq!(index, 1, "only the new redemption is planned");
-            Ok(SpendPlan {
-                set: doc! { "status": "redeemed", "redemptionRef": "other" },
-                record: RedemptionDoc {
-                    id: ObjectId::new(),
-                    owner: other,
-                    reference: "other".to_owned(),
-                    token_type: "standard".to_owned(),
-                    quantity: 2,
-                    account_id: None,
-                    token_ids: found.iter().map(|t| t.id).collect(),
-                    created_at: mongodb::bson::DateTime::now(),
-                    requested_by: "test".to_owned(),
-                },
-            })
-        })
-        .await
-        .unwrap();
-    let RedemptionAttempt::Exists(Some(existing)) = &attempts[0] else {
-        panic!(
-            "the retry was not answered from the transaction: {:?}",
-            attempts[0]
-        );
+/// The ids of the tokens of an existing redemption the transaction answered from its
+/// snapshot; panics when it was not.
+fn answered_ids<R: std::fmt::Debug>(attempt: &RedemptionAttempt<R>) -> Vec<String> {
+    let RedemptionAttempt::Exists(Some(existing)) = attempt else {
+        panic!("the retry was not answered from the transaction: {attempt:?}");
     };
-    assert_eq!(existing.record.reference, "first");
-    let answered: Vec<String> = existing.tokens.iter().map(|t| t.id.to_hex()).collect();
-    assert_eq!(
-        answered, first_ids,
-        "its tokens, in the order they were chosen"
-    );
     assert!(
         existing
             .tokens
             .iter()
             .all(|t| t.status == TokenStatus::Redeemed)
     );
+    existing.tokens.iter().map(|t| t.id.to_hex()).collect()
+}
+
+/// A transaction that did not commit: the existing redemption (first) is left to be
+/// read again, the new one (second) to try again.
+fn assert_read_again_and_tried_again<R: std::fmt::Debug>(attempts: &[RedemptionAttempt<R>]) {
+    assert!(
+        matches!(attempts[0], RedemptionAttempt::Exists(None)),
+        "{:?}",
+        attempts[0]
+    );
+    assert!(
+        matches!(attempts[1], RedemptionAttempt::Conflict),
+        "{:?}",
+        attempts[1]
+    );
+}
+
+/// How many tokens are redeemed.
+async fn redeemed_count(app: &TestApp) -> usize {
+    all(app, "tokens")
+        .await
+        .iter()
+        .filter(|t| t.get_str("status") == Ok("redeemed"))
+        .count()
+}
+
+/// A retried redemption that shares a transaction with one that writes, or with a
+/// refusal, is answered from that transaction's snapshot, which its commit confirmed
+/// with the majority: the record and its tokens as the first attempt left them, nothing
+/// read after it. One that has the transaction to itself, or shares one that does not
+/// commit, is left to be read again.
+#[tokio::test]
+async fn an_existing_redemption_is_answered_from_a_transaction_that_commits() {
+    let app = spawn_app_with(NO_REPAIR).await;
+    let (retried, other, first_ids) = a_redemption_to_retry(&app).await;
+    let store = app.store().await;
+    let (retried_spend, other_spend) = (standard_of(retried, 3), standard_of(other, 2));
+
+    // Beside a redemption that writes.
+    let spends = [
+        spend(retried, "first", &retried_spend),
+        spend(other, "other", &other_spend),
+    ];
+    let attempts = store
+        .redeem_in_transaction::<u64>(&spends, |index, found| {
+            assert_eq!(index, 1, "only the new redemption is planned");
+            Ok(redeeming(
+                other,
+                "other",
+                found.iter().map(|t| t.id).collect(),
+            ))
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        answered_ids(&attempts[0]),
+        first_ids,
+        "its tokens, in the order they were chosen"
+    );
     assert!(
         matches!(attempts[1], RedemptionAttempt::Committed(_)),
         "{:?}",
         attempts[1]
     );
-    // In the database: the first redemption untouched, the other one committed.
-    let records = all(&app, "redemptions").await;
-    assert_eq!(records.len(), 2);
-    let redeemed: Vec<Document> = all(&app, "tokens")
-        .await
-        .into_iter()
-        .filter(|t| t.get_str("status") == Ok("redeemed"))
-        .collect();
-    assert_eq!(redeemed.len(), 5);
+    assert_eq!(all(&app, "redemptions").await.len(), 2);
+    assert_eq!(redeemed_count(&app).await, 5);
 
     // Alone, nothing is committed: the snapshot is not confirmed, so it is read again.
     let attempts = store
@@ -402,28 +439,14 @@ async fn an_existing_redemption_is_answered_from_a_transaction_that_commits() {
     // Beside a refusal, the empty transaction is committed to confirm it: both answered
     // from the snapshot.
     let third = [
-        Spend {
-            owner: retried,
-            reference: "first",
-            spendable: &retried_spend,
-            answered: None,
-        },
-        Spend {
-            owner: other,
-            reference: "third",
-            spendable: &other_spend,
-            answered: None,
-        },
+        spend(retried, "first", &retried_spend),
+        spend(other, "third", &other_spend),
     ];
     let attempts = store
         .redeem_in_transaction::<u64>(&third, |_, found| Err(found.len() as u64))
         .await
         .unwrap();
-    let RedemptionAttempt::Exists(Some(existing)) = &attempts[0] else {
-        panic!("not answered beside a refusal: {:?}", attempts[0]);
-    };
-    let answered: Vec<String> = existing.tokens.iter().map(|t| t.id.to_hex()).collect();
-    assert_eq!(answered, first_ids);
+    assert_eq!(answered_ids(&attempts[0]), first_ids);
     assert!(
         matches!(attempts[1], RedemptionAttempt::Refused(2)),
         "{:?}",
@@ -437,33 +460,63 @@ async fn an_existing_redemption_is_answered_from_a_transaction_that_commits() {
         .map(|id| ObjectId::parse_str(id).unwrap())
         .collect();
     let attempts = store
-        .redeem_in_transaction::<u64>(&third, |_, _| {
-            Ok(SpendPlan {
-                set: doc! { "status": "redeemed", "redemptionRef": "third" },
-                record: RedemptionDoc {
-                    id: ObjectId::new(),
-                    owner: other,
-                    reference: "third".to_owned(),
-                    token_type: "standard".to_owned(),
-                    quantity: 3,
-                    account_id: None,
-                    token_ids: spent.clone(),
-                    created_at: mongodb::bson::DateTime::now(),
-                    requested_by: "test".to_owned(),
-                },
-            })
-        })
+        .redeem_in_transaction::<u64>(&third, |_, _| Ok(redeeming(other, "third", spent.clone())))
         .await
         .unwrap();
+    assert_read_again_and_tried_again(&attempts);
+    assert_eq!(all(&app, "redemptions").await.len(), 2);
+    assert_eq!(redeemed_count(&app).await, 5);
+}
+
+/// A read fails inside a transaction that would have written, after the retried
+/// redemption's record was found (the other owner's tokens: a transient error, as a
+/// failover gives): nothing is written, the retry is left to be read again (a replay, not
+/// a conflict to try again), and the other redemption tries again, then redeems.
+#[tokio::test]
+async fn a_read_failing_after_a_retry_was_found_writes_nothing_and_leaves_it_a_replay() {
+    let app = spawn_app_with(NO_REPAIR).await;
+    let (retried, other, first_ids) = a_redemption_to_retry(&app).await;
+    let name = unique_app_name();
+    let store = connect_store(&mongo_uri_named(&name), &app.db_name).await;
+    let (retried_spend, other_spend) = (standard_of(retried, 3), standard_of(other, 2));
+    let spends = [
+        spend(retried, "first", &retried_spend),
+        spend(other, "other", &other_spend),
+    ];
+    let plan = |_: usize, found: &[TokenDoc]| -> Result<SpendPlan, u64> {
+        Ok(redeeming(
+            other,
+            "other",
+            found.iter().map(|t| t.id).collect(),
+        ))
+    };
+
+    let transient = Fault::Error {
+        code: 251,
+        labels: vec!["TransientTransactionError".to_owned()],
+    };
+    // The references' read passes (another collection); the other owner's tokens fail.
+    let tokens = format!("{}.tokens", app.db_name);
+    let failing = FailPoint::set_on(&name, &["find"], &tokens, transient, 1).await;
+    let attempts = store.redeem_in_transaction(&spends, plan).await.unwrap();
     assert!(
-        matches!(attempts[0], RedemptionAttempt::Exists(None)),
-        "{:?}",
-        attempts[0]
+        failing
+            .fired_within(1, std::time::Duration::from_secs(5))
+            .await
     );
+    failing.off().await;
+    assert_read_again_and_tried_again(&attempts);
+    assert_eq!(all(&app, "redemptions").await.len(), 1);
+    assert_eq!(redeemed_count(&app).await, 3);
+
+    // Tried again, the other redemption goes through, and the retry is answered.
+    let attempts = store.redeem_in_transaction(&spends, plan).await.unwrap();
+    assert_eq!(answered_ids(&attempts[0]), first_ids);
     assert!(
-        matches!(attempts[1], RedemptionAttempt::Conflict),
+        matches!(attempts[1], RedemptionAttempt::Committed(_)),
         "{:?}",
         attempts[1]
     );
     assert_eq!(all(&app, "redemptions").await.len(), 2);
+    assert_eq!(redeemed_count(&app).await, 5);
 }
