@@ -86,19 +86,13 @@ impl FailPointTurn {
         fault: Fault,
         times: i64,
     ) -> FailPoint {
-        FailPoint::set_mode(
-            self,
-            app_name,
-            commands,
-            fault,
-            doc! { "times": times }.into(),
-        )
-        .await
+        let mode = doc! { "times": times }.into();
+        FailPoint::configure(self, app_name, commands, None, fault, mode).await
     }
 
     /// [`FailPoint::always`] in this turn.
     pub async fn always(self, app_name: &str, commands: &[&str], fault: Fault) -> FailPoint {
-        FailPoint::set_mode(self, app_name, commands, fault, "alwaysOn".into()).await
+        FailPoint::configure(self, app_name, commands, None, fault, "alwaysOn".into()).await
     }
 }
 
@@ -115,7 +109,8 @@ impl FailPoint {
     /// As [`FailPoint::set`], for every such command but the first, until turned off.
     pub async fn after_first(app_name: &str, commands: &[&str], fault: Fault) -> Self {
         let turn = FailPointTurn::take().await;
-        Self::set_mode(turn, app_name, commands, fault, doc! { "skip": 1 }.into()).await
+        let mode = doc! { "skip": 1 }.into();
+        Self::configure(turn, app_name, commands, None, fault, mode).await
     }
 
     /// As [`FailPoint::set`], for those of `commands` on the collection `namespace`
@@ -133,22 +128,26 @@ impl FailPoint {
         Self::configure(turn, app_name, commands, Some(namespace), fault, mode).await
     }
 
+    /// As [`FailPoint::after_first`], for those of `commands` on the collection
+    /// `namespace` alone (as [`FailPoint::set_on`]): aims at the second of two steps
+    /// that send the same command to the same collection.
+    pub async fn after_first_on(
+        app_name: &str,
+        commands: &[&str],
+        namespace: &str,
+        fault: Fault,
+    ) -> Self {
+        let turn = FailPointTurn::take().await;
+        let mode = doc! { "skip": 1 }.into();
+        Self::configure(turn, app_name, commands, Some(namespace), fault, mode).await
+    }
+
     /// As [`FailPoint::set`], for every such command until turned off.
     pub async fn always(app_name: &str, commands: &[&str], fault: Fault) -> Self {
         FailPointTurn::take()
             .await
             .always(app_name, commands, fault)
             .await
-    }
-
-    async fn set_mode(
-        turn: FailPointTurn,
-        app_name: &str,
-        commands: &[&str],
-        fault: Fault,
-        mode: Bson,
-    ) -> Self {
-        Self::configure(turn, app_name, commands, None, fault, mode).await
     }
 
     async fn configure(

@@ -375,6 +375,27 @@ fn assert_read_again_and_tried_again<R: std::fmt::Debug>(attempts: &[RedemptionA
     );
 }
 
+/// A transaction that committed beside a retry: the retry (first) answered with the ids
+/// of its first attempt, the other (second) committed; 2 records and 5 tokens redeemed.
+async fn assert_answered_beside_a_commit<R: std::fmt::Debug>(
+    app: &TestApp,
+    attempts: &[RedemptionAttempt<R>],
+    first_ids: &[String],
+) {
+    assert_eq!(
+        answered_ids(&attempts[0]),
+        first_ids,
+        "its tokens, in the order they were chosen"
+    );
+    assert!(
+        matches!(attempts[1], RedemptionAttempt::Committed(_)),
+        "{:?}",
+        attempts[1]
+    );
+    assert_eq!(all(app, "redemptions").await.len(), 2);
+    assert_eq!(redeemed_count(app).await, 5);
+}
+
 /// How many tokens are redeemed.
 async fn redeemed_count(app: &TestApp) -> usize {
     all(app, "tokens")
@@ -412,18 +433,7 @@ async fn an_existing_redemption_is_answered_from_a_transaction_that_commits() {
         })
         .await
         .unwrap();
-    assert_eq!(
-        answered_ids(&attempts[0]),
-        first_ids,
-        "its tokens, in the order they were chosen"
-    );
-    assert!(
-        matches!(attempts[1], RedemptionAttempt::Committed(_)),
-        "{:?}",
-        attempts[1]
-    );
-    assert_eq!(all(&app, "redemptions").await.len(), 2);
-    assert_eq!(redeemed_count(&app).await, 5);
+    assert_answered_beside_a_commit(&app, &attempts, &first_ids).await;
 
     // Alone, nothing is committed: the snapshot is not confirmed, so it is read again.
     let attempts = store
@@ -468,55 +478,52 @@ async fn an_existing_redemption_is_answered_from_a_transaction_that_commits() {
     assert_eq!(redeemed_count(&app).await, 5);
 }
 
-/// A read fails inside a transaction that would have written, after the retried
-/// redemption's record was found (the other owner's tokens: a transient error, as a
-/// failover gives): nothing is written, the retry is left to be read again (a replay, not
-/// a conflict to try again), and the other redemption tries again, then redeems.
+/// A read of tokens fails inside a transaction that would have written, after the
+/// retried redemption's record was found (a transient error, as a failover gives): the
+/// first read of tokens (the other owner's oldest), then the second (the retry's own, to
+/// answer it from the snapshot). Either way nothing is written, the retry is left to be
+/// read again (a replay, not a conflict to try again), and the other redemption tries
+/// again, then redeems.
 #[tokio::test]
 async fn a_read_failing_after_a_retry_was_found_writes_nothing_and_leaves_it_a_replay() {
-    let app = spawn_app_with(NO_REPAIR).await;
-    let (retried, other, first_ids) = a_redemption_to_retry(&app).await;
-    let name = unique_app_name();
-    let store = connect_store(&mongo_uri_named(&name), &app.db_name).await;
-    let (retried_spend, other_spend) = (standard_of(retried, 3), standard_of(other, 2));
-    let spends = [
-        spend(retried, "first", &retried_spend),
-        spend(other, "other", &other_spend),
-    ];
-    let plan = |_: usize, found: &[TokenDoc]| -> Result<SpendPlan, u64> {
-        Ok(redeeming(
-            other,
-            "other",
-            found.iter().map(|t| t.id).collect(),
-        ))
-    };
-
     let transient = Fault::Error {
         code: 251,
         labels: vec!["TransientTransactionError".to_owned()],
     };
-    // The references' read passes (another collection); the other owner's tokens fail.
-    let tokens = format!("{}.tokens", app.db_name);
-    let failing = FailPoint::set_on(&name, &["find"], &tokens, transient, 1).await;
-    let attempts = store.redeem_in_transaction(&spends, plan).await.unwrap();
-    assert!(
-        failing
-            .fired_within(1, std::time::Duration::from_secs(5))
-            .await
-    );
-    failing.off().await;
-    assert_read_again_and_tried_again(&attempts);
-    assert_eq!(all(&app, "redemptions").await.len(), 1);
-    assert_eq!(redeemed_count(&app).await, 3);
+    for fails_second_read in [false, true] {
+        let app = spawn_app_with(NO_REPAIR).await;
+        let (retried, other, first_ids) = a_redemption_to_retry(&app).await;
+        let name = unique_app_name();
+        let store = connect_store(&mongo_uri_named(&name), &app.db_name).await;
+        let (retried_spend, other_spend) = (standard_of(retried, 3), standard_of(other, 2));
+        let spends = [
+            spend(retried, "first", &retried_spend),
+            spend(other, "other", &other_spend),
+        ];
+        let plan = |_: usize, found: &[TokenDoc]| -> Result<SpendPlan, u64> {
+            Ok(redeeming(
+                other,
+                "other",
+                found.iter().map(|t| t.id).collect(),
+            ))
+        };
 
-    // Tried again, the other redemption goes through, and the retry is answered.
-    let attempts = store.redeem_in_transaction(&spends, plan).await.unwrap();
-    assert_eq!(answered_ids(&attempts[0]), first_ids);
-    assert!(
-        matches!(attempts[1], RedemptionAttempt::Committed(_)),
-        "{:?}",
-        attempts[1]
-    );
-    assert_eq!(all(&app, "redemptions").await.len(), 2);
-    assert_eq!(redeemed_count(&app).await, 5);
+        // The references' read passes (another collection).
+        let tokens = format!("{}.tokens", app.db_name);
+        let fault = transient.clone();
+        let failing = if fails_second_read {
+            FailPoint::after_first_on(&name, &["find"], &tokens, fault).await
+        } else {
+            FailPoint::set_on(&name, &["find"], &tokens, fault, 1).await
+        };
+        let attempts = store.redeem_in_transaction(&spends, plan).await.unwrap();
+        assert_eq!(failing.off().await, 1, "second read: {fails_second_read}");
+        assert_read_again_and_tried_again(&attempts);
+        assert_eq!(all(&app, "redemptions").await.len(), 1);
+        assert_eq!(redeemed_count(&app).await, 3);
+
+        // Tried again, the other redemption goes through, and the retry is answered.
+        let attempts = store.redeem_in_transaction(&spends, plan).await.unwrap();
+        assert_answered_beside_a_commit(&app, &attempts, &first_ids).await;
+    }
 }
