@@ -105,20 +105,29 @@ impl Issuer {
             .as_ref()
             .zip(stored.as_ref())
             .map(|(keyed, stored)| keyed.attempt.in_transaction(stored));
+        // The id of the record this request writes, the same in each of its attempts: a
+        // record found with it is this request's own, written by an attempt whose commit
+        // applied but was never confirmed (a batch's, whose redemptions then try again
+        // alone), and is answered as created, not as a replay of someone else's.
+        let record = ObjectId::new();
+        let created = |redeemed: Redeemed| {
+            if let Some(keyed) = &keyed {
+                keyed.attempt.settle();
+            }
+            Ok(RedemptionOutcome::Created(redeemed))
+        };
         let mut attempt: u64 = 0;
         loop {
             match self
-                .attempt(request, &spendable, answered.as_ref(), attempt)
+                .attempt(request, record, &spendable, answered.as_ref(), attempt)
                 .await?
             {
-                RedemptionAttempt::Committed(redeemed) => {
-                    if let Some(keyed) = &keyed {
-                        keyed.attempt.settle();
-                    }
-                    return Ok(RedemptionOutcome::Created(redeemed));
-                }
+                RedemptionAttempt::Committed(redeemed) => return created(redeemed),
                 // The transaction committed with the majority: what its snapshot showed
                 // is the majority's.
+                RedemptionAttempt::Exists(Some(existing)) if existing.record.id == record => {
+                    return created(existing);
+                }
                 RedemptionAttempt::Exists(Some(existing)) => {
                     return replay(existing, request, &visible);
                 }
@@ -129,8 +138,12 @@ impl Issuer {
                     let existing = self
                         .read_redemption(request.owner.object_id(), request.reference.as_str())
                         .await?;
-                    if let Some(existing) = existing {
-                        return replay(existing, request, &visible);
+                    match existing {
+                        Some(existing) if existing.record.id == record => {
+                            return created(existing);
+                        }
+                        Some(existing) => return replay(existing, request, &visible),
+                        None => {}
                     }
                     pause_after_conflict(started, &mut attempt)
                         .await
@@ -163,12 +176,13 @@ impl Issuer {
     async fn attempt(
         &self,
         request: &NewRedemption,
+        record: ObjectId,
         spendable: &Spendable,
         answered: Option<&AnswerInTransaction<'_, Redeemed>>,
         attempt: u64,
     ) -> Result<RedemptionAttempt<u64>, StoreError> {
         if answered.is_none() && attempt == 0 {
-            return self.spender().attempt(request, spendable).await;
+            return self.spender().attempt(request, record, spendable).await;
         }
         let spend = Spend {
             owner: request.owner.object_id(),
@@ -179,7 +193,7 @@ impl Issuer {
         let mut attempts = self
             .store
             .redeem_in_transaction(std::slice::from_ref(&spend), |_, found| {
-                plan(request, found)
+                plan(request, record, found)
             })
             .await?;
         Ok(attempts.pop().unwrap_or(RedemptionAttempt::Conflict))
@@ -281,9 +295,9 @@ fn spendable(request: &NewRedemption, grants: Option<&[AccountGrant]>) -> Spenda
 }
 
 /// What to do with the tokens `found` (read by `spendable`): all of them redeemed, as a
-/// single redeem with the request's reference writes them, and the record naming them;
-/// refused with how many there are when they are fewer than asked.
-fn plan(request: &NewRedemption, found: &[TokenDoc]) -> Result<SpendPlan, u64> {
+/// single redeem with the request's reference writes them, and the record `record`
+/// naming them; refused with how many there are when they are fewer than asked.
+fn plan(request: &NewRedemption, record: ObjectId, found: &[TokenDoc]) -> Result<SpendPlan, u64> {
     let quantity = i64::from(request.quantity.get());
     if (found.len() as i64) < quantity {
         return Err(found.len() as u64);
@@ -293,7 +307,7 @@ fn plan(request: &NewRedemption, found: &[TokenDoc]) -> Result<SpendPlan, u64> {
     Ok(SpendPlan {
         set: redeemed_fields(Some(reference), &request.requested_by, now),
         record: RedemptionDoc {
-            id: ObjectId::new(),
+            id: record,
             owner: request.owner.object_id(),
             reference: reference.to_owned(),
             token_type: request.token_type.as_str().to_owned(),

@@ -36,6 +36,7 @@ use std::hash::{Hash, Hasher};
 use std::sync::{Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
+use mongodb::bson::oid::ObjectId;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tracing::Instrument;
@@ -66,6 +67,8 @@ pub(super) type Attempted = Result<RedemptionAttempt<u64>, StoreError>;
 /// One queued redemption and where its attempt's outcome goes.
 struct Queued {
     request: NewRedemption,
+    /// The id its record is written with.
+    record: ObjectId,
     spendable: Spendable,
     answer: oneshot::Sender<Attempted>,
     /// The request's span, which the batch's span links to.
@@ -109,6 +112,7 @@ impl Spender {
     pub(super) async fn attempt(
         &self,
         request: &NewRedemption,
+        record: ObjectId,
         spendable: &Spendable,
     ) -> Attempted {
         let (answer, answered) = oneshot::channel();
@@ -122,6 +126,7 @@ impl Spender {
         queue
             .send(Queued {
                 request: request.clone(),
+                record,
                 spendable: spendable.clone(),
                 answer,
                 span: tracing::Span::current(),
@@ -227,7 +232,9 @@ impl Issuer {
             .collect();
         let attempts = self
             .store
-            .redeem_in_transaction(&spends, |index, found| plan(&batch[index].request, found))
+            .redeem_in_transaction(&spends, |index, found| {
+                plan(&batch[index].request, batch[index].record, found)
+            })
             .await;
         match attempts {
             Ok(attempts) => {
@@ -254,7 +261,6 @@ impl Issuer {
 mod tests {
     use super::*;
     use crate::domain::{Actor, Owner, Quantity, RedemptionReference, TokenType};
-    use mongodb::bson::oid::ObjectId;
 
     /// A queued redemption of `quantity`, and the receiver of its answer.
     fn queued_of(
@@ -274,6 +280,7 @@ mod tests {
         let (answer, answered) = oneshot::channel();
         let queued = Queued {
             request,
+            record: ObjectId::new(),
             spendable,
             answer,
             span: tracing::Span::none(),

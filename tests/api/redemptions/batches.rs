@@ -212,6 +212,74 @@ async fn a_batch_whose_writes_fail_one_by_one_redeems_each_token_once() {
     }
 }
 
+/// Every commit of every batch applies but answers a write concern error, as often as it
+/// is tried: no batch hears that it committed. A redemption that shared its batch tries
+/// again alone and finds its own record: it is answered 201, the redemption it made, not
+/// 200 as a replay of an earlier request. One that was alone in its batch answers the
+/// failure (5xx), and its retry with the same reference is the replay; the first owner's
+/// refused one, whose empty commit fails the same way, is refused on its retry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_batch_whose_commit_applied_unconfirmed_answers_each_of_its_redemptions_created() {
+    let name = unique_app_name();
+    let app = spawn_app_named(&name, NO_REPAIR).await;
+    let owners = stocked_owners(&app).await;
+    let asks = two_each_and_one_too_many(&owners);
+    let unconfirmed = Fault::WriteConcernError { code: 64 };
+    let failpoint = FailPoint::always(&name, &["commitTransaction"], unconfirmed).await;
+    let answers = redeem_all(&app, &asks).await;
+    assert!(failpoint.off().await >= 4, "no commit was tried to the end");
+
+    let records = app.db.collection::<RedemptionDoc>("redemptions");
+    let (mut created, mut alone, mut refused, mut spent) = (0, 0, 0, 0);
+    for (ask, (status, body)) in asks.iter().zip(&answers) {
+        let (owner, reference, quantity) = ask;
+        let (status, body) = match status {
+            201 => {
+                created += 1;
+                (*status, body.clone())
+            }
+            500.. => {
+                let retried = redeem_all(&app, std::slice::from_ref(ask)).await.remove(0);
+                if retried.0 == 409 {
+                    assert_eq!(owner, &owners[0], "{reference}: {}", retried.1);
+                    assert_eq!(retried.1["code"], "insufficient_balance");
+                    refused += 1;
+                    continue;
+                }
+                alone += 1;
+                assert_eq!(retried.0, 200, "the retry of {reference}: {}", retried.1);
+                retried
+            }
+            _ => panic!("{reference} answered {status}: {body}"),
+        };
+        let record = records
+            .find_one(doc! { "owner": ObjectId::parse_str(owner).unwrap(), "reference": reference })
+            .await
+            .unwrap()
+            .unwrap_or_else(|| panic!("{reference} answered {status} without a record"));
+        let stored: Vec<String> = record.token_ids.iter().map(|id| id.to_hex()).collect();
+        assert_eq!(token_ids(&body), stored, "{reference}");
+        spent += *quantity as usize;
+    }
+    assert_eq!(refused, 1, "{answers:?}");
+    // Those that shared a transaction are the 201s, those alone in one the retried.
+    let per_transaction = redemptions_per_transaction(&app).await;
+    let shared: usize = per_transaction.iter().filter(|&&n| n > 1).sum();
+    assert!(shared > 0, "no batch of several: {per_transaction:?}");
+    assert_eq!(created, shared, "{per_transaction:?}");
+    assert_eq!(alone, per_transaction.iter().filter(|&&n| n == 1).count());
+    assert_eq!(
+        records.count_documents(doc! {}).await.unwrap() as usize,
+        2 * OWNERS
+    );
+    let redeemed = all(&app, "tokens")
+        .await
+        .into_iter()
+        .filter(|t| t.get_str("status").unwrap() == "redeemed")
+        .count();
+    assert_eq!(redeemed, spent, "only what was answered is redeemed");
+}
+
 /// One redemption's token update is refused by the database (a validator rejects its
 /// reference): the batches it joins write nothing, and only it fails; every other
 /// redemption, of every owner, goes through (alone, when it shared that batch).
