@@ -116,6 +116,13 @@ impl Issuer {
             }
             Ok(RedemptionOutcome::Created(redeemed))
         };
+        let found = |existing: Redeemed| {
+            if existing.record.id == record {
+                created(existing)
+            } else {
+                replay(existing, request, &visible)
+            }
+        };
         let mut attempt: u64 = 0;
         loop {
             match self
@@ -125,12 +132,7 @@ impl Issuer {
                 RedemptionAttempt::Committed(redeemed) => return created(redeemed),
                 // The transaction committed with the majority: what its snapshot showed
                 // is the majority's.
-                RedemptionAttempt::Exists(Some(existing)) if existing.record.id == record => {
-                    return created(existing);
-                }
-                RedemptionAttempt::Exists(Some(existing)) => {
-                    return replay(existing, request, &visible);
-                }
+                RedemptionAttempt::Exists(Some(existing)) => return found(existing),
                 // Answered from a majority read: the snapshot that showed it may hold a
                 // redemption a failover can still roll back (one whose commit gave up
                 // waiting for the majority). Until the majority has it, it is in the way.
@@ -138,12 +140,8 @@ impl Issuer {
                     let existing = self
                         .read_redemption(request.owner.object_id(), request.reference.as_str())
                         .await?;
-                    match existing {
-                        Some(existing) if existing.record.id == record => {
-                            return created(existing);
-                        }
-                        Some(existing) => return replay(existing, request, &visible),
-                        None => {}
+                    if let Some(existing) = existing {
+                        return found(existing);
                     }
                     pause_after_conflict(started, &mut attempt)
                         .await

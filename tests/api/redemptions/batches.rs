@@ -262,12 +262,10 @@ async fn a_batch_whose_commit_applied_unconfirmed_answers_each_of_its_redemption
         spent += *quantity as usize;
     }
     assert_eq!(refused, 1, "{answers:?}");
-    // Those that shared a transaction are the 201s, those alone in one the retried.
-    let per_transaction = redemptions_per_transaction(&app).await;
-    let shared: usize = per_transaction.iter().filter(|&&n| n > 1).sum();
-    assert!(shared > 0, "no batch of several: {per_transaction:?}");
-    assert_eq!(created, shared, "{per_transaction:?}");
-    assert_eq!(alone, per_transaction.iter().filter(|&&n| n == 1).count());
+    // No commit was confirmed: a 201 can only be a redemption that shared its batch and
+    // found its own record when it ran again alone.
+    assert!(created > 0, "no redemption shared a batch: {answers:?}");
+    assert_eq!(created + alone, 2 * OWNERS);
     assert_eq!(
         records.count_documents(doc! {}).await.unwrap() as usize,
         2 * OWNERS
