@@ -1,8 +1,12 @@
 //! Each write of an upsert batch fails in turn, after the writes before it succeeded: the
 //! token insert (a failover code on both of its sends), and the mark (a failover code; or
 //! applied and then answered a write concern error, after tokens only the primary
-//! acknowledged), and the reopen of the records that follows a failed mark. Whatever the first answer, once the request is sent again the payment
-//! has exactly its tokens, the ones every 2xx named, and its record is `issued`.
+//! acknowledged), and the reopen of the records that follows a failed mark; the records'
+//! insert applies, then answers a write concern error (its second send finds its own
+//! records: 201), and so does the token insert (503: a write concern error fails it as a
+//! whole). Whatever the first answer, once the request is sent again the payment has
+//! exactly its tokens, the ones every 2xx named, a first 201 counts all four as created,
+//! and its record is `issued`.
 
 use mongodb::bson::doc;
 
@@ -16,7 +20,7 @@ struct Case {
     first_status: u16,
 }
 
-const CASES: [Case; 4] = [
+const CASES: [Case; 6] = [
     Case {
         name: "the token insert fails with a failover code on both sends",
         payment: "pi_bw_tokens_fail",
@@ -36,6 +40,16 @@ const CASES: [Case; 4] = [
         name: "the mark fails, then the reopen after it on both of its sends",
         payment: "pi_bw_reopen_fails",
         first_status: 201,
+    },
+    Case {
+        name: "the records' insert applies, then answers a write concern error",
+        payment: "pi_bw_records_unconfirmed",
+        first_status: 201,
+    },
+    Case {
+        name: "the token insert applies, then answers a write concern error",
+        payment: "pi_bw_tokens_unconfirmed",
+        first_status: 503,
     },
 ];
 
@@ -65,13 +79,27 @@ async fn each_write_of_an_upsert_batch_failing_after_the_ones_before_leaves_exac
                 let first = app.issue(WRITER_KEY, &body).await;
                 (first, failing.off().await)
             }
-            _ => {
+            3 => {
                 // The mark (sent once), then the reopen and the driver's retry of it.
                 let failing = turn.set(&name, &["update"], Fault::error(91), 3).await;
                 let first = app.issue(WRITER_KEY, &body).await;
                 let entered = failing.off().await;
                 assert_eq!(entered, 3, "{}: the reopen did not fail", case.name);
                 (first, entered)
+            }
+            _ => {
+                drop(turn);
+                let collection = if case_index == 4 {
+                    "issuances"
+                } else {
+                    "tokens"
+                };
+                let namespace = format!("{}.{collection}", app.db_name);
+                let unconfirmed = Fault::WriteConcernError { code: 64 };
+                let failing =
+                    FailPoint::set_on(&name, &["insert"], &namespace, unconfirmed, 1).await;
+                let first = app.issue(WRITER_KEY, &body).await;
+                (first, failing.off().await)
             }
         };
         assert!(entered >= 1, "{}: the fault never happened", case.name);
@@ -82,6 +110,9 @@ async fn each_write_of_an_upsert_batch_failing_after_the_ones_before_leaves_exac
             "{}: {first_body}",
             case.name
         );
+        if first_status == 201 {
+            assert_eq!(first_body["created"], 4, "{}: {first_body}", case.name);
+        }
 
         // Sent again, with nothing failing: a replay of a complete set, or its completion.
         let again = app.issue(WRITER_KEY, &body).await;
