@@ -412,8 +412,12 @@ impl Issuer {
             let (written, raced, ack) = self.insert_tokens(claimed).await;
             self.settle_and_mark(written, first_read, ack).await;
             // A concurrent replay or repair wrote some of these tokens: converge, one by one.
-            join_all(raced.into_iter().map(|claim| async move {
-                let outcome = self.complete(claim.record).await.map(IssueOutcome::Created);
+            // What the batch's insert wrote counts as this request's too.
+            join_all(raced.into_iter().map(|(claim, inserted)| async move {
+                let outcome = self.complete(claim.record).await.map(|mut set| {
+                    set.created += inserted;
+                    IssueOutcome::Created(set)
+                });
                 let _ = claim.answer.send(outcome);
             }))
             .await;
@@ -519,12 +523,13 @@ impl Issuer {
     }
 
     /// Step 3 (upsert mode): one insert of the claimed payments' tokens. Returns the sets
-    /// written whole, the claims whose set raced another writer, and how the insert was
-    /// acknowledged (which step 4's mark must cover before any set is answered).
+    /// written whole, the claims whose set raced another writer (with how many of its
+    /// tokens the insert wrote), and how the insert was acknowledged (which step 4's mark
+    /// must cover before any set is answered).
     async fn insert_tokens(
         &self,
         claimed: Vec<Claimed>,
-    ) -> (Vec<Written>, Vec<Claimed>, TokensAck) {
+    ) -> (Vec<Written>, Vec<(Claimed, u32)>, TokensAck) {
         let mut written = Vec::new();
         let mut raced = Vec::new();
         if claimed.is_empty() {
@@ -541,7 +546,7 @@ impl Issuer {
         for (claim, result) in claimed.into_iter().zip(results) {
             match result {
                 TokenInsert::Inserted(tokens) => written.push((claim, tokens)),
-                TokenInsert::Raced => raced.push(claim),
+                TokenInsert::Raced { inserted } => raced.push((claim, inserted)),
                 TokenInsert::Failed(err) => {
                     let _ = claim.answer.send(Err(err.into()));
                 }

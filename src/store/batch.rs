@@ -33,8 +33,11 @@ pub enum TokenInsert {
     /// Every token inserted; their summaries in tokenIndex order.
     Inserted(Vec<TokenSummary>),
     /// Another writer inserted some of this payment's tokens first (a duplicate key on the
-    /// token index): the set must be converged with the upsert bulk.
-    Raced,
+    /// token index): the set must be converged with the upsert bulk. `inserted`: how many
+    /// of its tokens this insert wrote all the same.
+    Raced {
+        inserted: u32,
+    },
     Failed(StoreError),
 }
 

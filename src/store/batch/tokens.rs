@@ -93,6 +93,8 @@ impl Store {
             (pinned_command_writes(&self.db), TokensAck::Majority)
         };
         let mut failures: Vec<Option<TokenInsert>> = sets.iter().map(|_| None).collect();
+        // Each set's documents the insert refused: the rest it wrote.
+        let mut refused_of: Vec<u32> = vec![0; sets.len()];
         let mut start = 0;
         while start < documents.len() {
             let end = command_end(&documents, start);
@@ -114,10 +116,11 @@ impl Store {
                 {
                     // Its `_id` is new, chosen here: the first of two sends wrote it.
                     Some("_id_") => continue,
-                    Some(TOKENS_PAYMENT_INDEX) => TokenInsert::Raced,
+                    Some(TOKENS_PAYMENT_INDEX) => TokenInsert::Raced { inserted: 0 },
                     _ => TokenInsert::Failed(code_error(error.code)),
                 };
                 refused += 1;
+                refused_of[set_index] += 1;
                 // A real failure outranks a race for the same set.
                 if !matches!(failures[set_index], Some(TokenInsert::Failed(_))) {
                     failures[set_index] = Some(failure);
@@ -131,7 +134,14 @@ impl Store {
         let results = summaries
             .into_iter()
             .zip(failures)
-            .map(|(tokens, failure)| failure.unwrap_or(TokenInsert::Inserted(tokens)))
+            .zip(refused_of)
+            .map(|((tokens, failure), refused)| match failure {
+                None => TokenInsert::Inserted(tokens),
+                Some(TokenInsert::Raced { .. }) => TokenInsert::Raced {
+                    inserted: tokens.len() as u32 - refused,
+                },
+                Some(failure) => failure,
+            })
             .collect();
         Ok((results, ack))
     }
