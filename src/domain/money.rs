@@ -23,6 +23,9 @@ pub struct Withdrawal {
     /// The provider called it a withdrawal of the whole payment: it counts as the
     /// payment's amount whatever its own amount says.
     pub full: bool,
+    /// For a running total (a charge's refunds so far): when it was last reported (unix
+    /// seconds).
+    pub reported_at: Option<i64>,
 }
 
 /// Money that came back to the merchant, under its own id (the refund, dispute or
@@ -43,6 +46,10 @@ pub struct Reversal {
     /// When the provider reported it (unix seconds): a running total reported later
     /// already leaves it out (see `Store::record_refund`).
     pub at: Option<i64>,
+    /// For one refund of a running total: when that refund was made (unix seconds). It
+    /// gives back only once a report of the total made since then is recorded: a report
+    /// made before it cannot count it, and its failure must not give back another refund.
+    pub since: Option<i64>,
 }
 
 /// What a payment's records say of its money.
@@ -73,8 +80,9 @@ impl Money {
     }
 
     /// Everything that came back: each reversal once, one that names its withdrawal only
-    /// once that is known and, with the others of that withdrawal, for at most its amount;
-    /// those naming none, together, for at most what the chargebacks took.
+    /// once that is known (and counts it: `counts_in`) and, with the others of that
+    /// withdrawal, for at most its amount; those naming none, together, for at most what
+    /// the chargebacks took.
     pub fn reversed(&self) -> i64 {
         let mut unnamed = 0;
         let mut named: Vec<(&str, i64)> = Vec::new();
@@ -82,6 +90,7 @@ impl Money {
             let amount = reversal.amount.max(0);
             match &reversal.of {
                 None => unnamed += amount,
+                Some(of) if !self.counts_in(reversal, of) => {}
                 Some(of) => match named.iter_mut().find(|(id, _)| id == of) {
                     Some((_, sum)) => *sum += amount,
                     None => named.push((of, amount)),
@@ -115,6 +124,22 @@ impl Money {
             }
         }
         reversed
+    }
+
+    /// Whether the withdrawal `of` counts what `reversal` gives back: a reversal of one
+    /// refund within a running total does only once a report of the total made since
+    /// that refund is recorded (to the second: Stripe's clock). Before, the total is
+    /// still without it, and giving it back would give back another refund.
+    fn counts_in(&self, reversal: &Reversal, of: &str) -> bool {
+        let reported_at = self
+            .withdrawals
+            .iter()
+            .find(|w| w.id == of)
+            .and_then(|w| w.reported_at);
+        match (reversal.since, reported_at) {
+            (Some(since), Some(reported_at)) => reported_at >= since,
+            _ => true,
+        }
     }
 
     /// What is taken back for good: withdrawals minus reversals, never below 0 and, when
@@ -261,6 +286,7 @@ mod tests {
             id: id.to_owned(),
             amount,
             full,
+            reported_at: None,
         }
     }
 
@@ -270,7 +296,46 @@ mod tests {
             amount,
             of: of.map(str::to_owned),
             at: None,
+            since: None,
         }
+    }
+
+    #[test]
+    fn a_refunds_failure_gives_back_only_once_a_report_since_that_refund_is_recorded() {
+        // A charge's refunds so far: 500, last reported at 10.
+        let total = Withdrawal {
+            reported_at: Some(10),
+            ..w("charge:ch", 500, false)
+        };
+        let failed = |since| Reversal {
+            since,
+            ..r("refund:re_2", 500, Some("charge:ch"))
+        };
+        let withdrawn = |reversal| {
+            Money {
+                amount: Some(1000),
+                withdrawals: vec![total.clone()],
+                reversals: vec![reversal],
+                recorded_total: None,
+            }
+            .withdrawn()
+        };
+        // re_2, made at 15, is in no report yet: its failure waits.
+        assert_eq!(withdrawn(failed(Some(15))), 500);
+        // Made at 10 or before, the report at 10 counted it: given back.
+        assert_eq!(withdrawn(failed(Some(10))), 0);
+        assert_eq!(withdrawn(failed(Some(3))), 0);
+        // Without the refund's time (another provider's, or recorded before it was
+        // kept), as before.
+        assert_eq!(withdrawn(failed(None)), 0);
+        // A total that does not say when it was reported, as before.
+        let unreported = Money {
+            amount: Some(1000),
+            withdrawals: vec![w("charge:ch", 500, false)],
+            reversals: vec![failed(Some(15))],
+            recorded_total: None,
+        };
+        assert_eq!(unreported.withdrawn(), 0);
     }
 
     #[test]

@@ -105,6 +105,9 @@ pub struct RefundEntry {
     /// or the entry was written before this was kept).
     #[serde(default)]
     pub full: bool,
+    /// For a running total: when it was last reported.
+    #[serde(default)]
+    pub at: Option<i64>,
 }
 
 /// One entry of a payment's `reversals`.
@@ -114,6 +117,9 @@ pub struct ReversalEntry {
     pub amount: i64,
     pub of: Option<String>,
     pub at: Option<i64>,
+    /// For one refund of a running total: when that refund was made.
+    #[serde(default)]
+    pub since: Option<i64>,
 }
 
 /// The stages that record `capture` among the payment's `captures` (one amount per
@@ -172,6 +178,7 @@ impl PaymentDoc {
                     id: r.id.clone(),
                     amount: r.amount,
                     full: r.full,
+                    reported_at: r.at,
                 })
                 .collect(),
             reversals: self
@@ -182,6 +189,7 @@ impl PaymentDoc {
                     amount: r.amount,
                     of: r.of.clone(),
                     at: r.at,
+                    since: r.since,
                 })
                 .collect(),
             recorded_total: self.amount_refunded,
@@ -504,8 +512,9 @@ impl Store {
     }
 
     /// Records `reversal` (money that came back) among the payment's `reversals`, one
-    /// per id: its amount only grows and its `at` keeps the earliest report, so a
-    /// redelivered or replayed reversal counts once, whatever its unsigned fields say.
+    /// per id: its amount only grows and its `at` and `since` keep the earliest report,
+    /// so a redelivered or replayed reversal counts once, whatever its unsigned fields
+    /// say.
     /// Like a refund it moves no status and consumes no version.
     ///
     /// A reversal of a running total that its latest report already left out (it is
@@ -530,13 +539,15 @@ impl Store {
         let known = |field: &str| {
             doc! { "$max": { "$map": { "input": same("$reversals"), "in": format!("$$this.{field}") } } }
         };
-        let earliest =
-            doc! { "$min": { "$map": { "input": same("$reversals"), "in": "$$this.at" } } };
-        let at: Bson = match reversal.at {
-            Some(at) => {
-                doc! { "$ifNull": [ { "$min": [earliest, literal(at)] }, literal(at) ] }.into()
+        let earliest = |field: &str, value: Option<i64>| -> Bson {
+            let known = doc! { "$min": { "$map": { "input": same("$reversals"), "in": format!("$$this.{field}") } } };
+            match value {
+                Some(value) => {
+                    doc! { "$ifNull": [ { "$min": [known, literal(value)] }, literal(value) ] }
+                        .into()
+                }
+                None => known.into(),
             }
-            None => earliest.into(),
         };
         let of: Bson = match &reversal.of {
             Some(of) => literal(of.as_str()).into(),
@@ -549,7 +560,8 @@ impl Store {
                     "id": literal(reversal.id.as_str()),
                     "amount": { "$max": [known("amount"), literal(reversal.amount)] },
                     "of": of,
-                    "at": at,
+                    "at": earliest("at", reversal.at),
+                    "since": earliest("since", reversal.since),
                 } ],
             ] },
             "createdAt": { "$ifNull": ["$createdAt", "$$NOW"] },

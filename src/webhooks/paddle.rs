@@ -197,6 +197,7 @@ fn reversal(
         amount,
         of: None,
         at: Some(occurred_secs),
+        since: None,
     }))
 }
 
@@ -416,6 +417,7 @@ mod tests {
                 amount: 400,
                 of: None,
                 at: Some(1_796_040_000),
+                since: None,
             })
         );
         let rejected = ignored_reason(&adjustment("chargeback_reverse", "rejected", "full"));

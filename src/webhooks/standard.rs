@@ -156,6 +156,7 @@ pub fn parse_standard(
                 amount,
                 of: Some("total".to_owned()),
                 at: None,
+                since: None,
             }),
             None => return ignored("amountReinstated is not an integer"),
         },

@@ -194,6 +194,7 @@ fn reversal(
                 amount: reinstated,
                 of: Some(dispute),
                 at: Some(created.secs()),
+                since: None,
             })
         }
         // A refund that failed or was canceled gives its amount back. It was counted in
@@ -211,6 +212,9 @@ fn reversal(
                 amount: given_back,
                 of: Some(format!("charge:{charge}")),
                 at: Some(created.secs()),
+                // A report of the charge from before the refund was made never counted
+                // it: its failure gives back nothing until one from since then is in.
+                since: number(object, "created"),
             })
         }
         _ => None,
@@ -587,6 +591,7 @@ mod tests {
                 amount: 300,
                 of: Some("dispute:du_1".to_owned()),
                 at: Some(3),
+                since: None,
             })
         );
         for (event_type, status, reverses) in [
@@ -598,7 +603,7 @@ mod tests {
         ] {
             let failed = parse(json!({"id": "evt_7", "type": event_type, "created": 4,
                 "data": {"object": {"id": "re_1", "charge": "ch_1", "payment_intent": "pi_1",
-                "amount": 100, "status": status}}}));
+                "amount": 100, "status": status, "created": 2}}}));
             assert_eq!(
                 failed.and_then(|e| e.reversal),
                 reverses.then(|| Reversal {
@@ -606,6 +611,7 @@ mod tests {
                     amount: 100,
                     of: Some("charge:ch_1".to_owned()),
                     at: Some(4),
+                    since: Some(2),
                 }),
                 "{event_type} {status}"
             );

@@ -226,6 +226,7 @@ fn parse_item(
             amount,
             of: Some(format!("{kind}:{psp}")),
             at: None,
+            since: None,
         })
     };
     let manual = capture == Capture::Manual;

@@ -233,6 +233,7 @@ fn reversals_give_back_the_withdrawal_of_their_psp_reference() {
             amount: 500,
             of: Some(format!("{kind}:8815329842815468")),
             at: None,
+            since: None,
         })
     };
     assert_eq!(reversal("CHARGEBACK_REVERSED", "true"), of("chargeback"));

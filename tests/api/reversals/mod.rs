@@ -544,3 +544,28 @@ async fn a_failure_delivered_after_its_charges_next_report_is_counted_against_th
     );
     verify_clean(&app).await;
 }
+
+#[tokio::test]
+async fn a_failure_of_a_refund_no_report_counted_yet_waits_for_that_report() {
+    let app = app().await;
+    paid(&app, "pi_two", "4").await;
+    // re_1: 500 refunded, reported at +10: two tokens taken back.
+    stripe(&app, &half_refunded("pi_two")).await;
+    let half = ["active", "active", "revoked", "revoked"];
+    assert_eq!(statuses(&app, "pi_two").await, half);
+    // re_2: 500 more, made at +15; it fails at +20, and that event comes before the
+    // charge's report that counts re_2 (delayed). No report recorded counted re_2, so
+    // its failure gives nothing back yet: re_1's 500 is still refunded.
+    let mut failed = refund_failed("evt_f_re2", "pi_two", 500);
+    failed["data"]["object"]["id"] = json!("re_2");
+    failed["data"]["object"]["created"] = json!(PAID_AT + 15);
+    let receipt = stripe(&app, &failed).await;
+    assert_eq!(receipt["tokensReactivated"], 0, "{receipt}");
+    assert_eq!(statuses(&app, "pi_two").await, half);
+    verify_clean(&app).await;
+    // The delayed report (re_1 and re_2: the whole 1000, at +15) counts re_2, whose
+    // failure then gives it back: re_1's 500 stays taken.
+    stripe(&app, &full_refund("evt_r2", "pi_two", PAID_AT + 15)).await;
+    assert_eq!(statuses(&app, "pi_two").await, half);
+    verify_clean(&app).await;
+}
