@@ -21,8 +21,8 @@
 //! attempt inside its transaction and aborts: its write never commits. Answers that
 //! write nothing (a 404, a 409 `state_conflict`, a 412, a replay by `reference`) are
 //! kept after the action: a re-run of those finds the same state, since a spent token
-//! stays spent and versions only grow (but for a 412 naming a version the token has not
-//! reached yet, which a re-run after a lost answer could find reached). On a deployment without transactions
+//! stays spent and versions only grow (a 412 naming a version the token has not reached
+//! yet is not kept: a re-run could find it reached). On a deployment without transactions
 //! (a standalone server) the answer is kept after the write instead, which a crash in
 //! between can lose.
 //!
@@ -31,8 +31,9 @@
 //! already, which the release leaves alone). Nor is a refusal of the request itself (a
 //! bad body, a missing `If-Match`, the key's scope, the rate limit): the action never
 //! ran, and the corrected request may use the same key. Nor a refusal a retry may
-//! legitimately pass (`Finality::Transient`: the token kept changing, too few tokens to
-//! redeem): nothing was done, and the same request may succeed later.
+//! legitimately pass (`Finality::Transient`: the token kept changing, an `If-Match` of a
+//! version it has not reached, too few tokens to redeem): nothing was done, and the same
+//! request may succeed later.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -65,8 +66,9 @@ pub enum Finality {
     /// What happened to the request; kept unless its status says otherwise.
     Final,
     /// A refusal the same request may pass later (the token kept changing while the
-    /// request ran; fewer active tokens than a redemption asks): nothing was done, so it
-    /// is not kept, and a retry runs the action again.
+    /// request ran; an `If-Match` naming a version the token has not reached yet; fewer
+    /// active tokens than a redemption asks): nothing was done, so it is not kept, and a
+    /// retry runs the action again.
     Transient,
 }
 

@@ -174,7 +174,15 @@ async fn apply(
             Ok(response)
         }
         TransitionOutcome::NotFound => Err(not_found()),
-        TransitionOutcome::VersionConflict(token) => Err(version_conflict(principal, &token)),
+        // A version the token has not reached, as read: the client saw a later one (a
+        // new primary may not show it yet), so the same request may pass later: not
+        // kept. An older one stays stale: kept.
+        TransitionOutcome::VersionConflict(token) => match gate {
+            Gate::IfMatch(expected) if expected > token.version => {
+                Ok(transient(version_conflict(principal, &token)))
+            }
+            _ => Err(version_conflict(principal, &token)),
+        },
         TransitionOutcome::StateConflict(token) => Err(ApiError::StateConflict {
             detail: format!(
                 "Cannot {} a token that is {}.",

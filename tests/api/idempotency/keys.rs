@@ -318,6 +318,59 @@ async fn a_request_refused_before_its_action_leaves_the_key_for_the_corrected_on
     assert_transferred_once(&app, &id, "the corrected request").await;
 }
 
+/// A 412 naming a version the token has not reached yet (the client saw a later one than
+/// the token shows, as a new primary may show for a moment) is not kept: once the token
+/// reaches that version, the same request with the same key runs. A 412 naming an older
+/// version is what happened to that request: kept, and replayed.
+#[tokio::test]
+async fn a_412_for_a_version_not_reached_yet_is_not_kept_and_one_for_an_older_is() {
+    let app = spawn_app().await;
+    let id = app.issue_tokens("pi_key_412", 1).await.remove(0);
+    let revoke = format!("/v1/tokens/{id}/revoke");
+    let ahead = post(&app, ADMIN_KEY, &revoke, Some("ahead"), Some("\"1\""), None).await;
+    assert_eq!(ahead.status(), 412);
+    assert_eq!(app.count("idempotency_keys", doc! {}).await, 0, "released");
+    assert_eq!(token_version(&app, &id).await, Some(0));
+
+    // The token reaches version 1 (moved to another owner); the same request now runs.
+    let transfer = format!("/v1/tokens/{id}/transfer");
+    let body = json!({ "newOwner": OTHER_OWNER });
+    let moved = post(&app, ADMIN_KEY, &transfer, None, Some("\"0\""), Some(&body)).await;
+    assert_eq!(moved.status(), 200);
+    let ran = seen(post(&app, ADMIN_KEY, &revoke, Some("ahead"), Some("\"1\""), None).await).await;
+    assert_eq!((ran.status, ran.replayed), (200, false));
+    assert_eq!(token_status(&app, &id).await, "revoked");
+
+    // An older version: stale for good, kept and replayed.
+    let stale = seen(
+        post(
+            &app,
+            ADMIN_KEY,
+            &revoke,
+            Some("behind"),
+            Some("\"0\""),
+            None,
+        )
+        .await,
+    )
+    .await;
+    assert_eq!((stale.status, stale.replayed), (412, false));
+    let again = seen(
+        post(
+            &app,
+            ADMIN_KEY,
+            &revoke,
+            Some("behind"),
+            Some("\"0\""),
+            None,
+        )
+        .await,
+    )
+    .await;
+    assert_eq!((again.status, again.replayed), (412, true));
+    assert_eq!(again.body, stale.body);
+}
+
 /// A key is any visible ASCII, `$` first included: it is stored as written (never read as
 /// a field path by the claim's pipeline), and its retry replays.
 #[tokio::test]
