@@ -5,7 +5,10 @@
 //! attempt in, on whichever instance; it runs the action and stores the answer there.
 //! Every later request with that key is told, from the record alone:
 //!
-//! - another method, path or body → `Reused` (the key names another request);
+//! - another method, path or body → `Reused` (the key names another request), unless
+//!   the record has no answer and its lease is over on a deployment with transactions:
+//!   nothing of that request happened (its answer was not kept, and its release was
+//!   lost), so this one takes the key over, as it could a released key;
 //! - an answer stored → `Replay` of it, status and body as the first attempt had them;
 //! - no answer yet and the holder's lease running, by the database's clock, or the record
 //!   held by a transaction still open → `InProgress`;
@@ -199,21 +202,27 @@ impl Issuer {
                 // mid-commit and the server has yet to end it. Either way, not yet.
                 Claimed::Held => return Ok(Begun::InProgress),
             };
-            if existing.method != request.method
+            let another_request = existing.method != request.method
                 || existing.path != request.path
-                || existing.body_sha256 != body_sha256
-            {
-                return Ok(Begun::Reused);
-            }
+                || existing.body_sha256 != body_sha256;
             if let Some(answer) = existing.answer {
+                if another_request {
+                    return Ok(Begun::Reused);
+                }
                 return Ok(Begun::Replay(answer.into()));
             }
             // No answer: the holder is running, or ended without one (its request was
-            // dropped or timed out, or its instance died). The database's clock says
-            // which: a lease that is over is taken over, and this attempt runs.
+            // dropped or timed out, or its instance died, or the release of an answer not
+            // kept failed). The database's clock says which: a lease that is over is taken
+            // over, and this attempt runs. Also for another request: where an action
+            // commits with its answer, nothing of an unanswered one happened, and the key
+            // is as free as a released one. Without transactions it may have happened.
+            if another_request && !self.store.supports_transactions().await? {
+                return Ok(Begun::Reused);
+            }
             let taken_over = match self
                 .store
-                .take_over_idempotency_record(&existing, attempt, config.lease)
+                .take_over_idempotency_record(&existing, &claim)
                 .await
             {
                 Ok(taken_over) => taken_over,
@@ -225,7 +234,11 @@ impl Issuer {
             if taken_over {
                 return Ok(Begun::Proceed(Attempt::new(existing.id, attempt)));
             }
-            return Ok(Begun::InProgress);
+            return Ok(if another_request {
+                Begun::Reused
+            } else {
+                Begun::InProgress
+            });
         }
         // Another attempt kept winning the key meanwhile: it is running.
         Ok(Begun::InProgress)

@@ -161,14 +161,14 @@ impl Store {
         }
     }
 
-    /// Hands the unanswered record `existing` to `attempt` for `lease`, if its lease is
-    /// over by the database's clock; `false` when it is still running, the record was
-    /// answered or taken over meanwhile, or a transaction still open holds it.
+    /// Hands the unanswered record `existing` to `claim`'s attempt for its lease, bound
+    /// to `claim`'s method, path and body, if its lease is over by the database's clock;
+    /// `false` when it is still running, the record was answered or taken over
+    /// meanwhile, or a transaction still open holds it.
     pub async fn take_over_idempotency_record(
         &self,
         existing: &IdempotencyDoc,
-        attempt: ObjectId,
-        lease: Duration,
+        claim: &IdempotencyClaim<'_>,
     ) -> Result<bool, StoreError> {
         let taken = self
             .idempotency_keys()
@@ -181,7 +181,13 @@ impl Store {
                     "answer": { "$exists": false },
                     "$expr": { "$lt": ["$leaseUntil", "$$NOW"] },
                 },
-                vec![doc! { "$set": { "attempt": attempt, "leaseUntil": from_now(lease) } }],
+                vec![doc! { "$set": {
+                    "attempt": claim.attempt,
+                    "leaseUntil": from_now(claim.lease),
+                    "method": { "$literal": claim.method },
+                    "path": { "$literal": claim.path },
+                    "bodySha256": { "$literal": claim.body_sha256 },
+                } }],
             )
             .max_time(HELD_PATIENCE)
             .await;

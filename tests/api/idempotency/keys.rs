@@ -318,6 +318,52 @@ async fn a_request_refused_before_its_action_leaves_the_key_for_the_corrected_on
     assert_transferred_once(&app, &id, "the corrected request").await;
 }
 
+/// A refusal of the request itself (a bad body) whose release failed (the database
+/// refused the delete) leaves its key's record unanswered: while that attempt's lease
+/// runs, the corrected body is the key's reuse (422); once it is over, nothing of the refused
+/// request happened (an action commits with its answer), so the corrected request takes
+/// the key, runs once, and its retry replays it.
+#[tokio::test]
+async fn a_refused_request_whose_release_failed_leaves_the_key_to_the_corrected_one_after_its_lease()
+ {
+    let name = unique_app_name();
+    let app = spawn_app_named(&name, "[server]\nrequest_timeout_ms = 1500\n").await;
+    let id = app.issue_tokens("pi_key_lost_release", 1).await.remove(0);
+    let path = format!("/v1/tokens/{id}/transfer");
+    let bad = json!({ "newOwner": "not-an-owner" });
+    let keys = format!("{}.idempotency_keys", app.db_name);
+    let failing = FailPoint::set_on(&name, &["delete"], &keys, Fault::error(2), 1).await;
+    let refused = post(
+        &app,
+        ADMIN_KEY,
+        &path,
+        Some("fix-me"),
+        Some("\"0\""),
+        Some(&bad),
+    )
+    .await;
+    assert_eq!(refused.status(), 422);
+    assert_eq!(failing.off().await, 1, "the release was never refused");
+    assert_eq!(
+        app.count("idempotency_keys", doc! {}).await,
+        1,
+        "not released"
+    );
+
+    let early = transfer_keyed(&app, &id, "fix-me").await;
+    assert_eq!(early.status, 422, "the refused attempt's lease still runs");
+    assert!(String::from_utf8_lossy(&early.body).contains("idempotency_key_reused"));
+    assert_eq!(token_version(&app, &id).await, Some(0));
+
+    tokio::time::sleep(std::time::Duration::from_millis(1_700)).await;
+    let corrected = transfer_keyed(&app, &id, "fix-me").await;
+    assert_eq!((corrected.status, corrected.replayed), (200, false));
+    let retried = transfer_keyed(&app, &id, "fix-me").await;
+    assert_eq!((retried.status, retried.replayed), (200, true));
+    assert_eq!(retried.body, corrected.body);
+    assert_transferred_once(&app, &id, "the corrected request").await;
+}
+
 /// A 412 naming a version the token has not reached yet (the client saw a later one than
 /// the token shows, as a new primary may show for a moment) is not kept: once the token
 /// reaches that version, the same request with the same key runs. A 412 naming an older
