@@ -7,8 +7,9 @@
 //!
 //! - another method, path or body → `Reused` (the key names another request), unless
 //!   the record has no answer and its lease is over on a deployment with transactions:
-//!   nothing of that request happened (its answer was not kept, and its release was
-//!   lost), so this one takes the key over, as it could a released key;
+//!   nothing of that request took effect (its answer was not kept and its release was
+//!   lost, or storing an answer that writes nothing failed), so this one takes the key
+//!   over, as it could a released key, and the record is kept the retention from then;
 //! - an answer stored → `Replay` of it, status and body as the first attempt had them;
 //! - no answer yet and the holder's lease running, by the database's clock, or the record
 //!   held by a transaction still open → `InProgress`;
@@ -174,6 +175,8 @@ impl Issuer {
     ) -> Result<Begun, StoreError> {
         let config = &self.config.idempotency;
         let body_sha256 = hex::encode(Sha256::digest(request.body));
+        // The attempt of another request whose record this one failed to take over.
+        let mut not_taken: Option<ObjectId> = None;
         for _ in 0..retry::IDEMPOTENCY_CLAIM.max_attempts {
             let attempt = ObjectId::new();
             let claim = IdempotencyClaim {
@@ -212,12 +215,15 @@ impl Issuer {
                 return Ok(Begun::Replay(answer.into()));
             }
             // No answer: the holder is running, or ended without one (its request was
-            // dropped or timed out, or its instance died, or the release of an answer not
-            // kept failed). The database's clock says which: a lease that is over is taken
-            // over, and this attempt runs. Also for another request: where an action
-            // commits with its answer, nothing of an unanswered one happened, and the key
-            // is as free as a released one. Without transactions it may have happened.
-            if another_request && !self.store.supports_transactions().await? {
+            // dropped or timed out, or its instance died, or storing or releasing its
+            // answer failed). The database's clock says which: a lease that is over is
+            // taken over, and this attempt runs. Also for another request: where an action
+            // commits with its answer, nothing of an unanswered one took effect, and the
+            // key is as free as a released one. Without transactions it may have.
+            if another_request
+                && (not_taken == Some(existing.attempt)
+                    || !self.store.supports_transactions().await?)
+            {
                 return Ok(Begun::Reused);
             }
             let taken_over = match self
@@ -234,11 +240,13 @@ impl Issuer {
             if taken_over {
                 return Ok(Begun::Proceed(Attempt::new(existing.id, attempt)));
             }
-            return Ok(if another_request {
-                Begun::Reused
-            } else {
-                Begun::InProgress
-            });
+            if another_request {
+                // Its lease still runs, or another request took the key first (one like
+                // this one, perhaps): read the record again to tell.
+                not_taken = Some(existing.attempt);
+                continue;
+            }
+            return Ok(Begun::InProgress);
         }
         // Another attempt kept winning the key meanwhile: it is running.
         Ok(Begun::InProgress)

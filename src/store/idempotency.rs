@@ -162,9 +162,10 @@ impl Store {
     }
 
     /// Hands the unanswered record `existing` to `claim`'s attempt for its lease, bound
-    /// to `claim`'s method, path and body, if its lease is over by the database's clock;
-    /// `false` when it is still running, the record was answered or taken over
-    /// meanwhile, or a transaction still open holds it.
+    /// to `claim`'s method, path and body and kept `claim`'s retention from now (the
+    /// answer this attempt stores is kept as long as a fresh claim's), if its lease is
+    /// over by the database's clock; `false` when it is still running, the record was
+    /// answered or taken over meanwhile, or a transaction still open holds it.
     pub async fn take_over_idempotency_record(
         &self,
         existing: &IdempotencyDoc,
@@ -187,6 +188,7 @@ impl Store {
                     "method": { "$literal": claim.method },
                     "path": { "$literal": claim.path },
                     "bodySha256": { "$literal": claim.body_sha256 },
+                    "expiresAt": from_now(claim.retention),
                 } }],
             )
             .max_time(HELD_PATIENCE)

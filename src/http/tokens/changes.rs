@@ -176,9 +176,11 @@ async fn apply(
         TransitionOutcome::NotFound => Err(not_found()),
         // A version the token has not reached, as read: the client saw a later one (a
         // new primary may not show it yet), so the same request may pass later: not
-        // kept. An older one stays stale: kept.
+        // kept. An older one stays stale: kept. Only for a key that may read the version
+        // anyway: whether the answer is kept shows on a retry, and a key that may not
+        // would learn the version by trying tags.
         TransitionOutcome::VersionConflict(token) => match gate {
-            Gate::IfMatch(expected) if expected > token.version => {
+            Gate::IfMatch(expected) if expected > token.version && principal.has(Scope::Read) => {
                 Ok(transient(version_conflict(principal, &token)))
             }
             _ => Err(version_conflict(principal, &token)),

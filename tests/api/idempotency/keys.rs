@@ -355,13 +355,22 @@ async fn a_refused_request_whose_release_failed_leaves_the_key_to_the_corrected_
     assert!(String::from_utf8_lossy(&early.body).contains("idempotency_key_reused"));
     assert_eq!(token_version(&app, &id).await, Some(0));
 
+    // The lease over, the corrected request sent several times at once: one takes the
+    // key and runs; the others, copies of it, hear that it runs or replay it, never 422.
     tokio::time::sleep(std::time::Duration::from_millis(1_700)).await;
-    let corrected = transfer_keyed(&app, &id, "fix-me").await;
-    assert_eq!((corrected.status, corrected.replayed), (200, false));
+    let copies = join_all((0..8).map(|_| transfer_keyed(&app, &id, "fix-me"))).await;
+    let ran = the_one_that_ran(&copies);
     let retried = transfer_keyed(&app, &id, "fix-me").await;
     assert_eq!((retried.status, retried.replayed), (200, true));
-    assert_eq!(retried.body, corrected.body);
+    assert_eq!(retried.body, ran.body);
     assert_transferred_once(&app, &id, "the corrected request").await;
+    // Kept the retention from when the corrected request took the key.
+    let record = app
+        .find_stored("idempotency_keys", doc! { "key": "fix-me" })
+        .await;
+    let left = record.get_datetime("expiresAt").unwrap().timestamp_millis()
+        - DateTime::now().timestamp_millis();
+    assert!(left > 23 * 3_600_000, "{record}");
 }
 
 /// A 412 naming a version the token has not reached yet (the client saw a later one than
@@ -415,6 +424,16 @@ async fn a_412_for_a_version_not_reached_yet_is_not_kept_and_one_for_an_older_is
     .await;
     assert_eq!((again.status, again.replayed), (412, true));
     assert_eq!(again.body, stale.body);
+
+    // A key that may not read tokens has every 412 kept: were a version ahead released,
+    // its retries would tell it the token's version.
+    let other = app.issue_tokens("pi_key_412_gate", 1).await.remove(0);
+    let redeem = format!("/v1/tokens/{other}/redeem");
+    let gate = |tag| post(&app, REDEEMER_KEY, &redeem, Some("gate"), Some(tag), None);
+    let first = seen(gate("\"7\"").await).await;
+    assert_eq!((first.status, first.replayed), (412, false));
+    let retried = seen(gate("\"7\"").await).await;
+    assert_eq!((retried.status, retried.replayed), (412, true));
 }
 
 /// A key is any visible ASCII, `$` first included: it is stored as written (never read as
