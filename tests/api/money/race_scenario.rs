@@ -181,9 +181,12 @@ impl Scenario {
         let (event_type, object) = match (action, self.reversal) {
             (Action::RefundFails, _) => (
                 "refund.failed",
+                // Made when its charge's report says (`created`): its failure gives back
+                // only once that report is in, whichever comes first here.
                 serde_json::json!({ "id": format!("re_{}", self.payment), "object": "refund",
                     "amount": self.refunded_amount(), "charge": "ch_1", "currency": "eur",
-                    "payment_intent": self.payment, "status": "failed" }),
+                    "payment_intent": self.payment, "status": "failed",
+                    "created": self.refund_created }),
             ),
             (Action::DisputeWithdrawn | Action::DisputeWon, Reversal::DisputeWon(amount)) => (
                 if action == Action::DisputeWon {
