@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use mongodb::bson::DateTime;
 
-use super::{IssueError, Issuer};
+use super::{IssueError, Issuer, Settlement};
+use crate::domain::PaymentKey;
 use crate::store::StoreError;
 use crate::telemetry::metric;
 
@@ -91,16 +92,12 @@ impl Issuer {
         let reopened = self.store.reopen_short_sets().await?;
         let mut report = self.repair_unfinished(Duration::ZERO).await?;
         report.records_reopened = reopened;
-        for payment in self.store.payments_taking_back().await? {
-            let Ok(key) = payment.key() else {
+        for listed in self.store.payments_taking_back().await? {
+            let Ok(key) = listed.key() else {
                 report.failed += 1;
                 continue;
             };
-            let record = self.store.find_record(&key).await?;
-            let settlement = self
-                .settle_recorded(&key, record.as_ref(), Some(&payment))
-                .await?;
-            report.tokens_revoked += settlement.revoked;
+            report.tokens_revoked += self.settle_listed(&key).await?.revoked;
         }
         Ok(report)
     }
@@ -118,12 +115,9 @@ impl Issuer {
         let since =
             DateTime::from_millis(DateTime::now().timestamp_millis() - lookback.as_millis() as i64);
         let mut revoked = 0;
-        for payment in self.store.payments_taking_back_since(since).await? {
-            let Ok(key) = payment.key() else { continue };
-            let record = self.store.find_record(&key).await?;
-            let settlement = self
-                .settle_recorded(&key, record.as_ref(), Some(&payment))
-                .await?;
+        for listed in self.store.payments_taking_back_since(since).await? {
+            let Ok(key) = listed.key() else { continue };
+            let settlement = self.settle_listed(&key).await?;
             if settlement.revoked > 0 {
                 metrics::counter!(metric::REPAIRS_TOTAL, "outcome" => "revoked").increment(1);
                 tracing::info!(payment = %key.payment_intent_id, revoked = settlement.revoked, "revoked tokens a crashed issuance left active after a refund");
@@ -131,6 +125,20 @@ impl Issuer {
             revoked += settlement.revoked;
         }
         Ok(revoked)
+    }
+}
+
+impl Issuer {
+    /// Settles a payment a sweep listed, by the payment as it is now: the listing may be
+    /// minutes old, and a payment that stands again since (money came back, or it
+    /// succeeded again) must not lose its tokens to it, even for a moment — the settle
+    /// would bring them back only by a later read, which may never come if the sweep
+    /// stops there, and nothing would list the payment again.
+    async fn settle_listed(&self, key: &PaymentKey) -> Result<Settlement, StoreError> {
+        let record = self.store.find_record(key).await?;
+        let payment = self.store.find_payment(key).await?;
+        self.settle_recorded(key, record.as_ref(), payment.as_ref())
+            .await
     }
 }
 

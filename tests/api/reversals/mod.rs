@@ -569,3 +569,50 @@ async fn a_failure_of_a_refund_no_report_counted_yet_waits_for_that_report() {
     assert_eq!(statuses(&app, "pi_two").await, half);
     verify_clean(&app).await;
 }
+
+/// `verify --repair` lists the payments whose money takes tokens back, then settles each:
+/// a payment that stands again between the listing and its settle (here the refund
+/// failed meanwhile) is settled by what it is now. Its tokens are not revoked by the
+/// listing's state, not even for a moment (which, were the settle's later read to fail,
+/// would leave them revoked with nothing listing the payment again).
+#[tokio::test]
+async fn a_repair_settles_a_listed_payment_by_what_it_is_when_settled() {
+    let app = app().await;
+    paid(&app, "pi_listed", "4").await;
+    stripe(&app, &half_refunded("pi_listed")).await;
+    assert_eq!(
+        statuses(&app, "pi_listed").await,
+        ["active", "active", "revoked", "revoked"]
+    );
+    // The command's reads of `issuances` after its first (the unfinished records') are
+    // held: the listing is taken, the payment's own settle waits.
+    let command = unique_app_name();
+    let records = format!("{}.issuances", app.db_name);
+    let hold = Fault::Block { millis: 3_000 };
+    let held = FailPoint::after_first_on(&command, &["find"], &records, hold).await;
+    let uri = mongo_uri_named(&command);
+    let repair = run_command(&uri, &app.db_name, &["verify", "--repair"], &[]);
+    let meanwhile = async {
+        assert!(
+            held.fired_within(1, std::time::Duration::from_secs(20))
+                .await,
+            "the settle's read was never held"
+        );
+        let failed = stripe(&app, &refund_failed("evt_f_listed", "pi_listed", 500)).await;
+        assert_eq!(failed["tokensReactivated"], 2, "{failed}");
+        held.off().await
+    };
+    let (repaired, entered) = tokio::join!(repair, meanwhile);
+    assert!(entered >= 1);
+    let printed = String::from_utf8_lossy(&repaired.stdout);
+    assert_eq!(repaired.status.code(), Some(0), "{printed}");
+    assert!(printed.contains(" 0 token(s) revoked"), "{printed}");
+    assert_eq!(statuses(&app, "pi_listed").await, ["active"; 4]);
+    for id in app.stored_token_ids("pi_listed").await {
+        assert!(
+            state(&app, &id).await.1 <= 2,
+            "revoked and restored again: {id}"
+        );
+    }
+    verify_clean(&app).await;
+}
