@@ -382,8 +382,16 @@ async fn a_412_for_a_version_not_reached_yet_is_not_kept_and_one_for_an_older_is
     let app = spawn_app().await;
     let id = app.issue_tokens("pi_key_412", 1).await.remove(0);
     let revoke = format!("/v1/tokens/{id}/revoke");
-    let ahead = post(&app, ADMIN_KEY, &revoke, Some("ahead"), Some("\"1\""), None).await;
-    assert_eq!(ahead.status(), 412);
+    // Revokes the token with `If-Match: "version"` under the key `key`.
+    let revoke_with = |key: &'static str, version: i64| {
+        let (app, revoke) = (&app, &revoke);
+        async move {
+            let tag = format!("\"{version}\"");
+            seen(post(app, ADMIN_KEY, revoke, Some(key), Some(&tag), None).await).await
+        }
+    };
+    let ahead = revoke_with("ahead", 1).await;
+    assert_eq!(ahead.status, 412);
     assert_eq!(app.count("idempotency_keys", doc! {}).await, 0, "released");
     assert_eq!(token_version(&app, &id).await, Some(0));
 
@@ -392,36 +400,14 @@ async fn a_412_for_a_version_not_reached_yet_is_not_kept_and_one_for_an_older_is
     let body = json!({ "newOwner": OTHER_OWNER });
     let moved = post(&app, ADMIN_KEY, &transfer, None, Some("\"0\""), Some(&body)).await;
     assert_eq!(moved.status(), 200);
-    let ran = seen(post(&app, ADMIN_KEY, &revoke, Some("ahead"), Some("\"1\""), None).await).await;
+    let ran = revoke_with("ahead", 1).await;
     assert_eq!((ran.status, ran.replayed), (200, false));
     assert_eq!(token_status(&app, &id).await, "revoked");
 
     // An older version: stale for good, kept and replayed.
-    let stale = seen(
-        post(
-            &app,
-            ADMIN_KEY,
-            &revoke,
-            Some("behind"),
-            Some("\"0\""),
-            None,
-        )
-        .await,
-    )
-    .await;
+    let stale = revoke_with("behind", 0).await;
     assert_eq!((stale.status, stale.replayed), (412, false));
-    let again = seen(
-        post(
-            &app,
-            ADMIN_KEY,
-            &revoke,
-            Some("behind"),
-            Some("\"0\""),
-            None,
-        )
-        .await,
-    )
-    .await;
+    let again = revoke_with("behind", 0).await;
     assert_eq!((again.status, again.replayed), (412, true));
     assert_eq!(again.body, stale.body);
 

@@ -106,6 +106,17 @@ fn half_refunded(payment: &str) -> Value {
     refunded_so_far("evt_r1", payment, PAID_AT + 10, 500)
 }
 
+/// What [`half_refunded`] leaves of 4 tokens: the two highest revoked.
+const HALF: [&str; 4] = ["active", "active", "revoked", "revoked"];
+
+/// Pays `payment` for 4 tokens and refunds half of it ([`half_refunded`]), checking that
+/// it leaves [`HALF`].
+async fn paid_then_half_refunded(app: &TestApp, payment: &str) {
+    paid(app, payment, "4").await;
+    stripe(app, &half_refunded(payment)).await;
+    assert_eq!(statuses(app, payment).await, HALF);
+}
+
 /// The full refund of charge `ch_1` (`refunded: true`).
 fn full_refund(event_id: &str, payment: &str, created: i64) -> Value {
     json!({
@@ -352,8 +363,7 @@ async fn a_failed_refund_gives_its_tokens_back_and_later_charge_reports_count_it
 #[tokio::test]
 async fn a_refund_update_that_did_not_fail_gives_nothing_back() {
     let app = app().await;
-    paid(&app, "pi_ok", "4").await;
-    stripe(&app, &half_refunded("pi_ok")).await;
+    paid_then_half_refunded(&app, "pi_ok").await;
     let receipt = stripe(
         &app,
         &refund_event(
@@ -548,11 +558,8 @@ async fn a_failure_delivered_after_its_charges_next_report_is_counted_against_th
 #[tokio::test]
 async fn a_failure_of_a_refund_no_report_counted_yet_waits_for_that_report() {
     let app = app().await;
-    paid(&app, "pi_two", "4").await;
     // re_1: 500 refunded, reported at +10: two tokens taken back.
-    stripe(&app, &half_refunded("pi_two")).await;
-    let half = ["active", "active", "revoked", "revoked"];
-    assert_eq!(statuses(&app, "pi_two").await, half);
+    paid_then_half_refunded(&app, "pi_two").await;
     // re_2: 500 more, made at +15; it fails at +20, and that event comes before the
     // charge's report that counts re_2 (delayed). No report recorded counted re_2, so
     // its failure gives nothing back yet: re_1's 500 is still refunded.
@@ -561,12 +568,12 @@ async fn a_failure_of_a_refund_no_report_counted_yet_waits_for_that_report() {
     failed["data"]["object"]["created"] = json!(PAID_AT + 15);
     let receipt = stripe(&app, &failed).await;
     assert_eq!(receipt["tokensReactivated"], 0, "{receipt}");
-    assert_eq!(statuses(&app, "pi_two").await, half);
+    assert_eq!(statuses(&app, "pi_two").await, HALF);
     verify_clean(&app).await;
     // The delayed report (re_1 and re_2: the whole 1000, at +15) counts re_2, whose
     // failure then gives it back: re_1's 500 stays taken.
     stripe(&app, &full_refund("evt_r2", "pi_two", PAID_AT + 15)).await;
-    assert_eq!(statuses(&app, "pi_two").await, half);
+    assert_eq!(statuses(&app, "pi_two").await, HALF);
     verify_clean(&app).await;
 }
 
@@ -578,12 +585,7 @@ async fn a_failure_of_a_refund_no_report_counted_yet_waits_for_that_report() {
 #[tokio::test]
 async fn a_repair_settles_a_listed_payment_by_what_it_is_when_settled() {
     let app = app().await;
-    paid(&app, "pi_listed", "4").await;
-    stripe(&app, &half_refunded("pi_listed")).await;
-    assert_eq!(
-        statuses(&app, "pi_listed").await,
-        ["active", "active", "revoked", "revoked"]
-    );
+    paid_then_half_refunded(&app, "pi_listed").await;
     // The command's reads of `issuances` after its first (the unfinished records') are
     // held: the listing is taken, the payment's own settle waits.
     let command = unique_app_name();
@@ -614,5 +616,37 @@ async fn a_repair_settles_a_listed_payment_by_what_it_is_when_settled() {
             "revoked and restored again: {id}"
         );
     }
+    verify_clean(&app).await;
+}
+
+/// The same sweep whose read of a listed payment fails (after the listing succeeded):
+/// the command fails and changes nothing of it; run again, it settles the payment. Here
+/// the half refund's settle was lost (its tokens left active).
+#[tokio::test]
+async fn a_repair_whose_read_of_a_listed_payment_fails_changes_nothing_and_its_rerun_settles() {
+    let app = app().await;
+    paid_then_half_refunded(&app, "pi_unread").await;
+    app.db
+        .collection::<Document>("tokens")
+        .update_many(
+            doc! { "origin.paymentIntentId": "pi_unread" },
+            doc! { "$set": { "status": "active" } },
+        )
+        .await
+        .unwrap();
+    let command = unique_app_name();
+    let payments = format!("{}.payments", app.db_name);
+    let failing = FailPoint::after_first_on(&command, &["find"], &payments, Fault::error(2)).await;
+    let uri = mongo_uri_named(&command);
+    let failed = run_command(&uri, &app.db_name, &["verify", "--repair"], &[]).await;
+    assert!(failing.off().await >= 1, "the payment's read never failed");
+    assert_ne!(failed.status.code(), Some(0));
+    assert_eq!(statuses(&app, "pi_unread").await, ["active"; 4]);
+
+    let rerun = run_command(&mongo_uri(), &app.db_name, &["verify", "--repair"], &[]).await;
+    let printed = String::from_utf8_lossy(&rerun.stdout);
+    assert_eq!(rerun.status.code(), Some(0), "{printed}");
+    assert!(printed.contains(" 2 token(s) revoked"), "{printed}");
+    assert_eq!(statuses(&app, "pi_unread").await, HALF);
     verify_clean(&app).await;
 }
