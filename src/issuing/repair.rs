@@ -48,14 +48,13 @@ impl Issuer {
             else {
                 break;
             };
-            // A batch's record its batch has not decided yet, that old (the batch stalled
-            // or died): confirmed, or skipped when the batch took it back meanwhile.
-            let record = match record.unconfirmed {
-                true => match self.store.confirm_record(&record).await? {
-                    Some(record) => record,
-                    None => continue,
-                },
-                false => record,
+            // A batch's record its batch has not decided yet: left to a batch that is only
+            // slow as a request leaves it (`verify --repair` looks at records of any age,
+            // and confirming one the batch's read is about to refuse would write tokens
+            // for a refused request), confirmed once its batch stalled or died, and
+            // skipped when the batch took it back meanwhile.
+            let Some(record) = self.once_confirmed(record).await? else {
+                continue;
             };
             let payment = format!(
                 "{}/{}/{}",

@@ -586,3 +586,41 @@ async fn a_confirm_that_fails_writes_no_token_and_the_retry_finishes_the_record(
     assert_eq!(record.get_str("status"), Ok("issued"), "{record}");
     assert!(!record.contains_key("unconfirmed"), "{record}");
 }
+
+#[tokio::test]
+async fn a_repair_meeting_a_live_batchs_unconfirmed_record_leaves_it_to_the_batch() {
+    let name = unique_app_name();
+    let app = faulty_app(&name).await;
+    let payment = "pi_unc_repaired";
+    refunded_long_ago(&app, payment).await;
+    // Held up for less than a retry waits on an unconfirmed record, so the batch is live
+    // (slow, not stalled) for the whole of the repair's first look at the record.
+    let held_up = FailPoint::set(&name, &["find"], Fault::Block { millis: 600 }, 1).await;
+    let repairer = tokenmint::startup::issuer(
+        &test_settings(&app.db_name, PROVIDERS),
+        connect_store(&mongo_uri(), &app.db_name).await,
+    );
+
+    let body = issuance_body(payment, 4);
+    let (refused, repaired) = tokio::join!(app.issue(WRITER_KEY, &body), async {
+        unconfirmed_record_inserted(&app, payment).await;
+        repairer.repair_all().await.unwrap()
+    });
+    assert_eq!(held_up.off().await, 1, "the read was not held up");
+    assert_problem(refused, 409, "payment_not_succeeded").await;
+    assert_eq!(
+        (repaired.records_finished, repaired.tokens_created),
+        (0, 0),
+        "{repaired:?}"
+    );
+    assert_eq!(
+        app.count("tokens", doc! { "origin.paymentIntentId": payment })
+            .await,
+        0,
+        "the repair wrote tokens for a record its batch was about to refuse"
+    );
+    assert_eq!(
+        app.count_records(doc! { "paymentIntentId": payment }).await,
+        0
+    );
+}
