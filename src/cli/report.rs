@@ -28,6 +28,7 @@ pub(super) fn verify(report: &VerifyReport, repair: Option<&RepairReport>) -> Va
             "foreignTokens": finding(&report.foreign_tokens),
             "unbackedActiveTokens": finding(&report.unbacked_active_tokens),
             "unrestoredTokens": finding(&report.unrestored_tokens),
+            "unreadablePayments": finding(&report.unreadable_payments),
         },
         "repair": repair.map(|r| json!({
             "recordsFinished": r.records_finished,

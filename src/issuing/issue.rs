@@ -295,7 +295,10 @@ impl Issuer {
     /// batch that failed, stalled or died: confirmed at once then, the caller having read
     /// the payment standing (a batch that was only slow answers its refused request 503
     /// instead of 409), or, for a repair, about to settle the set by a fresh read.
-    pub(super) async fn once_confirmed(&self, record: IssuanceDoc) -> Result<Option<IssuanceDoc>, StoreError> {
+    pub(super) async fn once_confirmed(
+        &self,
+        record: IssuanceDoc,
+    ) -> Result<Option<IssuanceDoc>, StoreError> {
         if !record.unconfirmed {
             return Ok(Some(record));
         }

@@ -41,12 +41,20 @@ impl Issuer {
         let created_before =
             DateTime::from_millis(DateTime::now().timestamp_millis() - min_age.as_millis() as i64);
         for _ in 0..MAX_PER_SWEEP {
-            let Some(record) = self
+            let Some(leased) = self
                 .store
                 .lease_unfinished_record(created_before, LEASE)
                 .await?
             else {
                 break;
+            };
+            let record = match leased {
+                Ok(record) => record,
+                Err(err) => {
+                    report.failed += 1;
+                    failed("", "cannot read an unfinished issuance", &err);
+                    continue;
+                }
             };
             // A batch's record its batch has not decided yet: left to a batch that is only
             // slow as a request leaves it (`verify --repair` looks at records of any age,
@@ -92,11 +100,10 @@ impl Issuer {
         let mut report = self.repair_unfinished(Duration::ZERO).await?;
         report.records_reopened = reopened;
         for listed in self.store.payments_taking_back().await? {
-            let Ok(key) = listed.key() else {
-                report.failed += 1;
-                continue;
-            };
-            report.tokens_revoked += self.settle_listed(&key).await?.revoked;
+            match self.settle_listed(listed).await? {
+                Some(settlement) => report.tokens_revoked += settlement.revoked,
+                None => report.failed += 1,
+            }
         }
         Ok(report)
     }
@@ -115,11 +122,15 @@ impl Issuer {
             DateTime::from_millis(DateTime::now().timestamp_millis() - lookback.as_millis() as i64);
         let mut revoked = 0;
         for listed in self.store.payments_taking_back_since(since).await? {
-            let Ok(key) = listed.key() else { continue };
-            let settlement = self.settle_listed(&key).await?;
+            let Some(settlement) = self.settle_listed(listed).await? else {
+                continue;
+            };
             if settlement.revoked > 0 {
                 metrics::counter!(metric::REPAIRS_TOTAL, "outcome" => "revoked").increment(1);
-                tracing::info!(payment = %key.payment_intent_id, revoked = settlement.revoked, "revoked tokens a crashed issuance left active after a refund");
+                tracing::info!(
+                    revoked = settlement.revoked,
+                    "revoked tokens a crashed issuance left active after a refund"
+                );
             }
             revoked += settlement.revoked;
         }
@@ -133,12 +144,53 @@ impl Issuer {
     /// succeeded again) must not lose its tokens to it, even for a moment — the settle
     /// would bring them back only by a later read, which may never come if the sweep
     /// stops there, and nothing would list the payment again.
-    async fn settle_listed(&self, key: &PaymentKey) -> Result<Settlement, StoreError> {
-        let record = self.store.find_record(key).await?;
-        let payment = self.store.find_payment(key).await?;
-        self.settle_recorded(key, record.as_ref(), payment.as_ref())
-            .await
+    ///
+    /// `None` when this payment alone could not be settled (its key, record or payment
+    /// cannot be read, or the settle failed for a reason of its own): logged, for the
+    /// sweep to go on to the next; only an outage stops the sweep.
+    async fn settle_listed(
+        &self,
+        listed: Result<PaymentKey, StoreError>,
+    ) -> Result<Option<Settlement>, StoreError> {
+        let key = match listed {
+            Ok(key) => key,
+            Err(err) => {
+                failed("", "cannot read a refunded or canceled payment's key", &err);
+                return Ok(None);
+            }
+        };
+        let settled = async {
+            let record = self.store.find_record(&key).await?;
+            let payment = self.store.find_payment(&key).await?;
+            self.settle_recorded(&key, record.as_ref(), payment.as_ref())
+                .await
+        };
+        match settled.await {
+            Ok(settlement) => Ok(Some(settlement)),
+            Err(err @ StoreError::Unavailable(_)) => Err(err),
+            Err(err) => {
+                let payment = format!(
+                    "{}/{}/{}",
+                    key.provider.as_str(),
+                    key.account_id.as_str(),
+                    key.payment_intent_id.as_str()
+                );
+                failed(
+                    &payment,
+                    "cannot settle a refunded or canceled payment",
+                    &err,
+                );
+                Ok(None)
+            }
+        }
     }
+}
+
+/// Logs and counts a repair that failed for one record or payment alone (`payment`, its
+/// key, empty when unknown).
+fn failed(payment: &str, what: &'static str, err: &StoreError) {
+    metrics::counter!(metric::REPAIRS_TOTAL, "outcome" => "failed").increment(1);
+    tracing::error!(%payment, error = %err, "{what}");
 }
 
 /// Every `interval`, for as long as the process lives: `repair_unfinished(min_age)`,

@@ -8,7 +8,7 @@ use futures::TryStreamExt;
 use mongodb::bson::{DateTime, Document, doc, oid::ObjectId};
 use mongodb::options::ReturnDocument;
 
-use super::documents::{IssuanceDoc, TokenSummary, token_summary_projection};
+use super::documents::{IssuanceDoc, TokenSummary, from_document, token_summary_projection};
 use super::error::{ISSUANCES_PAYMENT_INDEX, StoreError};
 use super::filters::{issuance_filter, payment_tokens_filter};
 use super::placeholder::{Existing, records_only};
@@ -153,11 +153,15 @@ impl Store {
     /// shard key (the payment key): a scatter `find` of the oldest few candidates, then a
     /// targeted `findOneAndUpdate` per candidate that repeats every condition, so two
     /// repairers that found the same candidate still cannot both lease it.
+    ///
+    /// The leased record comes back as read: a document that is not a readable record (a
+    /// field of another type, written by hand or by another tool) is `Err` inside, and
+    /// stays leased, so that the sweep passes it by and takes the next one.
     pub async fn lease_unfinished_record(
         &self,
         created_before: DateTime,
         lease: std::time::Duration,
-    ) -> Result<Option<IssuanceDoc>, StoreError> {
+    ) -> Result<Option<Result<IssuanceDoc, StoreError>>, StoreError> {
         /// Candidates per attempt: enough that repairers racing for the oldest record
         /// each find another, few enough to read nothing much.
         const CANDIDATES: i64 = 8;
@@ -188,12 +192,12 @@ impl Store {
                 }
             }
             let leased = self
-                .records()
+                .collection(ISSUANCES)
                 .find_one_and_update(targeted, doc! { "$set": { "repairLeaseUntil": until } })
                 .return_document(ReturnDocument::After)
                 .await?;
-            if leased.is_some() {
-                return Ok(leased);
+            if let Some(leased) = leased {
+                return Ok(Some(from_document(leased)));
             }
         }
         Ok(None)

@@ -197,6 +197,87 @@ async fn verify_repair_completes_short_sets_and_revokes_unbacked_tokens() {
     assert!(stdout.contains("0 token(s) revoked"), "{stdout}");
 }
 
+#[tokio::test]
+async fn verify_repair_goes_past_documents_it_cannot_read_and_reports_them() {
+    let app = spawn_app().await;
+    let issuances = app.db.collection::<Document>("issuances");
+    let tokens = app.db.collection::<Document>("tokens");
+    let payments = app.db.collection::<Document>("payments");
+    // A refunded payment and an unfinished record, each with a field of the wrong type
+    // (written by hand, or by a tool that knew another shape)...
+    let mut garbled = payment("pi_garbled", "refunded", None);
+    garbled.insert("amount", "one thousand");
+    payments.insert_one(garbled).await.unwrap();
+    let mut unreadable = record("pi_unreadable", 2, "issuing");
+    unreadable.insert("quantity", "two");
+    issuances.insert_one(unreadable).await.unwrap();
+    // ...beside a refunded payment whose 2 tokens are active, and a short unfinished set.
+    issuances
+        .insert_one(record("pi_refunded", 2, "issued"))
+        .await
+        .unwrap();
+    tokens
+        .insert_many([token("pi_refunded", 0), token("pi_refunded", 1)])
+        .await
+        .unwrap();
+    payments
+        .insert_one(payment("pi_refunded", "refunded", None))
+        .await
+        .unwrap();
+    issuances
+        .insert_one(record("pi_unfinished", 2, "issuing"))
+        .await
+        .unwrap();
+
+    let repaired = run_verify(&app, &["--repair", "--json"]).await;
+    let stderr = String::from_utf8_lossy(&repaired.stderr);
+    assert_eq!(repaired.status.code(), Some(1), "{stderr}");
+    let report = json_report(&repaired);
+    assert_eq!(report["repair"]["tokensRevoked"], 2, "{report}");
+    assert_eq!(report["repair"]["tokensCreated"], 2, "{report}");
+    assert_eq!(report["repair"]["failed"], 2, "{report}");
+    // Reported by the check that follows the repair, each by what it is.
+    assert_eq!(report["violations"], 2, "{report}");
+    let unreadable = &report["findings"]["unreadablePayments"];
+    assert_eq!(unreadable["count"], 1, "{report}");
+    assert_eq!(
+        unreadable["samples"][0], "stripe/acct_1/pi_garbled",
+        "{report}"
+    );
+    let wrong_sets = &report["findings"]["wrongTokenSets"];
+    assert_eq!(wrong_sets["count"], 1, "{report}");
+    assert!(
+        wrong_sets["samples"][0]
+            .as_str()
+            .is_some_and(|s| s.contains("pi_unreadable")),
+        "{report}"
+    );
+    assert_eq!(
+        app.count(
+            "tokens",
+            doc! { "origin.paymentIntentId": "pi_refunded", "status": "revoked" }
+        )
+        .await,
+        2
+    );
+    assert_eq!(
+        app.token_states("pi_unfinished").await,
+        indexed_statuses(&["active", "active"])
+    );
+    // What could not be read is left as it was.
+    let left = issuances
+        .find_one(doc! { "paymentIntentId": "pi_unreadable" })
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(left.get_str("status"), Ok("issuing"), "{left}");
+    assert_eq!(
+        app.count("tokens", doc! { "origin.paymentIntentId": "pi_unreadable" })
+            .await,
+        0
+    );
+}
+
 /// The `--json` document of a run: exactly one JSON value on stdout.
 fn json_report(output: &std::process::Output) -> serde_json::Value {
     let stdout = String::from_utf8_lossy(&output.stdout);
@@ -229,6 +310,7 @@ async fn verify_json_is_one_document_with_the_text_exit_codes() {
         "foreignTokens",
         "unbackedActiveTokens",
         "unrestoredTokens",
+        "unreadablePayments",
     ];
     let findings = report["findings"].as_object().unwrap();
     let mut names: Vec<&str> = findings.keys().map(String::as_str).collect();
