@@ -49,7 +49,8 @@ use tracing::Instrument;
 use super::Issuer;
 use crate::domain::IdempotencyKey;
 use crate::store::{
-    AnswerInTransaction, Claimed, IdempotencyClaim, StoreError, StoredAnswer, StoredHeader, retry,
+    AnswerInTransaction, Claimed, HeldRecord, IdempotencyClaim, StoreError, StoredAnswer,
+    StoredHeader, retry,
 };
 
 /// Answers that refuse the request before its action could run (400 malformed, 403
@@ -103,18 +104,16 @@ pub struct Answer {
 /// The key, held by this attempt until it finishes.
 #[derive(Debug)]
 pub struct Attempt {
-    record: ObjectId,
-    attempt: ObjectId,
+    held: HeldRecord,
     /// Set once the record needs nothing more from this attempt: its answer committed
     /// with its action, or another attempt took the key over.
     settled: AtomicBool,
 }
 
 impl Attempt {
-    fn new(record: ObjectId, attempt: ObjectId) -> Self {
+    fn new(held: HeldRecord) -> Self {
         Self {
-            record,
-            attempt,
+            held,
             settled: AtomicBool::new(false),
         }
     }
@@ -131,8 +130,8 @@ impl Attempt {
         answer: &'a (dyn Fn(&T) -> StoredAnswer + Send + Sync),
     ) -> AnswerInTransaction<'a, T> {
         AnswerInTransaction {
-            record: self.record,
-            attempt: self.attempt,
+            record: self.held.id,
+            attempt: self.held.attempt,
             answer,
         }
     }
@@ -190,15 +189,21 @@ impl Issuer {
                 lease: config.lease,
                 retention: config.retention,
             };
+            let held = |id| HeldRecord {
+                key_id: request.key_id.to_owned(),
+                key: request.key.as_str().to_owned(),
+                id,
+                attempt,
+            };
             let claimed = match self.store.claim_idempotency_record(&claim).await {
                 Ok(claimed) => claimed,
                 Err(err) => {
-                    self.take_back_unconfirmed_claim(&err, claim.id, attempt);
+                    self.take_back_unconfirmed_claim(&err, held(claim.id));
                     return Err(err);
                 }
             };
             let existing = match claimed {
-                Claimed::Fresh => return Ok(Begun::Proceed(Attempt::new(claim.id, attempt))),
+                Claimed::Fresh => return Ok(Begun::Proceed(Attempt::new(held(claim.id)))),
                 Claimed::Existing(existing) => *existing,
                 Claimed::Raced => continue,
                 // An attempt's transaction holds the record: it is committing, or died
@@ -233,12 +238,12 @@ impl Issuer {
             {
                 Ok(taken_over) => taken_over,
                 Err(err) => {
-                    self.take_back_unconfirmed_claim(&err, existing.id, attempt);
+                    self.take_back_unconfirmed_claim(&err, held(existing.id));
                     return Err(err);
                 }
             };
             if taken_over {
-                return Ok(Begun::Proceed(Attempt::new(existing.id, attempt)));
+                return Ok(Begun::Proceed(Attempt::new(held(existing.id))));
             }
             if another_request {
                 // Its lease still runs, or another request took the key first (one like
@@ -261,7 +266,7 @@ impl Issuer {
     /// for the majority at most `HELD_PATIENCE` (`release_idempotency_record`), and at
     /// most `MAX_TAKE_BACKS` run at once, so an outage of the majority cannot fill the
     /// connection pool with them; a claim not taken back is ended by its lease.
-    fn take_back_unconfirmed_claim(&self, err: &StoreError, record: ObjectId, attempt: ObjectId) {
+    fn take_back_unconfirmed_claim(&self, err: &StoreError, held: HeldRecord) {
         if !matches!(err, StoreError::Unavailable(_)) {
             return;
         }
@@ -274,7 +279,7 @@ impl Issuer {
         let store = self.store.clone();
         let taking_back = async move {
             let _permit = permit;
-            if let Err(err) = store.release_idempotency_record(record, attempt).await {
+            if let Err(err) = store.release_idempotency_record(&held).await {
                 tracing::warn!(error = %err, "an unconfirmed idempotency claim could not be taken back; its lease will end it");
             }
         };
@@ -295,15 +300,12 @@ impl Issuer {
             return Ok(());
         }
         if !is_kept(answer.status, finality) {
-            return self
-                .store
-                .release_idempotency_record(attempt.record, attempt.attempt)
-                .await;
+            return self.store.release_idempotency_record(&attempt.held).await;
         }
         let stored = StoredAnswer::from(answer);
         if !self
             .store
-            .store_idempotent_answer(attempt.record, attempt.attempt, &stored)
+            .store_idempotent_answer(attempt.held.id, attempt.held.attempt, &stored)
             .await?
         {
             // Held past its lease and taken over: the attempt that took over answers.

@@ -83,6 +83,16 @@ pub struct IdempotencyClaim<'a> {
     pub retention: Duration,
 }
 
+/// A record an attempt holds, by its shard key (API key id and key) and its `_id`: what a
+/// release names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldRecord {
+    pub key_id: String,
+    pub key: String,
+    pub id: ObjectId,
+    pub attempt: ObjectId,
+}
+
 /// What a claim found.
 #[derive(Debug)]
 pub enum Claimed {
@@ -259,25 +269,35 @@ impl Store {
         Ok(true)
     }
 
-    /// Deletes the unanswered record `id` if `attempt` still holds it, waiting for the
-    /// majority at most `HELD_PATIENCE` (or the URI's `wtimeoutMS`, if shorter): a
-    /// release that cannot be confirmed leaves the record to its lease rather than
-    /// holding a connection.
-    pub async fn release_idempotency_record(
-        &self,
-        id: ObjectId,
-        attempt: ObjectId,
-    ) -> Result<(), StoreError> {
+    /// Deletes the unanswered record `held` names if its attempt still holds it, waiting
+    /// at most `HELD_PATIENCE` for a transaction that holds the record (one that took the
+    /// key over and has not ended) and as long for the majority (or the URI's
+    /// `wtimeoutMS`, if shorter): a release that cannot be confirmed leaves the record to
+    /// its lease rather than holding its request and a connection. A `findAndModify`
+    /// (which must name the shard key), because the driver's `delete` takes no
+    /// `maxTimeMS`.
+    pub async fn release_idempotency_record(&self, held: &HeldRecord) -> Result<(), StoreError> {
         let wtimeout = self
             .db
             .write_concern()
             .and_then(|concern| concern.w_timeout)
             .map_or(HELD_PATIENCE, |uri| uri.min(HELD_PATIENCE));
-        self.idempotency_keys()
-            .delete_one(held_by(id, attempt))
+        let mut filter = held_by(held.id, held.attempt);
+        filter.insert("keyId", held.key_id.as_str());
+        filter.insert("key", held.key.as_str());
+        match self
+            .idempotency_keys()
+            .find_one_and_delete(filter)
+            .max_time(HELD_PATIENCE)
             .write_concern(durable_writes(Some(wtimeout)))
-            .await?;
-        Ok(())
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(err) if ran_out_of_time(&err) => Err(StoreError::unavailable(
+                "an idempotency record held by a transaction could not be released; its lease will end it",
+            )),
+            Err(err) => Err(err.into()),
+        }
     }
 }
 

@@ -43,8 +43,8 @@ pub use error::{
     ISSUANCES_PAYMENT_INDEX, StoreError, TOKENS_PAYMENT_INDEX, duplicate_key_index, is_unavailable,
 };
 pub use idempotency::{
-    AnswerInTransaction, Claimed, IDEMPOTENCY_KEYS, IdempotencyClaim, IdempotencyDoc, StoredAnswer,
-    StoredHeader,
+    AnswerInTransaction, Claimed, HeldRecord, IDEMPOTENCY_KEYS, IdempotencyClaim, IdempotencyDoc,
+    StoredAnswer, StoredHeader,
 };
 pub use payments::{PAYMENTS, PaymentDoc, ProjectionGate, TokenParamsDoc};
 pub use placeholder::{Existing, PLACEHOLDER_LIFETIME};

@@ -142,6 +142,19 @@ impl FailPoint {
         Self::configure(turn, app_name, commands, Some(namespace), fault, mode).await
     }
 
+    /// As [`FailPoint::always`], for those of `commands` on the collection `namespace`
+    /// alone (as [`FailPoint::set_on`]).
+    pub async fn always_on(
+        app_name: &str,
+        commands: &[&str],
+        namespace: &str,
+        fault: Fault,
+    ) -> Self {
+        let turn = FailPointTurn::take().await;
+        let mode = "alwaysOn".into();
+        Self::configure(turn, app_name, commands, Some(namespace), fault, mode).await
+    }
+
     /// As [`FailPoint::set`], for every such command until turned off.
     pub async fn always(app_name: &str, commands: &[&str], fault: Fault) -> Self {
         FailPointTurn::take()

@@ -332,7 +332,9 @@ async fn a_refused_request_whose_release_failed_leaves_the_key_to_the_corrected_
     let path = format!("/v1/tokens/{id}/transfer");
     let bad = json!({ "newOwner": "not-an-owner" });
     let keys = format!("{}.idempotency_keys", app.db_name);
-    let failing = FailPoint::set_on(&name, &["delete"], &keys, Fault::error(2), 1).await;
+    // The release, the second findAndModify on the keys (the claim is the first).
+    let failing =
+        FailPoint::after_first_on(&name, &["findAndModify"], &keys, Fault::error(2)).await;
     let refused = post(
         &app,
         ADMIN_KEY,

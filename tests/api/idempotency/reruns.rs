@@ -140,9 +140,15 @@ async fn a_take_over_that_applied_but_failed_is_taken_back_for_the_retry() {
     let app = spawn_app_named(&name, "").await;
     let id = app.issue_tokens("pi_rerun_take_over", 1).await.remove(0);
     insert_transfer_record(&app, &id, "over", -1_000).await;
-    // The claim (the first findAndModify) finds the record; the take-over fails.
+    // The claim (the first findAndModify) finds the record; the take-over fails. So may
+    // the take-back after it (a findAndModify too, sent in the background), which
+    // applies all the same.
     let failpoint = FailPoint::after_first(&name, &["findAndModify"], APPLIED_BUT_FAILED).await;
-    a_failed_transfer_ran_nothing(&app, &id, "over", failpoint, 1, "the take-over").await;
+    let failed = send_transfer(&app, &id, "over").await;
+    assert_problem(failed, 503, "database_unavailable").await;
+    let fired = failpoint.off().await;
+    assert!((1..=2).contains(&fired), "the take-over failed: {fired}");
+    assert_eq!(token_version(&app, &id).await, Some(0), "nothing ran");
     the_retry_runs_once_the_key_is_free(&app, &id, "over").await;
 }
 
@@ -328,10 +334,11 @@ async fn refusals_a_retry_may_pass_release_the_key() {
 
     let id = app.issue_tokens("pi_rerun_contended", 1).await.remove(0);
     let path = format!("/v1/tokens/{id}/redeem");
-    // Every write of the token conflicts (the claim, the first findAndModify, passes).
-    let conflicting = FailPoint::after_first(
+    // Every write of the token conflicts (the key's claim and release do not).
+    let conflicting = FailPoint::always_on(
         &name,
         &["findAndModify"],
+        &format!("{}.tokens", app.db_name),
         Fault::Error {
             code: 112,
             labels: vec!["TransientTransactionError".to_owned()],
@@ -385,6 +392,56 @@ async fn a_retry_does_not_wait_on_a_record_an_open_transaction_holds() {
     let taken_over = seen(post(&app, ADMIN_KEY, &path, Some("open"), None, None).await).await;
     assert_eq!((taken_over.status, taken_over.replayed), (200, false));
     assert_eq!(token_version(&app, &id).await, Some(1));
+}
+
+/// Releasing a key whose record an open transaction holds (an attempt that took the key
+/// over and died mid-commit) gives up after a bounded wait, instead of holding its
+/// request (and a pooled connection) until the server ends the transaction; the record
+/// is left to its lease, and a release once the transaction ended deletes it.
+#[tokio::test]
+async fn a_release_does_not_wait_on_a_record_an_open_transaction_holds() {
+    let app = spawn_app().await;
+    insert_unanswered_record(&app, "held", "/v1/tokens/x/redeem", b"", DateTime::now()).await;
+    let keys = app.db.collection::<Document>("idempotency_keys");
+    let record = keys
+        .find_one(doc! { "key": "held" })
+        .await
+        .unwrap()
+        .unwrap();
+    let id = record.get_object_id("_id").unwrap();
+    let held = tokenmint::store::HeldRecord {
+        key_id: "admin".to_owned(),
+        key: "held".to_owned(),
+        id,
+        attempt: record.get_object_id("attempt").unwrap(),
+    };
+    let mut session = app.db.client().start_session().await.unwrap();
+    session.start_transaction().await.unwrap();
+    keys.update_one(
+        doc! { "_id": id },
+        doc! { "$set": { "heldBy": "a transaction" } },
+    )
+    .session(&mut session)
+    .await
+    .unwrap();
+
+    let store = connect_store(&mongo_uri(), &app.db_name).await;
+    // Far longer than the release's own bound, far shorter than the transaction's life.
+    let released = tokio::time::timeout(
+        Duration::from_secs(20),
+        store.release_idempotency_record(&held),
+    )
+    .await
+    .expect("the release waited on the open transaction");
+    assert!(
+        released.is_err(),
+        "a release that did not happen said it did"
+    );
+    assert_eq!(app.count("idempotency_keys", doc! { "_id": id }).await, 1);
+
+    session.abort_transaction().await.unwrap();
+    store.release_idempotency_record(&held).await.unwrap();
+    assert_eq!(app.count("idempotency_keys", doc! { "_id": id }).await, 0);
 }
 
 /// Two instances retry an abandoned attempt's key at once (its lease over, no answer):
