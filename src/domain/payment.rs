@@ -68,15 +68,21 @@ pub struct PaymentEvent {
     /// the payment's success, but the event whose parameters the capture issues, so its
     /// parameters are fixed like a success's.
     pub authorises_capture: bool,
+    /// The provider names token metadata on this event alone (an Adyen authorisation,
+    /// whose metadata it does not sign): what it names fixes the parameters, nothing or
+    /// unusable metadata included, since the only other way to name any is a replay of
+    /// it with the metadata changed.
+    pub sole_metadata: bool,
 }
 
 impl PaymentEvent {
     /// Whether this event fixes the payment's token parameters: the first success that
     /// names valid ones does, and so does an authorisation that a capture will turn into
-    /// the success (the capture names none).
+    /// the success (the capture names none); one that is its payment's `sole_metadata`
+    /// fixes them whatever it names.
     pub fn fixes_params(&self) -> bool {
         (self.status == PaymentStatus::Succeeded || self.authorises_capture)
-            && matches!(self.token_params, Some(Ok(_)))
+            && (self.sole_metadata || matches!(self.token_params, Some(Ok(_))))
     }
 }
 

@@ -402,7 +402,11 @@ fn held_back(
     let fixed_by = state.token_params_fixed_by.as_deref()?;
     let named = event.token_params.as_ref()?;
     let fixed = state.token_params.as_ref().and_then(|p| p.params());
-    let same = matches!(named, Ok(params) if fixed.as_ref() == Some(params));
+    // Invalid parameters name none: the same as none fixed (`names_other_params`).
+    let same = match named {
+        Ok(params) => fixed.as_ref() == Some(params),
+        Err(_) => fixed.is_none(),
+    };
     (gate.bound_to_fixed_params && !same).then(|| {
         EventOutcome::with_detail(
             "metadata_conflict",

@@ -257,9 +257,9 @@ fn event_facts(event: &PaymentEvent, fixes_params: bool) -> Document {
                 "quantity": i64::from(params.quantity.get()),
             },
         );
-        if fixes_params {
-            facts.insert("tokenParamsFixedBy", event.event_id.as_str());
-        }
+    }
+    if fixes_params {
+        facts.insert("tokenParamsFixedBy", event.event_id.as_str());
     }
     facts
 }
@@ -367,8 +367,9 @@ fn held_back(event: &PaymentEvent, gate: &ProjectionGate<'_>, newer: Document) -
     ] }
 }
 
-/// Whether `event` names parameters other than the stored ones (invalid ones count as
-/// other).
+/// Whether `event` names parameters other than the stored ones. Invalid ones name none:
+/// other than any stored, the same as none fixed (an authorisation that named nothing
+/// usable and fixed that).
 fn names_other_params(event: &PaymentEvent) -> Bson {
     match &event.token_params {
         Some(Ok(params)) => doc! { "$not": [ { "$and": [
@@ -377,7 +378,10 @@ fn names_other_params(event: &PaymentEvent) -> Bson {
             { "$eq": ["$tokenParams.quantity", literal(i64::from(params.quantity.get()))] },
         ] } ] }
         .into(),
-        Some(Err(_)) => Bson::Boolean(true),
+        Some(Err(_)) => doc! {
+            "$ne": [ { "$ifNull": ["$tokenParams", Bson::Null] }, Bson::Null ]
+        }
+        .into(),
         None => Bson::Boolean(false),
     }
 }

@@ -135,6 +135,7 @@ pub fn parse_paddle(
         reversal,
         capture: None,
         authorises_capture: false,
+        sole_metadata: false,
     })))
 }
 

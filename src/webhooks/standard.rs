@@ -192,6 +192,7 @@ pub fn parse_standard(
         reversal,
         capture: None,
         authorises_capture: false,
+        sole_metadata: false,
     })))
 }
 

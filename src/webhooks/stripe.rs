@@ -112,6 +112,7 @@ fn payment_event(
         reversal,
         capture: None,
         authorises_capture: false,
+        sole_metadata: false,
     })
 }
 

@@ -333,6 +333,9 @@ fn parse_item(
             amount,
         }),
         authorises_capture: authorised && status == PaymentStatus::Processing,
+        // Only the authorisation carries `metadata.*`, unsigned: a replay of it (its
+        // dedupe record expired) is the only way any other metadata could arrive.
+        sole_metadata: authorised,
     }))
 }
 

@@ -126,3 +126,46 @@ async fn under_manual_capture_a_replayed_authorisation_cannot_change_what_the_ca
         Some(3)
     );
 }
+
+/// An authorisation without token metadata (an ordinary sale, or a checkout whose
+/// request the success did not name) or with unusable metadata fixes the parameters all
+/// the same: it is the one item of a payment that carries them, so a replay of it with
+/// metadata added, the same date or a later one, mints nothing.
+#[tokio::test]
+async fn an_authorisation_without_usable_metadata_replayed_with_some_mints_nothing() {
+    let app = spawn_app_with(ADYEN).await;
+    let mut bare = authorisation("PSP_BARE", 1);
+    bare["additionalData"] = json!({});
+    let mut unusable = authorisation("PSP_BAD", 1);
+    unusable["additionalData"]["metadata.tokenmint_quantity"] = json!("many");
+    for (item, outcome) in [(bare, "no_metadata"), (unusable, "metadata_invalid")] {
+        let psp = item["pspReference"].as_str().unwrap().to_owned();
+        let event_id = format!("AUTHORISATION:{psp}:true");
+        let signed = signed_batch(&[item], ADYEN_NEW);
+        accepted(&app, signed.clone()).await;
+        assert_eq!(recorded_outcome(&app, &event_id).await, outcome);
+
+        for date in ["2026-11-30T10:00:00+01:00", "2026-11-30T14:00:00+01:00"] {
+            expire(&app, &event_id).await;
+            let before = payment_state(&app).await;
+            accepted(&app, tampered(&signed, date, 4)).await;
+            assert_eq!(payment_state(&app).await, before, "{psp} changed ({date})");
+            assert_eq!(
+                recorded_outcome(&app, &event_id).await,
+                "metadata_conflict",
+                "{psp} ({date})"
+            );
+        }
+        let payment = app
+            .find_stored("payments", doc! { "paymentIntentId": psp.as_str() })
+            .await;
+        assert!(
+            payment
+                .get("tokenParams")
+                .is_none_or(|p| p.as_null().is_some()),
+            "{payment}"
+        );
+    }
+    assert_eq!(app.count("tokens", doc! {}).await, 0);
+    assert_eq!(app.count_records(doc! {}).await, 0);
+}
