@@ -205,6 +205,17 @@ impl Settings {
                     "must be greater than 0",
                 ));
             }
+            // The timestamp window and the dedupe record together refuse a replay: a
+            // delivery still inside its window once its record expired would be new again.
+            let retention_secs = u64::from(self.webhooks.retention_days) * 86_400;
+            if provider.tolerance_secs >= retention_secs {
+                return Err(invalid(
+                    format!("{at}.tolerance_secs"),
+                    format!(
+                        "must be shorter than `webhooks.retention_days` ({retention_secs} s): a delivery replayed after its dedupe record expired would still be inside its window"
+                    ),
+                ));
+            }
             self.validate_basic_auth(name, provider)?;
             let whose = format!("(provider `{name}`, scheme `{}`)", provider.scheme);
             if provider.livemode.is_some() && !provider.scheme.marks_livemode() {
@@ -551,6 +562,19 @@ mod tests {
         let toml = "[providers.stripe]\nscheme = \"stripe\"\nsecrets = [\"whsec_0123456789abcdef\"]\ntolerance_secs = 0";
         let err = Settings::with_overrides(&[toml]).unwrap_err();
         assert!(err.to_string().contains("tolerance_secs"), "{err}");
+    }
+
+    #[test]
+    fn a_tolerance_as_long_as_the_dedupe_retention_is_rejected() {
+        let provider = |tolerance: u64| {
+            format!(
+                "[webhooks]\nretention_days = 1\n[providers.stripe]\nscheme = \"stripe\"\nsecrets = [\"whsec_0123456789abcdef\"]\ntolerance_secs = {tolerance}"
+            )
+        };
+        let err = Settings::with_overrides(&[&provider(86_400)]).unwrap_err();
+        assert!(err.to_string().contains("tolerance_secs"), "{err}");
+        assert!(err.to_string().contains("retention_days"), "{err}");
+        Settings::with_overrides(&[&provider(86_399)]).expect("a window shorter than a day");
     }
 
     #[test]
