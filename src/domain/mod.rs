@@ -10,6 +10,7 @@ mod issuance;
 mod money;
 mod owner;
 mod payment;
+mod pricing;
 mod quantity;
 mod redemption;
 mod scope;
@@ -27,6 +28,7 @@ pub use issuance::{
 pub use money::{Entitlement, Money, Reversal, RevocationReason, Withdrawal, entitlement};
 pub use owner::Owner;
 pub use payment::{CapturedPart, EventOutcome, ParsedEvent, PaymentEvent, PaymentStatus, Refund};
+pub use pricing::TokenPrices;
 pub use quantity::Quantity;
 pub use redemption::NewRedemption;
 pub use scope::{AccountGrant, Scope, UnknownScope};

@@ -106,6 +106,8 @@ impl Issuer {
     }
 
     async fn apply_payment_event(&self, event: &PaymentEvent) -> Result<EventOutcome, StoreError> {
+        let priced = self.unpaid_read_as_invalid(event);
+        let event = priced.as_ref().unwrap_or(event);
         if let Some(reversal) = &event.reversal {
             return self.apply_reversal(event, reversal).await;
         }
@@ -158,6 +160,24 @@ impl Issuer {
             };
         }
         Ok(outcome)
+    }
+
+    /// `event` with its metadata read as invalid when the payment it reports does not pay
+    /// for the tokens the metadata names (`issuance.token_prices`), so that it issues
+    /// nothing, fixes nothing, and says why (`metadata_invalid`); `None` when the event
+    /// is taken as it is.
+    fn unpaid_read_as_invalid(&self, event: &PaymentEvent) -> Option<PaymentEvent> {
+        let Some(Ok(params)) = &event.token_params else {
+            return None;
+        };
+        let reason = self
+            .config
+            .prices
+            .unpaid(params, event.amount, event.currency.as_deref())?;
+        Some(PaymentEvent {
+            token_params: Some(Err(reason)),
+            ..event.clone()
+        })
     }
 
     /// Records a refund event's amount among the payment's refunds (keyed by the

@@ -43,7 +43,7 @@ pub use standing::{Settlement, entitlement};
 pub use tokens::{Gate, Transition, TransitionOutcome};
 pub use waiting::{FulfilmentWatch, Waited, WaitingConfig, longest_wait};
 
-use crate::domain::{IssuanceMode, Mismatch, PaymentStatus};
+use crate::domain::{IssuanceMode, Mismatch, PaymentStatus, TokenPrices};
 use crate::store::{IssuanceDoc, Store, StoreError, TokenSummary};
 
 /// The rules' tunables, taken from `Settings`.
@@ -60,6 +60,9 @@ pub struct IssuingConfig {
     /// The most batches of one mode committed at once (`issuance.max_batches_in_flight`,
     /// at least 2).
     pub max_batches_in_flight: usize,
+    /// What a token of each priced type costs (`issuance.token_prices`): a provider's
+    /// metadata its payment does not pay for issues nothing.
+    pub prices: TokenPrices,
 }
 
 /// How `Idempotency-Key`s are held and kept.

@@ -27,7 +27,7 @@ use ipnet::IpNet;
 use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
 
-use crate::domain::{AccountGrant, IssuanceMode, Provider, Scope};
+use crate::domain::{AccountGrant, IssuanceMode, Provider, Scope, TokenPrices};
 pub use errors::SettingsError;
 use errors::load_error;
 #[cfg(test)]
@@ -251,6 +251,11 @@ pub struct IssuanceSettings {
     /// Above 2, the writers find by trying how many, from 2 to this, answer requests
     /// soonest; 2 keeps two, what answers soonest where mongod shares the service's cores.
     pub max_batches_in_flight: u32,
+    /// What a token of each priced type costs, by currency (`[issuance.token_prices.<type>]`,
+    /// `<CURRENCY> = <minor units per token>`): a provider event whose amount does not pay
+    /// for the quantity its metadata names issues nothing. Empty: no type is priced.
+    #[serde(default)]
+    pub token_prices: TokenPrices,
 }
 
 /// The most `issuance.max_batches_in_flight` may be: each batch in flight holds a writer

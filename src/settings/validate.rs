@@ -232,6 +232,19 @@ impl Settings {
                     format!("{whose} is only for scheme `adyen`"),
                 ));
             }
+            // Paddle's `custom_data` is also written by Paddle.js in the customer's
+            // browser: in production the quantity it names must be paid for.
+            if provider.scheme == WebhookScheme::Paddle
+                && self.is_production()
+                && self.issuance.token_prices.is_empty()
+            {
+                return Err(invalid(
+                    "issuance.token_prices".to_owned(),
+                    format!(
+                        "is required in production (TOKENMINT_ENV=production) with a provider of scheme `paddle` ({whose}): a customer can set a checkout's custom_data in the browser, so each token type it issues needs a price its payment must cover"
+                    ),
+                ));
+            }
         }
         Ok(())
     }
@@ -575,6 +588,27 @@ mod tests {
         assert!(err.to_string().contains("tolerance_secs"), "{err}");
         assert!(err.to_string().contains("retention_days"), "{err}");
         Settings::with_overrides(&[&provider(86_399)]).expect("a window shorter than a day");
+    }
+
+    #[test]
+    fn production_requires_token_prices_with_paddle() {
+        use figment::Figment;
+        use figment::providers::{Format, Toml};
+        let load = |layers: &[&str]| {
+            let figment = layers.iter().fold(
+                Figment::new().merge(Toml::string(super::super::DEFAULT_TOML)),
+                |figment, layer| figment.merge(Toml::string(layer)),
+            );
+            Settings::from_figment(figment, super::super::Environment::Production)
+        };
+        const PADDLE: &str = "[providers.paddle]\nscheme = \"paddle\"\nsecrets = [\"pdl_ntfset_01gkpjp8bkm3tm53kdgkx6sms7_oldOLDold0123456789\"]";
+        const PRICES: &str = "[issuance.token_prices.credit]\nEUR = 100";
+        let err = load(&[PADDLE]).unwrap_err().to_string();
+        assert!(err.contains("`issuance.token_prices`"), "{err}");
+        load(&[PADDLE, PRICES]).expect("priced");
+        Settings::with_overrides(&[PADDLE]).expect("optional outside production");
+        let bad = Settings::with_overrides(&["[issuance.token_prices.credit]\nEURO = 100"]);
+        assert!(bad.unwrap_err().to_string().contains("EURO"));
     }
 
     #[test]

@@ -349,6 +349,7 @@ pub fn issuer(settings: &Settings, store: Store) -> Issuer {
                 lease: settings.request_timeout(),
             },
             max_batches_in_flight: settings.issuance.max_batches_in_flight as usize,
+            prices: settings.issuance.token_prices.clone(),
         },
     )
     .with_waiting(WaitingConfig {

@@ -140,6 +140,33 @@ async fn a_completed_transaction_issues_its_custom_data_tokens() {
     );
 }
 
+/// A customer can set a checkout's `custom_data` in the browser: with a price per token
+/// configured, a transaction issues only what its total pays for, and one naming more
+/// issues nothing and says why, as invalid metadata.
+#[tokio::test]
+async fn a_transaction_issues_only_the_tokens_its_total_pays_for() {
+    let app = spawn_app_with(&format!(
+        "{PADDLE}\n[issuance.token_prices.standard]\nEUR = 100\n"
+    ))
+    .await;
+    // 1000 cents at 100 a token: ten, not fifty.
+    let greedy = send(&app, &completed("evt_greedy", "txn_greedy", 50)).await;
+    assert_eq!(greedy["outcome"], "metadata_invalid", "{greedy}");
+    let detail = greedy["detail"].as_str().unwrap_or_default();
+    assert!(
+        detail.contains("5000 EUR") && detail.contains("1000"),
+        "{greedy}"
+    );
+    assert_eq!(app.count("tokens", doc! {}).await, 0);
+    assert_eq!(app.count_records(doc! {}).await, 0);
+    let stored = payment(&app, "txn_greedy").await;
+    assert!(stored.get_str("metadataError").is_ok(), "{stored}");
+
+    let paid = send(&app, &completed("evt_paid", "txn_paid", 10)).await;
+    assert_eq!(paid["outcome"], "issued", "{paid}");
+    assert_eq!(active(&app, "txn_paid").await, (0..10).collect::<Vec<_>>());
+}
+
 #[tokio::test]
 async fn forged_tampered_stale_and_unsigned_deliveries_write_nothing() {
     let app = app().await;

@@ -36,6 +36,7 @@ async fn a_sweep_that_read_a_pending_record_revokes_by_the_set_taken_over_since(
                 lease: Duration::from_secs(30),
             },
             max_batches_in_flight: 2,
+            prices: Default::default(),
         },
     );
     let failpoint = FailPoint::set(&name, &["update"], Fault::Block { millis: 6000 }, 1).await;
