@@ -25,7 +25,10 @@ pub use identifiers::{
 pub use issuance::{
     IssuanceMode, IssuanceParams, IssuanceStatus, Mismatch, NewIssuance, PaymentKey,
 };
-pub use money::{Entitlement, Money, Reversal, RevocationReason, Withdrawal, entitlement};
+pub use money::{
+    Entitlement, Money, Reversal, RevocationReason, ShareTaken, Withdrawal, entitlement,
+    share_taken,
+};
 pub use owner::Owner;
 pub use payment::{CapturedPart, EventOutcome, ParsedEvent, PaymentEvent, PaymentStatus, Refund};
 pub use pricing::TokenPrices;

@@ -232,6 +232,41 @@ impl Entitlement {
     }
 }
 
+/// Which of a payment's tokens the share it no longer stands for takes back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShareTaken {
+    /// Every token at or above this tokenIndex is taken back or was spent; every one
+    /// below it stands.
+    pub from: i64,
+    /// What of the share no unspent token is left for: spent before it was taken.
+    pub shortfall: u64,
+}
+
+/// Which of a payment's `quantity` tokens the share it no longer stands for (`quantity −
+/// kept`) takes back, given the tokenIndexes of those spent (`redeemed`): counted from
+/// the highest tokenIndex down, passing over the spent ones, so that a customer who spent
+/// the highest tokens before a refund loses lower ones instead of keeping more than the
+/// money pays for. Positions only spending moves: tokens not written yet, revoked by
+/// anyone or active all count alike, so settles of a set still being written, or after an
+/// operator's revoke, find the same boundary, and a settle that takes by it takes no
+/// token twice. Without spent tokens, the share is the highest `quantity − kept`.
+pub fn share_taken(quantity: i64, kept: i64, redeemed: &[i64]) -> ShareTaken {
+    let share = (quantity - kept).max(0);
+    let spent: std::collections::HashSet<i64> = redeemed.iter().copied().collect();
+    let mut taken = 0;
+    let mut from = quantity.max(0);
+    while taken < share && from > 0 {
+        from -= 1;
+        if !spent.contains(&from) {
+            taken += 1;
+        }
+    }
+    ShareTaken {
+        from,
+        shortfall: (share - taken) as u64,
+    }
+}
+
 /// The entitlement of a payment of `quantity` tokens in `status` with `money`.
 ///
 /// Canceled and failed payments keep nothing. A refunded one keeps nothing either,
@@ -513,5 +548,28 @@ mod tests {
         }
         assert_eq!(keep(8, R::Refunded).kept(10), 8);
         assert_eq!(Entitlement::All.kept(10), 10);
+    }
+
+    #[test]
+    fn a_share_is_counted_from_the_top_passing_over_spent_tokens() {
+        let taken = |quantity, kept, redeemed: &[i64]| {
+            let t = share_taken(quantity, kept, redeemed);
+            (t.from, t.shortfall)
+        };
+        // Nothing spent: the highest positions.
+        assert_eq!(taken(4, 2, &[]), (2, 0));
+        assert_eq!(taken(4, 4, &[]), (4, 0));
+        assert_eq!(taken(4, 0, &[]), (0, 0));
+        // The highest spent: lower ones taken instead.
+        assert_eq!(taken(4, 2, &[3]), (1, 0));
+        assert_eq!(taken(4, 2, &[2, 3]), (0, 0));
+        assert_eq!(taken(10, 5, &[5, 6, 7, 8, 9]), (0, 0));
+        // Spent below the share: it changes nothing.
+        assert_eq!(taken(4, 2, &[0]), (2, 0));
+        // Too few unspent: the rest is short.
+        assert_eq!(taken(4, 2, &[1, 2, 3]), (0, 1));
+        assert_eq!(taken(4, 0, &[1, 3]), (0, 2));
+        // No set: everything from 0.
+        assert_eq!(taken(0, 0, &[]), (0, 0));
     }
 }

@@ -48,8 +48,8 @@ pub struct WebhookReceipt {
 /// (`terminal`), and a payment's token parameters are the first success's
 /// (`metadata_conflict`). A succeeded payment issues the tokens its metadata
 /// names; a refund, chargeback, cancellation or failed capture revokes the payment's
-/// active tokens, a partial refund the refunded share (highest tokenIndex first; redeemed
-/// ones are reported as `shortfall`). Events of the other mode than the provider's
+/// active tokens, a partial refund the refunded share (that many active tokens, highest
+/// tokenIndex first; what redeemed ones leave short is reported as `shortfall`). Events of the other mode than the provider's
 /// `livemode` (Stripe's `livemode`, an Adyen batch's `live`) are recorded `ignored`,
 /// `livemode_mismatch`. An Adyen batch is answered `[accepted]` (text/plain), as
 /// Adyen requires; every other delivery with the JSON receipt.

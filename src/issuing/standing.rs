@@ -1,9 +1,11 @@
 //! The money invariant: tokens are spendable exactly while their payment stands.
 //!
 //! A payment's state entitles it to all of its tokens, to all but a refunded share, or to
-//! none. `settle` makes the tokens agree with that: it revokes the active tokens the
-//! payment is no longer entitled to, highest tokenIndex first, and leaves redeemed ones
-//! redeemed (they are the shortfall).
+//! none. `settle` makes the tokens agree with that: it revokes the share's active
+//! tokens, counted from the highest tokenIndex down past the spent ones
+//! (`domain::share_taken`), and leaves redeemed ones redeemed (what no unspent token is
+//! left for is the shortfall): a customer who spent the highest tokens before the refund
+//! loses lower ones instead of keeping more than the money pays for.
 //!
 //! Why every interleaving ends right: a refund first records the payment's new state
 //! (the version-gated projection), then holds the payment's place in `issuances`, then
@@ -149,7 +151,11 @@ impl Issuer {
             // payment: no settle ever revoked a token of it (it stands).
             let (reactivated, moved) = match fresh.as_ref() {
                 Some(read) if keep > 0 => {
-                    match self.store.reactivate_tokens(read, keep, &by).await? {
+                    match self
+                        .store
+                        .reactivate_tokens(read, quantity, keep, &by)
+                        .await?
+                    {
                         Some(reactivated) => (reactivated, false),
                         None => (0, true),
                     }
@@ -190,7 +196,7 @@ impl Issuer {
                 let by = Actor::provider(&key.provider);
                 let (revoked, shortfall) = self
                     .store
-                    .revoke_tokens_from(key, keep, reason, &by)
+                    .revoke_share(key, quantity, keep, reason, &by)
                     .await?;
                 if revoked > 0 {
                     metrics::counter!(metric::TOKENS_REVOKED_TOTAL, "reason" => reason.as_str())

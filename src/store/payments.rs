@@ -24,7 +24,7 @@ use super::retry;
 use super::{Store, TOKENS};
 use crate::domain::{
     Actor, CapturedPart, IssuanceParams, Money, Owner, PaymentEvent, PaymentKey, PaymentStatus,
-    Quantity, Refund, Reversal, RevocationReason, TokenType, Withdrawal,
+    Quantity, Refund, Reversal, RevocationReason, TokenType, Withdrawal, share_taken,
 };
 
 pub const PAYMENTS: &str = "payments";
@@ -212,6 +212,15 @@ pub struct ProjectionGate<'a> {
     /// Whether the event changes nothing when the payment's parameters are fixed and the
     /// event names others (or invalid ones).
     pub bound_to_fixed_params: bool,
+}
+
+/// A token's tokenIndex as stored (an integer of either width).
+fn token_index(token: &Document) -> Option<i64> {
+    match token.get("tokenIndex")? {
+        Bson::Int64(index) => Some(*index),
+        Bson::Int32(index) => Some(i64::from(*index)),
+        _ => None,
+    }
 }
 
 /// Wraps a value so the aggregation pipeline reads it as data, never as `$field` or an
@@ -662,56 +671,88 @@ impl Store {
         found.map(from_document).transpose()
     }
 
-    /// Revokes the active tokens of a payment whose tokenIndex is `from_index` or more;
-    /// redeemed ones stay redeemed. Each token is written only while `active` and gets
-    /// `$inc: {_version: 1}`, so a concurrent version-gated redeem either happened first
-    /// (and is kept) or sees the new version. `by` is recorded as `lastChangedBy`.
-    /// Returns (revoked now, redeemed in the range).
-    pub async fn revoke_tokens_from(
+    /// Takes back the share of a payment's set of `quantity` tokens it no longer stands
+    /// for (all but `kept`): the active tokens from the boundary `domain::share_taken`
+    /// draws by the tokens spent, and every active token outside the set (a payment
+    /// without a set, `quantity` 0, has none in it). Redeemed ones stay redeemed; what of
+    /// the share no unspent token is left for is the shortfall.
+    ///
+    /// Each token is written only while `active` and gets `$inc: {_version: 1}`, so a
+    /// concurrent version-gated redeem either happened first (and is kept) or sees the
+    /// new version. Only spending moves the boundary, and only down: a token of the share
+    /// spent between the read and the write is found by the next read, and the share is
+    /// taken again from the lower boundary, until a read finds it where it was (a few
+    /// passes at most; a settle that stops earlier is completed by the next). Returns
+    /// (revoked now, shortfall).
+    pub async fn revoke_share(
         &self,
         key: &PaymentKey,
-        from_index: i64,
+        quantity: i64,
+        kept: i64,
         reason: RevocationReason,
         by: &Actor,
     ) -> Result<(u64, u64), StoreError> {
-        let now = DateTime::now();
-        let in_range = |status: &str| {
+        const PASSES: usize = 4;
+        let mut taken = share_taken(quantity, kept, &self.redeemed_indexes(key, quantity).await?);
+        let mut revoked = 0;
+        for _ in 0..PASSES {
             let mut filter = payment_tokens_filter(key);
-            filter.insert("tokenIndex", doc! { "$gte": from_index });
-            filter.insert("status", status);
-            filter
-        };
-        let revoked = self
-            .collection(TOKENS)
-            .update_many(
-                in_range("active"),
-                doc! {
-                    "$set": {
-                        "status": "revoked",
-                        "revokedAt": now,
-                        "revocationReason": reason.as_str(),
-                        "lastChangedBy": by.as_str(),
-                        "updatedAt": now,
+            filter.insert("tokenIndex", doc! { "$gte": taken.from });
+            filter.insert("status", "active");
+            let now = DateTime::now();
+            revoked += self
+                .collection(TOKENS)
+                .update_many(
+                    filter,
+                    doc! {
+                        "$set": {
+                            "status": "revoked",
+                            "revokedAt": now,
+                            "revocationReason": reason.as_str(),
+                            "lastChangedBy": by.as_str(),
+                            "updatedAt": now,
+                        },
+                        "$inc": { "_version": 1 },
                     },
-                    "$inc": { "_version": 1 },
-                },
-            )
-            .await?
-            .modified_count;
-        let redeemed = self
-            .collection(TOKENS)
-            .count_documents(in_range("redeemed"))
-            .await?;
-        Ok((revoked, redeemed))
+                )
+                .await?
+                .modified_count;
+            let again = share_taken(quantity, kept, &self.redeemed_indexes(key, quantity).await?);
+            if again == taken {
+                break;
+            }
+            taken = again;
+        }
+        Ok((revoked, taken.shortfall))
     }
 
-    /// Makes active again the tokens of a payment below tokenIndex `below` that a
-    /// withdrawal revoked: those whose last author is `by`, the payment's provider (a
-    /// payment's settle is the only writer that names it, so an operator's revoke, by
-    /// `key:…`, is never undone, nor a token revoked before authors were recorded).
-    /// `below` is the entitlement of `read`, the payment as read; `None`: the payment is
-    /// no longer as read (money or a state was recorded since), nothing was written, and
-    /// the caller decides again by a fresh read.
+    /// The tokenIndexes of a payment's set of `quantity` that were spent.
+    async fn redeemed_indexes(
+        &self,
+        key: &PaymentKey,
+        quantity: i64,
+    ) -> Result<Vec<i64>, StoreError> {
+        let mut filter = payment_tokens_filter(key);
+        filter.insert("tokenIndex", doc! { "$lt": quantity });
+        filter.insert("status", "redeemed");
+        let rows: Vec<Document> = self
+            .collection(TOKENS)
+            .find(filter)
+            .projection(doc! { "_id": 0, "tokenIndex": 1 })
+            .await?
+            .try_collect()
+            .await?;
+        Ok(rows.iter().filter_map(token_index).collect())
+    }
+
+    /// Makes active again the tokens of a payment's set of `quantity` that its
+    /// withdrawals revoked and that the share it no longer stands for by `read` (all but
+    /// `kept`) does not take: below the boundary `domain::share_taken` draws, whose last
+    /// author is `by`, the payment's provider (a payment's settle is the only writer that
+    /// names it, so an operator's revoke, by `key:…`, is never undone, nor a token revoked
+    /// before authors were recorded). `None`: the payment is no longer as read (money or
+    /// a state was recorded since), nothing was written, and the caller decides again by
+    /// a fresh read.
     ///
     /// Why a transaction: the tokens come back by `read`, and a withdrawal recorded
     /// after it takes some of them back. The transaction first writes the payment's
@@ -721,8 +762,7 @@ impl Store {
     /// then it no longer matches), and one recorded after the commit finds the tokens
     /// active and its own settle takes them back. Each token is written only at the
     /// version it was read at and still revoked by `by`, and gets `$inc: {_version: 1}`;
-    /// all in one `update_many` (they are at most `below`, fewer by every active or
-    /// redeemed one below it). Returns how many came back.
+    /// all in one `update_many`. Returns how many came back.
     ///
     /// A deployment without transactions (a standalone server) writes the tokens alone:
     /// a withdrawal recorded between the read and the write leaves them active until
@@ -730,12 +770,18 @@ impl Store {
     pub async fn reactivate_tokens(
         &self,
         read: &PaymentDoc,
-        below: i64,
+        quantity: i64,
+        kept: i64,
         by: &Actor,
     ) -> Result<Option<u64>, StoreError> {
         let key = read.key()?;
+        let taken = share_taken(
+            quantity,
+            kept,
+            &self.redeemed_indexes(&key, quantity).await?,
+        );
         let mut filter = payment_tokens_filter(&key);
-        filter.insert("tokenIndex", doc! { "$lt": below });
+        filter.insert("tokenIndex", doc! { "$lt": taken.from });
         filter.insert("status", "revoked");
         filter.insert("lastChangedBy", by.as_str());
         let candidates: Vec<Document> = self

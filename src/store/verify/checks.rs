@@ -5,7 +5,7 @@ use futures::TryStreamExt;
 use mongodb::bson::{Bson, Document, doc};
 
 use super::{Finding, SAMPLES, key_text};
-use crate::domain::{PaymentStatus, entitlement};
+use crate::domain::{PaymentStatus, entitlement, share_taken};
 use crate::store::documents::from_document;
 use crate::store::payments::{PAYMENTS, PaymentDoc};
 use crate::store::placeholder::PLACEHOLDER;
@@ -59,9 +59,10 @@ impl Store {
     /// a record is `issued` (settled), tokens a withdrawal revoked that the payment is
     /// entitled to again. The entitlement is `domain::entitlement`, the rule every settle
     /// goes by, computed here on each payment as read: the check cannot drift from it.
-    /// Together with check 1 (every set complete) they say: after quiescence, the active
-    /// and redeemed tokens below the entitlement are all of them but those an operator
-    /// revoked, and none is active beyond it (a redeemed one there is a shortfall).
+    /// Both draw the share as the settle does (`domain::share_taken`: counted from the
+    /// highest tokenIndex down, past the spent tokens). Together with check 1 (every set
+    /// complete) they say: after quiescence, no token from the share's boundary up is
+    /// active, and below it every token stands but those an operator revoked.
     ///
     /// Check 9 comes with them: a payment of theirs that is not readable as a payment (a
     /// field of another type) is reported as such, and the scan goes on.
@@ -85,7 +86,7 @@ impl Store {
                 TOKENS,
                 "",
                 doc! {},
-                vec![doc! { "$in": ["$status", ["active", "revoked"]] }],
+                vec![doc! { "$in": ["$status", ["active", "revoked", "redeemed"]] }],
                 doc! { "_id": 0, "tokenIndex": 1, "status": 1, "lastChangedBy": 1 },
                 "tokens",
             ),
@@ -114,17 +115,30 @@ impl Store {
             let settled = record.and_then(|r| r.get_str("status").ok()) == Some("issued");
             let keep = entitlement(payment.status, &payment.money(), quantity).kept(quantity);
             let by = format!("provider:{}", payment.provider);
+            let tokens: Vec<&Document> = row
+                .get_array("tokens")
+                .into_iter()
+                .flatten()
+                .filter_map(Bson::as_document)
+                .collect();
+            let index = |token: &Document| match token.get("tokenIndex") {
+                Some(Bson::Int64(index)) => *index,
+                Some(Bson::Int32(index)) => i64::from(*index),
+                _ => 0,
+            };
+            let spent: Vec<i64> = tokens
+                .iter()
+                .filter(|t| t.get_str("status") == Ok("redeemed") && index(t) < quantity)
+                .map(|t| index(t))
+                .collect();
+            let from = share_taken(quantity, keep, &spent).from;
             let (mut active, mut revoked) = (0, 0);
-            for token in row.get_array("tokens").into_iter().flatten() {
-                let Some(token) = token.as_document() else {
-                    continue;
-                };
-                let index = token.get_i64("tokenIndex").unwrap_or(0);
+            for token in tokens {
                 match token.get_str("status") {
-                    Ok("active") if index >= keep => active += 1,
+                    Ok("active") if index(token) >= from => active += 1,
                     Ok("revoked")
                         if settled
-                            && index < keep
+                            && index(token) < from
                             && token.get_str("lastChangedBy") == Ok(by.as_str()) =>
                     {
                         revoked += 1
@@ -135,11 +149,13 @@ impl Store {
             let name = key_text(&row);
             let status = payment.status.as_str();
             add(&mut unbacked, active, || {
-                format!("{name} ({status}): {active} active token(s) beyond {keep}")
+                format!(
+                    "{name} ({status}): {active} active token(s) beyond the {keep} it stands for"
+                )
             });
             add(&mut unrestored, revoked, || {
                 format!(
-                    "{name} ({status}): {revoked} token(s) revoked by a withdrawal within {keep}"
+                    "{name} ({status}): {revoked} token(s) revoked by a withdrawal below the share it takes back, from tokenIndex {from}"
                 )
             });
         }

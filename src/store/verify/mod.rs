@@ -44,10 +44,10 @@ pub struct VerifyReport {
     /// Tokens whose type, or owner (unless transferred), differs from their record.
     pub foreign_tokens: Finding,
     /// Active tokens a refunded, canceled or partly refunded payment no longer stands for
-    /// (tokenIndex at or past its entitlement).
+    /// (from the boundary of the share it takes back up: `domain::share_taken`).
     pub unbacked_active_tokens: Finding,
-    /// Tokens a withdrawal revoked that an issued payment stands for again (tokenIndex
-    /// below its entitlement, money having come back) and that were not made active.
+    /// Tokens a withdrawal revoked below that boundary on an issued payment (money having
+    /// come back) that were not made active.
     pub unrestored_tokens: Finding,
     /// Payments checks 7 and 8 look at that cannot be read as payments (a field of another
     /// type): neither check, nor a settle, can say what they stand for.

@@ -187,23 +187,26 @@ pub(super) async fn check_payment(
                     {
                         wrong.push(format!("token not of the record's owner/type: {t:?}"));
                     }
-                    // Nothing but the refund revokes here, and only tokens the payment no
-                    // longer stands for: an entitled token is active or was spent; one
-                    // beyond is revoked, or was spent before the refund took it back (its
-                    // shortfall). Never both: a token has one state.
+                    // Nothing but the refund revokes here, and only the share the payment no
+                    // longer stands for, a number of tokens taken from the active ones: all of
+                    // it, or every token not spent when fewer were left (the shortfall).
+                    // Never more: a token has one state.
                     let keep = scenario.keep();
-                    if let Some(t) = tokens.iter().find(|t| {
-                        let allowed: &[&str] = if t.index < keep {
-                            &["active", "redeemed"]
-                        } else {
-                            &["revoked", "redeemed"]
-                        };
-                        !allowed.contains(&t.status.as_str())
-                    }) {
+                    let count =
+                        |status: &str| tokens.iter().filter(|t| t.status == status).count() as i64;
+                    let (revoked, redeemed) = (count("revoked"), count("redeemed"));
+                    let expected = (scenario.quantity - keep).min(scenario.quantity - redeemed);
+                    if revoked != expected {
                         wrong.push(format!(
-                            "token {t:?} of a payment standing for 0..{keep} (refund {:?}, {:?})",
-                            scenario.refund, scenario.reversal
+                            "{revoked} tokens revoked, {redeemed} redeemed, where the payment stands for {keep} of {} (refund {:?}, {:?})",
+                            scenario.quantity, scenario.refund, scenario.reversal
                         ));
+                    }
+                    if let Some(t) = tokens
+                        .iter()
+                        .find(|t| !["active", "redeemed", "revoked"].contains(&t.status.as_str()))
+                    {
+                        wrong.push(format!("token {t:?} in no state a payment's token has"));
                     }
                 }
                 // A checkout's request recorded before a full refund, which then kept every
@@ -218,11 +221,14 @@ pub(super) async fn check_payment(
         }
         more => wrong.push(format!("{} issuance records", more.len())),
     }
-    // The invariant itself, whatever the record says.
+    // The invariant itself, whatever the record says: no active token while the tokens
+    // that stand (active or spent) are more than the payment stands for.
     let keep = scenario.keep();
-    if let Some(index) = active.iter().find(|&&i| i >= keep) {
+    let redeemed = tokens.iter().filter(|t| t.status == "redeemed").count() as i64;
+    if !active.is_empty() && active.len() as i64 + redeemed > keep {
         wrong.push(format!(
-            "token {index} is active, but the payment stands for tokens 0..{keep} only"
+            "{} tokens active and {redeemed} redeemed, but the payment stands for {keep} only",
+            active.len()
         ));
     }
     wrong

@@ -142,7 +142,7 @@ impl Scenario {
         self.refunded_before = true;
     }
 
-    /// How many of its tokens (the lowest indexes) the payment stands for in the end: a
+    /// How many of its tokens the payment stands for in the end: a
     /// failed refund gives everything back, a dispute won leaves the refund alone.
     pub(super) fn keep(&self) -> i64 {
         match (self.refund, self.reversal) {

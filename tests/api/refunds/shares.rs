@@ -1,5 +1,6 @@
 //! How much a partial refund takes back, and which tokens: the refunded share rounded
-//! down, highest tokenIndex first, redeemed tokens left as the shortfall, and a full
+//! down, a number of tokens taken from the active ones, highest tokenIndex first,
+//! redeemed tokens left redeemed (the shortfall when too few are active), and a full
 //! refund taking the rest even within the same second.
 
 use mongodb::bson::{Document, doc};
@@ -213,12 +214,15 @@ async fn standard_webhooks_partial_refunds_use_the_known_amount_and_round_down()
     );
 }
 
+/// The share is a number of tokens: spent tokens stay spent, and active ones are taken
+/// back in their place, highest first, whichever tokens were spent; only what no active
+/// token is left for is the shortfall.
 #[tokio::test]
-async fn redeemed_tokens_of_the_refunded_share_stay_redeemed_and_are_the_shortfall() {
+async fn redeemed_tokens_stay_redeemed_and_the_share_is_taken_from_the_active_ones() {
     let app = app().await;
     let t = now();
 
-    // The highest token redeemed: the share of 2 revokes index 2 only, index 3 is short.
+    // The highest token redeemed: the share of 2 takes the two highest active ones.
     stripe(
         &app,
         &intent_event("evt_a", "succeeded", "pi_short1", t, "4"),
@@ -232,19 +236,19 @@ async fn redeemed_tokens_of_the_refunded_share_stay_redeemed_and_are_the_shortfa
     )
     .await;
     assert_eq!(receipt["outcome"], "revoked", "{receipt}");
-    assert_eq!(receipt["tokensRevoked"], 1, "{receipt}");
-    assert_eq!(receipt["shortfall"], 1, "{receipt}");
+    assert_eq!(receipt["tokensRevoked"], 2, "{receipt}");
+    assert_eq!(receipt["shortfall"], 0, "{receipt}");
     assert_eq!(
         app.token_states("pi_short1").await,
-        indexed_statuses(&["active", "active", "revoked", "redeemed"])
+        indexed_statuses(&["active", "revoked", "revoked", "redeemed"])
     );
     let record = event_record(&app, "stripe", "evt_a_r").await;
     assert_eq!(record.get_str("outcome").unwrap(), "revoked");
-    assert_eq!(stored_int(&record, "tokensRevoked"), Some(1));
-    assert_eq!(stored_int(&record, "shortfall"), Some(1));
+    assert_eq!(stored_int(&record, "tokensRevoked"), Some(2));
+    assert_eq!(stored_int(&record, "shortfall"), Some(0));
 
-    // The whole share redeemed: nothing revoked, both short, and the lower tokens are not
-    // taken instead.
+    // The two highest spent before half of the payment was refunded: the customer, who
+    // paid for two, spent two, and the two left are taken back — not kept beside them.
     stripe(
         &app,
         &intent_event("evt_b", "succeeded", "pi_short2", t, "4"),
@@ -258,19 +262,41 @@ async fn redeemed_tokens_of_the_refunded_share_stay_redeemed_and_are_the_shortfa
         &partial_refund_event("evt_b_r", "pi_short2", t + 10, 1000, 500),
     )
     .await;
-    assert_eq!(revoked_in(&receipt), 0, "{receipt}");
-    assert_eq!(receipt["shortfall"], 2, "{receipt}");
+    assert_eq!(receipt["tokensRevoked"], 2, "{receipt}");
+    assert_eq!(receipt["shortfall"], 0, "{receipt}");
     assert_eq!(
         app.token_states("pi_short2").await,
-        indexed_statuses(&["active", "active", "redeemed", "redeemed"])
+        indexed_statuses(&["revoked", "revoked", "redeemed", "redeemed"])
     );
-    let record = event_record(&app, "stripe", "evt_b_r").await;
-    assert_eq!(stored_int(&record, "tokensRevoked").unwrap_or(0), 0);
-    assert_eq!(stored_int(&record, "shortfall"), Some(2));
+
+    // Three of four spent, half refunded: one active token for a share of two, and one
+    // short.
+    stripe(
+        &app,
+        &intent_event("evt_c", "succeeded", "pi_short3", t, "4"),
+    )
+    .await;
+    let c = app.issued_token_ids("pi_short3").await;
+    for id in &c[1..] {
+        redeem(&app, id).await;
+    }
+    let receipt = stripe(
+        &app,
+        &partial_refund_event("evt_c_r", "pi_short3", t + 10, 1000, 500),
+    )
+    .await;
+    assert_eq!(receipt["tokensRevoked"], 1, "{receipt}");
+    assert_eq!(receipt["shortfall"], 1, "{receipt}");
+    let record = event_record(&app, "stripe", "evt_c_r").await;
+    assert_eq!(stored_int(&record, "shortfall"), Some(1));
+    assert_eq!(
+        app.token_states("pi_short3").await,
+        indexed_statuses(&["revoked", "redeemed", "redeemed", "redeemed"])
+    );
 
     // The full refund after the partial one takes the rest; redeemed ones stay redeemed.
     let full = stripe(&app, &refund_event("evt_a_full", "pi_short1", t + 20)).await;
-    assert_eq!(full["tokensRevoked"], 2, "{full}");
+    assert_eq!(full["tokensRevoked"], 1, "{full}");
     assert_eq!(full["shortfall"], 1, "{full}");
     assert_eq!(
         app.token_states("pi_short1").await,
@@ -283,10 +309,67 @@ async fn redeemed_tokens_of_the_refunded_share_stay_redeemed_and_are_the_shortfa
             .unwrap(),
         "refunded"
     );
-    // The other payment was not touched.
+    // The other payments were not touched.
     assert_eq!(
         app.token_states("pi_short2").await,
-        indexed_statuses(&["active", "active", "redeemed", "redeemed"])
+        indexed_statuses(&["revoked", "revoked", "redeemed", "redeemed"])
+    );
+}
+
+/// A set still being written when its payment is settled (a sweep, or a refund, between
+/// the insert of some tokens and the rest): the share is drawn by position, so the
+/// settle after the rest is written takes exactly the positions the first one would
+/// have, and never more than the share in all.
+#[tokio::test]
+async fn a_share_taken_while_the_set_is_still_written_is_the_same_positions() {
+    use tokenmint::domain::{
+        AccountId, Actor, PaymentIntentId, PaymentKey, Provider, RevocationReason,
+    };
+    let app = app().await;
+    let key = PaymentKey {
+        provider: Provider::parse("stripe").unwrap(),
+        account_id: AccountId::parse("acct_1").unwrap(),
+        payment_intent_id: PaymentIntentId::parse("pi_writing").unwrap(),
+    };
+    let token = |index: i64| {
+        doc! {
+            "owner": mongodb::bson::oid::ObjectId::parse_str(OWNER).unwrap(), "type": "standard",
+            "tokenIndex": index, "status": "active", "_version": 0,
+            "origin": { "provider": "stripe", "accountId": "acct_1", "paymentIntentId": "pi_writing" },
+        }
+    };
+    let tokens = app.db.collection::<Document>("tokens");
+    let store = app.store().await;
+    let by = Actor::provider(&key.provider);
+    // 8 tokens, half refunded (4 kept); 5 written so far, one of them spent.
+    tokens.insert_many((0..5).map(token)).await.unwrap();
+    tokens
+        .update_one(
+            doc! { "tokenIndex": 4 },
+            doc! { "$set": { "status": "redeemed" } },
+        )
+        .await
+        .unwrap();
+    let first = store
+        .revoke_share(&key, 8, 4, RevocationReason::PartialRefund, &by)
+        .await
+        .unwrap();
+    assert_eq!(
+        first,
+        (1, 0),
+        "positions 7, 6 and 5 are not written yet, 4 is spent"
+    );
+    tokens.insert_many((5..8).map(token)).await.unwrap();
+    let second = store
+        .revoke_share(&key, 8, 4, RevocationReason::PartialRefund, &by)
+        .await
+        .unwrap();
+    assert_eq!(second, (3, 0));
+    assert_eq!(
+        app.token_states("pi_writing").await,
+        indexed_statuses(&[
+            "active", "active", "active", "revoked", "redeemed", "revoked", "revoked", "revoked"
+        ])
     );
 }
 

@@ -286,6 +286,71 @@ async fn an_operators_revoke_and_a_redemption_outlast_a_failed_full_refund() {
     verify_clean(&app).await;
 }
 
+/// The highest token spent, then half refunded: the share (2) is taken from the active
+/// ones below it. Half of the dispute won back gives one of them back — the last one
+/// revoked, the lowest — and not both, which would leave three standing for two paid.
+#[tokio::test]
+async fn money_that_comes_back_gives_back_as_many_tokens_as_it_pays_for() {
+    let app = app().await;
+    let ids = paid(&app, "pi_counted", "4").await;
+    let redeem = app.redeem_token(ADMIN_KEY, &ids[3]).await;
+    assert_eq!(redeem.status(), 200);
+    let withdrawn = stripe(&app, &half_withdrawn("pi_counted")).await;
+    assert_eq!(withdrawn["tokensRevoked"], 2, "{withdrawn}");
+    assert_eq!(
+        statuses(&app, "pi_counted").await,
+        ["active", "revoked", "revoked", "redeemed"]
+    );
+
+    // 250 of the 500 disputed come back: the payment stands for 3 of 4, a share of 1.
+    let back = stripe(
+        &app,
+        &dispute(
+            "evt_dr_half",
+            "funds_reinstated",
+            "pi_counted",
+            250,
+            PAID_AT + 20,
+        ),
+    )
+    .await;
+    assert_eq!(back["tokensReactivated"], 1, "{back}");
+    assert_eq!(
+        statuses(&app, "pi_counted").await,
+        ["active", "active", "revoked", "redeemed"]
+    );
+    verify_clean(&app).await;
+}
+
+/// An operator who revokes again a token a refund took (for fraud, say) becomes its last
+/// author, and no settle after that takes another token in its place: the share is drawn
+/// by position and spending, not by who revoked.
+#[tokio::test]
+async fn an_operators_second_revoke_of_a_refunded_token_takes_no_other_token() {
+    let app = app().await;
+    paid_then_half_refunded(&app, "pi_again").await;
+    let ids = app.stored_token_ids("pi_again").await;
+    let again = operator_revoke(&app, &ids[3], "fraud").await;
+    assert_eq!(again.status(), 200);
+    assert_eq!(
+        app.stored_token(&ids[3])
+            .await
+            .get_str("lastChangedBy")
+            .unwrap(),
+        "key:admin"
+    );
+
+    // The refund reported again under another id: the payment is settled again.
+    let again = stripe(
+        &app,
+        &refunded_so_far("evt_r1_again", "pi_again", PAID_AT + 30, 500),
+    )
+    .await;
+    assert_eq!(tokens_revoked(&again), 0, "{again}");
+    assert_eq!(statuses(&app, "pi_again").await, HALF);
+    verify_clean(&app).await;
+}
+
 #[tokio::test]
 async fn an_operators_revoke_of_a_token_a_refund_revoked_outlasts_the_refunds_failure() {
     let app = app().await;
