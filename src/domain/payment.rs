@@ -187,8 +187,8 @@ pub struct EventOutcome {
     /// came back (a reversal) or the payment stands again.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tokens_reactivated: Option<u64>,
-    /// Tokens the refund takes back that were already redeemed: they stay redeemed, and
-    /// the merchant is short of this many.
+    /// What of the share the refund takes back no unspent token was left for: tokens
+    /// already redeemed stay redeemed, and the merchant is short of this many.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub shortfall: Option<u64>,
 }

@@ -69,7 +69,8 @@ pub(super) fn withdrawn(payment: Option<&PaymentDoc>) -> Option<PaymentStatus> {
 pub struct Settlement {
     /// Active tokens revoked now.
     pub revoked: u64,
-    /// Tokens of the refunded share that were already redeemed (they stay redeemed).
+    /// What of the refunded share no unspent token was left for (spent tokens stay
+    /// redeemed).
     pub shortfall: u64,
     /// Tokens a withdrawal had revoked that stand again, and were made active.
     pub reactivated: u64,

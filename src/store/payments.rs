@@ -681,9 +681,10 @@ impl Store {
     /// concurrent version-gated redeem either happened first (and is kept) or sees the
     /// new version. Only spending moves the boundary, and only down: a token of the share
     /// spent between the read and the write is found by the next read, and the share is
-    /// taken again from the lower boundary, until a read finds it where it was (a few
-    /// passes at most; a settle that stops earlier is completed by the next). Returns
-    /// (revoked now, shortfall).
+    /// taken again from the lower boundary, until a read finds it where it was. A payment
+    /// whose tokens are spent under every pass is `Contended`: answered 5xx, its settle
+    /// runs again (the provider's redelivery, self-repair). Returns (revoked now,
+    /// shortfall).
     pub async fn revoke_share(
         &self,
         key: &PaymentKey,
@@ -719,11 +720,13 @@ impl Store {
                 .modified_count;
             let again = share_taken(quantity, kept, &self.redeemed_indexes(key, quantity).await?);
             if again == taken {
-                break;
+                return Ok((revoked, taken.shortfall));
             }
             taken = again;
         }
-        Ok((revoked, taken.shortfall))
+        Err(StoreError::Contended(mongodb::error::Error::custom(
+            "the payment's tokens were spent under every pass of its settle",
+        )))
     }
 
     /// The tokenIndexes of a payment's set of `quantity` that were spent.

@@ -188,25 +188,29 @@ pub(super) async fn check_payment(
                         wrong.push(format!("token not of the record's owner/type: {t:?}"));
                     }
                     // Nothing but the refund revokes here, and only the share the payment no
-                    // longer stands for, a number of tokens taken from the active ones: all of
-                    // it, or every token not spent when fewer were left (the shortfall).
-                    // Never more: a token has one state.
+                    // longer stands for, counted from the highest tokenIndex down past the
+                    // spent tokens (the rule every settle goes by): from its boundary up a
+                    // token is revoked or was spent before the refund took it (counted
+                    // short), below it a token stands. Never both: a token has one state.
                     let keep = scenario.keep();
-                    let count =
-                        |status: &str| tokens.iter().filter(|t| t.status == status).count() as i64;
-                    let (revoked, redeemed) = (count("revoked"), count("redeemed"));
-                    let expected = (scenario.quantity - keep).min(scenario.quantity - redeemed);
-                    if revoked != expected {
+                    let spent: Vec<i64> = tokens
+                        .iter()
+                        .filter(|t| t.status == "redeemed")
+                        .map(|t| t.index)
+                        .collect();
+                    let from = tokenmint::domain::share_taken(scenario.quantity, keep, &spent).from;
+                    if let Some(t) = tokens.iter().find(|t| {
+                        let allowed: &[&str] = if t.index < from {
+                            &["active", "redeemed"]
+                        } else {
+                            &["revoked", "redeemed"]
+                        };
+                        !allowed.contains(&t.status.as_str())
+                    }) {
                         wrong.push(format!(
-                            "{revoked} tokens revoked, {redeemed} redeemed, where the payment stands for {keep} of {} (refund {:?}, {:?})",
+                            "token {t:?} of a payment standing for {keep} of {}, its share taken from {from} (refund {:?}, {:?})",
                             scenario.quantity, scenario.refund, scenario.reversal
                         ));
-                    }
-                    if let Some(t) = tokens
-                        .iter()
-                        .find(|t| !["active", "redeemed", "revoked"].contains(&t.status.as_str()))
-                    {
-                        wrong.push(format!("token {t:?} in no state a payment's token has"));
                     }
                 }
                 // A checkout's request recorded before a full refund, which then kept every
