@@ -101,7 +101,7 @@ impl Issuer {
         report.records_reopened = reopened;
         for listed in self.store.payments_taking_back().await? {
             match self.settle_listed(listed).await? {
-                Some(settlement) => report.tokens_revoked += settlement.revoked,
+                Some((_, settlement)) => report.tokens_revoked += settlement.revoked,
                 None => report.failed += 1,
             }
         }
@@ -122,15 +122,12 @@ impl Issuer {
             DateTime::from_millis(DateTime::now().timestamp_millis() - lookback.as_millis() as i64);
         let mut revoked = 0;
         for listed in self.store.payments_taking_back_since(since).await? {
-            let Some(settlement) = self.settle_listed(listed).await? else {
+            let Some((key, settlement)) = self.settle_listed(listed).await? else {
                 continue;
             };
             if settlement.revoked > 0 {
                 metrics::counter!(metric::REPAIRS_TOTAL, "outcome" => "revoked").increment(1);
-                tracing::info!(
-                    revoked = settlement.revoked,
-                    "revoked tokens a crashed issuance left active after a refund"
-                );
+                tracing::info!(payment = %key.payment_intent_id, revoked = settlement.revoked, "revoked tokens a crashed issuance left active after a refund");
             }
             revoked += settlement.revoked;
         }
@@ -145,13 +142,14 @@ impl Issuer {
     /// would bring them back only by a later read, which may never come if the sweep
     /// stops there, and nothing would list the payment again.
     ///
-    /// `None` when this payment alone could not be settled (its key, record or payment
-    /// cannot be read, or the settle failed for a reason of its own): logged, for the
-    /// sweep to go on to the next; only an outage stops the sweep.
+    /// The payment's key and what its settle did; `None` when this payment alone could
+    /// not be settled (its key, record or payment cannot be read, or the settle failed
+    /// for a reason of its own): logged, for the sweep to go on to the next; only an
+    /// outage stops the sweep.
     async fn settle_listed(
         &self,
         listed: Result<PaymentKey, StoreError>,
-    ) -> Result<Option<Settlement>, StoreError> {
+    ) -> Result<Option<(PaymentKey, Settlement)>, StoreError> {
         let key = match listed {
             Ok(key) => key,
             Err(err) => {
@@ -166,7 +164,7 @@ impl Issuer {
                 .await
         };
         match settled.await {
-            Ok(settlement) => Ok(Some(settlement)),
+            Ok(settlement) => Ok(Some((key, settlement))),
             Err(err @ StoreError::Unavailable(_)) => Err(err),
             Err(err) => {
                 let payment = format!(
