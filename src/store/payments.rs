@@ -24,7 +24,7 @@ use super::retry;
 use super::{Store, TOKENS};
 use crate::domain::{
     Actor, CapturedPart, IssuanceParams, Money, Owner, PaymentEvent, PaymentKey, PaymentStatus,
-    Quantity, Refund, Reversal, RevocationReason, TokenType, Withdrawal, share_taken,
+    Quantity, Refund, Reversal, RevocationReason, ShareTaken, TokenType, Withdrawal, share_taken,
 };
 
 pub const PAYMENTS: &str = "payments";
@@ -215,7 +215,7 @@ pub struct ProjectionGate<'a> {
 }
 
 /// A token's tokenIndex as stored (an integer of either width).
-fn token_index(token: &Document) -> Option<i64> {
+pub(super) fn token_index(token: &Document) -> Option<i64> {
     match token.get("tokenIndex")? {
         Bson::Int64(index) => Some(*index),
         Bson::Int32(index) => Some(i64::from(*index)),
@@ -694,7 +694,7 @@ impl Store {
         by: &Actor,
     ) -> Result<(u64, u64), StoreError> {
         const PASSES: usize = 4;
-        let mut taken = share_taken(quantity, kept, &self.redeemed_indexes(key, quantity).await?);
+        let mut taken = self.share_boundary(key, quantity, kept).await?;
         let mut revoked = 0;
         for _ in 0..PASSES {
             let mut filter = payment_tokens_filter(key);
@@ -718,7 +718,7 @@ impl Store {
                 )
                 .await?
                 .modified_count;
-            let again = share_taken(quantity, kept, &self.redeemed_indexes(key, quantity).await?);
+            let again = self.share_boundary(key, quantity, kept).await?;
             if again == taken {
                 return Ok((revoked, taken.shortfall));
             }
@@ -729,12 +729,20 @@ impl Store {
         )))
     }
 
-    /// The tokenIndexes of a payment's set of `quantity` that were spent.
-    async fn redeemed_indexes(
+    /// Where the share of a payment's set of `quantity` that it no longer stands for (all
+    /// but `kept`) begins (`domain::share_taken`), by the tokens of the set spent. A
+    /// payment that stands for all of its set takes nothing back wherever tokens were
+    /// spent: its boundary is read from nothing (every fresh settle of a standing
+    /// payment asks, on its way to bringing tokens back).
+    async fn share_boundary(
         &self,
         key: &PaymentKey,
         quantity: i64,
-    ) -> Result<Vec<i64>, StoreError> {
+        kept: i64,
+    ) -> Result<ShareTaken, StoreError> {
+        if kept >= quantity {
+            return Ok(share_taken(quantity, kept, &[]));
+        }
         let mut filter = payment_tokens_filter(key);
         filter.insert("tokenIndex", doc! { "$lt": quantity });
         filter.insert("status", "redeemed");
@@ -745,7 +753,8 @@ impl Store {
             .await?
             .try_collect()
             .await?;
-        Ok(rows.iter().filter_map(token_index).collect())
+        let spent: Vec<i64> = rows.iter().filter_map(token_index).collect();
+        Ok(share_taken(quantity, kept, &spent))
     }
 
     /// Makes active again the tokens of a payment's set of `quantity` that its
@@ -778,11 +787,7 @@ impl Store {
         by: &Actor,
     ) -> Result<Option<u64>, StoreError> {
         let key = read.key()?;
-        let taken = share_taken(
-            quantity,
-            kept,
-            &self.redeemed_indexes(&key, quantity).await?,
-        );
+        let taken = self.share_boundary(&key, quantity, kept).await?;
         let mut filter = payment_tokens_filter(&key);
         filter.insert("tokenIndex", doc! { "$lt": taken.from });
         filter.insert("status", "revoked");

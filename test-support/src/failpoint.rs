@@ -137,9 +137,14 @@ impl FailPoint {
         namespace: &str,
         fault: Fault,
     ) -> Self {
-        let turn = FailPointTurn::take().await;
-        let mode = doc! { "skip": 1 }.into();
-        Self::configure(turn, app_name, commands, Some(namespace), fault, mode).await
+        Self::on(
+            app_name,
+            commands,
+            namespace,
+            fault,
+            doc! { "skip": 1 }.into(),
+        )
+        .await
     }
 
     /// As [`FailPoint::always`], for those of `commands` on the collection `namespace`
@@ -150,8 +155,17 @@ impl FailPoint {
         namespace: &str,
         fault: Fault,
     ) -> Self {
+        Self::on(app_name, commands, namespace, fault, "alwaysOn".into()).await
+    }
+
+    async fn on(
+        app_name: &str,
+        commands: &[&str],
+        namespace: &str,
+        fault: Fault,
+        mode: Bson,
+    ) -> Self {
         let turn = FailPointTurn::take().await;
-        let mode = "alwaysOn".into();
         Self::configure(turn, app_name, commands, Some(namespace), fault, mode).await
     }
 

@@ -7,7 +7,7 @@ use mongodb::bson::{Bson, Document, doc};
 use super::{Finding, SAMPLES, key_text};
 use crate::domain::{PaymentStatus, entitlement, share_taken};
 use crate::store::documents::from_document;
-use crate::store::payments::{PAYMENTS, PaymentDoc};
+use crate::store::payments::{PAYMENTS, PaymentDoc, token_index};
 use crate::store::placeholder::PLACEHOLDER;
 use crate::store::{ISSUANCES, Store, StoreError, TOKENS};
 
@@ -121,11 +121,7 @@ impl Store {
                 .flatten()
                 .filter_map(Bson::as_document)
                 .collect();
-            let index = |token: &Document| match token.get("tokenIndex") {
-                Some(Bson::Int64(index)) => *index,
-                Some(Bson::Int32(index)) => i64::from(*index),
-                _ => 0,
-            };
+            let index = |token: &Document| token_index(token).unwrap_or(0);
             let spent: Vec<i64> = tokens
                 .iter()
                 .filter(|t| t.get_str("status") == Ok("redeemed") && index(t) < quantity)

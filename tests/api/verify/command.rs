@@ -31,6 +31,26 @@ fn payment(payment: &str, status: &str, amount_refunded: Option<i64>) -> Documen
     doc
 }
 
+/// A refunded payment whose issued set of 2 tokens is all active, as a refund whose
+/// settle was lost leaves it.
+async fn refunded_with_active_tokens(app: &TestApp, payment_intent: &str) {
+    app.db
+        .collection::<Document>("issuances")
+        .insert_one(record(payment_intent, 2, "issued"))
+        .await
+        .unwrap();
+    app.db
+        .collection::<Document>("tokens")
+        .insert_many([token(payment_intent, 0), token(payment_intent, 1)])
+        .await
+        .unwrap();
+    app.db
+        .collection::<Document>("payments")
+        .insert_one(payment(payment_intent, "refunded", None))
+        .await
+        .unwrap();
+}
+
 #[tokio::test]
 async fn verify_exits_0_when_clean_1_on_violations_2_when_it_cannot_run() {
     let app = spawn_app().await;
@@ -102,19 +122,7 @@ async fn verify_repair_completes_short_sets_and_revokes_unbacked_tokens() {
         .await
         .unwrap();
     tokens.insert_one(token("pi_unfinished", 0)).await.unwrap();
-    // A refunded payment whose 2 tokens are active.
-    issuances
-        .insert_one(record("pi_refunded", 2, "issued"))
-        .await
-        .unwrap();
-    tokens
-        .insert_many([token("pi_refunded", 0), token("pi_refunded", 1)])
-        .await
-        .unwrap();
-    payments
-        .insert_one(payment("pi_refunded", "refunded", None))
-        .await
-        .unwrap();
+    refunded_with_active_tokens(&app, "pi_refunded").await;
     // A payment half refunded (500 of 1000) whose 4 tokens are all active.
     issuances
         .insert_one(record("pi_half", 4, "issued"))
@@ -201,7 +209,6 @@ async fn verify_repair_completes_short_sets_and_revokes_unbacked_tokens() {
 async fn verify_repair_goes_past_documents_it_cannot_read_and_reports_them() {
     let app = spawn_app().await;
     let issuances = app.db.collection::<Document>("issuances");
-    let tokens = app.db.collection::<Document>("tokens");
     let payments = app.db.collection::<Document>("payments");
     // A refunded payment and an unfinished record, each with a field of the wrong type
     // (written by hand, or by a tool that knew another shape)...
@@ -212,18 +219,7 @@ async fn verify_repair_goes_past_documents_it_cannot_read_and_reports_them() {
     unreadable.insert("quantity", "two");
     issuances.insert_one(unreadable).await.unwrap();
     // ...beside a refunded payment whose 2 tokens are active, and a short unfinished set.
-    issuances
-        .insert_one(record("pi_refunded", 2, "issued"))
-        .await
-        .unwrap();
-    tokens
-        .insert_many([token("pi_refunded", 0), token("pi_refunded", 1)])
-        .await
-        .unwrap();
-    payments
-        .insert_one(payment("pi_refunded", "refunded", None))
-        .await
-        .unwrap();
+    refunded_with_active_tokens(&app, "pi_refunded").await;
     issuances
         .insert_one(record("pi_unfinished", 2, "issuing"))
         .await
