@@ -182,7 +182,7 @@ impl Floor {
         request: &NewIssuance,
         times: &mut OpTimes,
     ) -> anyhow::Result<Vec<(i64, ObjectId)>> {
-        let command = bulk_command(request, DateTime::now(), &self.db);
+        let command = bulk_command(request, None, DateTime::now(), &self.db);
         let mut inserted = Vec::new();
         let mut attempt = 0;
         loop {

@@ -13,11 +13,12 @@
 //! 2. one `insert` of the records (status `issuing`, `unconfirmed` until step 4): a record
 //!    that exists already makes its request a replay (step 5);
 //! 3. once both answered, one `insert` of the standing payments' tokens, acknowledged by
-//!    the primary alone on a replica set;
-//! 4. the settle: tokens the read of step 1 takes back (a partial refund known before)
-//!    are revoked; then one conditional update marks the records `issued` (`w:
-//!    majority`), all but those a refund held meanwhile, which settle again on the
-//!    one-request path; then the answers. The mark's majority makes steps 2–3 durable
+//!    the primary alone on a replica set; the share the read shows taken back (a partial
+//!    refund known before) is inserted revoked, so none of it is ever active;
+//! 4. the settle: tokens the read of step 1 takes back are revoked (none left, unless a
+//!    spend moved the share's boundary since); then one conditional update marks the
+//!    records `issued` (`w: majority`), all but those a refund held meanwhile, which
+//!    settle again on the one-request path; then the answers. The mark's majority makes steps 2–3 durable
 //!    only if the same primary acknowledged it in the same term (`TokensAck`): after an
 //!    election between them every set settles again on the one-request path, which
 //!    answers only from what a majority read finds.
@@ -81,12 +82,12 @@ use tracing::Instrument;
 
 use self::in_flight::{Admitted, InFlight};
 use super::issue::{record_lost, refuse_other_params, refuse_unless_standing};
-use super::standing::takes_back;
+use super::standing::{share_written_revoked, takes_back};
 use super::{IssueError, IssueOutcome, IssuedTokens, Issuer, Settlement};
 use crate::domain::{IssuanceMode, IssuanceStatus, NewIssuance, PaymentKey};
 use crate::store::{
-    IssuanceDoc, PLACEHOLDER_LIFETIME, PaymentDoc, RecordInsert, StoreError, TokenInsert,
-    TokenSummary, TokensAck,
+    IssuanceDoc, PLACEHOLDER_LIFETIME, PaymentDoc, RecordInsert, RevokedShare, StoreError,
+    TokenInsert, TokenSummary, TokensAck,
 };
 use crate::telemetry::{metric, traces};
 
@@ -409,7 +410,7 @@ impl Issuer {
             .await;
         let first_read = FirstRead { payments, at };
         let writes = async {
-            let (written, raced, ack) = self.insert_tokens(claimed).await;
+            let (written, raced, ack) = self.insert_tokens(claimed, &first_read.payments).await;
             self.settle_and_mark(written, first_read, ack).await;
             // A concurrent replay or repair wrote some of these tokens: converge, one by one.
             // What the batch's insert wrote counts as this request's too.
@@ -522,20 +523,30 @@ impl Issuer {
         (standing, standing_replays)
     }
 
-    /// Step 3 (upsert mode): one insert of the claimed payments' tokens. Returns the sets
-    /// written whole, the claims whose set raced another writer (with how many of its
-    /// tokens the insert wrote), and how the insert was acknowledged (which step 4's mark
-    /// must cover before any set is answered).
+    /// Step 3 (upsert mode): one insert of the claimed payments' tokens, the share step
+    /// 1's read shows taken back written revoked. Returns the sets written whole, the
+    /// claims whose set raced another writer (with how many of its tokens the insert
+    /// wrote), and how the insert was acknowledged (which step 4's mark must cover before
+    /// any set is answered).
     async fn insert_tokens(
         &self,
         claimed: Vec<Claimed>,
+        payments: &Payments,
     ) -> (Vec<Written>, Vec<(Claimed, u32)>, TokensAck) {
         let mut written = Vec::new();
         let mut raced = Vec::new();
         if claimed.is_empty() {
             return (written, raced, TokensAck::Majority);
         }
-        let sets: Vec<&NewIssuance> = claimed.iter().map(|c| &c.request).collect();
+        let sets: Vec<(&NewIssuance, Option<RevokedShare>)> = claimed
+            .iter()
+            .map(|c| {
+                let quantity = i64::from(c.request.params.quantity.get());
+                let payment = payments.get(&c.request.key);
+                let share = share_written_revoked(&c.request.key, quantity, payment, &[]);
+                (&c.request, share)
+            })
+            .collect();
         let (results, ack) = match self.store.insert_token_sets(&sets).await {
             Ok(inserted) => inserted,
             Err(err) => {

@@ -14,10 +14,11 @@ use std::time::Duration;
 use chrono::Utc;
 use mongodb::bson::DateTime;
 
-use super::standing::{takes_back, withdrawn};
+use super::standing::{share_written_revoked, takes_back, withdrawn};
 use super::{Caller, IssueError, IssueOutcome, IssuedTokens, Issuer};
 use crate::domain::{
     Actor, IssuanceMode, IssuanceParams, IssuanceStatus, NewIssuance, PaymentKey, PaymentStatus,
+    TokenStatus,
 };
 use crate::store::{
     AtomicInsert, Existing, IssuanceDoc, PaymentDoc, StoreError, TokenSummary, retry,
@@ -169,6 +170,8 @@ impl Issuer {
     ) -> Result<IssueOutcome, IssueError> {
         let payment = self.store.find_payment(&request.key).await?;
         refuse_unless_standing(payment.as_ref())?;
+        let quantity = i64::from(request.params.quantity.get());
+        let share = share_written_revoked(&request.key, quantity, payment.as_ref(), &[]);
         let mut attempt = 0;
         loop {
             // Atomic mode commits record and tokens together: the record is `issued` at
@@ -185,12 +188,12 @@ impl Issuer {
             let existing = match request.mode {
                 IssuanceMode::Upsert => match self.store.claim_record(&record).await? {
                     None => {
-                        let bulk = self.store.upsert_tokens(request).await?;
+                        let bulk = self.store.upsert_tokens(request, share.as_ref()).await?;
                         let created = bulk.inserted.len() as u32;
                         // When this request inserted every token, the reply names them all:
                         // no read-back. Otherwise a concurrent replay inserted some.
                         let tokens = if created == request.params.quantity.get() {
-                            crate::store::fresh_tokens(bulk.inserted)
+                            crate::store::fresh_tokens(bulk.inserted, share.as_ref())
                         } else {
                             self.store.payment_tokens(&request.key).await?
                         };
@@ -201,7 +204,10 @@ impl Issuer {
                     }
                     Some(existing) => Some(existing),
                 },
-                IssuanceMode::Atomic => match self.store.insert_atomically(&record, request).await?
+                IssuanceMode::Atomic => match self
+                    .store
+                    .insert_atomically(&record, request, share.clone())
+                    .await?
                 {
                     AtomicInsert::Committed(tokens) => {
                         let created = tokens.len() as u32;
@@ -340,10 +346,20 @@ impl Issuer {
         let mut tokens = self.store.payment_tokens(&key).await?;
         let mut created = 0;
         if tokens.len() < record.quantity as usize {
-            // Completed with the recorded parameters (paymentDate included), not a retry's.
+            // Completed with the recorded parameters (paymentDate included), not a retry's,
+            // the share a refund known now takes back written revoked (`finish` settles
+            // the rest by a read taken after the write).
+            let payment = self.store.find_payment(&key).await?;
+            // The share is counted past the tokens already spent, as a settle counts it.
+            let spent: Vec<i64> = tokens
+                .iter()
+                .filter(|t| t.status == TokenStatus::Redeemed)
+                .map(|t| t.token_index)
+                .collect();
+            let share = share_written_revoked(&key, record.quantity, payment.as_ref(), &spent);
             created = self
                 .store
-                .upsert_tokens(&record.token_set()?)
+                .upsert_tokens(&record.token_set()?, share.as_ref())
                 .await?
                 .inserted
                 .len() as u32;
@@ -370,7 +386,9 @@ impl Issuer {
     ) -> Result<IssuedTokens, IssueError> {
         let key = record.key()?;
         let settlement = self.settle(&key, record.quantity).await?;
-        if settlement.revoked > 0 {
+        // The answer names the tokens as they are now: the settle changed some (tokens
+        // written revoked by an older read may have come back).
+        if settlement.revoked > 0 || settlement.reactivated > 0 {
             tokens = self.store.payment_tokens(&key).await?;
         }
         if record.status != IssuanceStatus::Issued {

@@ -7,20 +7,21 @@
 //! left for is the shortfall): a customer who spent the highest tokens before the refund
 //! loses lower ones instead of keeping more than the money pays for.
 //!
-//! Why every interleaving ends right: a refund first records the payment's new state
-//! (the version-gated projection), then holds the payment's place in `issuances`, then
-//! settles. A writer of tokens reads the payment before it writes and settles against
-//! that read after writing; the hold orders the two (`store::placeholder`): a hold before
-//! the writer's record leaves a placeholder that stops it, a hold on an uncommitted
-//! atomic record waits for the commit and then revokes, a hold on an `issuing` record
-//! marks it held so the writer settles again with a fresh read, and a hold after the
-//! tokens sees them. A record stays `issuing` until its set is written and settled, so a
-//! writer that dies or whose settle fails leaves it to self-repair, which settles with a
-//! fresh read; a refund that dies before its settle is redelivered by its provider, and
-//! the sweep of recent withdrawals settles it meanwhile.
+//! Why every interleaving ends right: a refund first records the payment's new state (the
+//! version-gated projection), then holds the payment's place in `issuances`, then
+//! settles. A writer of tokens reads the payment before it writes, writes the share that
+//! read takes back already revoked, and settles against that read after writing; the hold
+//! orders the two (`store::placeholder`): a hold before the writer's record leaves a
+//! placeholder that stops it, a hold on an uncommitted atomic record waits for the commit
+//! and then revokes, a hold on an `issuing` record marks it held so the writer settles
+//! again with a fresh read, and a hold after the tokens sees them. A record stays
+//! `issuing` until its set is written and settled, so a writer that dies or whose settle
+//! fails leaves it to self-repair, which settles with a fresh read; a refund that dies
+//! before its settle is redelivered by its provider, and the sweep of recent withdrawals
+//! settles it meanwhile.
 
 use crate::domain::{self, Actor, Entitlement, IssuanceStatus, PaymentKey, PaymentStatus};
-use crate::store::{IssuanceDoc, PaymentDoc, StoreError};
+use crate::store::{IssuanceDoc, PaymentDoc, RevokedShare, StoreError};
 use crate::telemetry::metric;
 
 use super::Issuer;
@@ -31,6 +32,30 @@ pub fn entitlement(payment: Option<&PaymentDoc>, quantity: i64) -> Entitlement {
     payment.map_or(Entitlement::All, |p| {
         domain::entitlement(p.status, &p.money(), quantity)
     })
+}
+
+/// The tokens of a set of `quantity` for `key`'s payment to write revoked, by `payment`
+/// as read before the write and the tokenIndexes of the set spent already (`spent`): the
+/// share a settle would take back (`domain::share_taken`), which every later settle takes
+/// back too, since spending only moves its boundary down. Written so, a refund known
+/// before the tokens leaves none of its share active even for the moment between the
+/// write and the settle that follows it (which still runs, for what a refund recorded
+/// after the read, or a spend since, changes).
+pub fn share_written_revoked(
+    key: &PaymentKey,
+    quantity: i64,
+    payment: Option<&PaymentDoc>,
+    spent: &[i64],
+) -> Option<RevokedShare> {
+    match entitlement(payment, quantity) {
+        Entitlement::Keep { keep, reason } if keep < quantity => Some(RevokedShare {
+            from: domain::share_taken(quantity, keep, spent).from,
+            reason,
+            // The provider's report takes them back, as it does in a settle.
+            by: Actor::provider(&key.provider),
+        }),
+        _ => None,
+    }
 }
 
 /// Whether `payment`'s state takes any tokens back: refunded, canceled, failed, or partly

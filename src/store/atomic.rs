@@ -5,8 +5,9 @@
 //! One transaction may carry several issuances (group commit in atomic mode): each one's
 //! record and tokens still commit together, and its batch-mates commit with them. The
 //! records go first, in one ordered `insert`, then the tokens, while the caller's plan
-//! reads what it needs; the plan may name records that commit `issuing` instead (one more
-//! update inside the transaction, only then). A duplicate key on either unique index
+//! reads what it needs; the plan may name records that commit `issuing` instead, and the
+//! share of their tokens the payment no longer stands for, revoked before anything
+//! commits (one more update inside the transaction for each, only then). A duplicate key on either unique index
 //! means a payment's place is taken (a record and tokens someone else committed, or a
 //! refund's placeholder): the transaction is abandoned, nothing is written, and the
 //! caller finds out which payment it was.
@@ -23,19 +24,20 @@ use std::pin::{Pin, pin};
 use futures::future::{MaybeDone, maybe_done};
 
 use mongodb::ClientSession;
-use mongodb::bson::{DateTime, RawDocumentBuf, doc, oid::ObjectId};
+use mongodb::bson::{DateTime, Document, RawDocumentBuf, doc, oid::ObjectId};
 use mongodb::error::{Error, UNKNOWN_TRANSACTION_COMMIT_RESULT};
 
-use super::documents::{IssuanceDoc, TokenSummary, fresh_tokens, new_token};
+use super::documents::{IssuanceDoc, RevokedShare, TokenSummary, fresh_tokens, new_token};
 use super::durability::{abort_quietly, start_snapshot_transaction};
 use super::error::{
     ISSUANCES_PAYMENT_INDEX, StoreError, TOKENS_PAYMENT_INDEX, duplicate_key_index,
     is_transient_transaction_error, is_write_conflict,
 };
+use super::filters::active_from_filter;
 use super::placeholder::Existing;
 use super::retry;
 use super::{Store, TOKENS};
-use crate::domain::{IssuanceStatus, NewIssuance};
+use crate::domain::{IssuanceStatus, NewIssuance, TokenStatus};
 use crate::telemetry::metric;
 
 /// What an atomic insert of one issuance did.
@@ -61,21 +63,24 @@ pub enum AtomicSetsInsert<R = std::convert::Infallible> {
 }
 
 /// What a transaction's plan decides once it has read what it needs: which of the
-/// records (by `_id`) commit `issuing` rather than as given, or a refusal.
-pub type AtomicPlan<R> = Result<Vec<ObjectId>, R>;
+/// records (by `_id`) commit `issuing` rather than as given, each with the share of its
+/// tokens to commit revoked, if any; or a refusal.
+pub type AtomicPlan<R> = Result<Vec<(ObjectId, Option<RevokedShare>)>, R>;
 
 /// One issuance of an atomic insert: its record and what it issues.
 pub type AtomicSet<'a> = (&'a IssuanceDoc, &'a NewIssuance);
 
 impl Store {
-    /// Inserts `record` and the tokens of `request` in one transaction, unless the
-    /// payment already has a record.
+    /// Inserts `record` and the tokens of `request` in one transaction (those of
+    /// `revoked` committed revoked), unless the payment already has a record.
     pub async fn insert_atomically(
         &self,
         record: &IssuanceDoc,
         request: &NewIssuance,
+        revoked: Option<RevokedShare>,
     ) -> Result<AtomicInsert, StoreError> {
-        let plan = async { Ok(Ok(Vec::new())) };
+        let named = revoked.map(|share| vec![(record.id, Some(share))]);
+        let plan = async { Ok(Ok(named.unwrap_or_default())) };
         let inserted: AtomicSetsInsert = self
             .insert_sets_atomically(&[(record, request)], plan)
             .await?;
@@ -92,7 +97,8 @@ impl Store {
 
     /// Inserts every record and its tokens in one transaction, unless one of the
     /// payments' places is taken or `plan` refuses; the records `plan` names commit
-    /// `issuing` (one more update inside the transaction, only when it names any).
+    /// `issuing`, with the shares it names revoked (more updates inside the transaction,
+    /// only when it names any).
     /// `plan` is awaited once, while the first attempt writes. The payments must differ
     /// (the caller's job: a second record of the same payment would only ever find the
     /// first).
@@ -150,8 +156,8 @@ impl Store {
     }
 
     /// One attempt: the writes and (on the first attempt) the plan's read together, then
-    /// the plan's `issuing` records, then the commit. A refusal, or a plan that failed,
-    /// aborts before anything commits.
+    /// the plan's `issuing` records and revoked shares, then the commit. A refusal, or a
+    /// plan that failed, aborts before anything commits.
     async fn try_transaction<R, P>(
         &self,
         session: &mut ClientSession,
@@ -163,7 +169,10 @@ impl Store {
     {
         start_snapshot_transaction(session).await?;
         // The plan's read and the writes go together; both answer before commit.
-        let (written, ()) = tokio::join!(self.write_in_transaction(session, sets), plan.as_mut());
+        // The tokens' time, which the plan's revoke writes too.
+        let now = DateTime::now();
+        let (written, ()) =
+            tokio::join!(self.write_in_transaction(session, sets, now), plan.as_mut());
         let issuing = match plan.output_mut() {
             Some(Ok(Ok(issuing))) => issuing.clone(),
             // A refusal outranks whatever the writes did: the caller answers it first.
@@ -181,26 +190,70 @@ impl Store {
         let Some(inserted) = written? else {
             return Ok(Attempt::RecordExists);
         };
-        if !issuing.is_empty() {
-            let downgraded = self
-                .records()
-                .update_many(
-                    doc! { "_id": { "$in": issuing } },
-                    doc! { "$set": { "status": IssuanceStatus::Issuing.as_str() } },
-                )
-                .session(&mut *session)
-                .await;
-            if let Err(err) = downgraded {
-                abort_quietly(session).await;
-                return Err(err.into());
-            }
+        if let Err(err) = self.apply_plan(session, sets, &issuing, now).await {
+            abort_quietly(session).await;
+            return Err(err.into());
         }
         commit_with_retry(session).await?;
         let created: usize = inserted.iter().map(Vec::len).sum();
         metrics::counter!(metric::TOKENS_CREATED_TOTAL).increment(created as u64);
         Ok(Attempt::Committed(
-            inserted.into_iter().map(fresh_tokens).collect(),
+            sets.iter()
+                .zip(inserted)
+                .map(|((record, _), tokens)| {
+                    let share = share_of(&issuing, record);
+                    let tokens = fresh_tokens(tokens, share);
+                    if let Some(share) = share {
+                        let revoked = tokens.iter().filter(|t| t.status == TokenStatus::Revoked);
+                        share.count_written(revoked.count() as u64);
+                    }
+                    tokens
+                })
+                .collect(),
         ))
+    }
+
+    /// The plan's writes inside the transaction: the named records that are not
+    /// `issuing` already made so, then each named share revoked as if written so (at
+    /// `now`, the tokens' time, and their first version: nobody saw them active), before
+    /// the tokens are ever visible.
+    async fn apply_plan(
+        &self,
+        session: &mut ClientSession,
+        sets: &[AtomicSet<'_>],
+        issuing: &[(ObjectId, Option<RevokedShare>)],
+        now: DateTime,
+    ) -> Result<(), Error> {
+        let downgrade: Vec<ObjectId> = sets
+            .iter()
+            .filter(|(record, _)| {
+                record.status != IssuanceStatus::Issuing
+                    && issuing.iter().any(|(id, _)| *id == record.id)
+            })
+            .map(|(record, _)| record.id)
+            .collect();
+        if !downgrade.is_empty() {
+            self.records()
+                .update_many(
+                    doc! { "_id": { "$in": downgrade } },
+                    doc! { "$set": { "status": IssuanceStatus::Issuing.as_str() } },
+                )
+                .session(&mut *session)
+                .await?;
+        }
+        for (record, request) in sets {
+            if let Some(share) = share_of(issuing, record) {
+                self.database()
+                    .collection::<Document>(TOKENS)
+                    .update_many(
+                        active_from_filter(&request.key, share.from),
+                        share.written_revoked(now),
+                    )
+                    .session(&mut *session)
+                    .await?;
+            }
+        }
+        Ok(())
     }
 
     /// The records, then the tokens, inside the session's transaction; aborted on
@@ -210,6 +263,7 @@ impl Store {
         &self,
         session: &mut ClientSession,
         sets: &[AtomicSet<'_>],
+        now: DateTime,
     ) -> Result<Option<Vec<Vec<(i64, ObjectId)>>>, Error> {
         let taken = |err: &Error, index: &str| duplicate_key_index(err).as_deref() == Some(index);
         let records = sets.iter().map(|(record, _)| *record);
@@ -226,7 +280,6 @@ impl Store {
                 Err(err)
             };
         }
-        let now = DateTime::now();
         let mut documents = Vec::new();
         let inserted = sets
             .iter()
@@ -276,18 +329,29 @@ impl From<Error> for TransactionError {
 fn committed_sets(
     sets: &[AtomicSet<'_>],
     token_sets: Vec<Vec<TokenSummary>>,
-    issuing: &[ObjectId],
+    issuing: &[(ObjectId, Option<RevokedShare>)],
 ) -> Vec<(IssuanceDoc, Vec<TokenSummary>)> {
     sets.iter()
         .zip(token_sets)
         .map(|((record, _), tokens)| {
             let mut record = (*record).clone();
-            if issuing.contains(&record.id) {
+            if issuing.iter().any(|(id, _)| *id == record.id) {
                 record.status = IssuanceStatus::Issuing;
             }
             (record, tokens)
         })
         .collect()
+}
+
+/// The share of `record`'s tokens the plan revokes, if any.
+fn share_of<'a>(
+    issuing: &'a [(ObjectId, Option<RevokedShare>)],
+    record: &IssuanceDoc,
+) -> Option<&'a RevokedShare> {
+    issuing
+        .iter()
+        .find(|(id, _)| *id == record.id)
+        .and_then(|(_, share)| share.as_ref())
 }
 
 /// Commits, retrying while the outcome is unknown (the commit is idempotent).
@@ -334,7 +398,7 @@ fn token_documents(
     (0..i64::from(request.params.quantity.get()))
         .map(|token_index| {
             let id = ObjectId::new();
-            let mut document = new_token(request, token_index, now);
+            let mut document = new_token(request, token_index, None, now);
             document.append_ref("_id", id);
             documents.push(document);
             (token_index, id)

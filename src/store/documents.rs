@@ -5,8 +5,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::domain::{
     Actor, IssuanceMode, IssuanceParams, IssuanceStatus, NewIssuance, Owner, PaymentKey, Quantity,
-    TokenStatus, TokenType,
+    RevocationReason, TokenStatus, TokenType,
 };
+use crate::telemetry::metric;
 
 /// Where a token came from: its payment's unique key and date.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -230,18 +231,78 @@ pub fn stored_key(
     })
 }
 
-/// Tokens a write just inserted, (tokenIndex, _id), as summaries in tokenIndex order.
-pub fn fresh_tokens(mut inserted: Vec<(i64, ObjectId)>) -> Vec<TokenSummary> {
+/// Tokens a write just inserted, (tokenIndex, _id), as summaries in tokenIndex order;
+/// those of `revoked` were written revoked.
+pub fn fresh_tokens(
+    mut inserted: Vec<(i64, ObjectId)>,
+    revoked: Option<&RevokedShare>,
+) -> Vec<TokenSummary> {
     inserted.sort_unstable_by_key(|(index, _)| *index);
     inserted
         .into_iter()
         .map(|(token_index, id)| TokenSummary {
             id,
             token_index,
-            status: TokenStatus::Active,
+            status: RevokedShare::status_written(revoked, token_index),
             version: 0,
         })
         .collect()
+}
+
+/// The share of a new set that is written revoked: its tokens from `from` up, which the
+/// payment no longer stood for when the set was written (a refund known before). The
+/// issuing layer decides which; they are written as a settle would revoke them, for
+/// `reason` by `by` (the provider), so money coming back brings them back the same way.
+/// Written so, no token of the share is ever active, not even between the write and the
+/// settle that follows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RevokedShare {
+    pub from: i64,
+    pub reason: RevocationReason,
+    pub by: Actor,
+}
+
+impl RevokedShare {
+    /// The status token `token_index` of a new set is written with.
+    pub fn status_written(share: Option<&Self>, token_index: i64) -> TokenStatus {
+        match share {
+            Some(share) if token_index >= share.from => TokenStatus::Revoked,
+            _ => TokenStatus::Active,
+        }
+    }
+
+    /// Counts `written` tokens of the share written revoked, as a settle counts those it
+    /// revokes (`tokenmint_tokens_revoked_total`, by reason).
+    pub(super) fn count_written(&self, written: u64) {
+        if written > 0 {
+            metrics::counter!(metric::TOKENS_REVOKED_TOTAL, "reason" => self.reason.as_str())
+                .increment(written);
+        }
+    }
+
+    /// The update that revokes tokens as this share says, each a new version.
+    pub(super) fn revoke(&self, now: DateTime) -> Document {
+        let mut set = self.fields(now);
+        set.insert("updatedAt", now);
+        doc! { "$set": set, "$inc": { "_version": 1 } }
+    }
+
+    /// The update that makes tokens written at `now` in the same transaction what they
+    /// would be had they been written revoked: the same fields, the same first version.
+    pub(super) fn written_revoked(&self, now: DateTime) -> Document {
+        doc! { "$set": self.fields(now) }
+    }
+
+    /// What a withdrawal's revoke writes on a token: one home for the settles' updates
+    /// and the fields of a token written revoked.
+    fn fields(&self, now: DateTime) -> Document {
+        doc! {
+            "status": TokenStatus::Revoked.as_str(),
+            "revokedAt": now,
+            "revocationReason": self.reason.as_str(),
+            "lastChangedBy": self.by.as_str(),
+        }
+    }
 }
 
 /// Converts a chrono time to BSON, at MongoDB's millisecond precision.
@@ -265,6 +326,7 @@ pub fn from_document<T: serde::de::DeserializeOwned>(
 pub fn new_token(
     request: &crate::domain::NewIssuance,
     token_index: i64,
+    revoked: Option<&RevokedShare>,
     now: DateTime,
 ) -> RawDocumentBuf {
     let mut origin = raw_document(160);
@@ -277,7 +339,16 @@ pub fn new_token(
     token.append_ref("type", request.params.token_type.as_str());
     token.append_ref("tokenIndex", token_index);
     token.append_ref("origin", &origin);
-    token.append_ref("status", TokenStatus::Active.as_str());
+    match revoked.filter(|share| token_index >= share.from) {
+        Some(share) => {
+            for (name, value) in share.fields(now) {
+                let value = bson::RawBson::try_from(value)
+                    .expect("a revoke's fields are strings and times");
+                token.append(name, value);
+            }
+        }
+        None => token.append_ref("status", TokenStatus::Active.as_str()),
+    }
     token.append_ref("_version", 0_i32);
     token.append_ref("createdAt", now);
     token.append_ref("updatedAt", now);
@@ -354,9 +425,10 @@ mod tests {
         let db = mongodb::Client::with_options(options)
             .unwrap()
             .database("x");
-        let command = crate::store::token_bulk::bulk_command(&request(), DateTime::now(), &db)
-            .to_document()
-            .unwrap();
+        let command =
+            crate::store::token_bulk::bulk_command(&request(), None, DateTime::now(), &db)
+                .to_document()
+                .unwrap();
         let concern = command.get_document("writeConcern").unwrap();
         assert_eq!(concern.get_str("w"), Ok("majority"), "{concern}");
         assert_eq!(concern.get_bool("j"), Ok(true), "{concern}");
@@ -378,7 +450,7 @@ mod tests {
     #[test]
     fn raw_token_documents_have_the_documented_shape() {
         let now = DateTime::from_millis(1_800_000_000_000);
-        let token = new_token(&request(), 1, now).to_document().unwrap();
+        let token = new_token(&request(), 1, None, now).to_document().unwrap();
         assert_eq!(
             token,
             doc! {
@@ -397,6 +469,28 @@ mod tests {
                 "updatedAt": now,
             }
         );
+        // A token of a share written revoked carries what a settle's revoke writes, and
+        // reads back as a revoked token; one below the share is written active.
+        let share = RevokedShare {
+            from: 1,
+            reason: RevocationReason::PartialRefund,
+            by: Actor::provider(&request().key.provider),
+        };
+        let mut revoked = new_token(&request(), 1, Some(&share), now)
+            .to_document()
+            .unwrap();
+        assert_eq!(revoked.get_str("status"), Ok("revoked"));
+        assert_eq!(revoked.get_datetime("revokedAt"), Ok(&now));
+        assert_eq!(revoked.get_str("revocationReason"), Ok("partial_refund"));
+        assert_eq!(revoked.get_str("lastChangedBy"), Ok("provider:stripe"));
+        revoked.insert("_id", ObjectId::new());
+        let read: TokenDoc = bson::from_document(revoked).unwrap();
+        assert_eq!(read.status, TokenStatus::Revoked);
+        let below = new_token(&request(), 0, Some(&share), now)
+            .to_document()
+            .unwrap();
+        assert_eq!(below.get_str("status"), Ok("active"));
+        assert!(below.get("revokedAt").is_none(), "{below}");
         let filter = token_filter(&request().key, 1).to_document().unwrap();
         let mut expected = payment_tokens_filter(&request().key);
         expected.insert("tokenIndex", Bson::Int64(1));

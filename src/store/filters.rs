@@ -34,6 +34,15 @@ pub fn payment_tokens_filter(key: &PaymentKey) -> Document {
     key_filter(key, TOKEN_KEY_FIELDS)
 }
 
+/// The still active tokens of `key`'s payment from tokenIndex `from` up: those a share
+/// beginning there takes back.
+pub fn active_from_filter(key: &PaymentKey, from: i64) -> Document {
+    let mut filter = payment_tokens_filter(key);
+    filter.insert("tokenIndex", doc! { "$gte": from });
+    filter.insert("status", "active");
+    filter
+}
+
 /// The filter selecting the issuance records (or payments) of every key in `keys`.
 pub fn issuances_filter(keys: &[&PaymentKey]) -> Document {
     keys_filter(keys, RECORD_KEY_FIELDS)

@@ -37,7 +37,9 @@ use tokio::sync::OnceCell;
 pub use atomic::{AtomicInsert, AtomicPlan, AtomicSet, AtomicSetsInsert};
 pub use balances::BalanceRow;
 pub use batch::{Marked, RecordInsert, TokenInsert, TokensAck};
-pub use documents::{IssuanceDoc, Origin, TokenDoc, TokenSummary, chrono_time, fresh_tokens};
+pub use documents::{
+    IssuanceDoc, Origin, RevokedShare, TokenDoc, TokenSummary, chrono_time, fresh_tokens,
+};
 pub use durability::ConnectError;
 pub use error::{
     ISSUANCES_PAYMENT_INDEX, StoreError, TOKENS_PAYMENT_INDEX, duplicate_key_index, is_unavailable,

@@ -15,10 +15,10 @@ use mongodb::options::ReturnDocument;
 use serde::Deserialize;
 
 use super::atomic::{commit_with_retry, pause_before_transaction, transaction_gave_up};
-use super::documents::{bson_time, from_document};
+use super::documents::{RevokedShare, bson_time, from_document};
 use super::durability::{abort_quietly, start_snapshot_transaction};
 use super::error::{StoreError, is_transient_transaction_error};
-use super::filters::{issuance_filter, payment_tokens_filter};
+use super::filters::{active_from_filter, issuance_filter, payment_tokens_filter};
 use super::indexes::PAYMENTS_INDEX;
 use super::retry;
 use super::{Store, TOKENS};
@@ -697,24 +697,16 @@ impl Store {
         let mut taken = self.share_boundary(key, quantity, kept).await?;
         let mut revoked = 0;
         for _ in 0..PASSES {
-            let mut filter = payment_tokens_filter(key);
-            filter.insert("tokenIndex", doc! { "$gte": taken.from });
-            filter.insert("status", "active");
-            let now = DateTime::now();
+            let share = RevokedShare {
+                from: taken.from,
+                reason,
+                by: by.clone(),
+            };
             revoked += self
                 .collection(TOKENS)
                 .update_many(
-                    filter,
-                    doc! {
-                        "$set": {
-                            "status": "revoked",
-                            "revokedAt": now,
-                            "revocationReason": reason.as_str(),
-                            "lastChangedBy": by.as_str(),
-                            "updatedAt": now,
-                        },
-                        "$inc": { "_version": 1 },
-                    },
+                    active_from_filter(key, share.from),
+                    share.revoke(DateTime::now()),
                 )
                 .await?
                 .modified_count;

@@ -10,7 +10,7 @@
 use mongodb::Database;
 use mongodb::bson::{Bson, DateTime, Document, RawArrayBuf, RawDocumentBuf, oid::ObjectId, rawdoc};
 
-use super::documents::new_token;
+use super::documents::{RevokedShare, new_token};
 use super::error::{
     StoreError, TOKENS_PAYMENT_INDEX, index_in_message, unavailable_code, write_concern_unconfirmed,
 };
@@ -36,11 +36,16 @@ pub enum BulkFailure {
 }
 
 impl Store {
-    /// Upserts tokens 0..quantity-1 of `issuance`, retrying token-index races a bounded
-    /// number of times (any other duplicate key is a real error).
-    pub async fn upsert_tokens(&self, issuance: &NewIssuance) -> Result<BulkResult, StoreError> {
+    /// Upserts tokens 0..quantity-1 of `issuance` (those of `revoked` written revoked, if
+    /// it inserts them), retrying token-index races a bounded number of times (any other
+    /// duplicate key is a real error).
+    pub async fn upsert_tokens(
+        &self,
+        issuance: &NewIssuance,
+        revoked: Option<&RevokedShare>,
+    ) -> Result<BulkResult, StoreError> {
         let now = DateTime::now();
-        let command = bulk_command(issuance, now, self.database());
+        let command = bulk_command(issuance, revoked, now, self.database());
         let mut result = BulkResult::default();
         let mut attempt = 0;
         loop {
@@ -49,6 +54,10 @@ impl Store {
             // Counted as the reply says, whatever else it says: a reply that fails one
             // statement still inserted the others.
             metrics::counter!(metric::TOKENS_CREATED_TOTAL).increment(upserted.len() as u64);
+            if let Some(share) = revoked {
+                let written = upserted.iter().filter(|(index, _)| *index >= share.from);
+                share.count_written(written.count() as u64);
+            }
             result.inserted.extend(upserted);
             match first_failure(&reply) {
                 None => return Ok(result),
@@ -76,12 +85,17 @@ impl Store {
 /// command gives up when the driver's own writes do, not at the request's timeout).
 /// Built as raw BSON, so the driver sends these bytes as they are (no `Document` to
 /// encode).
-pub fn bulk_command(issuance: &NewIssuance, now: DateTime, db: &Database) -> RawDocumentBuf {
+pub fn bulk_command(
+    issuance: &NewIssuance,
+    revoked: Option<&RevokedShare>,
+    now: DateTime,
+    db: &Database,
+) -> RawDocumentBuf {
     let mut updates = RawArrayBuf::new();
     for token_index in 0..i64::from(issuance.params.quantity.get()) {
         updates.push(rawdoc! {
             "q": token_filter(&issuance.key, token_index),
-            "u": { "$setOnInsert": new_token(issuance, token_index, now) },
+            "u": { "$setOnInsert": new_token(issuance, token_index, revoked, now) },
             "upsert": true,
         });
     }

@@ -16,7 +16,8 @@ pub const HTTP_REQUEST_DURATION_SECONDS: &str = "tokenmint_http_request_duration
 pub const ISSUANCES_TOTAL: &str = "tokenmint_issuances_total";
 /// Tokens inserted.
 pub const TOKENS_CREATED_TOTAL: &str = "tokenmint_tokens_created_total";
-/// Active tokens revoked because their payment no longer stands for them, by `reason`.
+/// Tokens revoked because their payment no longer stands for them, by `reason`: active
+/// ones a settle revoked, and those of a share written revoked.
 pub const TOKENS_REVOKED_TOTAL: &str = "tokenmint_tokens_revoked_total";
 /// Tokens a withdrawal had revoked made active again, because the money came back.
 pub const TOKENS_REACTIVATED_TOTAL: &str = "tokenmint_tokens_reactivated_total";
@@ -123,7 +124,7 @@ pub(super) fn describe() {
     describe_counter!(TOKENS_CREATED_TOTAL, "Tokens inserted");
     describe_counter!(
         TOKENS_REVOKED_TOTAL,
-        "Active tokens revoked because their payment no longer stands for them, by reason (refunded, canceled, partial_refund)"
+        "Tokens revoked because their payment no longer stands for them (active ones revoked, and a refunded share written revoked), by reason (refunded, canceled, partial_refund)"
     );
     describe_counter!(
         TOKENS_REACTIVATED_TOTAL,

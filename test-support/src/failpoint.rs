@@ -137,14 +137,20 @@ impl FailPoint {
         namespace: &str,
         fault: Fault,
     ) -> Self {
-        Self::on(
-            app_name,
-            commands,
-            namespace,
-            fault,
-            doc! { "skip": 1 }.into(),
-        )
-        .await
+        Self::after_on(app_name, commands, namespace, 1, fault).await
+    }
+
+    /// As [`FailPoint::after_first_on`], past the first `skip` such commands: aims at a
+    /// later one of several steps that send the same command to the same collection.
+    pub async fn after_on(
+        app_name: &str,
+        commands: &[&str],
+        namespace: &str,
+        skip: i64,
+        fault: Fault,
+    ) -> Self {
+        let mode = doc! { "skip": skip }.into();
+        Self::on(app_name, commands, namespace, fault, mode).await
     }
 
     /// As [`FailPoint::always`], for those of `commands` on the collection `namespace`

@@ -9,7 +9,7 @@ use futures::future::join_all;
 use mongodb::bson::{DateTime, Document, doc, oid::ObjectId};
 use serde_json::{Value, json};
 use tokenmint::domain::IssuanceStatus;
-use tokenmint::store::{AtomicSet, AtomicSetsInsert, IssuanceDoc, Store};
+use tokenmint::store::{AtomicSet, AtomicSetsInsert, IssuanceDoc, RevokedShare, Store};
 
 use crate::helpers::*;
 use crate::provider_events::app;
@@ -51,7 +51,7 @@ async fn a_shared_transaction_that_meets_a_record_writes_nothing_and_the_rest_co
     // A plan that refuses, answered while the transaction wrote: nothing stays.
     let refused = store
         .insert_sets_atomically(&[sets[0], sets[2]], async {
-            Ok(Err::<Vec<ObjectId>, _>("refused"))
+            Ok(Err::<Vec<(ObjectId, Option<RevokedShare>)>, _>("refused"))
         })
         .await
         .unwrap();

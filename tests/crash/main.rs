@@ -36,9 +36,11 @@
 //! service's log tail after each iteration.
 //!
 //! A fifth (`settle_kill.rs`, once per mode, not ignored: one kill each) kills the
-//! process at the one step where a settle could be lost — its tokens written, the revoke
-//! of a share refunded long ago cut off by a failpoint — and the restarted service must
-//! settle the set on its own.
+//! process at the one step where a settle could be lost — its tokens written (the share
+//! refunded long ago written revoked), the settle's revoke cut off by a failpoint — and
+//! the restarted service must settle the set on its own; once more with the refund
+//! recorded while the tokens were on their way (the insert held on the server, the kill
+//! before its answer), where only the restarted service's settle can take the share back.
 //!
 //! A sixth (`redemption_kill.rs`, not ignored: one kill) kills a redemption by amount with
 //! its commit cut off: nothing of it may be visible, and the retry after the restart
@@ -125,6 +127,11 @@ async fn a_kill_between_the_tokens_and_their_settle_upsert() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kill_between_the_tokens_and_their_settle_atomic() {
     settle_kill::scenario("atomic").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kill_after_a_refund_recorded_while_the_tokens_were_written() {
+    settle_kill::refund_during_the_write().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

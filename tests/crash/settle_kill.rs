@@ -1,8 +1,8 @@
 //! A SIGKILL at the one step where a settle could be lost: the tokens of a payment partly
-//! refunded long ago are written (atomic mode: committed), and the process dies while
-//! its revoke of the refunded share cannot reach the database (a failpoint closes the
-//! connection of every `update` it sends; one merely held up would still run on the
-//! server after the kill). The refund
+//! refunded long ago are written (atomic mode: committed), the refunded share already
+//! revoked, and the process dies while its settle cannot reach the database (a failpoint
+//! closes the connection of every `update` of the tokens it sends after the write; one
+//! merely held up would still run on the server after the kill). The refund
 //! is older than the sweep of recent withdrawals looks back, and it left no placeholder
 //! (recorded before any issuance, its hour long over): only the record, still `issuing`,
 //! tells the restarted service that the set was never settled.
@@ -64,12 +64,12 @@ pub(super) async fn scenario(mode: &str) {
         &name,
         &[("TOKENMINT__REPAIR__ENABLED", "false")],
     );
-    // In atomic mode the transaction's own update (the record committing `issuing`) goes
-    // first: the revoke after the commit is the second.
-    let cut_off = match mode {
-        "atomic" => FailPoint::after_first(&name, &["update"], Fault::CloseConnection).await,
-        _ => FailPoint::always(&name, &["update"], Fault::CloseConnection).await,
-    };
+    // In atomic mode the transaction's own revoke of the share goes first: the settle's
+    // after the commit is the second.
+    let tokens = format!("{}.tokens", scratch.name());
+    let skip = if mode == "atomic" { 1 } else { 0 };
+    let cut_off =
+        FailPoint::after_on(&name, &["update"], &tokens, skip, Fault::CloseConnection).await;
     let request = {
         let url = format!("{}/v1/issuances", service.base);
         let body = json!({
@@ -87,7 +87,7 @@ pub(super) async fn scenario(mode: &str) {
     };
     assert!(
         cut_off.fired_within(1, Duration::from_secs(20)).await,
-        "the revoke was never sent"
+        "the settle's revoke was never sent"
     );
     service.kill();
     // Answered 503 just before the kill, or cut off by it: either way nothing settled.
@@ -105,9 +105,10 @@ pub(super) async fn scenario(mode: &str) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(payment_tokens(store.database(), &payment).await.len(), 10);
+    // The share was written revoked: not even the lost settle left it active.
     assert_eq!(
         active_indexes(store, &payment).await,
-        (0..10).collect::<Vec<_>>()
+        (0..8).collect::<Vec<_>>()
     );
     assert_eq!(
         record_status(store, &payment).await,
@@ -115,18 +116,24 @@ pub(super) async fn scenario(mode: &str) {
         "{mode}: the unsettled set's record"
     );
 
-    // Restarted, with no request sent: the service settles the set on its own.
+    settled_after_restart(&scratch, &payment, mode).await;
+}
+
+/// Restarted, with no request sent: the service settles the set on its own, tokens 0..7
+/// active, 8 and 9 revoked, the record `issued`.
+async fn settled_after_restart(scratch: &ScratchDatabase, payment: &str, mode: &str) {
+    let store = scratch.store();
     let _restarted = Service::start_with(scratch.name(), &FAST_REPAIR);
     let deadline = Instant::now() + Duration::from_secs(30);
-    while active_indexes(store, &payment).await != (0..8).collect::<Vec<_>>() {
+    while active_indexes(store, payment).await != (0..8).collect::<Vec<_>>() {
         assert!(
             Instant::now() < deadline,
             "{mode}: the refunded share is still active: {:?}",
-            active_indexes(store, &payment).await
+            active_indexes(store, payment).await
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    while record_status(store, &payment).await != "issued" {
+    while record_status(store, payment).await != "issued" {
         assert!(
             Instant::now() < deadline,
             "{mode}: the record is never marked"
@@ -134,8 +141,69 @@ pub(super) async fn scenario(mode: &str) {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     eprintln!(
-        "crash[settle-kill-{mode}]: killed with the revoke cut off, settled after the restart: tokens 0..7 active, 8..9 revoked"
+        "crash[settle-kill-{mode}]: killed before its settle, settled after the restart: tokens 0..7 active, 8..9 revoked"
     );
+}
+
+/// A refund recorded while the tokens are on their way: the batch read the payment
+/// before it (nothing known), its token insert is held on the server, the partial refund
+/// lands, and the process dies before the insert is answered. The server still runs the
+/// insert: every token active, none of them revoked by anyone, and the record `issuing`.
+/// The restarted service must take the share back itself.
+pub(super) async fn refund_during_the_write() {
+    let scratch = ScratchDatabase::create("crash_settle").await;
+    let store = scratch.store();
+    let payment = payment_id("refund_during_write");
+    let name = unique_app_name();
+    let mut service = Service::start_named(
+        scratch.name(),
+        &name,
+        &[("TOKENMINT__REPAIR__ENABLED", "false")],
+    );
+    let tokens = format!("{}.tokens", scratch.name());
+    let held = FailPoint::set_on(
+        &name,
+        &["insert"],
+        &tokens,
+        Fault::Block { millis: 1500 },
+        1,
+    )
+    .await;
+    let request = {
+        let url = format!("{}/v1/issuances", service.base);
+        let body = json!({
+            "provider": "stripe", "accountId": "acct_1", "paymentIntentId": payment,
+            "owner": OWNER, "tokenType": "standard", "quantity": 10, "mode": "upsert",
+        });
+        tokio::spawn(async move {
+            reqwest::Client::new()
+                .post(url)
+                .bearer_auth(SERVICE_KEY)
+                .json(&body)
+                .send()
+                .await
+        })
+    };
+    assert!(
+        held.fired_within(1, Duration::from_secs(20)).await,
+        "the token insert was never sent"
+    );
+    refunded_long_ago(store, &payment).await;
+    service.kill();
+    let _ = request.await;
+    // Turning the failpoint off waits for the held insert, which then runs.
+    held.off().await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while active_indexes(store, &payment).await.len() < 10 {
+        assert!(
+            Instant::now() < deadline,
+            "the held insert never wrote the tokens: {:?}",
+            active_indexes(store, &payment).await
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(record_status(store, &payment).await, "issuing");
+    settled_after_restart(&scratch, &payment, "refund-during-write").await;
 }
 
 fn payment_id(mode: &str) -> String {

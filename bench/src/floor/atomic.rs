@@ -91,7 +91,7 @@ impl Floor {
             (0..i64::from(request.params.quantity.get()))
                 .map(|token_index| {
                     let id = ObjectId::new();
-                    let mut document = new_token(request, token_index, now);
+                    let mut document = new_token(request, token_index, None, now);
                     document.append_ref("_id", id);
                     (document, (token_index, id))
                 })
@@ -126,6 +126,6 @@ impl Floor {
             }
         }
         // The answer names the tokens it inserted, as `fresh_tokens` does.
-        Ok(Some(fresh_tokens(inserted).len() as u32))
+        Ok(Some(fresh_tokens(inserted, None).len() as u32))
     }
 }

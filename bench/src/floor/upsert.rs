@@ -57,7 +57,7 @@ impl Floor {
                 let created = inserted.len() as u32;
                 // Built as the service builds its answer, though only the count is used.
                 let _tokens = if created == request.params.quantity.get() {
-                    fresh_tokens(inserted)
+                    fresh_tokens(inserted, None)
                 } else {
                     self.payment_tokens(request, times).await?
                 };
@@ -81,7 +81,7 @@ impl Floor {
         let created = inserted.len() as u32;
         let quantity = request.params.quantity.get();
         if created == quantity {
-            let _tokens = fresh_tokens(inserted);
+            let _tokens = fresh_tokens(inserted, None);
             return Ok(Outcome::ok(201, created));
         }
         let started = Instant::now();

@@ -13,7 +13,7 @@ use tokio::time::Instant;
 use super::{Claimed, FirstRead, Queued, Refusals, Written, answer_refused, fail_all, refusals_of};
 use crate::domain::{IssuanceStatus, PaymentKey};
 use crate::issuing::Issuer;
-use crate::issuing::standing::takes_back;
+use crate::issuing::standing::{share_written_revoked, takes_back};
 use crate::store::TokensAck;
 use crate::store::{
     AtomicPlan, AtomicSet, AtomicSetsInsert, IssuanceDoc, StoreError, TokenSummary, retry,
@@ -126,7 +126,8 @@ impl Issuer {
     /// A transaction's plan: step 1's read (made once per batch, on the first attempt),
     /// its refusals, and the records that commit `issuing`: those whose payment the read
     /// shows partly taken back, so that their settle, which comes after the commit, is
-    /// never lost (until it is done, self-repair sees the record).
+    /// never lost (until it is done, self-repair sees the record), each with the share
+    /// its tokens commit revoked.
     async fn plan_records(
         &self,
         sets: &[AtomicSet<'_>],
@@ -146,8 +147,12 @@ impl Issuer {
         }
         Ok(Ok(sets
             .iter()
-            .filter(|(_, request)| read.payments.get(&request.key).is_some_and(takes_back))
-            .map(|(record, _)| record.id)
+            .filter_map(|(record, request)| {
+                let payment = read.payments.get(&request.key).filter(|p| takes_back(p))?;
+                let quantity = i64::from(request.params.quantity.get());
+                let share = share_written_revoked(&request.key, quantity, Some(payment), &[]);
+                Some((record.id, share))
+            })
             .collect()))
     }
 

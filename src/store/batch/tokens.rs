@@ -16,7 +16,7 @@ use mongodb::error::ErrorKind;
 
 use super::{TokenInsert, WriteReply, code_error, write_concern_failure};
 use crate::domain::{NewIssuance, TokenStatus};
-use crate::store::documents::{TokenSummary, new_token};
+use crate::store::documents::{RevokedShare, TokenSummary, new_token};
 use crate::store::durability::{OpTime, pinned_command_writes};
 use crate::store::error::{StoreError, TOKENS_PAYMENT_INDEX, index_in_message, is_unavailable};
 use crate::store::{Store, TOKENS};
@@ -54,30 +54,35 @@ impl TokensAck {
 }
 
 impl Store {
-    /// Inserts the tokens of every set, unordered; returns each set's result and how the
-    /// insert was acknowledged. A command that fails as a whole fails them all (`Err`).
+    /// Inserts the tokens of every set, unordered, each with the share it writes revoked;
+    /// returns each set's result and how the insert was acknowledged. A command that
+    /// fails as a whole fails them all (`Err`).
     pub async fn insert_token_sets(
         &self,
-        sets: &[&NewIssuance],
+        sets: &[(&NewIssuance, Option<RevokedShare>)],
     ) -> Result<(Vec<TokenInsert>, TokensAck), StoreError> {
         let now = mongodb::bson::DateTime::now();
         let mut documents: Vec<RawDocumentBuf> = Vec::new();
         // Which set each document belongs to, and each set's summaries.
         let mut owner_of: Vec<usize> = Vec::new();
+        // Whether each document is written revoked (its set's share).
+        let mut revoked_at: Vec<bool> = Vec::new();
         let mut summaries: Vec<Vec<TokenSummary>> = Vec::with_capacity(sets.len());
-        for (set_index, set) in sets.iter().enumerate() {
+        for (set_index, (set, revoked)) in sets.iter().enumerate() {
             let quantity = i64::from(set.params.quantity.get());
             let mut tokens = Vec::with_capacity(quantity as usize);
             for token_index in 0..quantity {
                 let id = ObjectId::new();
-                let mut document = new_token(set, token_index, now);
+                let mut document = new_token(set, token_index, revoked.as_ref(), now);
                 document.append_ref("_id", id);
                 documents.push(document);
                 owner_of.push(set_index);
+                let status = RevokedShare::status_written(revoked.as_ref(), token_index);
+                revoked_at.push(status == TokenStatus::Revoked);
                 tokens.push(TokenSummary {
                     id,
                     token_index,
-                    status: TokenStatus::Active,
+                    status,
                     version: 0,
                 });
             }
@@ -105,6 +110,14 @@ impl Store {
                 points.push(reply.op_time);
             }
             let mut refused = 0;
+            let mut written_revoked = vec![0_u64; sets.len()];
+            for (index, _) in revoked_at[start..end]
+                .iter()
+                .enumerate()
+                .filter(|(_, r)| **r)
+            {
+                written_revoked[owner_of[start + index]] += 1;
+            }
             for error in reply.write_errors {
                 let Some(&set_index) = owner_of.get(start + error.index) else {
                     continue;
@@ -121,6 +134,9 @@ impl Store {
                 };
                 refused += 1;
                 refused_of[set_index] += 1;
+                if revoked_at[start + error.index] {
+                    written_revoked[set_index] -= 1;
+                }
                 // A real failure outranks a race for the same set.
                 if !matches!(failures[set_index], Some(TokenInsert::Failed(_))) {
                     failures[set_index] = Some(failure);
@@ -129,6 +145,11 @@ impl Store {
             // Counted per command: its tokens stand even when a later command fails.
             metrics::counter!(metric::TOKENS_CREATED_TOTAL)
                 .increment((end - start - refused) as u64);
+            for ((_, revoked), written) in sets.iter().zip(written_revoked) {
+                if let Some(share) = revoked {
+                    share.count_written(written);
+                }
+            }
             start = end;
         }
         let results = summaries

@@ -143,3 +143,154 @@ async fn an_upsert_issuance_whose_settle_read_is_cut_off_is_settled_by_the_servi
     assert!([201, 503].contains(&status), "{status}");
     healed_by_the_service(&faulty, payment).await;
 }
+
+/// A token as stored: (tokenIndex, status, revocationReason, lastChangedBy, _version).
+type Stored = (i64, String, String, String, i32);
+
+/// Tokens of `payment` as stored, in tokenIndex order.
+async fn stored_states(app: &TestApp, payment: &str) -> Vec<Stored> {
+    let text = |t: &mongodb::bson::Document, field: &str| t.get_str(field).unwrap_or("").to_owned();
+    app.tokens_of(payment)
+        .await
+        .iter()
+        .map(|t| {
+            (
+                t.get_i64("tokenIndex").unwrap(),
+                text(t, "status"),
+                text(t, "revocationReason"),
+                text(t, "lastChangedBy"),
+                t.get_i32("_version").unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// A token of a partly refunded payment as written: active below the share, revoked by
+/// the provider from it up, in its first version either way (nobody saw it active).
+fn written(index: i64, share_from: i64) -> Stored {
+    if index < share_from {
+        (index, "active".into(), String::new(), String::new(), 0)
+    } else {
+        let (reason, by) = ("partial_refund".into(), "provider:stripe".into());
+        (index, "revoked".into(), reason, by, 0)
+    }
+}
+
+/// What 10 tokens of a payment refunded 250 of 1000 are written as: 0..7 active, the
+/// refunded share 8 and 9 revoked by the provider, as a settle revokes them.
+fn written_with_the_share_revoked() -> Vec<Stored> {
+    (0..10).map(|index| written(index, 8)).collect()
+}
+
+/// A refund known before the tokens are written: its share is written revoked, so not
+/// even a settle that never runs (its first command, the read of the spent tokens,
+/// fails every time here, and nothing heals) leaves a token of it active for a moment.
+async fn a_known_share_is_never_active(mode: &str, payment: &str) {
+    let name = unique_app_name();
+    let faulty = spawn_app_named(&name, &format!("{PROVIDERS}{NO_REPAIR}")).await;
+    refunded_long_ago(&faulty, payment).await;
+
+    let tokens = format!("{}.tokens", faulty.db_name);
+    let failpoint = FailPoint::always_on(&name, &["find"], &tokens, Fault::error(91)).await;
+    let answer = faulty
+        .issue(WRITER_KEY, &trusted_issuance(payment, mode))
+        .await;
+    assert!(
+        failpoint.off().await > 0,
+        "the settle never read the tokens"
+    );
+    assert_eq!(answer.status().as_u16(), 503, "the settle failed");
+    assert_eq!(
+        stored_states(&faulty, payment).await,
+        written_with_the_share_revoked()
+    );
+    healed_by_the_service(&faulty, payment).await;
+}
+
+#[tokio::test]
+async fn a_share_refunded_before_an_upsert_issuance_is_never_active() {
+    a_known_share_is_never_active("upsert", "pi_known_share_upsert").await;
+}
+
+#[tokio::test]
+async fn a_share_refunded_before_an_atomic_issuance_is_never_active() {
+    a_known_share_is_never_active("atomic", "pi_known_share_atomic").await;
+}
+
+#[tokio::test]
+async fn a_set_completed_after_a_refund_writes_its_share_revoked() {
+    // The first request writes its record but no token (its insert fails), so its retry
+    // completes the set; that retry's settle fails after the write (its read of the
+    // tokens after the upsert is cut off), and nothing heals.
+    let name = unique_app_name();
+    let faulty = spawn_app_named(&name, &format!("{PROVIDERS}{NO_REPAIR}")).await;
+    let payment = "pi_known_share_completed";
+    refunded_long_ago(&faulty, payment).await;
+    let tokens = format!("{}.tokens", faulty.db_name);
+    let failpoint = FailPoint::set_on(&name, &["insert"], &tokens, Fault::error(91), 2).await;
+    let first = faulty
+        .issue(WRITER_KEY, &trusted_issuance(payment, "upsert"))
+        .await;
+    assert!(failpoint.off().await > 0, "the token insert never failed");
+    assert_eq!(first.status().as_u16(), 503);
+    assert_eq!(faulty.count("tokens", doc! {}).await, 0);
+
+    // The retry's first two reads of the tokens (its batch's, which finds the set short,
+    // and the completion's count) see what is there; every one after the upsert fails.
+    let failpoint = FailPoint::after_on(&name, &["find"], &tokens, 2, Fault::error(91)).await;
+    let retry = faulty
+        .issue(WRITER_KEY, &trusted_issuance(payment, "upsert"))
+        .await;
+    assert!(failpoint.off().await > 0, "no read after the upsert failed");
+    assert_eq!(retry.status().as_u16(), 503);
+    assert_eq!(
+        stored_states(&faulty, payment).await,
+        written_with_the_share_revoked()
+    );
+    healed_by_the_service(&faulty, payment).await;
+}
+
+#[tokio::test]
+async fn a_set_completed_after_a_refund_counts_its_share_past_the_spent_tokens() {
+    // 4 tokens of a payment refunded 250 of 1000: the share is one token. Token 3 was
+    // written and spent before the rest of the set (a set completed late), so the share
+    // is token 2, which the completion must write revoked.
+    let name = unique_app_name();
+    let faulty = spawn_app_named(&name, &format!("{PROVIDERS}{NO_REPAIR}")).await;
+    let payment = "pi_known_share_spent";
+    refunded_long_ago(&faulty, payment).await;
+    let tokens = format!("{}.tokens", faulty.db_name);
+    let failpoint = FailPoint::set_on(&name, &["insert"], &tokens, Fault::error(91), 2).await;
+    let first = faulty.issue(WRITER_KEY, &issuance_body(payment, 4)).await;
+    assert!(failpoint.off().await > 0, "the token insert never failed");
+    assert_eq!(first.status().as_u16(), 503);
+    let record = faulty
+        .find_stored("issuances", doc! { "paymentIntentId": payment })
+        .await;
+    let now = DateTime::now();
+    faulty
+        .db
+        .collection::<mongodb::bson::Document>("tokens")
+        .insert_one(doc! {
+            "owner": record.get_object_id("owner").unwrap(),
+            "type": record.get_str("tokenType").unwrap(),
+            "tokenIndex": 3_i64,
+            "origin": {
+                "provider": "stripe", "accountId": "acct_1", "paymentIntentId": payment,
+                "date": record.get_datetime("paymentDate").unwrap(),
+            },
+            "status": "redeemed", "redeemedAt": now, "lastChangedBy": "key:backend",
+            "_version": 1_i32, "createdAt": now, "updatedAt": now,
+        })
+        .await
+        .unwrap();
+
+    // The retry completes the set; its settle's reads after the upsert fail.
+    let failpoint = FailPoint::after_on(&name, &["find"], &tokens, 2, Fault::error(91)).await;
+    let retry = faulty.issue(WRITER_KEY, &issuance_body(payment, 4)).await;
+    assert!(failpoint.off().await > 0, "no read after the upsert failed");
+    assert_eq!(retry.status().as_u16(), 503);
+    let stored = stored_states(&faulty, payment).await;
+    assert_eq!(stored[..3], [written(0, 2), written(1, 2), written(2, 2)]);
+    assert_eq!(stored[3].1, "redeemed");
+}
