@@ -70,21 +70,7 @@ pub(super) async fn scenario(mode: &str) {
     let skip = if mode == "atomic" { 1 } else { 0 };
     let cut_off =
         FailPoint::after_on(&name, &["update"], &tokens, skip, Fault::CloseConnection).await;
-    let request = {
-        let url = format!("{}/v1/issuances", service.base);
-        let body = json!({
-            "provider": "stripe", "accountId": "acct_1", "paymentIntentId": payment,
-            "owner": OWNER, "tokenType": "standard", "quantity": 10, "mode": mode,
-        });
-        tokio::spawn(async move {
-            reqwest::Client::new()
-                .post(url)
-                .bearer_auth(SERVICE_KEY)
-                .json(&body)
-                .send()
-                .await
-        })
-    };
+    let request = send_issuance(&service, &payment, mode);
     assert!(
         cut_off.fired_within(1, Duration::from_secs(20)).await,
         "the settle's revoke was never sent"
@@ -169,21 +155,7 @@ pub(super) async fn refund_during_the_write() {
         1,
     )
     .await;
-    let request = {
-        let url = format!("{}/v1/issuances", service.base);
-        let body = json!({
-            "provider": "stripe", "accountId": "acct_1", "paymentIntentId": payment,
-            "owner": OWNER, "tokenType": "standard", "quantity": 10, "mode": "upsert",
-        });
-        tokio::spawn(async move {
-            reqwest::Client::new()
-                .post(url)
-                .bearer_auth(SERVICE_KEY)
-                .json(&body)
-                .send()
-                .await
-        })
-    };
+    let request = send_issuance(&service, &payment, "upsert");
     assert!(
         held.fired_within(1, Duration::from_secs(20)).await,
         "the token insert was never sent"
@@ -204,6 +176,28 @@ pub(super) async fn refund_during_the_write() {
     }
     assert_eq!(record_status(store, &payment).await, "issuing");
     settled_after_restart(&scratch, &payment, "refund-during-write").await;
+}
+
+/// Sends the issuance of 10 tokens of `payment` in `mode` to `service`, in a task of its
+/// own: the answer may never come (the process is killed).
+fn send_issuance(
+    service: &Service,
+    payment: &str,
+    mode: &str,
+) -> tokio::task::JoinHandle<reqwest::Result<reqwest::Response>> {
+    let url = format!("{}/v1/issuances", service.base);
+    let body = json!({
+        "provider": "stripe", "accountId": "acct_1", "paymentIntentId": payment,
+        "owner": OWNER, "tokenType": "standard", "quantity": 10, "mode": mode,
+    });
+    tokio::spawn(async move {
+        reqwest::Client::new()
+            .post(url)
+            .bearer_auth(SERVICE_KEY)
+            .json(&body)
+            .send()
+            .await
+    })
 }
 
 fn payment_id(mode: &str) -> String {

@@ -217,32 +217,30 @@ async fn a_share_refunded_before_an_atomic_issuance_is_never_active() {
     a_known_share_is_never_active("atomic", "pi_known_share_atomic").await;
 }
 
+/// Sends `body` (upsert mode) twice on `faulty` (named `name`), whose payment was partly
+/// refunded long ago: the first request writes its record but no token (its insert
+/// fails), so the retry completes the set; that retry's settle fails after the write (its
+/// reads of the tokens after the batch's and the completion's count are cut off), and
+/// nothing heals.
+async fn complete_with_a_lost_settle(faulty: &TestApp, name: &str, body: &serde_json::Value) {
+    let tokens = format!("{}.tokens", faulty.db_name);
+    let failpoint = FailPoint::set_on(name, &["insert"], &tokens, Fault::error(91), 2).await;
+    let first = faulty.issue(WRITER_KEY, body).await;
+    assert!(failpoint.off().await > 0, "the token insert never failed");
+    assert_eq!(first.status().as_u16(), 503);
+    let failpoint = FailPoint::after_on(name, &["find"], &tokens, 2, Fault::error(91)).await;
+    let retry = faulty.issue(WRITER_KEY, body).await;
+    assert!(failpoint.off().await > 0, "no read after the upsert failed");
+    assert_eq!(retry.status().as_u16(), 503);
+}
+
 #[tokio::test]
 async fn a_set_completed_after_a_refund_writes_its_share_revoked() {
-    // The first request writes its record but no token (its insert fails), so its retry
-    // completes the set; that retry's settle fails after the write (its read of the
-    // tokens after the upsert is cut off), and nothing heals.
     let name = unique_app_name();
     let faulty = spawn_app_named(&name, &format!("{PROVIDERS}{NO_REPAIR}")).await;
     let payment = "pi_known_share_completed";
     refunded_long_ago(&faulty, payment).await;
-    let tokens = format!("{}.tokens", faulty.db_name);
-    let failpoint = FailPoint::set_on(&name, &["insert"], &tokens, Fault::error(91), 2).await;
-    let first = faulty
-        .issue(WRITER_KEY, &trusted_issuance(payment, "upsert"))
-        .await;
-    assert!(failpoint.off().await > 0, "the token insert never failed");
-    assert_eq!(first.status().as_u16(), 503);
-    assert_eq!(faulty.count("tokens", doc! {}).await, 0);
-
-    // The retry's first two reads of the tokens (its batch's, which finds the set short,
-    // and the completion's count) see what is there; every one after the upsert fails.
-    let failpoint = FailPoint::after_on(&name, &["find"], &tokens, 2, Fault::error(91)).await;
-    let retry = faulty
-        .issue(WRITER_KEY, &trusted_issuance(payment, "upsert"))
-        .await;
-    assert!(failpoint.off().await > 0, "no read after the upsert failed");
-    assert_eq!(retry.status().as_u16(), 503);
+    complete_with_a_lost_settle(&faulty, &name, &trusted_issuance(payment, "upsert")).await;
     assert_eq!(
         stored_states(&faulty, payment).await,
         written_with_the_share_revoked()
@@ -259,37 +257,24 @@ async fn a_set_completed_after_a_refund_counts_its_share_past_the_spent_tokens()
     let faulty = spawn_app_named(&name, &format!("{PROVIDERS}{NO_REPAIR}")).await;
     let payment = "pi_known_share_spent";
     refunded_long_ago(&faulty, payment).await;
-    let tokens = format!("{}.tokens", faulty.db_name);
-    let failpoint = FailPoint::set_on(&name, &["insert"], &tokens, Fault::error(91), 2).await;
-    let first = faulty.issue(WRITER_KEY, &issuance_body(payment, 4)).await;
-    assert!(failpoint.off().await > 0, "the token insert never failed");
-    assert_eq!(first.status().as_u16(), 503);
-    let record = faulty
-        .find_stored("issuances", doc! { "paymentIntentId": payment })
-        .await;
     let now = DateTime::now();
     faulty
         .db
         .collection::<mongodb::bson::Document>("tokens")
         .insert_one(doc! {
-            "owner": record.get_object_id("owner").unwrap(),
-            "type": record.get_str("tokenType").unwrap(),
+            "owner": mongodb::bson::oid::ObjectId::parse_str(OWNER).unwrap(),
+            "type": "standard",
             "tokenIndex": 3_i64,
             "origin": {
                 "provider": "stripe", "accountId": "acct_1", "paymentIntentId": payment,
-                "date": record.get_datetime("paymentDate").unwrap(),
+                "date": now,
             },
             "status": "redeemed", "redeemedAt": now, "lastChangedBy": "key:backend",
             "_version": 1_i32, "createdAt": now, "updatedAt": now,
         })
         .await
         .unwrap();
-
-    // The retry completes the set; its settle's reads after the upsert fail.
-    let failpoint = FailPoint::after_on(&name, &["find"], &tokens, 2, Fault::error(91)).await;
-    let retry = faulty.issue(WRITER_KEY, &issuance_body(payment, 4)).await;
-    assert!(failpoint.off().await > 0, "no read after the upsert failed");
-    assert_eq!(retry.status().as_u16(), 503);
+    complete_with_a_lost_settle(&faulty, &name, &issuance_body(payment, 4)).await;
     let stored = stored_states(&faulty, payment).await;
     assert_eq!(stored[..3], [written(0, 2), written(1, 2), written(2, 2)]);
     assert_eq!(stored[3].1, "redeemed");

@@ -715,3 +715,73 @@ async fn a_repair_whose_read_of_a_listed_payment_fails_changes_nothing_and_its_r
     assert_eq!(statuses(&app, "pi_unread").await, HALF);
     verify_clean(&app).await;
 }
+
+#[tokio::test]
+async fn a_set_completed_while_its_money_came_back_is_answered_as_stored() {
+    // A payment of 1000 known to tokenmint, half of it disputed, before any token of its
+    // 4 is written. The first write fails (its record stays `issuing`, no token), so the
+    // retry completes the set, tokens 2 and 3 written revoked by its read before the
+    // write. That write is held on the server while the dispute is won: the event finds
+    // no token to bring back, and the completion's settle, by a read after the write,
+    // makes 2 and 3 active again. The answer must name them as they are stored.
+    let name = unique_app_name();
+    let app = spawn_app_named(&name, &format!("{PROVIDERS}{}", crate::adyen::ADYEN)).await;
+    let payment = "pi_back_while_written";
+    let paid_at = mongodb::bson::DateTime::from_millis(PAID_AT * 1000);
+    app.db
+        .collection::<Document>("payments")
+        .insert_one(doc! {
+            "provider": "stripe", "accountId": "acct_1", "paymentIntentId": payment,
+            "status": "succeeded", "version": 1_i64, "amount": 1000_i64, "currency": "eur",
+            "lastEventId": "evt_paid", "lastEventType": "payment_intent.succeeded",
+            "createdAt": paid_at, "updatedAt": paid_at,
+        })
+        .await
+        .unwrap();
+    stripe(&app, &half_withdrawn(payment)).await;
+    // Its hour over, the dispute's placeholder is gone: the issuance writes a record.
+    app.db
+        .collection::<Document>("issuances")
+        .delete_one(doc! { "paymentIntentId": payment, "status": "placeholder" })
+        .await
+        .unwrap();
+    let body = issuance_body(payment, 4);
+    let tokens = format!("{}.tokens", app.db_name);
+    let failpoint = FailPoint::set_on(&name, &["insert"], &tokens, Fault::error(91), 2).await;
+    assert_eq!(app.issue(WRITER_KEY, &body).await.status(), 503);
+    assert!(failpoint.off().await > 0, "the token insert never failed");
+
+    let held = FailPoint::set_on(
+        &name,
+        &["update"],
+        &tokens,
+        Fault::Block { millis: 1500 },
+        1,
+    )
+    .await;
+    let won_meanwhile = async {
+        assert!(
+            held.fired_within(1, std::time::Duration::from_secs(10))
+                .await,
+            "the completion's write was never held"
+        );
+        stripe(&app, &half_reinstated(payment)).await;
+        held
+    };
+    let (answer, held) = tokio::join!(app.issue(WRITER_KEY, &body), won_meanwhile);
+    assert!(held.off().await > 0);
+    assert!(answer.status().is_success(), "{}", answer.status());
+    let answer = json(answer).await;
+    let answered: Vec<&str> = answer["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|token| token["status"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        statuses(&app, payment).await,
+        ["active"; 4],
+        "money came back"
+    );
+    assert_eq!(answered, ["active"; 4], "{answer}");
+}
