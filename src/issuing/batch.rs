@@ -18,10 +18,10 @@
 //! 4. the settle: tokens the read of step 1 takes back are revoked (none left, unless a
 //!    spend moved the share's boundary since); then one conditional update marks the
 //!    records `issued` (`w: majority`), all but those a refund held meanwhile, which
-//!    settle again on the one-request path; then the answers. The mark's majority makes steps 2–3 durable
-//!    only if the same primary acknowledged it in the same term (`TokensAck`): after an
-//!    election between them every set settles again on the one-request path, which
-//!    answers only from what a majority read finds.
+//!    settle again on the one-request path; then the answers. The mark's majority makes
+//!    steps 2–3 durable only if the same primary acknowledged it in the same term
+//!    (`TokensAck`): after an election between them every set settles again on the
+//!    one-request path, which answers only from what a majority read finds.
 //! 5. replays, concurrently with 3–4: one read of their records and one of their tokens;
 //!    a complete, matching, `issued` set is answered from those, anything else takes the
 //!    one-request path (verify, complete with the upsert bulk, settle, take over a

@@ -7,10 +7,10 @@
 //! records go first, in one ordered `insert`, then the tokens, while the caller's plan
 //! reads what it needs; the plan may name records that commit `issuing` instead, and the
 //! share of their tokens the payment no longer stands for, revoked before anything
-//! commits (one more update inside the transaction for each, only then). A duplicate key on either unique index
-//! means a payment's place is taken (a record and tokens someone else committed, or a
-//! refund's placeholder): the transaction is abandoned, nothing is written, and the
-//! caller finds out which payment it was.
+//! commits (more updates inside the transaction, only then). A duplicate key on either
+//! unique index means a payment's place is taken (a record and tokens someone else
+//! committed, or a refund's placeholder): the transaction is abandoned, nothing is
+//! written, and the caller finds out which payment it was.
 //! Concurrent first writers collide as write conflicts (TransientTransactionError); the
 //! loser retries and then runs into the winner's record.
 //!
