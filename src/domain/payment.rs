@@ -64,6 +64,11 @@ pub struct PaymentEvent {
     /// capture in parts); `None` for other events. The payment's amount is then what its
     /// captures add up to, so such an event names no `amount` of its own.
     pub capture: Option<CapturedPart>,
+    /// What a success left uncaptured of its amount (a Stripe PaymentIntent captured in
+    /// part: `amount_received` below `amount`, the rest released to the cardholder), as a
+    /// withdrawal of its own (`uncaptured:` kind): the payment stands only for what was
+    /// captured, as if that part had been refunded. `None` for other events.
+    pub uncaptured: Option<Refund>,
     /// An authorisation the provider will capture later (Adyen under manual capture): not
     /// the payment's success, but the event whose parameters the capture issues, so its
     /// parameters are fixed like a success's.
@@ -103,7 +108,8 @@ pub struct CapturedPart {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refund {
     /// Names this refund among the payment's refunds, with its kind so that ids of two
-    /// kinds never collide: `refund:…`, `adjustment:…`, `dispute:…`, `charge:…`.
+    /// kinds never collide: `refund:…`, `adjustment:…`, `dispute:…`, `charge:…`,
+    /// `uncaptured:…`.
     pub id: String,
     /// Minor units this refund gives back (a Stripe charge: its refunds so far); `None`
     /// when the provider names none, which can only be read as everything.

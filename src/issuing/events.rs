@@ -123,12 +123,30 @@ impl Issuer {
             }
             return Ok(outcome);
         }
+        // A success captured in part stands only for what was captured: the rest is
+        // recorded as taken back first, under its own id (a replay counts once), whatever
+        // else the event carries, so that no state without it is ever derived from this
+        // success (the issuance it starts writes that share revoked).
+        if let Some(released) = &event.uncaptured {
+            let amount = released.amount.unwrap_or(0);
+            self.store
+                .record_refund(&event.key, released, amount, event.amount)
+                .await?;
+        }
         let gate = gate(event);
         let state = self.store.project_payment(event, gate).await?;
-        if let Some(refused) = held_back(event, &gate, &state) {
-            // Nothing of the payment changed, so there are no effects to derive: settling
-            // again could only write (a placeholder) for an event that did nothing.
+        if let Some(mut refused) = held_back(event, &gate, &state) {
             tracing::warn!(payment = %Bounded(event.key.payment_intent_id.as_str()), event = %Bounded(&event.event_id), outcome = %refused.outcome, "provider event held back");
+            // Nothing else of the payment changed, so there are no other effects to
+            // derive (settling again could only write a placeholder for an event that did
+            // nothing); but money it reports taken back is taken back all the same.
+            if event.uncaptured.is_some() {
+                let record = self.store.hold_place(&event.key).await?;
+                let settlement = self
+                    .settle_recorded(&event.key, record.as_ref(), Some(&state))
+                    .await?;
+                add_settlement(&mut refused, settlement);
+            }
             return Ok(refused);
         }
         let withdraws = if event.refund.is_some() {

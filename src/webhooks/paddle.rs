@@ -134,6 +134,7 @@ pub fn parse_paddle(
         refund: (status == PaymentStatus::Refunded).then(|| refund(data)),
         reversal,
         capture: None,
+        uncaptured: None,
         authorises_capture: false,
         sole_metadata: false,
     })))

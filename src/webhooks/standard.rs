@@ -191,6 +191,7 @@ pub fn parse_standard(
         }),
         reversal,
         capture: None,
+        uncaptured: None,
         authorises_capture: false,
         sole_metadata: false,
     })))

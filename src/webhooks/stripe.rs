@@ -43,6 +43,9 @@ struct StripeEvent {
     event_type: String,
     created: i64,
     account: Option<String>,
+    /// The API version the event is rendered in (`2025-03-31.basil`): what a partial
+    /// capture reports depends on it.
+    api_version: Option<String>,
     data: StripeData,
 }
 
@@ -111,8 +114,37 @@ fn payment_event(
         refund,
         reversal,
         capture: None,
+        uncaptured: uncaptured(event, payment_id),
         authorises_capture: false,
         sole_metadata: false,
+    })
+}
+
+/// The first API version whose partial captures and cancellations create no Refund.
+const RELEASE_WITHOUT_REFUND: &str = "2025-03-31";
+
+/// What a PaymentIntent's success left uncaptured (`amount_received` below `amount`): it
+/// succeeds once its last capture is made (a single one, or the final one of several),
+/// and the rest is released to the cardholder. Since API version 2025-03-31 Stripe reports
+/// that release with no Refund, so the success itself must say it. Before, the release
+/// was a Refund of the charge, in its `amount_refunded` (`charge.refunded`): counting it
+/// here too would take it back twice, so an event of an older version, or one that names
+/// no version, says nothing of it.
+fn uncaptured(event: &StripeEvent, payment_id: Option<&str>) -> Option<Refund> {
+    let object = &event.data.object;
+    let version = event.api_version.as_deref()?;
+    if event.event_type != "payment_intent.succeeded"
+        || version.get(..RELEASE_WITHOUT_REFUND.len())? < RELEASE_WITHOUT_REFUND
+    {
+        return None;
+    }
+    let released = number(object, "amount")? - number(object, "amount_received")?;
+    let payment_id = payment_id?;
+    (released > 0).then(|| Refund {
+        id: format!("uncaptured:{payment_id}"),
+        amount: Some(released),
+        full: Some(false),
+        reported_at: None,
     })
 }
 
@@ -239,7 +271,16 @@ fn refund(
         // full refund ranks above a partial one, which ranks as the success it may leave
         // standing, so a full refund in the same second as a partial one still wins.
         "charge.refunded" => {
-            let full = object.get("refunded").and_then(Value::as_bool) == Some(true);
+            // A charge captured in part and then refunded whole says `refunded: true` of
+            // what it captured only: its `amount_refunded` is that, and with the release
+            // (`uncaptured`, or in the charge's own refunds before 2025-03-31) it adds up
+            // to the payment's amount, as refunds of part of it do.
+            let captured_in_part = matches!(
+                (number(object, "amount_captured"), *amount),
+                (Some(captured), Some(amount)) if captured < amount
+            );
+            let full =
+                object.get("refunded").and_then(Value::as_bool) == Some(true) && !captured_in_part;
             let refunded = match (full, number(object, "amount_refunded")) {
                 (true, refunded) => refunded.max(*amount),
                 (false, Some(refunded)) => Some(refunded),
@@ -392,6 +433,42 @@ mod tests {
 
     fn stripe() -> Provider {
         Provider::parse("stripe").unwrap()
+    }
+
+    #[test]
+    fn a_success_captured_in_part_reports_the_rest_released() {
+        let parse = |version: Option<&str>, kind: &str, received: Option<i64>| {
+            let mut body = json!({"id": "evt_1", "type": kind, "created": 1_780_000_000,
+                "data": {"object": {"id": "pi_1", "amount": 1000, "currency": "eur"}}});
+            if let Some(version) = version {
+                body["api_version"] = version.into();
+            }
+            if let Some(received) = received {
+                body["data"]["object"]["amount_received"] = received.into();
+            }
+            let ParsedEvent::Payment(event) =
+                parse_stripe(&stripe(), body.to_string().as_bytes(), 1000).unwrap()
+            else {
+                panic!("{kind}")
+            };
+            event.uncaptured
+        };
+        let basil = Some("2025-03-31.basil");
+        let success = "payment_intent.succeeded";
+        let released = parse(basil, success, Some(400)).expect("600 released");
+        assert_eq!(released.id, "uncaptured:pi_1");
+        assert_eq!((released.amount, released.full), (Some(600), Some(false)));
+        assert!(parse(Some("2026-01-28.clover"), success, Some(400)).is_some());
+        // Captured whole or more (overcapture), or not said: nothing released.
+        assert_eq!(parse(basil, success, Some(1000)), None);
+        assert_eq!(parse(basil, success, Some(1200)), None);
+        assert_eq!(parse(basil, success, None), None);
+        // Only a success says it, and only in a version where the release is no refund:
+        // before, the charge's `amount_refunded` holds it.
+        assert_eq!(parse(basil, "payment_intent.processing", Some(0)), None);
+        assert_eq!(parse(basil, "payment_intent.canceled", Some(0)), None);
+        assert_eq!(parse(Some("2025-02-24.acacia"), success, Some(400)), None);
+        assert_eq!(parse(None, success, Some(400)), None);
     }
 
     #[test]

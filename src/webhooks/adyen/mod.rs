@@ -332,6 +332,7 @@ fn parse_item(
             id: format!("capture:{psp}"),
             amount,
         }),
+        uncaptured: None,
         authorises_capture: authorised && status == PaymentStatus::Processing,
         // Only the authorisation carries `metadata.*`, unsigned: a replay of it (its
         // dedupe record expired) is the only way any other metadata could arrive.

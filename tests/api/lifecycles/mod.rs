@@ -1,10 +1,11 @@
 //! Payment lifecycles as teams run them: [`livemode`] (live and test events on one
-//! endpoint), [`stripe_checkout`] (Checkout Sessions beside PaymentIntents) and
-//! [`adyen_capture`] (manual capture). The bodies follow the providers' documented
+//! endpoint), [`stripe_checkout`] (Checkout Sessions beside PaymentIntents),
+//! [`stripe_capture`] and [`adyen_capture`] (manual capture). The bodies follow the providers' documented
 //! example payloads, trimmed to the fields tokenmint reads plus a few it must ignore.
 
 mod adyen_capture;
 mod livemode;
+mod stripe_capture;
 mod stripe_checkout;
 
 use mongodb::bson::doc;

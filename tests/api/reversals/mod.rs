@@ -725,7 +725,9 @@ async fn a_set_completed_while_its_money_came_back_is_answered_as_stored() {
     // no token to bring back, and the completion's settle, by a read after the write,
     // makes 2 and 3 active again. The answer must name them as they are stored.
     let name = unique_app_name();
-    let app = spawn_app_named(&name, &format!("{PROVIDERS}{}", crate::adyen::ADYEN)).await;
+    // No self-repair: it would complete the set itself, and its write could be the one
+    // held.
+    let app = spawn_app_named(&name, &format!("{PROVIDERS}[repair]\nenabled = false\n")).await;
     let payment = "pi_back_while_written";
     let paid_at = mongodb::bson::DateTime::from_millis(PAID_AT * 1000);
     app.db
@@ -755,7 +757,9 @@ async fn a_set_completed_while_its_money_came_back_is_answered_as_stored() {
         &name,
         &["update"],
         &tokens,
-        Fault::Block { millis: 1500 },
+        // Long enough for the dispute's delivery to be answered first on a busy
+        // machine: the test needs its settle to come before the write.
+        Fault::Block { millis: 4000 },
         1,
     )
     .await;
@@ -766,10 +770,18 @@ async fn a_set_completed_while_its_money_came_back_is_answered_as_stored() {
             "the completion's write was never held"
         );
         stripe(&app, &half_reinstated(payment)).await;
-        held
+        (held, std::time::Instant::now())
     };
-    let (answer, held) = tokio::join!(app.issue(WRITER_KEY, &body), won_meanwhile);
+    let issue = async {
+        let answer = app.issue(WRITER_KEY, &body).await;
+        (answer, std::time::Instant::now())
+    };
+    let ((answer, issued_at), (held, won_at)) = tokio::join!(issue, won_meanwhile);
     assert!(held.off().await > 0);
+    assert!(
+        won_at < issued_at,
+        "the dispute was answered while the write was held"
+    );
     assert!(answer.status().is_success(), "{}", answer.status());
     let answer = json(answer).await;
     let answered: Vec<&str> = answer["tokens"]

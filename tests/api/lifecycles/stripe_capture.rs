@@ -1,0 +1,216 @@
+//! Stripe manual capture: a PaymentIntent captured in part (`amount_received` below
+//! `amount`) stands only for what was captured. Stripe releases the rest to the
+//! cardholder and, since API version 2025-03-31, reports no refund for it: the success
+//! itself says it, and the tokens it does not pay for are taken back as a refunded share
+//! is, whichever of the success and the checkout's request comes first. Before that
+//! version the release is a refund of the charge (`charge.refunded`), counted once.
+
+use mongodb::bson::doc;
+use serde_json::{Value, json};
+
+use crate::helpers::*;
+use crate::provider_events::*;
+
+/// The API version of the events below, unless a test says otherwise.
+const BASIL: &str = "2025-06-30.basil";
+
+/// `payment_intent.succeeded` of 1000 cents buying 4 tokens, of which `received` were
+/// captured.
+fn captured(event_id: &str, payment: &str, received: i64) -> Value {
+    captured_in(BASIL, event_id, payment, received, "4")
+}
+
+/// [`captured`] rendered in API `version`, its metadata naming `quantity` tokens.
+fn captured_in(
+    version: &str,
+    event_id: &str,
+    payment: &str,
+    received: i64,
+    quantity: &str,
+) -> Value {
+    let mut event = intent_event(event_id, "succeeded", payment, now(), quantity);
+    event["api_version"] = version.into();
+    event["data"]["object"]["amount_received"] = received.into();
+    event["data"]["object"]["capture_method"] = "manual".into();
+    event
+}
+
+/// `charge.refunded` of charge `ch_1` (1000 authorised, `captured` of it captured):
+/// `amount_refunded` so far, `refunded` as Stripe says it.
+fn charge_refunded(
+    version: &str,
+    event_id: &str,
+    payment: &str,
+    captured: i64,
+    refunded: i64,
+    whole: bool,
+) -> Value {
+    json!({
+        "id": event_id, "object": "event", "type": "charge.refunded", "created": now(),
+        "account": "acct_1", "api_version": version,
+        "data": { "object": {
+            "id": "ch_1", "object": "charge", "payment_intent": payment, "amount": 1000,
+            "amount_captured": captured, "amount_refunded": refunded, "refunded": whole,
+            "currency": "eur",
+        } },
+    })
+}
+
+/// (tokenIndex, status) of `payment`'s tokens.
+async fn states(app: &TestApp, payment: &str) -> Vec<(i64, String)> {
+    app.token_states(payment).await
+}
+
+fn half() -> Vec<(i64, String)> {
+    indexed_statuses(&["active", "active", "revoked", "revoked"])
+}
+
+#[tokio::test]
+async fn a_success_captured_in_part_issues_only_what_was_captured() {
+    let app = app().await;
+    let receipt = json(deliver_stripe(&app, &captured("evt_cap", "pi_cap", 500)).await).await;
+    assert_eq!(receipt["outcome"], "issued", "{receipt}");
+    assert_eq!(receipt["tokensCreated"], 4);
+    // Written so from the start: the released half was never active.
+    assert_eq!(states(&app, "pi_cap").await, half());
+    let tokens = app.tokens_of("pi_cap").await;
+    assert_eq!(tokens[2].get_str("revocationReason"), Ok("partial_refund"));
+    assert_eq!(tokens[2].get_i32("_version"), Ok(0));
+    let payment = app
+        .find_stored("payments", doc! { "paymentIntentId": "pi_cap" })
+        .await;
+    assert_eq!(payment.get_str("status"), Ok("succeeded"));
+    assert_eq!(
+        stored_int(&payment, "amountRefunded"),
+        Some(500),
+        "{payment}"
+    );
+
+    // Delivered again under another event id (a retried `succeeded`): counted once.
+    let again = json(deliver_stripe(&app, &captured("evt_cap_2", "pi_cap", 500)).await).await;
+    assert_ne!(again["outcome"], "issued", "{again}");
+    assert_eq!(states(&app, "pi_cap").await, half());
+    let payment = app
+        .find_stored("payments", doc! { "paymentIntentId": "pi_cap" })
+        .await;
+    assert_eq!(
+        stored_int(&payment, "amountRefunded"),
+        Some(500),
+        "{payment}"
+    );
+}
+
+#[tokio::test]
+async fn a_checkout_issued_before_a_capture_in_part_gives_back_what_was_not_captured() {
+    let app = app().await;
+    let issued = app
+        .issue(WRITER_KEY, &issuance_body("pi_cap_first", 4))
+        .await;
+    assert_eq!(issued.status(), 201);
+    assert_eq!(
+        states(&app, "pi_cap_first").await,
+        indexed_statuses(&["active"; 4])
+    );
+    let receipt =
+        json(deliver_stripe(&app, &captured("evt_cap_first", "pi_cap_first", 500)).await).await;
+    assert_eq!(receipt["tokensRevoked"], 2, "{receipt}");
+    assert_eq!(states(&app, "pi_cap_first").await, half());
+}
+
+#[tokio::test]
+async fn a_success_captured_whole_takes_nothing_back() {
+    let app = app().await;
+    let receipt =
+        json(deliver_stripe(&app, &captured("evt_cap_all", "pi_cap_all", 1000)).await).await;
+    assert_eq!(receipt["outcome"], "issued", "{receipt}");
+    assert_eq!(
+        states(&app, "pi_cap_all").await,
+        indexed_statuses(&["active"; 4])
+    );
+    let payment = app
+        .find_stored("payments", doc! { "paymentIntentId": "pi_cap_all" })
+        .await;
+    assert!(payment.get("refunds").is_none(), "{payment}");
+}
+
+#[tokio::test]
+async fn before_2025_03_31_the_release_is_the_charges_refund_and_counts_once() {
+    // Then Stripe made the release a Refund of the charge: `charge.refunded` reports it
+    // (500 of the 1000), whichever comes first.
+    for (order, payment) in [("success first", "pi_old_1"), ("refund first", "pi_old_2")] {
+        let app = app().await;
+        let success = captured_in("2024-06-20", &format!("evt_{payment}"), payment, 500, "4");
+        let release = charge_refunded(
+            "2024-06-20",
+            &format!("evt_{payment}_r"),
+            payment,
+            500,
+            500,
+            false,
+        );
+        let events = if order == "success first" {
+            [success, release]
+        } else {
+            [release, success]
+        };
+        for event in &events {
+            assert_eq!(deliver_stripe(&app, event).await.status(), 200, "{order}");
+        }
+        assert_eq!(states(&app, payment).await, half(), "{order}");
+        assert_eq!(
+            payment_status(&app, payment).await.0,
+            "succeeded",
+            "{order}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_charge_captured_in_part_refunded_whole_then_given_back_stands_for_its_capture() {
+    let app = app().await;
+    let payment = "pi_cap_refunded";
+    deliver_stripe(&app, &captured("evt_cr", payment, 500)).await;
+    assert_eq!(states(&app, payment).await, half());
+    // All it captured refunded: `refunded: true` of 500, with the release the whole.
+    let refunded = charge_refunded(BASIL, "evt_cr_r", payment, 500, 500, true);
+    assert_eq!(deliver_stripe(&app, &refunded).await.status(), 200);
+    assert_eq!(
+        states(&app, payment).await,
+        indexed_statuses(&["revoked"; 4])
+    );
+    assert_eq!(payment_status(&app, payment).await.0, "refunded");
+    // That refund failed: the 500 captured came back, and so do the 2 tokens they pay.
+    let failed = json!({
+        "id": "evt_cr_f", "object": "event", "type": "refund.failed", "created": now(),
+        "account": "acct_1", "api_version": BASIL,
+        "data": { "object": {
+            "id": "re_1", "object": "refund", "amount": 500, "charge": "ch_1",
+            "currency": "eur", "payment_intent": payment, "status": "failed",
+            "failure_reason": "expired_or_canceled_card",
+        } },
+    });
+    assert_eq!(deliver_stripe(&app, &failed).await.status(), 200);
+    assert_eq!(states(&app, payment).await, half());
+    assert_eq!(payment_status(&app, payment).await.0, "succeeded");
+}
+
+#[tokio::test]
+async fn a_release_reported_by_a_success_held_back_is_taken_back_all_the_same() {
+    // The session fixed the parameters (4 tokens); the PaymentIntent's success names
+    // others, so it is held back (`metadata_conflict`), but the money it reports
+    // released is taken back.
+    let app = app().await;
+    let payment = "pi_cap_conflict";
+    let metadata = json!({ "tokenmint_owner": OWNER, "tokenmint_token_type": "standard",
+        "tokenmint_quantity": "4" });
+    let session = session_event("evt_cs_cap", "completed", payment, "paid", now(), metadata);
+    assert_eq!(deliver_stripe(&app, &session).await.status(), 200);
+    assert_eq!(
+        states(&app, payment).await,
+        indexed_statuses(&["active"; 4])
+    );
+    let success = captured_in(BASIL, "evt_cap_conflict", payment, 500, "2");
+    let receipt = json(deliver_stripe(&app, &success).await).await;
+    assert_eq!(receipt["outcome"], "metadata_conflict", "{receipt}");
+    assert_eq!(states(&app, payment).await, half());
+}
