@@ -147,11 +147,13 @@ pub(super) async fn refund_during_the_write() {
         &[("TOKENMINT__REPAIR__ENABLED", "false")],
     );
     let tokens = format!("{}.tokens", scratch.name());
+    // Held long enough for the refund and the kill to come first on a busy machine: a
+    // batch answered before the kill would mark its record `issued`.
     let held = FailPoint::set_on(
         &name,
         &["insert"],
         &tokens,
-        Fault::Block { millis: 1500 },
+        Fault::Block { millis: 3000 },
         1,
     )
     .await;
