@@ -279,3 +279,36 @@ async fn a_set_completed_after_a_refund_counts_its_share_past_the_spent_tokens()
     assert_eq!(stored[..3], [written(0, 2), written(1, 2), written(2, 2)]);
     assert_eq!(stored[3].1, "redeemed");
 }
+
+#[tokio::test]
+async fn an_atomic_issuance_whose_revoke_of_the_share_fails_leaves_none_of_it_active() {
+    // The transaction's revoke of the refunded share fails once: the transaction is
+    // abandoned (nothing of it is visible) or tried again; either way, once the request
+    // is answered 201 (sent again after a 503), the share is revoked and was never
+    // active.
+    let name = unique_app_name();
+    let faulty = spawn_app_named(&name, &format!("{PROVIDERS}{NO_REPAIR}")).await;
+    let payment = "pi_share_revoke_fails";
+    refunded_long_ago(&faulty, payment).await;
+    let tokens = format!("{}.tokens", faulty.db_name);
+    let body = trusted_issuance(payment, "atomic");
+    let failpoint = FailPoint::set_on(&name, &["update"], &tokens, Fault::error(91), 1).await;
+    let first = faulty.issue(WRITER_KEY, &body).await;
+    assert!(failpoint.off().await > 0, "the revoke never failed");
+    match first.status().as_u16() {
+        201 => {}
+        503 => {
+            assert_eq!(
+                faulty.count("tokens", doc! {}).await,
+                0,
+                "nothing committed"
+            );
+            assert_eq!(faulty.issue(WRITER_KEY, &body).await.status(), 201);
+        }
+        other => panic!("{other}"),
+    }
+    assert_eq!(
+        stored_states(&faulty, payment).await,
+        written_with_the_share_revoked()
+    );
+}

@@ -214,3 +214,24 @@ async fn a_release_reported_by_a_success_held_back_is_taken_back_all_the_same() 
     assert_eq!(receipt["outcome"], "metadata_conflict", "{receipt}");
     assert_eq!(states(&app, payment).await, half());
 }
+
+#[tokio::test]
+async fn a_success_whose_release_cannot_be_recorded_writes_nothing_until_sent_again() {
+    // Recording the release fails (both of the driver's tries): the event is answered
+    // 5xx before anything of the payment is projected or issued, and Stripe's
+    // redelivery issues it as if it came first.
+    let name = unique_app_name();
+    let app = spawn_app_named(&name, PROVIDERS).await;
+    let payments = format!("{}.payments", app.db_name);
+    let event = captured("evt_cap_fail", "pi_cap_fail", 500);
+    let failpoint =
+        FailPoint::set_on(&name, &["findAndModify"], &payments, Fault::error(91), 2).await;
+    let answer = deliver_stripe(&app, &event).await;
+    assert!(failpoint.off().await > 0, "the release was never refused");
+    assert!(answer.status().is_server_error(), "{}", answer.status());
+    assert_eq!(app.count("tokens", doc! {}).await, 0);
+    assert_eq!(app.count("payments", doc! {}).await, 0);
+    let receipt = json(deliver_stripe(&app, &event).await).await;
+    assert_eq!(receipt["outcome"], "issued", "{receipt}");
+    assert_eq!(states(&app, "pi_cap_fail").await, half());
+}
