@@ -59,11 +59,7 @@ pub(super) async fn scenario(mode: &str) {
     refunded_long_ago(store, &payment).await;
 
     let name = unique_app_name();
-    let mut service = Service::start_named(
-        scratch.name(),
-        &name,
-        &[("TOKENMINT__REPAIR__ENABLED", "false")],
-    );
+    let mut service = start_without_repair(&scratch, &name);
     // In atomic mode the transaction's own revoke of the share goes first: the settle's
     // after the commit is the second.
     let tokens = format!("{}.tokens", scratch.name());
@@ -141,11 +137,7 @@ pub(super) async fn refund_during_the_write() {
     let store = scratch.store();
     let payment = payment_id("refund_during_write");
     let name = unique_app_name();
-    let mut service = Service::start_named(
-        scratch.name(),
-        &name,
-        &[("TOKENMINT__REPAIR__ENABLED", "false")],
-    );
+    let mut service = start_without_repair(&scratch, &name);
     let tokens = format!("{}.tokens", scratch.name());
     // Held long enough for the refund and the kill to come first on a busy machine: a
     // batch answered before the kill would mark its record `issued`.
@@ -178,6 +170,16 @@ pub(super) async fn refund_during_the_write() {
     }
     assert_eq!(record_status(store, &payment).await, "issuing");
     settled_after_restart(&scratch, &payment, "refund-during-write").await;
+}
+
+/// The service on `scratch`, its client named `name`, without self-repair: only the
+/// restarted one may settle what it leaves.
+fn start_without_repair(scratch: &ScratchDatabase, name: &str) -> Service {
+    Service::start_named(
+        scratch.name(),
+        name,
+        &[("TOKENMINT__REPAIR__ENABLED", "false")],
+    )
 }
 
 /// Sends the issuance of 10 tokens of `payment` in `mode` to `service`, in a task of its
