@@ -26,8 +26,8 @@ pub use issuance::{
     IssuanceMode, IssuanceParams, IssuanceStatus, Mismatch, NewIssuance, PaymentKey,
 };
 pub use money::{
-    Entitlement, Money, Reversal, RevocationReason, ShareTaken, Withdrawal, entitlement,
-    share_taken,
+    Entitlement, Money, Reversal, RevocationReason, ShareTaken, UNCAPTURED_KIND, Withdrawal,
+    entitlement, share_taken,
 };
 pub use owner::Owner;
 pub use payment::{CapturedPart, EventOutcome, ParsedEvent, PaymentEvent, PaymentStatus, Refund};

@@ -13,6 +13,10 @@ use super::PaymentStatus;
 /// The kind that starts a chargeback's withdrawal id (`chargeback:…`).
 pub const CHARGEBACK_KIND: &str = "chargeback:";
 
+/// The kind that starts the withdrawal id of what a payment's capture left of its
+/// authorisation (`uncaptured:…`, followed by the payment's id).
+pub const UNCAPTURED_KIND: &str = "uncaptured:";
+
 /// One withdrawal among a payment's refunds, as recorded: a refund, chargeback or
 /// dispute, under its own id.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -230,8 +230,9 @@ impl Issuer {
             .await?;
         // What is taken back for good, reversals counted: a full withdrawal that came
         // back (a chargeback reversed, then replayed) leaves the payment standing.
-        let partial = match state.amount {
-            Some(amount) if amount > 0 => state.money().withdrawn() < amount,
+        let money = state.money();
+        let partial = match money.amount {
+            Some(amount) if amount > 0 => money.withdrawn() < amount,
             _ => refund.full == Some(false),
         };
         Ok(partial.then_some(state))

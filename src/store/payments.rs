@@ -24,7 +24,8 @@ use super::retry;
 use super::{Store, TOKENS};
 use crate::domain::{
     Actor, CapturedPart, IssuanceParams, Money, Owner, PaymentEvent, PaymentKey, PaymentStatus,
-    Quantity, Refund, Reversal, RevocationReason, ShareTaken, TokenType, Withdrawal, share_taken,
+    Quantity, Refund, Reversal, RevocationReason, ShareTaken, TokenType, UNCAPTURED_KIND,
+    Withdrawal, share_taken,
 };
 
 pub const PAYMENTS: &str = "payments";
@@ -68,6 +69,12 @@ pub struct PaymentDoc {
     pub version: i64,
     pub amount: Option<i64>,
     pub currency: Option<String>,
+    /// What an authorisation to be captured later was for (Adyen under manual capture):
+    /// what the token parameters were asked for, which the captures may not reach.
+    pub authorised_amount: Option<i64>,
+    /// The captures of such a payment, one per capture id; `amount` is their sum.
+    #[serde(default)]
+    pub captures: Vec<CaptureEntry>,
     pub token_params: Option<TokenParamsDoc>,
     /// Why the metadata could not be used, when it could not.
     pub metadata_error: Option<String>,
@@ -110,6 +117,13 @@ pub struct RefundEntry {
     pub at: Option<i64>,
 }
 
+/// One entry of a payment's `captures`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct CaptureEntry {
+    pub id: String,
+    pub amount: i64,
+}
+
 /// One entry of a payment's `reversals`.
 #[derive(Debug, Clone, Deserialize)]
 pub struct ReversalEntry {
@@ -150,6 +164,9 @@ fn captured(capture: &CapturedPart) -> [Document; 2] {
         ] }.into()) } },
         doc! { "$set": {
             "amount": unless_held_back("amount", doc! { "$sum": "$captures.amount" }.into()),
+            // Also for a part older than the state: the sweep of recent changes must see
+            // the money it brought (`Issuer::repair_recent_withdrawals`).
+            "updatedAt": unless_held_back("updatedAt", "$$NOW".into()),
             "moneyVersion": unless_held_back("moneyVersion", doc! { "$add": [
                 { "$ifNull": ["$moneyVersion", 0_i64] }, 1_i64,
             ] }.into()),
@@ -168,19 +185,48 @@ impl PaymentDoc {
     }
 
     /// What the document records of the payment's money, for the money rule.
+    ///
+    /// A payment captured for less than was authorised stands only for what was
+    /// captured: the tokens were asked for the authorised amount, so that is the amount
+    /// the rule measures against, and what no capture took (yet) counts as withdrawn
+    /// (`uncaptured:<payment>`), derived afresh from every read. A later capture (the
+    /// multiple partial captures Adyen allows) shrinks it, and the settle that follows
+    /// brings back the tokens it pays for, as it does for money that came back.
     pub fn money(&self) -> Money {
+        let mut withdrawals: Vec<Withdrawal> = self
+            .refunds
+            .iter()
+            .map(|r| Withdrawal {
+                id: r.id.clone(),
+                amount: r.amount,
+                full: r.full,
+                reported_at: r.at,
+            })
+            .collect();
+        let mut amount = self.amount;
+        let captured: i64 = self.captures.iter().map(|c| c.amount).sum();
+        match self.authorised_amount {
+            Some(authorised) if !self.captures.is_empty() && captured < authorised => {
+                // A refund or chargeback of the whole payment took what was captured (at
+                // least its own amount), not the authorisation, whose rest is counted
+                // once, below: otherwise money coming back would give back too little.
+                for withdrawal in withdrawals.iter_mut().filter(|w| w.full) {
+                    withdrawal.full = false;
+                    withdrawal.amount = withdrawal.amount.max(captured);
+                }
+                withdrawals.push(Withdrawal {
+                    id: format!("{UNCAPTURED_KIND}{}", self.payment_intent_id),
+                    amount: authorised - captured,
+                    full: false,
+                    reported_at: None,
+                });
+                amount = Some(authorised.max(amount.unwrap_or(0)));
+            }
+            _ => {}
+        }
         Money {
-            amount: self.amount,
-            withdrawals: self
-                .refunds
-                .iter()
-                .map(|r| Withdrawal {
-                    id: r.id.clone(),
-                    amount: r.amount,
-                    full: r.full,
-                    reported_at: r.at,
-                })
-                .collect(),
+            amount,
+            withdrawals,
             reversals: self
                 .reversals
                 .iter()
@@ -250,6 +296,9 @@ fn event_facts(event: &PaymentEvent, fixes_params: bool) -> Document {
     let mut facts = Document::new();
     if let Some(amount) = event.amount {
         facts.insert("amount", amount);
+        if event.authorises_capture {
+            facts.insert("authorisedAmount", amount);
+        }
     }
     if let Some(currency) = &event.currency {
         facts.insert("currency", currency.as_str());

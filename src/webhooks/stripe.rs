@@ -11,6 +11,7 @@ use super::events::{EventError, EventTime, payment_key, text, tokenmint_params};
 use super::signing::{PrefixedSecret, TimestampedHeader};
 use crate::domain::{
     IssuanceParams, ParsedEvent, PaymentEvent, PaymentStatus, Provider, Refund, Reversal,
+    UNCAPTURED_KIND,
 };
 
 /// The fewest characters a Stripe secret has after `whsec_`.
@@ -141,7 +142,7 @@ fn uncaptured(event: &StripeEvent, payment_id: Option<&str>) -> Option<Refund> {
     let released = number(object, "amount")? - number(object, "amount_received")?;
     let payment_id = payment_id?;
     (released > 0).then(|| Refund {
-        id: format!("uncaptured:{payment_id}"),
+        id: format!("{UNCAPTURED_KIND}{payment_id}"),
         amount: Some(released),
         full: Some(false),
         reported_at: None,

@@ -211,11 +211,18 @@ fn entitled_to_nothing() -> Vec<&'static str> {
         .collect()
 }
 
-/// Payments whose state takes tokens back.
+/// Payments whose state takes tokens back: also a payment captured for less than was
+/// authorised (`PaymentDoc::money`), and one captured in parts, whose later parts bring
+/// back the tokens they pay for.
 pub(super) fn taking_back_filter() -> Document {
     doc! { "$or": [
         { "status": { "$in": entitled_to_nothing() } },
         { "amountRefunded": { "$gt": 0 } },
+        {
+            "captures.0": { "$exists": true },
+            "$expr": { "$lt": [{ "$sum": "$captures.amount" }, "$authorisedAmount"] },
+        },
+        { "captures.1": { "$exists": true } },
     ] }
 }
 

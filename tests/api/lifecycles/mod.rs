@@ -1,9 +1,10 @@
 //! Payment lifecycles as teams run them: [`livemode`] (live and test events on one
 //! endpoint), [`stripe_checkout`] (Checkout Sessions beside PaymentIntents),
-//! [`stripe_capture`] and [`adyen_capture`] (manual capture). The bodies follow the providers' documented
+//! [`stripe_capture`], [`adyen_capture`] and [`adyen_partial_capture`] (manual capture). The bodies follow the providers' documented
 //! example payloads, trimmed to the fields tokenmint reads plus a few it must ignore.
 
 mod adyen_capture;
+mod adyen_partial_capture;
 mod livemode;
 mod stripe_capture;
 mod stripe_checkout;

@@ -1,0 +1,316 @@
+//! An Adyen payment under manual capture captured for less than was authorised: the
+//! payment stands only for what was captured, the rest of its tokens written revoked, and
+//! a later capture (Adyen's multiple partial captures) brings back the share it pays for.
+//! Each test authorises 1,000 cents for 10 tokens (`authorisation`).
+
+use mongodb::bson::doc;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::adyen::{
+    ADYEN, ADYEN_NEW, active, authorisation, modification, post_batch, send, signed_batch,
+};
+use crate::helpers::*;
+use crate::provider_events::payment_status;
+
+fn manual() -> String {
+    format!("{ADYEN}capture = \"manual\"\n")
+}
+
+/// A `CAPTURE` of `value` cents, `psp`, of the payment `original`, at `date`.
+fn capture(psp: &str, original: &str, value: i64, date: &str) -> Value {
+    let mut item = modification("CAPTURE", psp, original, value);
+    item["eventDate"] = json!(date);
+    item
+}
+
+/// The payment's tokens that are revoked, each with its reason.
+async fn revoked(app: &TestApp, payment: &str) -> Vec<(i64, String)> {
+    app.tokens_of(payment)
+        .await
+        .into_iter()
+        .filter(|token| token.get_str("status") == Ok("revoked"))
+        .map(|token| {
+            (
+                stored_int(&token, "tokenIndex").unwrap(),
+                token.get_str("revocationReason").unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// Sets token `index` of `payment` to `status` behind the service's back, as the
+/// provider's settle would have left it.
+async fn set_token(app: &TestApp, payment: &str, index: i64, status: &str) {
+    app.db
+        .collection::<mongodb::bson::Document>("tokens")
+        .update_one(
+            doc! { "origin.paymentIntentId": payment, "tokenIndex": index },
+            doc! { "$set": { "status": status, "lastChangedBy": "provider:adyen" } },
+        )
+        .await
+        .unwrap();
+}
+
+fn partly_refunded(indexes: std::ops::Range<i64>) -> Vec<(i64, String)> {
+    indexes.map(|i| (i, "partial_refund".to_owned())).collect()
+}
+
+#[tokio::test]
+async fn a_payment_captured_in_part_keeps_only_the_tokens_its_capture_paid_for() {
+    let app = spawn_app_with(&manual()).await;
+    send(&app, &[authorisation("PSP_P", 10)]).await;
+    send(
+        &app,
+        &[capture("CAP_P", "PSP_P", 600, "2026-11-30T15:00:00Z")],
+    )
+    .await;
+    let recorded = app
+        .find_stored("webhook_events", doc! { "eventId": "CAPTURE:CAP_P:true" })
+        .await;
+    assert_eq!(recorded.get_str("outcome").unwrap(), "issued", "{recorded}");
+    assert_eq!(active(&app, "PSP_P").await, (0..6).collect::<Vec<i64>>());
+    assert_eq!(revoked(&app, "PSP_P").await, partly_refunded(6..10));
+    // Written revoked: never active, not even for the moment before a settle.
+    for token in app.tokens_of("PSP_P").await {
+        assert_eq!(stored_int(&token, "_version"), Some(0), "{token}");
+    }
+    let payment = app
+        .find_stored("payments", doc! { "paymentIntentId": "PSP_P" })
+        .await;
+    assert_eq!(stored_int(&payment, "amount"), Some(600), "{payment}");
+    assert_eq!(stored_int(&payment, "authorisedAmount"), Some(1000));
+    assert_eq!(payment_status(&app, "PSP_P").await.0, "succeeded");
+    assert!(app.store().await.verify().await.unwrap().is_clean());
+
+    // A refund of 300 of the 600 captured: 3 tokens stand for the 300 kept.
+    let mut refund = modification("REFUND", "REF_P", "PSP_P", 300);
+    refund["eventDate"] = json!("2026-11-30T17:00:00Z");
+    send(&app, &[refund]).await;
+    assert_eq!(active(&app, "PSP_P").await, vec![0, 1, 2]);
+    assert_eq!(payment_status(&app, "PSP_P").await.0, "succeeded");
+    // The rest of what was captured: nothing stands, the payment is refunded.
+    let mut rest = modification("REFUND", "REF_P2", "PSP_P", 300);
+    rest["eventDate"] = json!("2026-11-30T18:00:00Z");
+    send(&app, &[rest]).await;
+    assert!(active(&app, "PSP_P").await.is_empty());
+    assert_eq!(payment_status(&app, "PSP_P").await.0, "refunded");
+}
+
+/// Adyen's multiple partial captures: the remainder of the authorisation may be captured
+/// later, and what it pays for stands again. Delivered again, a capture counts once.
+#[tokio::test]
+async fn a_later_capture_brings_back_the_tokens_it_pays_for() {
+    let app = spawn_app_with(&manual()).await;
+    send(&app, &[authorisation("PSP_L", 10)]).await;
+    let first = capture("CAP_L1", "PSP_L", 300, "2026-11-30T15:00:00Z");
+    send(&app, std::slice::from_ref(&first)).await;
+    assert_eq!(active(&app, "PSP_L").await, vec![0, 1, 2]);
+    send(
+        &app,
+        &[capture("CAP_L2", "PSP_L", 500, "2026-11-30T16:00:00Z")],
+    )
+    .await;
+    assert_eq!(active(&app, "PSP_L").await, (0..8).collect::<Vec<i64>>());
+    assert_eq!(revoked(&app, "PSP_L").await, partly_refunded(8..10));
+    // The first capture again, after its dedupe record expired: counted once.
+    app.db
+        .collection::<mongodb::bson::Document>("webhook_events")
+        .delete_one(doc! { "eventId": "CAPTURE:CAP_L1:true" })
+        .await
+        .unwrap();
+    send(&app, &[first]).await;
+    assert_eq!(active(&app, "PSP_L").await, (0..8).collect::<Vec<i64>>());
+    send(
+        &app,
+        &[capture("CAP_L3", "PSP_L", 200, "2026-11-30T17:00:00Z")],
+    )
+    .await;
+    assert_eq!(active(&app, "PSP_L").await, (0..10).collect::<Vec<i64>>());
+    assert_eq!(app.count_records(doc! {}).await, 1);
+    let store = app.store().await;
+    assert!(store.verify().await.unwrap().is_clean());
+    // `verify` checks a payment captured in parts: a token left revoked although the
+    // captures paid for it is reported.
+    set_token(&app, "PSP_L", 9, "revoked").await;
+    let report = store.verify().await.unwrap();
+    let samples = report.unrestored_tokens.samples.join("\n");
+    assert!(
+        samples.contains("adyen/TestMerchant/PSP_L (succeeded): 1 token(s) revoked"),
+        "{report}"
+    );
+    // ... and `verify --repair` (as self-repair's sweep) brings it back.
+    let repaired = run_command(&mongo_uri(), &app.db_name, &["verify", "--repair"], &[]).await;
+    let printed = String::from_utf8_lossy(&repaired.stdout);
+    assert_eq!(repaired.status.code(), Some(0), "{printed}");
+    assert_eq!(active(&app, "PSP_L").await, (0..10).collect::<Vec<i64>>());
+    assert!(store.verify().await.unwrap().is_clean());
+}
+
+/// A withdrawal of the whole payment after a capture in part took back what was
+/// captured, not the authorised amount: money that comes back brings back its share.
+#[tokio::test]
+async fn a_whole_withdrawal_after_a_capture_in_part_takes_back_only_what_was_captured() {
+    let app = spawn_app_with(&manual()).await;
+    let at = |mut item: Value, date: &str| {
+        item["eventDate"] = json!(date);
+        item
+    };
+    for (payment, withdrawal, reversal, kept) in [
+        // Refunded whole, then the refund failed: the 600 captured stand again.
+        ("PSP_R", "CANCEL_OR_REFUND", "REFUND_FAILED", 6),
+        // Charged back whole, then half of it reversed: 300 of the 600 stand.
+        ("PSP_C", "CHARGEBACK", "CHARGEBACK_REVERSED", 3),
+    ] {
+        send(&app, &[authorisation(payment, 10)]).await;
+        send(
+            &app,
+            &[capture(
+                &format!("CAP_{payment}"),
+                payment,
+                600,
+                "2026-11-30T15:00:00Z",
+            )],
+        )
+        .await;
+        let psp = format!("W_{payment}");
+        send(
+            &app,
+            &[at(
+                modification(withdrawal, &psp, payment, 600),
+                "2026-11-30T17:00:00Z",
+            )],
+        )
+        .await;
+        assert!(active(&app, payment).await.is_empty(), "{payment}");
+        assert_eq!(payment_status(&app, payment).await.0, "refunded");
+        let given_back = if kept == 6 { 600 } else { 300 };
+        send(
+            &app,
+            &[at(
+                modification(reversal, &psp, payment, given_back),
+                "2026-11-30T18:00:00Z",
+            )],
+        )
+        .await;
+        assert_eq!(
+            active(&app, payment).await,
+            (0..kept).collect::<Vec<i64>>(),
+            "{payment}"
+        );
+        assert_eq!(payment_status(&app, payment).await.0, "succeeded");
+    }
+    assert!(app.store().await.verify().await.unwrap().is_clean());
+}
+
+#[tokio::test]
+async fn a_capture_in_part_before_its_authorisation_issues_only_its_share() {
+    let app = spawn_app_with(&manual()).await;
+    send(
+        &app,
+        &[capture("CAP_E", "PSP_E", 500, "2026-11-30T15:00:00Z")],
+    )
+    .await;
+    assert_eq!(app.count("tokens", doc! {}).await, 0, "no metadata yet");
+    send(&app, &[authorisation("PSP_E", 10)]).await;
+    assert_eq!(active(&app, "PSP_E").await, (0..5).collect::<Vec<i64>>());
+    assert_eq!(revoked(&app, "PSP_E").await, partly_refunded(5..10));
+    assert_eq!(payment_status(&app, "PSP_E").await.0, "succeeded");
+    // `verify` holds it to what was captured: a token of the rest made active behind the
+    // service's back is reported.
+    let store = app.store().await;
+    assert!(store.verify().await.unwrap().is_clean());
+    set_token(&app, "PSP_E", 9, "active").await;
+    let report = store.verify().await.unwrap();
+    let samples = report.unbacked_active_tokens.samples.join("\n");
+    assert!(
+        samples.contains("adyen/TestMerchant/PSP_E (succeeded): 1 active token(s) beyond the 5"),
+        "{report}"
+    );
+}
+
+/// Adyen may capture more than was authorised (overcapture): nothing is left uncaptured.
+#[tokio::test]
+async fn a_capture_of_more_than_was_authorised_keeps_every_token() {
+    let app = spawn_app_with(&manual()).await;
+    send(&app, &[authorisation("PSP_O", 10)]).await;
+    send(
+        &app,
+        &[capture("CAP_O", "PSP_O", 1200, "2026-11-30T15:00:00Z")],
+    )
+    .await;
+    assert_eq!(active(&app, "PSP_O").await, (0..10).collect::<Vec<i64>>());
+    // A refund of 600 of the 1,200 paid takes half.
+    let mut refund = modification("REFUND", "REF_O", "PSP_O", 600);
+    refund["eventDate"] = json!("2026-11-30T17:00:00Z");
+    send(&app, &[refund]).await;
+    assert_eq!(active(&app, "PSP_O").await, (0..5).collect::<Vec<i64>>());
+}
+
+/// The capture's tokens fail to be written after its projection recorded the part (the
+/// batch is refused): Adyen's redelivery writes the uncaptured share revoked all the same.
+#[tokio::test]
+async fn a_capture_in_part_whose_tokens_failed_to_be_written_issues_its_share_when_sent_again() {
+    let name = unique_app_name();
+    let app = spawn_app_named(&name, &format!("{}[repair]\nenabled = false\n", manual())).await;
+    send(&app, &[authorisation("PSP_W", 10)]).await;
+    let part = capture("CAP_W", "PSP_W", 400, "2026-11-30T15:00:00Z");
+    let failing = FailPoint::always(&name, &["insert"], Fault::error(91)).await;
+    let refused = post_batch(&app, signed_batch(std::slice::from_ref(&part), ADYEN_NEW)).await;
+    failing.off().await;
+    assert_ne!(refused.text().await.unwrap(), "[accepted]");
+    assert_eq!(app.count("tokens", doc! {}).await, 0);
+    send(&app, &[part]).await;
+    assert_eq!(active(&app, "PSP_W").await, vec![0, 1, 2, 3]);
+    assert_eq!(revoked(&app, "PSP_W").await, partly_refunded(4..10));
+    assert_eq!(app.count_records(doc! {}).await, 1);
+}
+
+/// The capture that completes the payment arrives while the first capture's issuance
+/// still settles by its own read, taken before it: the second capture completes the set
+/// (bringing its share back) and marks the record, so the batch's mark finds the record
+/// changed and settles again by the payment as it is now. No token the money paid for is
+/// left revoked.
+#[tokio::test]
+async fn a_capture_completing_the_payment_while_the_first_ones_tokens_settle_leaves_them_all_active()
+ {
+    let name = unique_app_name();
+    let app = spawn_app_named(&name, &format!("{}[repair]\nenabled = false\n", manual())).await;
+    send(&app, &[authorisation("PSP_X", 10)]).await;
+    let tokens = format!("{}.tokens", app.db_name);
+    // The first capture's settle, an update of its tokens, held up on the server.
+    let held = FailPoint::set_on(
+        &name,
+        &["update"],
+        &tokens,
+        Fault::Block { millis: 5000 },
+        1,
+    )
+    .await;
+    let first_answered = std::sync::atomic::AtomicBool::new(false);
+    let rest = async {
+        assert!(held.fired_within(1, Duration::from_secs(10)).await);
+        send(
+            &app,
+            &[capture("CAP_X2", "PSP_X", 400, "2026-11-30T16:00:00Z")],
+        )
+        .await;
+        // The race this is about: the second capture's settle ran while the first's
+        // revoke was still held up.
+        assert!(!first_answered.load(std::sync::atomic::Ordering::SeqCst));
+        assert_eq!(active(&app, "PSP_X").await, (0..10).collect::<Vec<i64>>());
+    };
+    let first = [capture("CAP_X1", "PSP_X", 600, "2026-11-30T15:00:00Z")];
+    let first_capture = async {
+        send(&app, &first).await;
+        first_answered.store(true, std::sync::atomic::Ordering::SeqCst);
+    };
+    tokio::join!(first_capture, rest);
+    assert_eq!(held.off().await, 1);
+    assert_eq!(active(&app, "PSP_X").await, (0..10).collect::<Vec<i64>>());
+    let record = app
+        .find_stored("issuances", doc! { "paymentIntentId": "PSP_X" })
+        .await;
+    assert_eq!(record.get_str("status").unwrap(), "issued", "{record}");
+}
