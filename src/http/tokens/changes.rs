@@ -22,7 +22,7 @@ use crate::http::error::ApiError;
 use crate::http::extract::{JsonBody, OptionalJsonBody, PathParams};
 use crate::http::idempotency::{IDEMPOTENT_REPLAYED, transient};
 use crate::http::openapi::{IDEMPOTENCY_KEY_DOC, IF_MATCH_DOC};
-use crate::issuing::{Attempt, Gate, Keyed, Transition, TransitionOutcome};
+use crate::issuing::{Attempt, Gate, Keyed, Transition, TransitionOutcome, taken_by_its_money};
 use crate::store::{TOKENS, TokenDoc};
 use crate::telemetry::metric;
 
@@ -134,13 +134,15 @@ async fn apply(
 ) -> Result<Response, ApiError> {
     let attempt = attempt.as_deref().map(Arc::as_ref);
     let id = parse_token_id(token_id)?;
+    let by = Actor::api_key(&principal.key_id);
     let gate = match condition {
         None => Gate::Retry,
         Some(condition) => match condition.sole_version() {
             Some(version) => Gate::IfMatch(version),
             None => {
                 let current = find_visible_token(state, principal, id).await?;
-                if !condition.matches(current.version) && !transition.is_replayed_by(&current) {
+                if !condition.matches(current.version) && !transition.is_replayed_by(&current, &by)
+                {
                     record_version_rejection(&transition);
                     return Err(version_conflict(principal, &current));
                 }
@@ -154,7 +156,7 @@ async fn apply(
             id,
             &transition,
             gate,
-            &Actor::api_key(&principal.key_id),
+            &by,
             |t| principal.can_see(&t.origin.provider, &t.origin.account_id),
             attempt.map(|attempt| Keyed {
                 attempt,
@@ -185,14 +187,23 @@ async fn apply(
             }
             _ => Err(version_conflict(principal, &token)),
         },
-        TransitionOutcome::StateConflict(token) => Err(ApiError::StateConflict {
-            detail: format!(
-                "Cannot {} a token that is {}.",
-                transition.operation(),
-                token.status.as_str()
-            ),
-            status: Some(token.status),
-        }),
+        TransitionOutcome::StateConflict(token) => {
+            let refused = ApiError::StateConflict {
+                detail: format!(
+                    "Cannot {} a token that is {}.",
+                    transition.operation(),
+                    token.status.as_str()
+                ),
+                status: Some(token.status),
+            };
+            // Money coming back makes a token its payment took back active again, and
+            // the same request may pass then: not kept.
+            if taken_by_its_money(&token) {
+                Ok(transient(refused))
+            } else {
+                Err(refused)
+            }
+        }
         // The same request may pass once the token stops changing: not kept.
         TransitionOutcome::Contended(token) => Ok(transient(ApiError::StateConflict {
             detail: "The token kept changing while this request ran; re-read it and retry."

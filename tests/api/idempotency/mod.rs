@@ -1,11 +1,13 @@
 //! Retries of token actions: a redeem retried with its `reference`, and the
 //! `Idempotency-Key` header on redeem, revoke and transfer (kept in MongoDB, so any
 //! instance answers the retry; bound to the API key, method, path and body), and its
-//! answer committed with the action (`reruns`).
+//! answer committed with the action (`reruns`), and not kept when the money may lift a
+//! refusal (`withdrawals`).
 
 mod keys;
 mod references;
 mod reruns;
+mod withdrawals;
 
 use mongodb::bson::{DateTime, Document, doc, oid::ObjectId};
 use serde_json::{Value, json};
