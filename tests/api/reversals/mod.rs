@@ -3,8 +3,10 @@
 //! again — the same token ids, version-gated — while an operator's revoke and a
 //! redemption stay as they are. Each reversal counts once (by the provider's id of what
 //! it reverses), also when replayed or when it arrives before its withdrawal. Stripe
-//! here, the other providers in [`providers`]; every test reads the database.
+//! here, the other providers in [`providers`], tokens that changed hands in [`holders`];
+//! every test reads the database.
 
+mod holders;
 mod providers;
 mod races;
 
