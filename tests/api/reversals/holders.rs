@@ -4,8 +4,9 @@
 
 use serde_json::{Value, json};
 
-use super::verify_clean;
-use super::{app, half_reinstated, half_withdrawn, operator_revoke, paid, state, stripe};
+use super::{
+    app, half_reinstated, half_withdrawn, operator_revoke, paid, state, stripe, verify_clean,
+};
 use crate::helpers::*;
 
 /// `owner`'s balance of `standard` tokens: (active, revoked).
