@@ -162,13 +162,20 @@ impl Issuer {
             && state.status == PaymentStatus::Failed
             && outcome.tokens_revoked.unwrap_or(0) > 0;
         let refund = event.status == PaymentStatus::Refunded && outcome.outcome != "conflict";
-        if refund || failure_took_back {
+        let revoked = outcome.tokens_revoked.unwrap_or(0) > 0;
+        let changed = outcome.tokens_created.unwrap_or(0) > 0
+            || revoked
+            || outcome.tokens_reactivated.unwrap_or(0) > 0;
+        if refund || failure_took_back || (revoked && state.version > event.version) {
+            // An older event may still take tokens back: money it records apart from the
+            // state (a release of what was not captured), or a settle a newer event left
+            // undone, re-derived here.
             outcome.outcome = "revoked".to_owned();
-        } else if state.version > event.version && outcome.tokens_created.unwrap_or(0) == 0 {
+        } else if state.version > event.version && !changed {
             // Older than what is known: it carried no news (its effects, re-derived from
-            // the current state, changed nothing the newer event had not done).
+            // the current state, changed nothing the newer event had not done). One that
+            // changed tokens all the same (a capture part delivered late) says so.
             outcome = EventOutcome {
-                tokens_revoked: outcome.tokens_revoked.filter(|n| *n > 0),
                 tokens_reactivated: outcome.tokens_reactivated,
                 shortfall: None,
                 ..EventOutcome::with_detail(

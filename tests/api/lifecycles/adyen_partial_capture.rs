@@ -314,3 +314,37 @@ async fn a_capture_completing_the_payment_while_the_first_ones_tokens_settle_lea
         .await;
     assert_eq!(record.get_str("status").unwrap(), "issued", "{record}");
 }
+
+/// A capture part delivered after a later one (an older `eventDate`) is older than the
+/// payment's state, but brings money all the same: its receipt says what it did, not
+/// `stale`.
+#[tokio::test]
+async fn an_older_capture_part_delivered_late_reports_the_tokens_it_brought_back() {
+    let app = spawn_app_with(&manual()).await;
+    send(&app, &[authorisation("PSP_Z", 10)]).await;
+    send(
+        &app,
+        &[capture("CAP_Z2", "PSP_Z", 700, "2026-11-30T16:00:00Z")],
+    )
+    .await;
+    assert_eq!(active(&app, "PSP_Z").await, (0..7).collect::<Vec<i64>>());
+    send(
+        &app,
+        &[capture("CAP_Z1", "PSP_Z", 300, "2026-11-30T15:00:00Z")],
+    )
+    .await;
+    assert_eq!(active(&app, "PSP_Z").await, (0..10).collect::<Vec<i64>>());
+    let recorded = app
+        .find_stored("webhook_events", doc! { "eventId": "CAPTURE:CAP_Z1:true" })
+        .await;
+    assert_eq!(
+        recorded.get_str("outcome").unwrap(),
+        "already_issued",
+        "{recorded}"
+    );
+    assert_eq!(
+        stored_int(&recorded, "tokensReactivated"),
+        Some(3),
+        "{recorded}"
+    );
+}
