@@ -255,11 +255,11 @@ fn record_version_rejection(transition: &Transition) {
     request_body(content = Option<RedeemRequest>, description = "Optional; an empty body is fine"),
     security(("bearer" = ["tokens:redeem"])),
     responses(
-        (status = 200, description = "Redeemed, or a replay: redeemed already with this `reference`, or an Idempotency-Key's retry", body = TokenView, headers(
+        (status = 200, description = "Redeemed, or a replay: redeemed already by this API key with this `reference`, or an Idempotency-Key's retry", body = TokenView, headers(
             ("ETag" = String, description = "The new version"),
             ("Idempotent-Replayed" = String, description = "`true` on a replay"))),
         (status = 404, description = "No such token"),
-        (status = 409, description = "`state_conflict`: not active (or redeemed with another reference), or kept changing; `request_in_progress`: the first request with this Idempotency-Key is still running (`Retry-After`)",
+        (status = 409, description = "`state_conflict`: not active (or redeemed with another reference, or by another API key), or kept changing; `request_in_progress`: the first request with this Idempotency-Key is still running (`Retry-After`)",
             headers(("Retry-After" = u64, description = "With `request_in_progress`"))),
         (status = 412, description = "`version_conflict`: If-Match is stale; for a key that may read tokens, the body has currentVersion and currentStatus"),
         (status = 422, description = "`validation_failed`: bad token id, body, If-Match or Idempotency-Key; `idempotency_key_reused`: the Idempotency-Key named another request"),
