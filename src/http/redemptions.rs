@@ -212,11 +212,11 @@ fn created_answer(redeemed: &Redeemed) -> Answer {
             headers(
                 ("Location" = String, description = "The redemption's GET URL"),
                 ("Idempotent-Replayed" = String, description = "`true` on an Idempotency-Key's retry"))),
-        (status = 200, description = "A replay by reference: the owner's redemption of this reference, with these parameters, by this API key, existed", body = RedemptionResponse,
+        (status = 200, description = "A replay by reference: the owner's redemption of this reference, with these parameters, existed", body = RedemptionResponse,
             headers(
                 ("Location" = String, description = "The redemption's GET URL"),
                 ("Idempotent-Replayed" = String, description = "`true`"))),
-        (status = 409, description = "`idempotency_conflict`: the reference was used with another tokenType, quantity or accountId, or by another API key (`mismatches`); `insufficient_balance`: fewer active tokens than asked (`available`); `request_in_progress`: the first request with this Idempotency-Key is still running (`Retry-After`)",
+        (status = 409, description = "`idempotency_conflict`: the reference was used with another tokenType, quantity or accountId (`mismatches`); `insufficient_balance`: fewer active tokens than asked (`available`); `request_in_progress`: the first request with this Idempotency-Key is still running (`Retry-After`)",
             headers(("Retry-After" = u64, description = "With `request_in_progress`"))),
         (status = 422, description = "`validation_failed`: bad fields (all listed) or Idempotency-Key; `idempotency_key_reused`"),
     )

@@ -162,27 +162,21 @@ impl Issuer {
             && state.status == PaymentStatus::Failed
             && outcome.tokens_revoked.unwrap_or(0) > 0;
         let refund = event.status == PaymentStatus::Refunded && outcome.outcome != "conflict";
-        let revoked = outcome.tokens_revoked.unwrap_or(0) > 0;
-        let changed = outcome.tokens_created.unwrap_or(0) > 0
-            || revoked
-            || outcome.tokens_reactivated.unwrap_or(0) > 0;
-        if refund || failure_took_back || (revoked && state.version > event.version) {
-            // An older event may still take tokens back: money it records apart from the
-            // state (a release of what was not captured), or a settle a newer event left
-            // undone, re-derived here.
+        if refund || failure_took_back {
             outcome.outcome = "revoked".to_owned();
-        } else if state.version > event.version && !changed {
-            // Older than what is known: it carried no news (its effects, re-derived from
-            // the current state, changed nothing the newer event had not done). One that
-            // changed tokens all the same (a capture part delivered late) says so.
-            outcome = EventOutcome {
-                tokens_reactivated: outcome.tokens_reactivated,
-                shortfall: None,
-                ..EventOutcome::with_detail(
-                    "stale",
-                    format!("payment is already at version {}", state.version),
-                )
-            };
+        } else if state.version > event.version && outcome.tokens_created.unwrap_or(0) == 0 {
+            // Older than what is known. Its effects, re-derived from the current state,
+            // may still change tokens: money it records apart from the state (a release
+            // of what was not captured, a capture part delivered after a later one), or
+            // a settle a newer event left undone. Such an event says what it did; one
+            // that changed nothing carried no news.
+            let detail = format!("payment is already at version {}", state.version);
+            if outcome.tokens_revoked.unwrap_or(0) > 0 {
+                outcome.outcome = "revoked".to_owned();
+                outcome.detail = Some(detail);
+            } else if outcome.tokens_reactivated.unwrap_or(0) == 0 {
+                outcome = EventOutcome::with_detail("stale", detail);
+            }
         }
         Ok(outcome)
     }

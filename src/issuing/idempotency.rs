@@ -35,9 +35,9 @@
 //! already, which the release leaves alone). Nor is a refusal of the request itself (a
 //! bad body, a missing `If-Match`, the key's scope, the rate limit): the action never
 //! ran, and the corrected request may use the same key. Nor a refusal a retry may
-//! legitimately pass (`Finality::Transient`: the token kept changing, its payment's money
-//! took it back and may bring it back, an `If-Match` of a version it has not reached, too
-//! few tokens to redeem): nothing was done, and the same request may succeed later.
+//! legitimately pass (`Finality::Transient`: the token kept changing, an `If-Match` of a
+//! version it has not reached, too few tokens to redeem): nothing was done, and the same
+//! request may succeed later.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -71,8 +71,7 @@ pub enum Finality {
     /// What happened to the request; kept unless its status says otherwise.
     Final,
     /// A refusal the same request may pass later (the token kept changing while the
-    /// request ran; its payment's money took it back, and money coming back makes it
-    /// active again; an `If-Match` naming a version the token has not reached yet; fewer
+    /// request ran; an `If-Match` naming a version the token has not reached yet; fewer
     /// active tokens than a redemption asks): nothing was done, so it is not kept, and a
     /// retry runs the action again.
     Transient,

@@ -40,7 +40,7 @@ pub use oplog_waiter::OplogWaiter;
 pub use redemptions::{Redeemed, RedemptionError, RedemptionOutcome};
 pub use repair::{RepairReport, spawn_repair};
 pub use standing::{Settlement, entitlement};
-pub use tokens::{Gate, Transition, TransitionOutcome, taken_by_its_money};
+pub use tokens::{Gate, Transition, TransitionOutcome};
 pub use waiting::{FulfilmentWatch, Waited, WaitingConfig, longest_wait};
 
 use crate::domain::{IssuanceMode, Mismatch, PaymentStatus, TokenPrices};

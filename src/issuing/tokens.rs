@@ -22,13 +22,11 @@ pub enum Transition {
 }
 
 impl Transition {
-    /// Whether `token` is what this transition, asked by `by`, made of it already, so
-    /// that asking again is a retry: a redeem whose non-empty `reference` the token
-    /// carries, redeemed by the same API key (a redemption's tokens carry its reference
-    /// too). Another or no reference says nothing of who redeemed it, nor does the same
-    /// reference from another key: references are the callers' own (order numbers of
-    /// two integrations may meet), and the other key did not redeem this token.
-    pub fn is_replayed_by(&self, token: &TokenDoc, by: &Actor) -> bool {
+    /// Whether `token` is what this transition made of it already, so that asking again
+    /// is a retry: a redeem whose non-empty `reference` the redeemed token carries (a
+    /// redemption's tokens carry its reference too). Another or no reference says
+    /// nothing of who redeemed it.
+    pub fn is_replayed_by(&self, token: &TokenDoc) -> bool {
         match self {
             Self::Redeem {
                 reference: Some(reference),
@@ -36,7 +34,6 @@ impl Transition {
                 token.status == TokenStatus::Redeemed
                     && !reference.is_empty()
                     && token.redemption_ref.as_deref() == Some(reference.as_str())
-                    && token.last_changed_by.as_deref() == Some(by.as_str())
             }
             _ => false,
         }
@@ -50,17 +47,6 @@ impl Transition {
             Self::Transfer { .. } => "transfer",
         }
     }
-}
-
-/// Whether `token`'s payment took it back (its last author a provider: a withdrawal
-/// revoked it). Money coming back makes such a token active again, so a refusal to act
-/// on it because it is revoked may not stand: the same request may pass later.
-pub fn taken_by_its_money(token: &TokenDoc) -> bool {
-    token.status == TokenStatus::Revoked
-        && token
-            .last_changed_by
-            .as_ref()
-            .is_some_and(|author| Actor::from_stored(author.clone()).is_provider())
 }
 
 /// Which version a write must find.
@@ -192,7 +178,7 @@ impl Issuer {
             };
             // Before the version: a retry's If-Match names the version before its own
             // first attempt, and it is answered as that attempt was.
-            if transition.is_replayed_by(&current, by) {
+            if transition.is_replayed_by(&current) {
                 return Ok(TransitionOutcome::Replayed(current));
             }
             if let Gate::IfMatch(expected) = gate
@@ -201,7 +187,10 @@ impl Issuer {
                 record_rejection(transition);
                 return Ok(TransitionOutcome::VersionConflict(current));
             }
-            let withdrawn = taken_by_its_money(&current);
+            let withdrawn = current
+                .last_changed_by
+                .as_ref()
+                .is_some_and(|author| Actor::from_stored(author.clone()).is_provider());
             let set = match decide(current.status, withdrawn, transition, by, DateTime::now()) {
                 Decision::Write(set) => set,
                 Decision::AlreadyDone => return Ok(TransitionOutcome::AlreadyDone(current)),
@@ -240,7 +229,7 @@ impl Issuer {
                         // own first attempt, answered 5xx, or another's — shows once the
                         // majority has it: look again after a pause.
                         Some(now) if now.version == current.version => true,
-                        Some(now) if transition.is_replayed_by(&now, by) => {
+                        Some(now) if transition.is_replayed_by(&now) => {
                             return Ok(TransitionOutcome::Replayed(now));
                         }
                         // Someone else's version: the client's 412 under `If-Match`;
@@ -414,26 +403,22 @@ mod tests {
             redemption_ref: redemption_ref.map(str::to_owned),
             revoked_at: None,
             revocation_reason: None,
-            last_changed_by: Some("key:gate".to_owned()),
+            last_changed_by: None,
         };
         let redeem = |reference: Option<&str>| Transition::Redeem {
             reference: reference.map(str::to_owned),
         };
-        let gate = Actor::api_key("gate");
         let redeemed = token(TokenStatus::Redeemed, Some("order-7"));
-        assert!(redeem(Some("order-7")).is_replayed_by(&redeemed, &gate));
-        // The same reference from another key: not its redeem.
-        assert!(!redeem(Some("order-7")).is_replayed_by(&redeemed, &Actor::api_key("shop")));
-        assert!(!redeem(Some("order-8")).is_replayed_by(&redeemed, &gate));
-        assert!(!redeem(None).is_replayed_by(&redeemed, &gate));
-        let unnamed = token(TokenStatus::Redeemed, Some(""));
-        assert!(!redeem(Some("")).is_replayed_by(&unnamed, &gate));
-        let no_reference = token(TokenStatus::Redeemed, None);
-        assert!(!redeem(None).is_replayed_by(&no_reference, &gate));
+        assert!(redeem(Some("order-7")).is_replayed_by(&redeemed));
+        assert!(!redeem(Some("order-8")).is_replayed_by(&redeemed));
+        assert!(!redeem(None).is_replayed_by(&redeemed));
+        assert!(!redeem(Some("")).is_replayed_by(&token(TokenStatus::Redeemed, Some(""))));
+        assert!(!redeem(None).is_replayed_by(&token(TokenStatus::Redeemed, None)));
         // A revoked token that was never redeemed is no replay, whatever it carries.
-        let revoked = token(TokenStatus::Revoked, Some("order-7"));
-        assert!(!redeem(Some("order-7")).is_replayed_by(&revoked, &gate));
+        assert!(
+            !redeem(Some("order-7")).is_replayed_by(&token(TokenStatus::Revoked, Some("order-7")))
+        );
         let revoke = Transition::Revoke { reason: None };
-        assert!(!revoke.is_replayed_by(&redeemed, &gate));
+        assert!(!revoke.is_replayed_by(&redeemed));
     }
 }

@@ -22,7 +22,7 @@ use crate::http::error::ApiError;
 use crate::http::extract::{JsonBody, OptionalJsonBody, PathParams};
 use crate::http::idempotency::{IDEMPOTENT_REPLAYED, transient};
 use crate::http::openapi::{IDEMPOTENCY_KEY_DOC, IF_MATCH_DOC};
-use crate::issuing::{Attempt, Gate, Keyed, Transition, TransitionOutcome, taken_by_its_money};
+use crate::issuing::{Attempt, Gate, Keyed, Transition, TransitionOutcome};
 use crate::store::{TOKENS, TokenDoc};
 use crate::telemetry::metric;
 
@@ -134,15 +134,13 @@ async fn apply(
 ) -> Result<Response, ApiError> {
     let attempt = attempt.as_deref().map(Arc::as_ref);
     let id = parse_token_id(token_id)?;
-    let by = Actor::api_key(&principal.key_id);
     let gate = match condition {
         None => Gate::Retry,
         Some(condition) => match condition.sole_version() {
             Some(version) => Gate::IfMatch(version),
             None => {
                 let current = find_visible_token(state, principal, id).await?;
-                if !condition.matches(current.version) && !transition.is_replayed_by(&current, &by)
-                {
+                if !condition.matches(current.version) && !transition.is_replayed_by(&current) {
                     record_version_rejection(&transition);
                     return Err(version_conflict(principal, &current));
                 }
@@ -156,7 +154,7 @@ async fn apply(
             id,
             &transition,
             gate,
-            &by,
+            &Actor::api_key(&principal.key_id),
             |t| principal.can_see(&t.origin.provider, &t.origin.account_id),
             attempt.map(|attempt| Keyed {
                 attempt,
@@ -187,23 +185,14 @@ async fn apply(
             }
             _ => Err(version_conflict(principal, &token)),
         },
-        TransitionOutcome::StateConflict(token) => {
-            let refused = ApiError::StateConflict {
-                detail: format!(
-                    "Cannot {} a token that is {}.",
-                    transition.operation(),
-                    token.status.as_str()
-                ),
-                status: Some(token.status),
-            };
-            // Money coming back makes a token its payment took back active again, and
-            // the same request may pass then: not kept.
-            if taken_by_its_money(&token) {
-                Ok(transient(refused))
-            } else {
-                Err(refused)
-            }
-        }
+        TransitionOutcome::StateConflict(token) => Err(ApiError::StateConflict {
+            detail: format!(
+                "Cannot {} a token that is {}.",
+                transition.operation(),
+                token.status.as_str()
+            ),
+            status: Some(token.status),
+        }),
         // The same request may pass once the token stops changing: not kept.
         TransitionOutcome::Contended(token) => Ok(transient(ApiError::StateConflict {
             detail: "The token kept changing while this request ran; re-read it and retry."
@@ -255,11 +244,11 @@ fn record_version_rejection(transition: &Transition) {
     request_body(content = Option<RedeemRequest>, description = "Optional; an empty body is fine"),
     security(("bearer" = ["tokens:redeem"])),
     responses(
-        (status = 200, description = "Redeemed, or a replay: redeemed already by this API key with this `reference`, or an Idempotency-Key's retry", body = TokenView, headers(
+        (status = 200, description = "Redeemed, or a replay: redeemed already with this `reference`, or an Idempotency-Key's retry", body = TokenView, headers(
             ("ETag" = String, description = "The new version"),
             ("Idempotent-Replayed" = String, description = "`true` on a replay"))),
         (status = 404, description = "No such token"),
-        (status = 409, description = "`state_conflict`: not active (or redeemed with another reference, or by another API key), or kept changing; `request_in_progress`: the first request with this Idempotency-Key is still running (`Retry-After`)",
+        (status = 409, description = "`state_conflict`: not active (or redeemed with another reference), or kept changing; `request_in_progress`: the first request with this Idempotency-Key is still running (`Retry-After`)",
             headers(("Retry-After" = u64, description = "With `request_in_progress`"))),
         (status = 412, description = "`version_conflict`: If-Match is stale; for a key that may read tokens, the body has currentVersion and currentStatus"),
         (status = 422, description = "`validation_failed`: bad token id, body, If-Match or Idempotency-Key; `idempotency_key_reused`: the Idempotency-Key named another request"),

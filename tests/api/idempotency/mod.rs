@@ -1,8 +1,8 @@
 //! Retries of token actions: a redeem retried with its `reference`, and the
 //! `Idempotency-Key` header on redeem, revoke and transfer (kept in MongoDB, so any
 //! instance answers the retry; bound to the API key, method, path and body), and its
-//! answer committed with the action (`reruns`), and not kept when the money may lift a
-//! refusal (`withdrawals`).
+//! answer committed with the action (`reruns`), also for a refusal the money could lift
+//! later (`withdrawals`).
 
 mod keys;
 mod references;

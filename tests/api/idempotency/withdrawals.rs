@@ -1,5 +1,6 @@
-//! A key's answer and the money behind the token: a refusal that money coming back may
-//! lift is not kept, one that stands for good is.
+//! A key's answer and the money behind the token: a refusal on a token its payment's
+//! money took back is kept like any other, also once money coming back makes the token
+//! active again; a new key acts on it.
 
 use serde_json::{Value, json};
 
@@ -28,7 +29,7 @@ async fn stripe(app: &TestApp, event: &Value) {
 }
 
 #[tokio::test]
-async fn a_redeem_refused_for_a_token_a_withdrawal_revoked_is_not_kept_for_its_key() {
+async fn a_refusal_on_a_token_the_money_took_back_is_kept_when_the_money_comes_back() {
     let app = spawn_app_with(PROVIDERS).await;
     stripe(
         &app,
@@ -41,36 +42,25 @@ async fn a_redeem_refused_for_a_token_a_withdrawal_revoked_is_not_kept_for_its_k
         &dispute("evt_dw", "funds_withdrawn", "pi_back", PAID_AT + 10),
     )
     .await;
-    // Token 3 was taken back by the dispute, token 0 by an operator.
-    let revoke = app
-        .http
-        .post(app.url(&format!("/v1/tokens/{}/revoke", ids[0])))
-        .bearer_auth(ADMIN_KEY)
-        .json(&json!({ "reason": "fraud" }))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(revoke.status(), 200);
-    for id in [&ids[0], &ids[3]] {
-        let refused = redeem_keyed(&app, ADMIN_KEY, id, &format!("k-{id}")).await;
-        assert_eq!(refused.status, 409, "{id}");
-    }
+    let refused = redeem_keyed(&app, ADMIN_KEY, &ids[3], "k-back").await;
+    assert_eq!((refused.status, refused.replayed), (409, false));
 
-    // The dispute is won: token 3 stands again, and the same request, retried with its
-    // key, redeems it instead of hearing the refusal again.
+    // The dispute is won: token 3 stands again. The request retried with its key is
+    // answered as it was the first time, and writes nothing.
     stripe(
         &app,
         &dispute("evt_dr", "funds_reinstated", "pi_back", PAID_AT + 20),
     )
     .await;
-    let retried = redeem_keyed(&app, ADMIN_KEY, &ids[3], &format!("k-{}", ids[3])).await;
-    assert_eq!(retried.status, 200);
-    assert!(!retried.replayed);
+    let token = app.stored_token(&ids[3]).await;
+    assert_eq!(token.get_str("status").unwrap(), "active", "{token}");
+    let retried = redeem_keyed(&app, ADMIN_KEY, &ids[3], "k-back").await;
+    assert_eq!((retried.status, retried.replayed), (409, true));
+    assert_eq!(retried.body, refused.body);
+    assert_eq!(app.stored_token(&ids[3]).await, token, "nothing written");
+    // A new key is a new request: it redeems the token.
+    let redeemed = redeem_keyed(&app, ADMIN_KEY, &ids[3], "k-back-2").await;
+    assert_eq!((redeemed.status, redeemed.replayed), (200, false));
     let token = app.stored_token(&ids[3]).await;
     assert_eq!(token.get_str("status").unwrap(), "redeemed", "{token}");
-    // An operator's revoke is for good: its refusal is kept, and replayed.
-    let kept = redeem_keyed(&app, ADMIN_KEY, &ids[0], &format!("k-{}", ids[0])).await;
-    assert_eq!((kept.status, kept.replayed), (409, true));
-    let token = app.stored_token(&ids[0]).await;
-    assert_eq!(token.get_str("status").unwrap(), "revoked", "{token}");
 }
