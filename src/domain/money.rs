@@ -180,6 +180,40 @@ impl Money {
             _ => self.withdrawn() == 0,
         }
     }
+
+    /// This money, for payment `payment` authorised for `authorised` and captured in the
+    /// parts `captures` (Adyen under manual capture). Captured for less than was
+    /// authorised, the payment stands only for what was captured: the tokens were asked
+    /// for the authorised amount, so that is the amount the rule measures against, and
+    /// what no capture took (yet) counts as withdrawn (`uncaptured:<payment>`). A later
+    /// capture shrinks it, and the settle that follows brings back the tokens it pays
+    /// for, as it does for money that came back. A refund or chargeback of the whole
+    /// payment took what was captured (at least its own amount), not the authorisation,
+    /// whose rest is counted once, here: otherwise money coming back would give back
+    /// too little. Without captures, or captured for all of it, the money is unchanged.
+    pub fn with_uncaptured(
+        mut self,
+        payment: &str,
+        authorised: Option<i64>,
+        captures: &[i64],
+    ) -> Self {
+        let captured: i64 = captures.iter().sum();
+        let Some(authorised) = authorised.filter(|a| !captures.is_empty() && captured < *a) else {
+            return self;
+        };
+        for withdrawal in self.withdrawals.iter_mut().filter(|w| w.full) {
+            withdrawal.full = false;
+            withdrawal.amount = withdrawal.amount.max(captured);
+        }
+        self.withdrawals.push(Withdrawal {
+            id: format!("{UNCAPTURED_KIND}{payment}"),
+            amount: authorised - captured,
+            full: false,
+            reported_at: None,
+        });
+        self.amount = Some(authorised.max(self.amount.unwrap_or(0)));
+        self
+    }
 }
 
 /// How many of its `quantity` tokens a payment is entitled to.
@@ -575,5 +609,58 @@ mod tests {
         assert_eq!(taken(4, 0, &[1, 3]), (0, 2));
         // No set: everything from 0.
         assert_eq!(taken(0, 0, &[]), (0, 0));
+    }
+
+    #[test]
+    fn a_payment_captured_in_part_stands_for_what_was_captured() {
+        // 10 tokens authorised for 1000; `refunds` and `reversals` as recorded; the
+        // payment's `amount` is what its captures add up to.
+        let keep = |captures: &[i64], withdrawals: Vec<Withdrawal>, reversals: Vec<Reversal>| {
+            let captured: i64 = captures.iter().sum();
+            let money = Money {
+                amount: Some(captured),
+                withdrawals,
+                reversals,
+                recorded_total: None,
+            }
+            .with_uncaptured("psp_1", Some(1000), captures);
+            let status = if money.leaves_some() {
+                PaymentStatus::Succeeded
+            } else {
+                PaymentStatus::Refunded
+            };
+            entitlement(status, &money, 10).kept(10)
+        };
+        assert_eq!(keep(&[600], vec![], vec![]), 6);
+        // Captured in parts, the later ones bring back what they pay for.
+        assert_eq!(keep(&[300, 500], vec![], vec![]), 8);
+        assert_eq!(keep(&[300, 500, 200], vec![], vec![]), 10);
+        // More than was authorised: nothing left uncaptured.
+        assert_eq!(keep(&[1200], vec![], vec![]), 10);
+        // A refund of half of what was captured.
+        assert_eq!(keep(&[600], vec![w("refund:r", 300, false)], vec![]), 3);
+        // A whole refund takes what was captured; its failure gives that back.
+        let whole = || vec![w("refund:r", 600, true)];
+        assert_eq!(keep(&[600], whole(), vec![]), 0);
+        assert_eq!(
+            keep(&[600], whole(), vec![r("refund:r", 600, Some("refund:r"))]),
+            6
+        );
+        // A whole chargeback (Adyen names its amount), half of it reversed.
+        let chargeback = vec![w("chargeback:c", 600, true)];
+        let reversed = vec![r("chargeback:c", 300, Some("chargeback:c"))];
+        assert_eq!(keep(&[600], chargeback, reversed), 3);
+        // No authorisation known (a capture before it), or no capture yet: as recorded.
+        let plain = Money {
+            amount: Some(600),
+            withdrawals: vec![],
+            reversals: vec![],
+            recorded_total: None,
+        };
+        assert_eq!(plain.clone().with_uncaptured("psp_1", None, &[600]), plain);
+        assert_eq!(
+            plain.clone().with_uncaptured("psp_1", Some(1000), &[]),
+            plain
+        );
     }
 }

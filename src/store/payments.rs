@@ -24,8 +24,7 @@ use super::retry;
 use super::{Store, TOKENS};
 use crate::domain::{
     Actor, CapturedPart, IssuanceParams, Money, Owner, PaymentEvent, PaymentKey, PaymentStatus,
-    Quantity, Refund, Reversal, RevocationReason, ShareTaken, TokenType, UNCAPTURED_KIND,
-    Withdrawal, share_taken,
+    Quantity, Refund, Reversal, RevocationReason, ShareTaken, TokenType, Withdrawal, share_taken,
 };
 
 pub const PAYMENTS: &str = "payments";
@@ -184,49 +183,22 @@ impl PaymentDoc {
         super::documents::stored_key(&self.provider, &self.account_id, &self.payment_intent_id)
     }
 
-    /// What the document records of the payment's money, for the money rule.
-    ///
-    /// A payment captured for less than was authorised stands only for what was
-    /// captured: the tokens were asked for the authorised amount, so that is the amount
-    /// the rule measures against, and what no capture took (yet) counts as withdrawn
-    /// (`uncaptured:<payment>`), derived afresh from every read. A later capture (the
-    /// multiple partial captures Adyen allows) shrinks it, and the settle that follows
-    /// brings back the tokens it pays for, as it does for money that came back.
+    /// What the document records of the payment's money, for the money rule: with what
+    /// its captures left of its authorisation, when it has both (`Money::with_uncaptured`).
     pub fn money(&self) -> Money {
-        let mut withdrawals: Vec<Withdrawal> = self
-            .refunds
-            .iter()
-            .map(|r| Withdrawal {
-                id: r.id.clone(),
-                amount: r.amount,
-                full: r.full,
-                reported_at: r.at,
-            })
-            .collect();
-        let mut amount = self.amount;
-        let captured: i64 = self.captures.iter().map(|c| c.amount).sum();
-        match self.authorised_amount {
-            Some(authorised) if !self.captures.is_empty() && captured < authorised => {
-                // A refund or chargeback of the whole payment took what was captured (at
-                // least its own amount), not the authorisation, whose rest is counted
-                // once, below: otherwise money coming back would give back too little.
-                for withdrawal in withdrawals.iter_mut().filter(|w| w.full) {
-                    withdrawal.full = false;
-                    withdrawal.amount = withdrawal.amount.max(captured);
-                }
-                withdrawals.push(Withdrawal {
-                    id: format!("{UNCAPTURED_KIND}{}", self.payment_intent_id),
-                    amount: authorised - captured,
-                    full: false,
-                    reported_at: None,
-                });
-                amount = Some(authorised.max(amount.unwrap_or(0)));
-            }
-            _ => {}
-        }
+        let captures: Vec<i64> = self.captures.iter().map(|c| c.amount).collect();
         Money {
-            amount,
-            withdrawals,
+            amount: self.amount,
+            withdrawals: self
+                .refunds
+                .iter()
+                .map(|r| Withdrawal {
+                    id: r.id.clone(),
+                    amount: r.amount,
+                    full: r.full,
+                    reported_at: r.at,
+                })
+                .collect(),
             reversals: self
                 .reversals
                 .iter()
@@ -240,6 +212,7 @@ impl PaymentDoc {
                 .collect(),
             recorded_total: self.amount_refunded,
         }
+        .with_uncaptured(&self.payment_intent_id, self.authorised_amount, &captures)
     }
 }
 

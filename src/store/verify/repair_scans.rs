@@ -45,9 +45,9 @@ impl Store {
     }
 
     /// The keys of the payments whose state takes tokens back: refunded, canceled,
-    /// partly refunded, captured in part (or in parts). Keys alone: the settle reads each payment afresh, and a payment
-    /// whose key cannot be read comes back as `Err` in its place, so that one document
-    /// of another shape does not stop the scan.
+    /// partly refunded, captured in part (or in parts). Keys alone: the settle reads each
+    /// payment afresh, and a payment whose key cannot be read comes back as `Err` in its
+    /// place, so that one document of another shape does not stop the scan.
     pub async fn payments_taking_back(
         &self,
     ) -> Result<Vec<Result<PaymentKey, StoreError>>, StoreError> {
