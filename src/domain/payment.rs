@@ -78,6 +78,10 @@ pub struct PaymentEvent {
     /// unusable metadata included, since the only other way to name any is a replay of
     /// it with the metadata changed.
     pub sole_metadata: bool,
+    /// The customer may have written the token metadata (Paddle's `custom_data`, which
+    /// Paddle.js sets in the browser): where prices are configured, a token type it
+    /// names must have one (`TokenPrices::unpaid`).
+    pub customer_metadata: bool,
 }
 
 impl PaymentEvent {

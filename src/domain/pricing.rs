@@ -3,7 +3,8 @@
 //! metadata alone decides the quantity, which is sound only where the merchant's backend
 //! writes it (Stripe's PaymentIntent metadata): Paddle's `custom_data` is also written
 //! by Paddle.js in the customer's browser, so a customer could pay the cheapest price
-//! and name any quantity.
+//! and name any quantity, or any token type: metadata the customer may have written
+//! names only priced types.
 
 use std::collections::BTreeMap;
 
@@ -49,17 +50,27 @@ impl TokenPrices {
     }
 
     /// Why a payment of `amount` minor units of `currency` does not pay for `params`;
-    /// `None` when it does, or when their token type has no price. A priced type is
-    /// refused when the event names no amount, or a currency it has no price in: what
-    /// cannot be checked is not taken on trust.
+    /// `None` when it does, or when their token type has no price and the merchant named
+    /// it. A priced type is refused when the event names no amount, or a currency it has
+    /// no price in: what cannot be checked is not taken on trust. So is an unpriced type
+    /// the customer may have named (`customer_named`), wherever any price is configured
+    /// (always in production with such a provider): else a checkout for the cheapest
+    /// item, or a free one, could name any type the merchant issues elsewhere.
     pub fn unpaid(
         &self,
         params: &IssuanceParams,
         amount: Option<i64>,
         currency: Option<&str>,
+        customer_named: bool,
     ) -> Option<String> {
         let token_type = &params.token_type;
-        let by_currency = self.0.get(token_type)?;
+        let Some(by_currency) = self.0.get(token_type) else {
+            return (customer_named && !self.is_empty()).then(|| {
+                format!(
+                    "tokens of type {token_type} have no price, and the payment's metadata may be the customer's"
+                )
+            });
+        };
         let Some(currency) = currency.map(str::to_ascii_uppercase) else {
             return Some(format!(
                 "tokens of type {token_type} are priced, and the payment names no currency"
@@ -123,30 +134,44 @@ mod tests {
     fn a_payment_pays_for_what_its_amount_covers_and_no_more() {
         let prices = prices(&[("credit", &[("EUR", 100), ("usd", 110)])]).unwrap();
         let ten = params("credit", 10);
-        assert_eq!(prices.unpaid(&ten, Some(1000), Some("EUR")), None);
+        assert_eq!(prices.unpaid(&ten, Some(1000), Some("EUR"), false), None);
         assert_eq!(
-            prices.unpaid(&ten, Some(1000), Some("eur")),
+            prices.unpaid(&ten, Some(1000), Some("eur"), false),
             None,
             "any case"
         );
         assert_eq!(
-            prices.unpaid(&ten, Some(5000), Some("EUR")),
+            prices.unpaid(&ten, Some(5000), Some("EUR"), false),
             None,
             "more is fine"
         );
-        let short = prices.unpaid(&ten, Some(999), Some("EUR")).unwrap();
+        let short = prices.unpaid(&ten, Some(999), Some("EUR"), false).unwrap();
         assert!(
             short.contains("cost 1000 EUR") && short.contains("999"),
             "{short}"
         );
-        assert!(prices.unpaid(&ten, Some(1099), Some("USD")).is_some());
-        assert!(prices.unpaid(&ten, Some(-1), Some("EUR")).is_some());
+        assert!(
+            prices
+                .unpaid(&ten, Some(1099), Some("USD"), false)
+                .is_some()
+        );
+        assert!(prices.unpaid(&ten, Some(-1), Some("EUR"), false).is_some());
         // What cannot be checked is refused.
-        assert!(prices.unpaid(&ten, None, Some("EUR")).is_some());
-        assert!(prices.unpaid(&ten, Some(1000), None).is_some());
-        assert!(prices.unpaid(&ten, Some(1000), Some("GBP")).is_some());
-        // A type without prices is taken as named.
-        assert_eq!(prices.unpaid(&params("standard", 10), Some(1), None), None);
+        assert!(prices.unpaid(&ten, None, Some("EUR"), false).is_some());
+        assert!(prices.unpaid(&ten, Some(1000), None, false).is_some());
+        assert!(
+            prices
+                .unpaid(&ten, Some(1000), Some("GBP"), false)
+                .is_some()
+        );
+        // A type without prices is taken as named by the merchant, not by the customer
+        // where any price is configured; with none configured, as named.
+        let unpriced = params("standard", 10);
+        assert_eq!(prices.unpaid(&unpriced, Some(1), None, false), None);
+        let refused = prices.unpaid(&unpriced, Some(1), None, true).unwrap();
+        assert!(refused.contains("standard"), "{refused}");
+        let none = TokenPrices::default();
+        assert_eq!(none.unpaid(&unpriced, Some(1), None, true), None);
     }
 
     #[test]

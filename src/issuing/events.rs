@@ -189,10 +189,12 @@ impl Issuer {
         let Some(Ok(params)) = &event.token_params else {
             return None;
         };
-        let reason = self
-            .config
-            .prices
-            .unpaid(params, event.amount, event.currency.as_deref())?;
+        let reason = self.config.prices.unpaid(
+            params,
+            event.amount,
+            event.currency.as_deref(),
+            event.customer_metadata,
+        )?;
         Some(PaymentEvent {
             token_params: Some(Err(reason)),
             ..event.clone()

@@ -137,6 +137,8 @@ pub fn parse_paddle(
         uncaptured: None,
         authorises_capture: false,
         sole_metadata: false,
+        // Paddle.js lets the customer's browser set a checkout's `custom_data`.
+        customer_metadata: true,
     })))
 }
 

@@ -194,6 +194,7 @@ pub fn parse_standard(
         uncaptured: None,
         authorises_capture: false,
         sole_metadata: false,
+        customer_metadata: false,
     })))
 }
 

@@ -118,6 +118,7 @@ fn payment_event(
         uncaptured: uncaptured(event, payment_id),
         authorises_capture: false,
         sole_metadata: false,
+        customer_metadata: false,
     })
 }
 

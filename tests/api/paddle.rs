@@ -167,6 +167,28 @@ async fn a_transaction_issues_only_the_tokens_its_total_pays_for() {
     assert_eq!(active(&app, "txn_paid").await, (0..10).collect::<Vec<_>>());
 }
 
+/// Where prices are configured, a token type the customer names in `custom_data` that
+/// has none issues nothing: otherwise a checkout for the cheapest item (or a free one)
+/// could name any type the merchant issues elsewhere, in any quantity.
+#[tokio::test]
+async fn a_transaction_naming_a_token_type_without_a_price_issues_nothing() {
+    let app = spawn_app_with(&format!(
+        "{PADDLE}\n[issuance.token_prices.standard]\nEUR = 100\n"
+    ))
+    .await;
+    let mut free = completed("evt_free", "txn_free", 1000);
+    free["data"]["custom_data"]["tokenmint_token_type"] = json!("premium");
+    free["data"]["details"]["totals"]["grand_total"] = json!("0");
+    let answer = send(&app, &free).await;
+    assert_eq!(answer["outcome"], "metadata_invalid", "{answer}");
+    let detail = answer["detail"].as_str().unwrap_or_default();
+    assert!(detail.contains("premium"), "{answer}");
+    assert_eq!(app.count("tokens", doc! {}).await, 0);
+    assert_eq!(app.count_records(doc! {}).await, 0);
+    let stored = payment(&app, "txn_free").await;
+    assert!(stored.get_str("metadataError").is_ok(), "{stored}");
+}
+
 #[tokio::test]
 async fn forged_tampered_stale_and_unsigned_deliveries_write_nothing() {
     let app = app().await;

@@ -337,6 +337,7 @@ fn parse_item(
         // Only the authorisation carries `metadata.*`, unsigned: a replay of it (its
         // dedupe record expired) is the only way any other metadata could arrive.
         sole_metadata: authorised,
+        customer_metadata: false,
     }))
 }
 
