@@ -321,6 +321,24 @@ impl TestApp {
             .expect("request sent")
     }
 
+    /// Transfers token `id`, at `version` (its `If-Match`), to `new_owner` as `key`.
+    pub async fn transfer_token(
+        &self,
+        key: &str,
+        id: &str,
+        version: i64,
+        new_owner: &str,
+    ) -> reqwest::Response {
+        self.http
+            .post(self.url(&format!("/v1/tokens/{id}/transfer")))
+            .bearer_auth(key)
+            .header("if-match", format!("\"{version}\""))
+            .json(&serde_json::json!({ "newOwner": new_owner }))
+            .send()
+            .await
+            .expect("request sent")
+    }
+
     pub async fn count(&self, collection: &str, filter: Document) -> u64 {
         self.db
             .collection::<Document>(collection)

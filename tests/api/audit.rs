@@ -4,7 +4,6 @@
 //! provider whose refund took it back — in the database and in its answer.
 
 use mongodb::bson::{Document, doc};
-use serde_json::json;
 
 use crate::helpers::*;
 use crate::provider_events::*;
@@ -80,15 +79,7 @@ async fn token_changes_name_the_key_that_made_them_and_refunds_the_provider() {
     assert_eq!(redeemed.status(), 200);
     assert_eq!(json(redeemed).await["lastChangedBy"], "key:acct1");
 
-    let transferred = app
-        .http
-        .post(app.url(&format!("/v1/tokens/{}/transfer", ids[1])))
-        .bearer_auth(ADMIN_KEY)
-        .header("if-match", "\"0\"")
-        .json(&json!({ "newOwner": OTHER_OWNER }))
-        .send()
-        .await
-        .unwrap();
+    let transferred = app.transfer_token(ADMIN_KEY, &ids[1], 0, OTHER_OWNER).await;
     assert_eq!(transferred.status(), 200);
     assert_eq!(json(transferred).await["lastChangedBy"], "key:admin");
     let stored = app.tokens_of("pi_audit_tokens").await;

@@ -138,6 +138,19 @@ pub async fn payment_status(app: &TestApp, payment: &str) -> (String, i64) {
     (doc.get_str("status").unwrap().to_owned(), version)
 }
 
+/// A Stripe Dispute event (`funds_withdrawn` or `funds_reinstated`) of `amount`.
+pub fn dispute(event_id: &str, kind: &str, payment: &str, amount: i64, created: i64) -> Value {
+    json!({
+        "id": event_id, "object": "event", "type": format!("charge.dispute.{kind}"),
+        "created": created, "account": "acct_1", "livemode": false,
+        "data": { "object": {
+            "id": "du_1", "object": "dispute", "charge": "ch_1", "payment_intent": payment,
+            "amount": amount, "currency": "eur", "reason": "fraudulent",
+            "status": if kind == "funds_reinstated" { "won" } else { "needs_response" },
+        } },
+    })
+}
+
 /// A Stripe `charge.refunded` for part of a charge: `refunded: false`, `amount_refunded`
 /// of `amount` (minor units) refunded so far.
 pub fn partial_refund_event(

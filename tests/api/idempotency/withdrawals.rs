@@ -2,27 +2,13 @@
 //! money took back is kept like any other, also once money coming back makes the token
 //! active again; a new key acts on it.
 
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use super::redeem_keyed;
 use crate::helpers::*;
-use crate::provider_events::{PROVIDERS, deliver_stripe, intent_event};
+use crate::provider_events::{PROVIDERS, deliver_stripe, dispute, intent_event};
 
 const PAID_AT: i64 = 1_780_000_000;
-
-/// A Stripe Dispute event of 500 of the payment's 1000 cents: `funds_withdrawn` takes 2
-/// of its 4 tokens back, `funds_reinstated` (the dispute won) gives them back.
-fn dispute(event_id: &str, kind: &str, payment: &str, created: i64) -> Value {
-    json!({
-        "id": event_id, "object": "event", "type": format!("charge.dispute.{kind}"),
-        "created": created, "account": "acct_1", "livemode": false,
-        "data": { "object": {
-            "id": "du_1", "object": "dispute", "charge": "ch_1", "payment_intent": payment,
-            "amount": 500, "currency": "eur", "reason": "fraudulent",
-            "status": if kind == "funds_reinstated" { "won" } else { "needs_response" },
-        } },
-    })
-}
 
 async fn stripe(app: &TestApp, event: &Value) {
     assert_eq!(deliver_stripe(app, event).await.status(), 200);
@@ -39,7 +25,7 @@ async fn a_refusal_on_a_token_the_money_took_back_is_kept_when_the_money_comes_b
     let ids = app.stored_token_ids("pi_back").await;
     stripe(
         &app,
-        &dispute("evt_dw", "funds_withdrawn", "pi_back", PAID_AT + 10),
+        &dispute("evt_dw", "funds_withdrawn", "pi_back", 500, PAID_AT + 10),
     )
     .await;
     let refused = redeem_keyed(&app, ADMIN_KEY, &ids[3], "k-back").await;
@@ -49,7 +35,7 @@ async fn a_refusal_on_a_token_the_money_took_back_is_kept_when_the_money_comes_b
     // answered as it was the first time, and writes nothing.
     stripe(
         &app,
-        &dispute("evt_dr", "funds_reinstated", "pi_back", PAID_AT + 20),
+        &dispute("evt_dr", "funds_reinstated", "pi_back", 500, PAID_AT + 20),
     )
     .await;
     let token = app.stored_token(&ids[3]).await;

@@ -6,15 +6,12 @@
 use mongodb::bson::doc;
 use serde_json::{Value, json};
 
+use super::{adyen_capture, adyen_manual};
 use crate::adyen::{
     ADYEN, ADYEN_NEW, active, authorisation, modification, post_batch, send, signed_batch,
 };
 use crate::helpers::*;
 use crate::provider_events::payment_status;
-
-fn manual() -> String {
-    format!("{ADYEN}capture = \"manual\"\n")
-}
 
 /// An item `code` against `original`, at `date`.
 fn at(code: &str, psp: &str, original: &str, date: &str) -> Value {
@@ -33,7 +30,7 @@ async fn outcome(app: &TestApp, event_id: &str) -> String {
 
 #[tokio::test]
 async fn under_manual_capture_the_capture_issues_the_authorisations_tokens() {
-    let app = spawn_app_with(&manual()).await;
+    let app = spawn_app_with(&adyen_manual()).await;
     send(&app, &[authorisation("PSP_M", 3)]).await;
     assert_eq!(payment_status(&app, "PSP_M").await.0, "processing");
     assert_eq!(
@@ -65,13 +62,9 @@ async fn under_manual_capture_the_capture_issues_the_authorisations_tokens() {
 /// then judged against that sum, not against the last capture's amount.
 #[tokio::test]
 async fn partial_captures_add_up_to_the_payment_a_refund_is_judged_against() {
-    let app = spawn_app_with(&manual()).await;
+    let app = spawn_app_with(&adyen_manual()).await;
     send(&app, &[authorisation("PSP_PC", 10)]).await;
-    let part = |psp: &str, value: i64, date: &str| {
-        let mut item = at("CAPTURE", psp, "PSP_PC", date);
-        item["amount"]["value"] = json!(value);
-        item
-    };
+    let part = |psp: &str, value: i64, date: &str| adyen_capture(psp, "PSP_PC", value, date);
     // The later capture is delivered first; the earlier one, then, and again.
     send(&app, &[part("CAP_B", 700, "2026-11-30T16:00:00Z")]).await;
     send(&app, &[part("CAP_A", 300, "2026-11-30T15:00:00Z")]).await;
@@ -96,13 +89,13 @@ async fn partial_captures_add_up_to_the_payment_a_refund_is_judged_against() {
 #[tokio::test]
 async fn a_capture_part_recorded_before_a_failure_counts_once_when_delivered_again() {
     let name = unique_app_name();
-    let app = spawn_app_named(&name, &format!("{}[repair]\nenabled = false\n", manual())).await;
+    let app = spawn_app_named(
+        &name,
+        &format!("{}[repair]\nenabled = false\n", adyen_manual()),
+    )
+    .await;
     send(&app, &[authorisation("PSP_CF", 10)]).await;
-    let part = |psp: &str, value: i64, date: &str| {
-        let mut item = at("CAPTURE", psp, "PSP_CF", date);
-        item["amount"]["value"] = json!(value);
-        item
-    };
+    let part = |psp: &str, value: i64, date: &str| adyen_capture(psp, "PSP_CF", value, date);
     let first = part("CAP_X", 300, "2026-11-30T15:00:00Z");
     // The projection (a findAndModify upsert) passes; the issuance's inserts fail.
     let failing = FailPoint::always(&name, &["insert"], Fault::error(91)).await;
@@ -144,7 +137,7 @@ async fn a_capture_part_recorded_before_a_failure_counts_once_when_delivered_aga
 
 #[tokio::test]
 async fn a_capture_before_its_authorisation_issues_once_the_parameters_arrive() {
-    let app = spawn_app_with(&manual()).await;
+    let app = spawn_app_with(&adyen_manual()).await;
     send(
         &app,
         &[at("CAPTURE", "CAP_1", "PSP_O", "2026-11-30T15:00:00Z")],
@@ -164,7 +157,7 @@ async fn a_capture_before_its_authorisation_issues_once_the_parameters_arrive() 
 
 #[tokio::test]
 async fn a_failed_capture_takes_the_tokens_back() {
-    let app = spawn_app_with(&manual()).await;
+    let app = spawn_app_with(&adyen_manual()).await;
     send(&app, &[authorisation("PSP_F", 3)]).await;
     send(
         &app,
@@ -235,7 +228,7 @@ async fn a_failed_capture_takes_the_tokens_back() {
 
 #[tokio::test]
 async fn an_authorisation_canceled_before_its_capture_issues_nothing() {
-    let app = spawn_app_with(&manual()).await;
+    let app = spawn_app_with(&adyen_manual()).await;
     send(&app, &[authorisation("PSP_C", 2)]).await;
     send(
         &app,

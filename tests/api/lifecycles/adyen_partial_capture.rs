@@ -8,22 +8,12 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
+use super::{adyen_capture, adyen_manual};
 use crate::adyen::{
-    ADYEN, ADYEN_NEW, active, authorisation, modification, post_batch, send, signed_batch,
+    ADYEN_NEW, active, authorisation, modification, post_batch, send, signed_batch,
 };
 use crate::helpers::*;
 use crate::provider_events::payment_status;
-
-fn manual() -> String {
-    format!("{ADYEN}capture = \"manual\"\n")
-}
-
-/// A `CAPTURE` of `value` cents, `psp`, of the payment `original`, at `date`.
-fn capture(psp: &str, original: &str, value: i64, date: &str) -> Value {
-    let mut item = modification("CAPTURE", psp, original, value);
-    item["eventDate"] = json!(date);
-    item
-}
 
 /// The payment's tokens that are revoked, each with its reason.
 async fn revoked(app: &TestApp, payment: &str) -> Vec<(i64, String)> {
@@ -59,11 +49,11 @@ fn partly_refunded(indexes: std::ops::Range<i64>) -> Vec<(i64, String)> {
 
 #[tokio::test]
 async fn a_payment_captured_in_part_keeps_only_the_tokens_its_capture_paid_for() {
-    let app = spawn_app_with(&manual()).await;
+    let app = spawn_app_with(&adyen_manual()).await;
     send(&app, &[authorisation("PSP_P", 10)]).await;
     send(
         &app,
-        &[capture("CAP_P", "PSP_P", 600, "2026-11-30T15:00:00Z")],
+        &[adyen_capture("CAP_P", "PSP_P", 600, "2026-11-30T15:00:00Z")],
     )
     .await;
     let recorded = app
@@ -102,14 +92,19 @@ async fn a_payment_captured_in_part_keeps_only_the_tokens_its_capture_paid_for()
 /// later, and what it pays for stands again. Delivered again, a capture counts once.
 #[tokio::test]
 async fn a_later_capture_brings_back_the_tokens_it_pays_for() {
-    let app = spawn_app_with(&manual()).await;
+    let app = spawn_app_with(&adyen_manual()).await;
     send(&app, &[authorisation("PSP_L", 10)]).await;
-    let first = capture("CAP_L1", "PSP_L", 300, "2026-11-30T15:00:00Z");
+    let first = adyen_capture("CAP_L1", "PSP_L", 300, "2026-11-30T15:00:00Z");
     send(&app, std::slice::from_ref(&first)).await;
     assert_eq!(active(&app, "PSP_L").await, vec![0, 1, 2]);
     send(
         &app,
-        &[capture("CAP_L2", "PSP_L", 500, "2026-11-30T16:00:00Z")],
+        &[adyen_capture(
+            "CAP_L2",
+            "PSP_L",
+            500,
+            "2026-11-30T16:00:00Z",
+        )],
     )
     .await;
     assert_eq!(active(&app, "PSP_L").await, (0..8).collect::<Vec<i64>>());
@@ -124,7 +119,12 @@ async fn a_later_capture_brings_back_the_tokens_it_pays_for() {
     assert_eq!(active(&app, "PSP_L").await, (0..8).collect::<Vec<i64>>());
     send(
         &app,
-        &[capture("CAP_L3", "PSP_L", 200, "2026-11-30T17:00:00Z")],
+        &[adyen_capture(
+            "CAP_L3",
+            "PSP_L",
+            200,
+            "2026-11-30T17:00:00Z",
+        )],
     )
     .await;
     assert_eq!(active(&app, "PSP_L").await, (0..10).collect::<Vec<i64>>());
@@ -152,7 +152,7 @@ async fn a_later_capture_brings_back_the_tokens_it_pays_for() {
 /// captured, not the authorised amount: money that comes back brings back its share.
 #[tokio::test]
 async fn a_whole_withdrawal_after_a_capture_in_part_takes_back_only_what_was_captured() {
-    let app = spawn_app_with(&manual()).await;
+    let app = spawn_app_with(&adyen_manual()).await;
     let at = |mut item: Value, date: &str| {
         item["eventDate"] = json!(date);
         item
@@ -166,7 +166,7 @@ async fn a_whole_withdrawal_after_a_capture_in_part_takes_back_only_what_was_cap
         send(&app, &[authorisation(payment, 10)]).await;
         send(
             &app,
-            &[capture(
+            &[adyen_capture(
                 &format!("CAP_{payment}"),
                 payment,
                 600,
@@ -206,10 +206,10 @@ async fn a_whole_withdrawal_after_a_capture_in_part_takes_back_only_what_was_cap
 
 #[tokio::test]
 async fn a_capture_in_part_before_its_authorisation_issues_only_its_share() {
-    let app = spawn_app_with(&manual()).await;
+    let app = spawn_app_with(&adyen_manual()).await;
     send(
         &app,
-        &[capture("CAP_E", "PSP_E", 500, "2026-11-30T15:00:00Z")],
+        &[adyen_capture("CAP_E", "PSP_E", 500, "2026-11-30T15:00:00Z")],
     )
     .await;
     assert_eq!(app.count("tokens", doc! {}).await, 0, "no metadata yet");
@@ -233,11 +233,16 @@ async fn a_capture_in_part_before_its_authorisation_issues_only_its_share() {
 /// Adyen may capture more than was authorised (overcapture): nothing is left uncaptured.
 #[tokio::test]
 async fn a_capture_of_more_than_was_authorised_keeps_every_token() {
-    let app = spawn_app_with(&manual()).await;
+    let app = spawn_app_with(&adyen_manual()).await;
     send(&app, &[authorisation("PSP_O", 10)]).await;
     send(
         &app,
-        &[capture("CAP_O", "PSP_O", 1200, "2026-11-30T15:00:00Z")],
+        &[adyen_capture(
+            "CAP_O",
+            "PSP_O",
+            1200,
+            "2026-11-30T15:00:00Z",
+        )],
     )
     .await;
     assert_eq!(active(&app, "PSP_O").await, (0..10).collect::<Vec<i64>>());
@@ -253,9 +258,13 @@ async fn a_capture_of_more_than_was_authorised_keeps_every_token() {
 #[tokio::test]
 async fn a_capture_in_part_whose_tokens_failed_to_be_written_issues_its_share_when_sent_again() {
     let name = unique_app_name();
-    let app = spawn_app_named(&name, &format!("{}[repair]\nenabled = false\n", manual())).await;
+    let app = spawn_app_named(
+        &name,
+        &format!("{}[repair]\nenabled = false\n", adyen_manual()),
+    )
+    .await;
     send(&app, &[authorisation("PSP_W", 10)]).await;
-    let part = capture("CAP_W", "PSP_W", 400, "2026-11-30T15:00:00Z");
+    let part = adyen_capture("CAP_W", "PSP_W", 400, "2026-11-30T15:00:00Z");
     let failing = FailPoint::always(&name, &["insert"], Fault::error(91)).await;
     let refused = post_batch(&app, signed_batch(std::slice::from_ref(&part), ADYEN_NEW)).await;
     failing.off().await;
@@ -276,7 +285,11 @@ async fn a_capture_in_part_whose_tokens_failed_to_be_written_issues_its_share_wh
 async fn a_capture_completing_the_payment_while_the_first_ones_tokens_settle_leaves_them_all_active()
  {
     let name = unique_app_name();
-    let app = spawn_app_named(&name, &format!("{}[repair]\nenabled = false\n", manual())).await;
+    let app = spawn_app_named(
+        &name,
+        &format!("{}[repair]\nenabled = false\n", adyen_manual()),
+    )
+    .await;
     send(&app, &[authorisation("PSP_X", 10)]).await;
     let tokens = format!("{}.tokens", app.db_name);
     // The first capture's settle, an update of its tokens, held up on the server.
@@ -293,7 +306,12 @@ async fn a_capture_completing_the_payment_while_the_first_ones_tokens_settle_lea
         assert!(held.fired_within(1, Duration::from_secs(10)).await);
         send(
             &app,
-            &[capture("CAP_X2", "PSP_X", 400, "2026-11-30T16:00:00Z")],
+            &[adyen_capture(
+                "CAP_X2",
+                "PSP_X",
+                400,
+                "2026-11-30T16:00:00Z",
+            )],
         )
         .await;
         // The race this is about: the second capture's settle ran while the first's
@@ -301,7 +319,12 @@ async fn a_capture_completing_the_payment_while_the_first_ones_tokens_settle_lea
         assert!(!first_answered.load(std::sync::atomic::Ordering::SeqCst));
         assert_eq!(active(&app, "PSP_X").await, (0..10).collect::<Vec<i64>>());
     };
-    let first = [capture("CAP_X1", "PSP_X", 600, "2026-11-30T15:00:00Z")];
+    let first = [adyen_capture(
+        "CAP_X1",
+        "PSP_X",
+        600,
+        "2026-11-30T15:00:00Z",
+    )];
     let first_capture = async {
         send(&app, &first).await;
         first_answered.store(true, std::sync::atomic::Ordering::SeqCst);
@@ -320,17 +343,27 @@ async fn a_capture_completing_the_payment_while_the_first_ones_tokens_settle_lea
 /// `stale`.
 #[tokio::test]
 async fn an_older_capture_part_delivered_late_reports_the_tokens_it_brought_back() {
-    let app = spawn_app_with(&manual()).await;
+    let app = spawn_app_with(&adyen_manual()).await;
     send(&app, &[authorisation("PSP_Z", 10)]).await;
     send(
         &app,
-        &[capture("CAP_Z2", "PSP_Z", 700, "2026-11-30T16:00:00Z")],
+        &[adyen_capture(
+            "CAP_Z2",
+            "PSP_Z",
+            700,
+            "2026-11-30T16:00:00Z",
+        )],
     )
     .await;
     assert_eq!(active(&app, "PSP_Z").await, (0..7).collect::<Vec<i64>>());
     send(
         &app,
-        &[capture("CAP_Z1", "PSP_Z", 300, "2026-11-30T15:00:00Z")],
+        &[adyen_capture(
+            "CAP_Z1",
+            "PSP_Z",
+            300,
+            "2026-11-30T15:00:00Z",
+        )],
     )
     .await;
     assert_eq!(active(&app, "PSP_Z").await, (0..10).collect::<Vec<i64>>());
@@ -347,4 +380,52 @@ async fn an_older_capture_part_delivered_late_reports_the_tokens_it_brought_back
         Some(3),
         "{recorded}"
     );
+}
+
+/// A later capture whose settle cannot write the tokens after its projection recorded
+/// the part: the batch is refused, nothing it pays for is active yet, and Adyen's
+/// redelivery brings them back, the part counted once.
+#[tokio::test]
+async fn a_later_capture_whose_tokens_cannot_be_brought_back_does_so_when_sent_again() {
+    let name = unique_app_name();
+    let app = spawn_app_named(
+        &name,
+        &format!("{}[repair]\nenabled = false\n", adyen_manual()),
+    )
+    .await;
+    send(&app, &[authorisation("PSP_B", 10)]).await;
+    send(
+        &app,
+        &[adyen_capture(
+            "CAP_B1",
+            "PSP_B",
+            300,
+            "2026-11-30T15:00:00Z",
+        )],
+    )
+    .await;
+    assert_eq!(active(&app, "PSP_B").await, vec![0, 1, 2]);
+    let later = adyen_capture("CAP_B2", "PSP_B", 700, "2026-11-30T16:00:00Z");
+    let tokens = format!("{}.tokens", app.db_name);
+    let failing = FailPoint::always_on(&name, &["update"], &tokens, Fault::error(91)).await;
+    let refused = post_batch(&app, signed_batch(std::slice::from_ref(&later), ADYEN_NEW)).await;
+    assert!(failing.off().await > 0, "no token update was attempted");
+    assert_ne!(refused.text().await.unwrap(), "[accepted]");
+    let payment = app
+        .find_stored("payments", doc! { "paymentIntentId": "PSP_B" })
+        .await;
+    assert_eq!(
+        stored_int(&payment, "amount"),
+        Some(1000),
+        "the part was recorded"
+    );
+    assert_eq!(active(&app, "PSP_B").await, vec![0, 1, 2]);
+
+    send(&app, &[later]).await;
+    assert_eq!(active(&app, "PSP_B").await, (0..10).collect::<Vec<i64>>());
+    let payment = app
+        .find_stored("payments", doc! { "paymentIntentId": "PSP_B" })
+        .await;
+    assert_eq!(payment.get_array("captures").unwrap().len(), 2);
+    assert!(app.store().await.verify().await.unwrap().is_clean());
 }

@@ -10,9 +10,22 @@ mod stripe_capture;
 mod stripe_checkout;
 
 use mongodb::bson::doc;
-use serde_json::Value;
+use serde_json::{Value, json};
 
+use crate::adyen::{ADYEN, modification};
 use crate::helpers::*;
+
+/// The Adyen provider under manual capture: the CAPTURE is the success.
+pub fn adyen_manual() -> String {
+    format!("{ADYEN}capture = \"manual\"\n")
+}
+
+/// An Adyen `CAPTURE` of `value` cents, `psp`, of the payment `original`, at `date`.
+pub fn adyen_capture(psp: &str, original: &str, value: i64, date: &str) -> Value {
+    let mut item = modification("CAPTURE", psp, original, value);
+    item["eventDate"] = json!(date);
+    item
+}
 
 /// Nothing of any payment was written: what an ignored event must leave.
 pub async fn nothing_written(app: &TestApp) {

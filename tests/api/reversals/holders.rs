@@ -2,7 +2,7 @@
 //! back by its tokenIndex, whoever holds it, so it comes back to its holder, and the
 //! holder's balance follows; an operator's revoke in between outlasts the money.
 
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use super::{
     app, half_reinstated, half_withdrawn, operator_revoke, paid, state, stripe, verify_clean,
@@ -30,15 +30,7 @@ async fn balance(app: &TestApp, owner: &str) -> (i64, i64) {
 async fn a_transferred_token_taken_back_and_given_back_stays_with_its_holder() {
     let app = app().await;
     let ids = paid(&app, "pi_held", "4").await;
-    let transfer = app
-        .http
-        .post(app.url(&format!("/v1/tokens/{}/transfer", ids[3])))
-        .bearer_auth(ADMIN_KEY)
-        .header("if-match", "\"0\"")
-        .json(&json!({ "newOwner": OTHER_OWNER }))
-        .send()
-        .await
-        .unwrap();
+    let transfer = app.transfer_token(ADMIN_KEY, &ids[3], 0, OTHER_OWNER).await;
     assert_eq!(transfer.status(), 200);
     assert_eq!(balance(&app, OTHER_OWNER).await, (1, 0));
 

@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 
 use crate::helpers::*;
 use crate::provider_events::{
-    PROVIDERS, deliver_stripe, intent_event, partial_refund_event, recorded_outcome,
+    PROVIDERS, deliver_stripe, dispute, intent_event, partial_refund_event, recorded_outcome,
 };
 
 /// When the test payments were paid (Stripe `created`).
@@ -42,19 +42,6 @@ async fn paid(app: &TestApp, payment: &str, quantity: &str) -> Vec<String> {
     .await;
     assert_eq!(receipt["outcome"], "issued", "{receipt}");
     app.stored_token_ids(payment).await
-}
-
-/// A Stripe Dispute event (`funds_withdrawn` or `funds_reinstated`) of `amount`.
-fn dispute(event_id: &str, kind: &str, payment: &str, amount: i64, created: i64) -> Value {
-    json!({
-        "id": event_id, "object": "event", "type": format!("charge.dispute.{kind}"),
-        "created": created, "account": "acct_1", "livemode": false,
-        "data": { "object": {
-            "id": "du_1", "object": "dispute", "charge": "ch_1", "payment_intent": payment,
-            "amount": amount, "currency": "eur", "reason": "fraudulent",
-            "status": if kind == "funds_reinstated" { "won" } else { "needs_response" },
-        } },
-    })
 }
 
 /// Half of the payment disputed: `funds_withdrawn` of 500 of its 1000 cents (event

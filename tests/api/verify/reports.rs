@@ -90,15 +90,7 @@ async fn verify_reports_foreign_tokens_but_not_transferred_ones() {
 
     // A transfer changes the owner on purpose: not foreign.
     let moved = app.issued_token_ids("pi_moved").await.remove(0);
-    let transfer = app
-        .http
-        .post(app.url(&format!("/v1/tokens/{moved}/transfer")))
-        .bearer_auth(ADMIN_KEY)
-        .header("if-match", "\"0\"")
-        .json(&serde_json::json!({ "newOwner": OTHER_OWNER }))
-        .send()
-        .await
-        .unwrap();
+    let transfer = app.transfer_token(ADMIN_KEY, &moved, 0, OTHER_OWNER).await;
     assert_eq!(transfer.status(), 200);
     let tokens = app.db.collection::<Document>("tokens");
     let stored = app.stored_token(&moved).await;
