@@ -116,10 +116,10 @@ pub struct RefundEntry {
     pub at: Option<i64>,
 }
 
-/// One entry of a payment's `captures`.
+/// One entry of a payment's `captures`, as the money rule reads it: its amount (its
+/// `id` only keeps a part from counting twice, which the pipeline that writes it sees to).
 #[derive(Debug, Clone, Deserialize)]
 pub struct CaptureEntry {
-    pub id: String,
     pub amount: i64,
 }
 
