@@ -9,6 +9,7 @@ mod identifiers;
 mod issuance;
 mod money;
 mod owner;
+mod packs;
 mod payment;
 mod pricing;
 mod quantity;
@@ -30,6 +31,7 @@ pub use money::{
     entitlement, share_taken,
 };
 pub use owner::Owner;
+pub use packs::{TokenPacks, TokensBought};
 pub use payment::{CapturedPart, EventOutcome, ParsedEvent, PaymentEvent, PaymentStatus, Refund};
 pub use pricing::TokenPrices;
 pub use quantity::Quantity;

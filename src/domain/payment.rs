@@ -3,7 +3,7 @@
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use super::{IssuanceParams, PaymentKey, Reversal};
+use super::{IssuanceParams, PaymentKey, Reversal, TokensBought};
 
 /// The payment states tokenmint distinguishes. Their `rank` orders them for providers
 /// without an object version (Stripe): a state never moves to a lower rank.
@@ -82,6 +82,11 @@ pub struct PaymentEvent {
     /// Paddle.js sets in the browser): where prices are configured, a token type it
     /// names must have one (`TokenPrices::unpaid`).
     pub customer_metadata: bool,
+    /// The tokens the payment's items bought, where the provider maps its prices to
+    /// token packs (Paddle's `token_packs`): the metadata may name no more than these
+    /// (`TokensBought::short_of`). `None` where it maps none, or the event reports no
+    /// transaction.
+    pub bought: Option<TokensBought>,
 }
 
 impl PaymentEvent {

@@ -182,19 +182,27 @@ impl Issuer {
     }
 
     /// `event` with its metadata read as invalid when the payment it reports does not pay
-    /// for the tokens the metadata names (`issuance.token_prices`), so that it issues
-    /// nothing, fixes nothing, and says why (`metadata_invalid`); `None` when the event
-    /// is taken as it is.
+    /// for the tokens the metadata names, so that it issues nothing, fixes nothing, and
+    /// says why (`metadata_invalid`); `None` when the event is taken as it is. Paid for
+    /// means both: its amount covers them at their prices (`issuance.token_prices`), and,
+    /// where the provider sells tokens in packs, its items bought them (a renewal or
+    /// another product in the cart pays, but buys none).
     fn unpaid_read_as_invalid(&self, event: &PaymentEvent) -> Option<PaymentEvent> {
         let Some(Ok(params)) = &event.token_params else {
             return None;
         };
-        let reason = self.config.prices.unpaid(
-            params,
-            event.amount,
-            event.currency.as_deref(),
-            event.customer_metadata,
-        )?;
+        // Items that bought the type vouch for it, as only a price can where none are read.
+        let customer_named = event.customer_metadata && event.bought.is_none();
+        let reason = self
+            .config
+            .prices
+            .unpaid(
+                params,
+                event.amount,
+                event.currency.as_deref(),
+                customer_named,
+            )
+            .or_else(|| event.bought.as_ref()?.short_of(params))?;
         Some(PaymentEvent {
             token_params: Some(Err(reason)),
             ..event.clone()

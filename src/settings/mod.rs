@@ -27,7 +27,7 @@ use ipnet::IpNet;
 use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
 
-use crate::domain::{AccountGrant, IssuanceMode, Provider, Scope, TokenPrices};
+use crate::domain::{AccountGrant, IssuanceMode, Provider, Scope, TokenPacks, TokenPrices};
 pub use errors::SettingsError;
 use errors::load_error;
 #[cfg(test)]
@@ -344,6 +344,11 @@ pub struct ProviderSettings {
     /// When an Adyen payment is paid (scheme `adyen` only; unset is `auto`).
     #[serde(default)]
     pub capture: Option<Capture>,
+    /// The tokens each of the provider's prices sells (scheme `paddle` only,
+    /// `[providers.<name>.token_packs.<price id>]`): where any is configured, a
+    /// transaction issues no more than its items bought.
+    #[serde(default)]
+    pub token_packs: TokenPacks,
 }
 
 /// How an Adyen merchant account captures its payments.

@@ -232,16 +232,24 @@ impl Settings {
                     format!("{whose} is only for scheme `adyen`"),
                 ));
             }
+            if !provider.token_packs.is_empty() && provider.scheme != WebhookScheme::Paddle {
+                return Err(invalid(
+                    format!("{at}.token_packs"),
+                    format!("{whose} is only for scheme `paddle`"),
+                ));
+            }
             // Paddle's `custom_data` is also written by Paddle.js in the customer's
-            // browser: in production the quantity it names must be paid for.
+            // browser: in production the tokens it names must be paid for, by the
+            // amount or by the items.
             if provider.scheme == WebhookScheme::Paddle
                 && self.is_production()
                 && self.issuance.token_prices.is_empty()
+                && provider.token_packs.is_empty()
             {
                 return Err(invalid(
                     "issuance.token_prices".to_owned(),
                     format!(
-                        "is required in production (TOKENMINT_ENV=production) with a provider of scheme `paddle` ({whose}): a customer can set a checkout's custom_data in the browser, so each token type it issues needs a price its payment must cover"
+                        "is required in production (TOKENMINT_ENV=production) with a provider of scheme `paddle` ({whose}) that has no `token_packs`: a customer can set a checkout's custom_data in the browser, so each token type it issues needs a price its payment must cover"
                     ),
                 ));
             }
@@ -591,7 +599,7 @@ mod tests {
     }
 
     #[test]
-    fn production_requires_token_prices_with_paddle() {
+    fn production_requires_token_prices_or_packs_with_paddle() {
         use figment::Figment;
         use figment::providers::{Format, Toml};
         let load = |layers: &[&str]| {
@@ -606,9 +614,22 @@ mod tests {
         let err = load(&[PADDLE]).unwrap_err().to_string();
         assert!(err.contains("`issuance.token_prices`"), "{err}");
         load(&[PADDLE, PRICES]).expect("priced");
+        const PACKS: &str =
+            "[providers.paddle.token_packs.pri_01ten]\ntoken_type = \"credit\"\nquantity = 10";
+        load(&[PADDLE, PACKS]).expect("sold in packs");
         Settings::with_overrides(&[PADDLE]).expect("optional outside production");
         let bad = Settings::with_overrides(&["[issuance.token_prices.credit]\nEURO = 100"]);
         assert!(bad.unwrap_err().to_string().contains("EURO"));
+        let bad = Settings::with_overrides(&[
+            PADDLE,
+            "[providers.paddle.token_packs.price_ten]\ntoken_type = \"credit\"\nquantity = 10",
+        ]);
+        assert!(bad.unwrap_err().to_string().contains("price_ten"));
+        let stripe_packs = Settings::with_overrides(&[
+            "[providers.stripe]\nscheme = \"stripe\"\nsecrets = [\"whsec_0123456789abcdef\"]\n[providers.stripe.token_packs.pri_01ten]\ntoken_type = \"credit\"\nquantity = 10",
+        ]);
+        let err = stripe_packs.unwrap_err().to_string();
+        assert!(err.contains("providers.stripe.token_packs"), "{err}");
     }
 
     #[test]

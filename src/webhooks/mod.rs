@@ -23,7 +23,7 @@ pub use signature::{SignatureError, SignatureHeaders, Verification, sign_standar
 pub use standard::parse_standard;
 pub use stripe::parse_stripe;
 
-use crate::domain::{ParsedEvent, Provider};
+use crate::domain::{ParsedEvent, Provider, TokenPacks};
 use crate::settings::{Capture, ProviderSettings, SettingsError, WebhookScheme};
 
 /// One configured provider.
@@ -38,6 +38,8 @@ pub struct ProviderConfig {
     livemode: Option<bool>,
     /// When an Adyen payment is paid.
     capture: Capture,
+    /// The tokens each of the provider's prices sells (Paddle).
+    token_packs: TokenPacks,
 }
 
 /// The configured providers, by name.
@@ -124,6 +126,7 @@ impl ProviderConfig {
                 .map(|(user, password)| BasicCredentials::new(user, password)),
             livemode: settings.livemode,
             capture: settings.capture.unwrap_or_default(),
+            token_packs: settings.token_packs.clone(),
         })
     }
 
@@ -197,7 +200,9 @@ impl ProviderConfig {
                 let id = headers.webhook_id.unwrap_or_default();
                 parse_standard(&self.name, id, body, max_quantity)?
             }
-            WebhookScheme::Paddle => paddle::parse_paddle(&self.name, body, max_quantity)?,
+            WebhookScheme::Paddle => {
+                paddle::parse_paddle(&self.name, body, max_quantity, &self.token_packs)?
+            }
             WebhookScheme::Adyen => {
                 return adyen::parse_adyen(&self.name, body, max_quantity, self.capture)
                     .map(Delivery::Batch);

@@ -9,7 +9,9 @@ use serde_json::{Map, Value};
 
 use super::events::{EventError, payment_key, ranked_version, text, tokenmint_params};
 use super::signing::{PrefixedSecret, TimestampedHeader};
-use crate::domain::{ParsedEvent, PaymentEvent, PaymentStatus, Provider, Refund, Reversal};
+use crate::domain::{
+    ParsedEvent, PaymentEvent, PaymentStatus, Provider, Refund, Reversal, TokenPacks, TokensBought,
+};
 
 /// Paddle: `Paddle-Signature: ts=<unix>;h1=<hex>`, HMAC of `"{ts}:{body}"` keyed with the
 /// secret key as Paddle shows it: `pdl_ntfset_` and at least 16 visible characters (an
@@ -80,11 +82,13 @@ struct PaddleEvent {
 }
 
 /// Parses a Paddle event (`{event_id, event_type, occurred_at, data}`). Every payment is
-/// at account `default`; its id is the transaction id.
+/// at account `default`; its id is the transaction id. A transaction's items are read
+/// through the provider's `packs`, when it has any.
 pub fn parse_paddle(
     provider: &Provider,
     body: &[u8],
     max_quantity: u32,
+    packs: &TokenPacks,
 ) -> Result<ParsedEvent, EventError> {
     let event: PaddleEvent =
         serde_json::from_slice(body).map_err(|e| EventError(format!("not a Paddle event: {e}")))?;
@@ -139,7 +143,27 @@ pub fn parse_paddle(
         sole_metadata: false,
         // Paddle.js lets the customer's browser set a checkout's `custom_data`.
         customer_metadata: true,
+        bought: (!packs.is_empty() && event.event_type.starts_with("transaction."))
+            .then(|| bought(data, packs)),
     })))
+}
+
+/// What a transaction's `items` bought through `packs`: each item's price (`price.id`, or
+/// `price_id`) and its `quantity` (an integer, read from a string of digits too). An item
+/// without either buys nothing.
+fn bought(transaction: &Map<String, Value>, packs: &TokenPacks) -> TokensBought {
+    let items = transaction.get("items").and_then(Value::as_array);
+    packs.bought(items.into_iter().flatten().filter_map(|item| {
+        let price = item
+            .pointer("/price/id")
+            .or_else(|| item.get("price_id"))
+            .and_then(Value::as_str)?;
+        let quantity = item.get("quantity")?;
+        let units = quantity
+            .as_i64()
+            .or_else(|| quantity.as_str()?.parse().ok())?;
+        Some((price, units))
+    }))
 }
 
 /// The status an event of `event_type` reports, the transaction it is about, and whether
@@ -304,9 +328,13 @@ mod tests {
         }
     }
 
+    fn no_packs() -> TokenPacks {
+        TokenPacks::default()
+    }
+
     fn parse(event: &Value) -> PaymentEvent {
         let provider = Provider::parse("paddle").unwrap();
-        match parse_paddle(&provider, event.to_string().as_bytes(), 100).unwrap() {
+        match parse_paddle(&provider, event.to_string().as_bytes(), 100, &no_packs()).unwrap() {
             ParsedEvent::Payment(event) => *event,
             ignored => panic!("{ignored:?}"),
         }
@@ -354,10 +382,45 @@ mod tests {
             "data": { "id": "adj_2", "action": "refund", "status": "pending_approval", "transaction_id": "txn_1" } });
         let provider = Provider::parse("paddle").unwrap();
         assert!(matches!(
-            parse_paddle(&provider, pending.to_string().as_bytes(), 100).unwrap(),
+            parse_paddle(&provider, pending.to_string().as_bytes(), 100, &no_packs()).unwrap(),
             ParsedEvent::Ignored { .. }
         ));
-        assert!(parse_paddle(&provider, b"{}", 100).is_err());
+        assert!(parse_paddle(&provider, b"{}", 100, &no_packs()).is_err());
+    }
+
+    #[test]
+    fn a_transactions_items_are_read_through_the_packs() {
+        let packs: TokenPacks = serde_json::from_value(
+            json!({ "pri_ten": { "token_type": "standard", "quantity": 10 } }),
+        )
+        .unwrap();
+        let completed = json!({
+            "event_id": "evt_1", "event_type": "transaction.completed",
+            "occurred_at": "2026-11-30T10:00:00Z",
+            "data": { "id": "txn_1", "status": "completed", "currency_code": "EUR",
+                "details": { "totals": { "grand_total": "3000" } },
+                // Paddle names the price in `price.id`; `price_id` is read as well.
+                "items": [ { "price": { "id": "pri_ten" }, "quantity": 2 },
+                    { "price_id": "pri_ten", "quantity": 1 },
+                    { "price": { "id": "pri_plan" }, "quantity": 1 },
+                    { "price": { "id": "pri_ten" }, "quantity": "4" },
+                    { "price": { "id": "pri_ten" }, "quantity": 1.5 } ],
+                "custom_data": { "tokenmint_owner": "65f1a0c2b3d4e5f601234567",
+                    "tokenmint_token_type": "standard", "tokenmint_quantity": 70 } }
+        });
+        let provider = Provider::parse("paddle").unwrap();
+        let ParsedEvent::Payment(event) =
+            parse_paddle(&provider, completed.to_string().as_bytes(), 100, &packs).unwrap()
+        else {
+            panic!("a payment event");
+        };
+        let params = event.token_params.clone().unwrap().unwrap();
+        let bought = event.bought.expect("read through the packs");
+        assert_eq!(bought.short_of(&params), None, "seventy bought");
+        let mut more = params;
+        more.quantity = crate::domain::Quantity::from_i64(71, 100).unwrap();
+        assert!(bought.short_of(&more).is_some(), "a fraction buys nothing");
+        assert_eq!(parse(&completed).bought, None, "no packs: items unread");
     }
 
     /// A Paddle adjustment of `action` and `status`, `type` `kind`, of 400 of `txn_1`.
@@ -370,7 +433,7 @@ mod tests {
 
     fn ignored_reason(event: &Value) -> String {
         let provider = Provider::parse("paddle").unwrap();
-        match parse_paddle(&provider, event.to_string().as_bytes(), 100).unwrap() {
+        match parse_paddle(&provider, event.to_string().as_bytes(), 100, &no_packs()).unwrap() {
             ParsedEvent::Ignored { reason, .. } => reason,
             payment => panic!("{payment:?}"),
         }

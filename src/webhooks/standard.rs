@@ -195,6 +195,7 @@ pub fn parse_standard(
         authorises_capture: false,
         sole_metadata: false,
         customer_metadata: false,
+        bought: None,
     })))
 }
 

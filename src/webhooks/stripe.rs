@@ -119,6 +119,7 @@ fn payment_event(
         authorises_capture: false,
         sole_metadata: false,
         customer_metadata: false,
+        bought: None,
     })
 }
 

@@ -189,6 +189,107 @@ async fn a_transaction_naming_a_token_type_without_a_price_issues_nothing() {
     assert!(stored.get_str("metadataError").is_ok(), "{stored}");
 }
 
+/// Prices and packs of the tests below: a token of type `standard` costs 100 cents, and
+/// the Paddle price `pri_credits10` sells ten of them; `pri_plan` is a subscription's
+/// price that sells none.
+const PACKS: &str = "\n[issuance.token_prices.standard]\nEUR = 100\n\n[providers.paddle.token_packs.pri_credits10]\ntoken_type = \"standard\"\nquantity = 10\n";
+
+/// `completed` for `quantity` tokens, the transaction's total `total` and its items
+/// `items` (price id, quantity).
+fn completed_with_items(
+    event_id: &str,
+    txn: &str,
+    quantity: i64,
+    total: i64,
+    items: &[(&str, i64)],
+) -> Value {
+    let mut event = completed(event_id, txn, quantity);
+    event["data"]["details"]["totals"]["grand_total"] = json!(total.to_string());
+    event["data"]["items"] = items
+        .iter()
+        .map(|(price, quantity)| {
+            json!({ "price": { "id": price, "product_id": "pro_01", "unit_price": { "amount": "1000", "currency_code": "EUR" } },
+                "quantity": quantity, "proration": null })
+        })
+        .collect();
+    event
+}
+
+/// Paddle copies a checkout's `custom_data` to the subscription it creates, and from there
+/// to each renewal; a transaction may also buy other products beside a token pack. Where
+/// the provider maps its prices to token packs, a transaction issues only the tokens its
+/// items buy, whatever its total covers at the tokens' prices.
+#[tokio::test]
+async fn a_transaction_issues_only_the_tokens_its_items_buy() {
+    let app = spawn_app_with(&format!("{PADDLE}{PACKS}")).await;
+    // A renewal of a 1000-cent plan, its custom_data copied from a checkout that named
+    // ten tokens: the total would pay for them, the items buy none.
+    let mut renewal =
+        completed_with_items("evt_renewal", "txn_renewal", 10, 1000, &[("pri_plan", 1)]);
+    renewal["data"]["origin"] = json!("subscription_recurring");
+    renewal["data"]["subscription_id"] = json!("sub_01");
+    let answer = send(&app, &renewal).await;
+    assert_eq!(answer["outcome"], "metadata_invalid", "{answer}");
+    let detail = answer["detail"].as_str().unwrap_or_default();
+    assert!(
+        detail.contains("buy 0") && detail.contains("standard"),
+        "{answer}"
+    );
+    let stored = payment(&app, "txn_renewal").await;
+    assert!(stored.get_str("metadataError").is_ok(), "{stored}");
+
+    // One pack and the plan: 2000 cents would pay for twenty tokens, the items buy ten.
+    let mixed = completed_with_items(
+        "evt_mixed",
+        "txn_mixed",
+        20,
+        2000,
+        &[("pri_credits10", 1), ("pri_plan", 1)],
+    );
+    let answer = send(&app, &mixed).await;
+    assert_eq!(answer["outcome"], "metadata_invalid", "{answer}");
+    assert!(
+        answer["detail"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("buy 10"),
+        "{answer}"
+    );
+    assert_eq!(app.count("tokens", doc! {}).await, 0);
+    assert_eq!(app.count_records(doc! {}).await, 0);
+
+    // Two packs buy twenty, and issue them; fewer than bought may be named.
+    let packs = completed_with_items("evt_packs", "txn_packs", 20, 2000, &[("pri_credits10", 2)]);
+    assert_eq!(send(&app, &packs).await["outcome"], "issued");
+    assert_eq!(active(&app, "txn_packs").await, (0..20).collect::<Vec<_>>());
+    let fewer = completed_with_items("evt_fewer", "txn_fewer", 5, 1000, &[("pri_credits10", 1)]);
+    assert_eq!(send(&app, &fewer).await["outcome"], "issued");
+    assert_eq!(active(&app, "txn_fewer").await.len(), 5);
+    // Bought but not paid for (a total the prices do not cover) is still refused.
+    let discounted =
+        completed_with_items("evt_cheap", "txn_cheap", 10, 500, &[("pri_credits10", 1)]);
+    assert_eq!(send(&app, &discounted).await["outcome"], "metadata_invalid");
+    assert_eq!(app.count("tokens", doc! {}).await, 25);
+}
+
+/// A subscription whose own price is a token pack issues its tokens on every renewal:
+/// each renewal is a transaction of its own, paid for by its items. The items vouch for
+/// the type, so it needs no price of its own (`premium` has none).
+#[tokio::test]
+async fn a_subscription_sold_as_a_pack_issues_on_each_renewal() {
+    let plan =
+        "\n[providers.paddle.token_packs.pri_monthly]\ntoken_type = \"premium\"\nquantity = 10\n";
+    let app = spawn_app_with(&format!("{PADDLE}{PACKS}{plan}")).await;
+    for txn in ["txn_month1", "txn_month2"] {
+        let mut renewal =
+            completed_with_items(&format!("evt_{txn}"), txn, 10, 1000, &[("pri_monthly", 1)]);
+        renewal["data"]["custom_data"]["tokenmint_token_type"] = json!("premium");
+        renewal["data"]["origin"] = json!("subscription_recurring");
+        assert_eq!(send(&app, &renewal).await["outcome"], "issued", "{txn}");
+        assert_eq!(active(&app, txn).await.len(), 10, "{txn}");
+    }
+}
+
 #[tokio::test]
 async fn forged_tampered_stale_and_unsigned_deliveries_write_nothing() {
     let app = app().await;

@@ -5,7 +5,7 @@
 use proptest::prelude::*;
 use serde_json::{Value, json};
 
-use tokenmint::domain::{ParsedEvent, Provider};
+use tokenmint::domain::{ParsedEvent, Provider, TokenPacks};
 use tokenmint::settings::WebhookScheme;
 use tokenmint::webhooks::paddle::{parse_paddle, sign_paddle};
 use tokenmint::webhooks::signature::{SignatureError, SignatureHeaders};
@@ -66,18 +66,38 @@ fn paddle_event() -> impl Strategy<Value = Value> {
         minor_units(),
         minor_units(),
         field(tokenmint_metadata("")),
+        field(items()),
     )
         .prop_map(
-            |(id, transaction, action, status, kind, total, grand_total, custom)| {
+            |(id, transaction, action, status, kind, total, grand_total, custom, items)| {
                 json!({"id": id, "transaction_id": transaction, "action": action,
                        "status": status, "type": kind, "totals": {"total": total},
                        "details": {"totals": {"grand_total": grand_total}},
-                       "currency_code": "EUR", "custom_data": custom})
+                       "currency_code": "EUR", "custom_data": custom, "items": items})
             },
         );
     (".{0,20}", event_type, occurred_at, data).prop_map(|(id, event_type, occurred, data)| {
         json!({"event_id": id, "event_type": event_type, "occurred_at": occurred, "data": data})
     })
+}
+
+/// A transaction's `items`: prices that are packs (`packs`), one that is not, and
+/// anything else, in any quantity.
+fn items() -> impl Strategy<Value = Value> {
+    let price = prop_oneof![
+        Just(json!({"id": "pri_ten"})),
+        Just(json!({"id": "pri_plan"})),
+        json_value(),
+    ];
+    let quantity = prop_oneof![any::<i64>().prop_map(Value::from), json_value()];
+    let item = (price, quantity)
+        .prop_map(|(price, quantity)| json!({"price": price, "quantity": quantity}));
+    prop::collection::vec(item, 0..4).prop_map(Value::from)
+}
+
+/// The packs the parser reads items through: `pri_ten` sells ten credits.
+fn packs() -> TokenPacks {
+    serde_json::from_value(json!({"pri_ten": {"token_type": "credit", "quantity": 10}})).unwrap()
 }
 
 proptest! {
@@ -168,17 +188,20 @@ proptest! {
         max in any::<u32>(),
     ) {
         let provider = Provider::parse("paddle").unwrap();
-        let _ = parse_paddle(&provider, &body, max);
-        let _ = parse_paddle(&provider, &serde_json::to_vec(&value).unwrap(), max);
+        let _ = parse_paddle(&provider, &body, max, &packs());
+        let _ = parse_paddle(&provider, &serde_json::to_vec(&value).unwrap(), max, &packs());
     }
 
     #[test]
     fn paddle_events_parse_to_valid_keys(event in paddle_event(), max in 1u32..=1000) {
         let provider = Provider::parse("paddle").unwrap();
         let body = serde_json::to_vec(&event).unwrap();
-        if let Ok(ParsedEvent::Payment(parsed)) = parse_paddle(&provider, &body, max) {
+        if let Ok(ParsedEvent::Payment(parsed)) = parse_paddle(&provider, &body, max, &packs()) {
             check_payment_event(&parsed, max)?;
             prop_assert_eq!(parsed.key.account_id.as_str(), "default");
+            // A transaction's items are read through the packs; an adjustment has none.
+            let transaction = event["event_type"].as_str().unwrap().starts_with("transaction.");
+            prop_assert_eq!(parsed.bought.is_some(), transaction);
             // Only an adjustment that moves money (an approved refund, a chargeback, a
             // chargeback reversed) is a payment event, and it names its adjustment: as a
             // withdrawal or as a reversal, never both.

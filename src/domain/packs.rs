@@ -1,0 +1,171 @@
+//! What a provider's own prices sell, in tokens (`providers.<name>.token_packs`, Paddle):
+//! the items of a transaction, read through them, say how many tokens of each type it
+//! bought. `issuance.token_prices` checks a payment's whole amount, which cannot tell a
+//! token pack from anything else the same transaction pays for: a subscription's
+//! renewal (Paddle copies the checkout's `custom_data` onto it), or another product in
+//! the same cart. Items can: the customer's browser may write `custom_data`, but not
+//! which of the merchant's prices a transaction charged, nor how many of each.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+
+use super::{IssuanceParams, TokenType};
+
+/// How many tokens of which type one unit of a price sells.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenPack {
+    pub token_type: TokenType,
+    pub quantity: u32,
+}
+
+/// A pack as the configuration writes it (`token_type = "…"`, `quantity = N`).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTokenPack {
+    token_type: String,
+    quantity: u32,
+}
+
+/// A provider's token packs, by the provider's price id. Empty: the provider's items
+/// are not read, and only the prices hold its metadata to what was paid.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TokenPacks(BTreeMap<String, TokenPack>);
+
+impl TokenPacks {
+    /// Packs from the configuration's shape (price id → pack); `Err` names the entry at
+    /// fault and why. A price id is Paddle's: `pri_` and letters or digits.
+    fn parse(raw: BTreeMap<String, RawTokenPack>) -> Result<Self, String> {
+        let mut packs = BTreeMap::new();
+        for (price, pack) in raw {
+            let id = price.strip_prefix("pri_").unwrap_or_default();
+            if id.is_empty() || !id.bytes().all(|b| b.is_ascii_alphanumeric()) {
+                return Err(format!(
+                    "`{price}`: a price id is Paddle's, `pri_` followed by letters and digits"
+                ));
+            }
+            let token_type = TokenType::parse(&pack.token_type)
+                .map_err(|rule| format!("`{price}.token_type`: {rule}"))?;
+            if pack.quantity == 0 {
+                return Err(format!("`{price}.quantity`: a pack sells at least 1 token"));
+            }
+            let quantity = pack.quantity;
+            packs.insert(
+                price,
+                TokenPack {
+                    token_type,
+                    quantity,
+                },
+            );
+        }
+        Ok(Self(packs))
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The tokens that `items` (price id, units) buy, by type. A price that is no pack
+    /// buys none; so does an item whose units are not a positive count.
+    pub fn bought<'a>(&self, items: impl IntoIterator<Item = (&'a str, i64)>) -> TokensBought {
+        let mut bought = BTreeMap::new();
+        for (price, units) in items {
+            let (Some(pack), Ok(units @ 1..)) = (self.0.get(price), u64::try_from(units)) else {
+                continue;
+            };
+            let tokens = bought.entry(pack.token_type.clone()).or_insert(0_u64);
+            *tokens = tokens.saturating_add(units.saturating_mul(u64::from(pack.quantity)));
+        }
+        TokensBought(bought)
+    }
+}
+
+/// Read straight into its final type from the configuration, refused with the reason.
+impl<'de> Deserialize<'de> for TokenPacks {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        Self::parse(BTreeMap::deserialize(deserializer)?).map_err(serde::de::Error::custom)
+    }
+}
+
+/// The tokens a payment's items bought, by type ([`TokenPacks::bought`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TokensBought(BTreeMap<TokenType, u64>);
+
+impl TokensBought {
+    /// Why the items do not buy the tokens `params` names; `None` when they buy as many
+    /// or more (a customer may name fewer than bought: theirs to lose).
+    pub fn short_of(&self, params: &IssuanceParams) -> Option<String> {
+        let token_type = &params.token_type;
+        let bought = self.0.get(token_type).copied().unwrap_or(0);
+        let named = u64::from(params.quantity.get());
+        (bought < named).then(|| {
+            format!(
+                "the payment's items buy {bought} tokens of type {token_type}; its metadata names {named}"
+            )
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::{Owner, Quantity};
+
+    fn packs(entries: &[(&str, &str, u32)]) -> Result<TokenPacks, String> {
+        let raw = entries
+            .iter()
+            .map(|(price, token_type, quantity)| {
+                let pack = RawTokenPack {
+                    token_type: (*token_type).to_owned(),
+                    quantity: *quantity,
+                };
+                ((*price).to_owned(), pack)
+            })
+            .collect();
+        TokenPacks::parse(raw)
+    }
+
+    fn params(token_type: &str, quantity: u32) -> IssuanceParams {
+        IssuanceParams {
+            owner: Owner::parse("65f1a0c2b3d4e5f601234567").unwrap(),
+            token_type: TokenType::parse(token_type).unwrap(),
+            quantity: Quantity::from_i64(i64::from(quantity), 1000).unwrap(),
+        }
+    }
+
+    #[test]
+    fn items_buy_what_their_packs_sell_and_nothing_else() {
+        let packs = packs(&[("pri_ten", "credit", 10), ("pri_vip", "pass", 1)]).unwrap();
+        let bought = packs.bought([("pri_ten", 2), ("pri_plan", 5), ("pri_vip", 1)]);
+        assert_eq!(bought.short_of(&params("credit", 20)), None);
+        assert_eq!(bought.short_of(&params("credit", 3)), None, "fewer is fine");
+        let short = bought.short_of(&params("credit", 21)).unwrap();
+        assert!(short.contains("buy 20") && short.contains("21"), "{short}");
+        assert_eq!(bought.short_of(&params("pass", 1)), None);
+        assert!(bought.short_of(&params("other", 1)).is_some());
+        // Units that are no count buy nothing; huge ones do not wrap.
+        let odd = packs.bought([("pri_ten", 0), ("pri_ten", -3), ("pri_vip", i64::MAX)]);
+        assert!(odd.short_of(&params("credit", 1)).is_some());
+        assert_eq!(odd.short_of(&params("pass", 1000)), None);
+        assert!(
+            TokenPacks::default()
+                .bought([("pri_ten", 1)])
+                .short_of(&params("credit", 1))
+                .is_some()
+        );
+    }
+
+    #[test]
+    fn a_pack_list_names_price_ids_and_quantities_that_can_be() {
+        for (bad, names) in [
+            (packs(&[("price_ten", "credit", 10)]), "price_ten"),
+            (packs(&[("pri_", "credit", 10)]), "pri_"),
+            (packs(&[("pri_t en", "credit", 10)]), "pri_t en"),
+            (packs(&[("pri_ten", "credit", 0)]), "at least 1"),
+            (packs(&[("pri_ten", "Credit", 1)]), "pri_ten.token_type"),
+        ] {
+            let err = bad.unwrap_err();
+            assert!(err.contains(names), "{err}");
+        }
+    }
+}
