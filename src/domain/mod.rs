@@ -31,7 +31,7 @@ pub use money::{
     entitlement, share_taken,
 };
 pub use owner::Owner;
-pub use packs::{TokenPacks, TokensBought};
+pub use packs::{PaidItem, TokenPacks, TokensBought};
 pub use payment::{CapturedPart, EventOutcome, ParsedEvent, PaymentEvent, PaymentStatus, Refund};
 pub use pricing::TokenPrices;
 pub use quantity::Quantity;

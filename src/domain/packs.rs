@@ -19,6 +19,18 @@ pub struct TokenPack {
     pub quantity: u32,
 }
 
+/// One item of a transaction, as the provider reports it.
+#[derive(Debug, Clone, Copy)]
+pub struct PaidItem<'a> {
+    /// The provider's id of the price charged.
+    pub price: &'a str,
+    /// How many units of it; negative for units taken back (Paddle reports an item
+    /// credited that way).
+    pub units: i64,
+    /// Charged for part of a period (a plan changed mid-cycle).
+    pub prorated: bool,
+}
+
 /// A pack as the configuration writes it (`token_type = "…"`, `quantity = N`).
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -65,11 +77,18 @@ impl TokenPacks {
         self.0.is_empty()
     }
 
-    /// The tokens that `items` (price id, units) buy, by type. A price that is no pack
-    /// buys none; so does an item whose units are not a positive count.
-    pub fn bought<'a>(&self, items: impl IntoIterator<Item = (&'a str, i64)>) -> TokensBought {
+    /// The tokens that `items` buy, by type: each pack's units, net of units of the same
+    /// price taken back, times what a unit sells. A price that is no pack buys none, nor
+    /// does a prorated item: it pays for part of a period, and a pack sells whole ones
+    /// (the next renewal buys it whole).
+    pub fn bought<'a>(&self, items: impl IntoIterator<Item = PaidItem<'a>>) -> TokensBought {
+        let mut units_by_price = BTreeMap::<&str, i64>::new();
+        for item in items.into_iter().filter(|item| !item.prorated) {
+            let units = units_by_price.entry(item.price).or_default();
+            *units = units.saturating_add(item.units);
+        }
         let mut bought = BTreeMap::new();
-        for (price, units) in items {
+        for (price, units) in units_by_price {
             let (Some(pack), Ok(units @ 1..)) = (self.0.get(price), u64::try_from(units)) else {
                 continue;
             };
@@ -88,7 +107,7 @@ impl<'de> Deserialize<'de> for TokenPacks {
 }
 
 /// The tokens a payment's items bought, by type ([`TokenPacks::bought`]).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TokensBought(BTreeMap<TokenType, u64>);
 
 impl TokensBought {
@@ -133,23 +152,48 @@ mod tests {
         }
     }
 
+    /// Items of `(price, units)`, none prorated.
+    fn items<'a>(items: &[(&'a str, i64)]) -> Vec<PaidItem<'a>> {
+        items
+            .iter()
+            .map(|&(price, units)| PaidItem {
+                price,
+                units,
+                prorated: false,
+            })
+            .collect()
+    }
+
     #[test]
     fn items_buy_what_their_packs_sell_and_nothing_else() {
         let packs = packs(&[("pri_ten", "credit", 10), ("pri_vip", "pass", 1)]).unwrap();
-        let bought = packs.bought([("pri_ten", 2), ("pri_plan", 5), ("pri_vip", 1)]);
+        let bought = packs.bought(items(&[("pri_ten", 2), ("pri_plan", 5), ("pri_vip", 1)]));
         assert_eq!(bought.short_of(&params("credit", 20)), None);
         assert_eq!(bought.short_of(&params("credit", 3)), None, "fewer is fine");
         let short = bought.short_of(&params("credit", 21)).unwrap();
         assert!(short.contains("buy 20") && short.contains("21"), "{short}");
         assert_eq!(bought.short_of(&params("pass", 1)), None);
         assert!(bought.short_of(&params("other", 1)).is_some());
-        // Units that are no count buy nothing; huge ones do not wrap.
-        let odd = packs.bought([("pri_ten", 0), ("pri_ten", -3), ("pri_vip", i64::MAX)]);
+        // Units taken back count against their price, and never below none; huge ones
+        // do not wrap.
+        let net = packs.bought(items(&[("pri_ten", 3), ("pri_ten", -2), ("pri_vip", -1)]));
+        assert_eq!(net.short_of(&params("credit", 10)), None);
+        assert!(net.short_of(&params("credit", 11)).is_some());
+        let odd = packs.bought(items(&[
+            ("pri_ten", 0),
+            ("pri_ten", -3),
+            ("pri_vip", i64::MAX),
+        ]));
         assert!(odd.short_of(&params("credit", 1)).is_some());
         assert_eq!(odd.short_of(&params("pass", 1000)), None);
+        let none = TokenPacks::default().bought(items(&[("pri_ten", 1)]));
+        assert!(none.short_of(&params("credit", 1)).is_some());
+        // A prorated item buys no pack.
+        let mut prorated = items(&[("pri_ten", 1)]);
+        prorated[0].prorated = true;
         assert!(
-            TokenPacks::default()
-                .bought([("pri_ten", 1)])
+            packs
+                .bought(prorated)
                 .short_of(&params("credit", 1))
                 .is_some()
         );

@@ -106,8 +106,8 @@ impl Issuer {
     }
 
     async fn apply_payment_event(&self, event: &PaymentEvent) -> Result<EventOutcome, StoreError> {
-        let priced = self.unpaid_read_as_invalid(event);
-        let event = priced.as_ref().unwrap_or(event);
+        let checked = self.checked_metadata(event);
+        let event = checked.as_ref().unwrap_or(event);
         if let Some(reversal) = &event.reversal {
             return self.apply_reversal(event, reversal).await;
         }
@@ -181,18 +181,30 @@ impl Issuer {
         Ok(outcome)
     }
 
-    /// `event` with its metadata read as invalid when the payment it reports does not pay
-    /// for the tokens the metadata names, so that it issues nothing, fixes nothing, and
-    /// says why (`metadata_invalid`); `None` when the event is taken as it is. Paid for
-    /// means both: its amount covers them at their prices (`issuance.token_prices`), and,
-    /// where the provider sells tokens in packs, its items bought them (a renewal or
-    /// another product in the cart pays, but buys none).
-    fn unpaid_read_as_invalid(&self, event: &PaymentEvent) -> Option<PaymentEvent> {
-        let Some(Ok(params)) = &event.token_params else {
-            return None;
+    /// `event` with its token metadata as it may count; `None` when it counts as sent.
+    ///
+    /// Metadata the customer may have written (Paddle's `custom_data`) counts only on a
+    /// success, the event whose amount and items are checked against it. Kept from any
+    /// other (a declined attempt, whose checkout the browser then changed), it would
+    /// wait on the payment for a success naming none to issue from, and that success's
+    /// own items and total were never compared with it.
+    ///
+    /// Metadata the payment does not pay for reads as invalid, so that it issues nothing,
+    /// fixes nothing, and says why (`metadata_invalid`). Paid for means both: its amount
+    /// covers the tokens at their prices (`issuance.token_prices`), and, where the
+    /// provider sells tokens in packs, its items bought them (a renewal or another
+    /// product in the cart pays, but buys none).
+    fn checked_metadata(&self, event: &PaymentEvent) -> Option<PaymentEvent> {
+        let params = match &event.token_params {
+            Some(_) if event.customer_metadata && event.status != PaymentStatus::Succeeded => {
+                return Some(PaymentEvent {
+                    token_params: None,
+                    ..event.clone()
+                });
+            }
+            Some(Ok(params)) => params,
+            _ => return None,
         };
-        // Items that bought the type vouch for it, as only a price can where none are read.
-        let customer_named = event.customer_metadata && event.bought.is_none();
         let reason = self
             .config
             .prices
@@ -200,7 +212,7 @@ impl Issuer {
                 params,
                 event.amount,
                 event.currency.as_deref(),
-                customer_named,
+                event.customer_metadata,
             )
             .or_else(|| event.bought.as_ref()?.short_of(params))?;
         Some(PaymentEvent {

@@ -239,17 +239,17 @@ impl Settings {
                 ));
             }
             // Paddle's `custom_data` is also written by Paddle.js in the customer's
-            // browser: in production the tokens it names must be paid for, by the
-            // amount or by the items.
+            // browser: in production the quantity it names must be paid for. Packs alone
+            // would not do: they count the items, not what was charged for them (a
+            // trial, a discount).
             if provider.scheme == WebhookScheme::Paddle
                 && self.is_production()
                 && self.issuance.token_prices.is_empty()
-                && provider.token_packs.is_empty()
             {
                 return Err(invalid(
                     "issuance.token_prices".to_owned(),
                     format!(
-                        "is required in production (TOKENMINT_ENV=production) with a provider of scheme `paddle` ({whose}) that has no `token_packs`: a customer can set a checkout's custom_data in the browser, so each token type it issues needs a price its payment must cover"
+                        "is required in production (TOKENMINT_ENV=production) with a provider of scheme `paddle` ({whose}): a customer can set a checkout's custom_data in the browser, so each token type it issues needs a price its payment must cover"
                     ),
                 ));
             }
@@ -599,7 +599,7 @@ mod tests {
     }
 
     #[test]
-    fn production_requires_token_prices_or_packs_with_paddle() {
+    fn production_requires_token_prices_with_paddle() {
         use figment::Figment;
         use figment::providers::{Format, Toml};
         let load = |layers: &[&str]| {
@@ -616,7 +616,12 @@ mod tests {
         load(&[PADDLE, PRICES]).expect("priced");
         const PACKS: &str =
             "[providers.paddle.token_packs.pri_01ten]\ntoken_type = \"credit\"\nquantity = 10";
-        load(&[PADDLE, PACKS]).expect("sold in packs");
+        let err = load(&[PADDLE, PACKS]).unwrap_err().to_string();
+        assert!(
+            err.contains("`issuance.token_prices`"),
+            "packs alone: {err}"
+        );
+        load(&[PADDLE, PRICES, PACKS]).expect("priced and sold in packs");
         Settings::with_overrides(&[PADDLE]).expect("optional outside production");
         let bad = Settings::with_overrides(&["[issuance.token_prices.credit]\nEURO = 100"]);
         assert!(bad.unwrap_err().to_string().contains("EURO"));

@@ -63,11 +63,7 @@ pub(super) fn tokenmint_params(
     if text("owner").is_none() && text("token_type").is_none() && quantity.is_none() {
         return None;
     }
-    let quantity = quantity.map(|q| {
-        q.as_i64()
-            .or_else(|| q.as_str().and_then(|q| q.parse::<i64>().ok()))
-            .ok_or_else(|| "must be an integer".to_owned())
-    });
+    let quantity = quantity.map(|q| integer(q).ok_or_else(|| "must be an integer".to_owned()));
     Some(token_params(
         text("owner"),
         text("token_type"),
@@ -95,6 +91,14 @@ pub(super) fn named_event(body: &[u8]) -> Option<(String, String)> {
     let value: Value = serde_json::from_slice(body).ok()?;
     let text = |field: &str| value.get(field)?.as_str().map(str::to_owned);
     Some((text("id")?, text("type")?))
+}
+
+/// An integer given as a JSON integer or as a string of its digits (providers write
+/// amounts and metadata as strings); `None` for anything else, fractions included.
+pub(super) fn integer(value: &Value) -> Option<i64> {
+    value
+        .as_i64()
+        .or_else(|| value.as_str().and_then(|s| s.parse().ok()))
 }
 
 /// An object's string field, when it is one.

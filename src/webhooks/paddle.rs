@@ -7,10 +7,11 @@ use chrono::DateTime;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
-use super::events::{EventError, payment_key, ranked_version, text, tokenmint_params};
+use super::events::{EventError, integer, payment_key, ranked_version, text, tokenmint_params};
 use super::signing::{PrefixedSecret, TimestampedHeader};
 use crate::domain::{
-    ParsedEvent, PaymentEvent, PaymentStatus, Provider, Refund, Reversal, TokenPacks, TokensBought,
+    PaidItem, ParsedEvent, PaymentEvent, PaymentStatus, Provider, Refund, Reversal, TokenPacks,
+    TokensBought,
 };
 
 /// Paddle: `Paddle-Signature: ts=<unix>;h1=<hex>`, HMAC of `"{ts}:{body}"` keyed with the
@@ -149,20 +150,19 @@ pub fn parse_paddle(
 }
 
 /// What a transaction's `items` bought through `packs`: each item's price (`price.id`, or
-/// `price_id`) and its `quantity` (an integer, read from a string of digits too). An item
-/// without either buys nothing.
+/// `price_id`), its `quantity` (an integer, read from a string of digits too) and whether
+/// it is prorated (`proration` set). An item without a price or a quantity buys nothing.
 fn bought(transaction: &Map<String, Value>, packs: &TokenPacks) -> TokensBought {
     let items = transaction.get("items").and_then(Value::as_array);
     packs.bought(items.into_iter().flatten().filter_map(|item| {
-        let price = item
-            .pointer("/price/id")
-            .or_else(|| item.get("price_id"))
-            .and_then(Value::as_str)?;
-        let quantity = item.get("quantity")?;
-        let units = quantity
-            .as_i64()
-            .or_else(|| quantity.as_str()?.parse().ok())?;
-        Some((price, units))
+        Some(PaidItem {
+            price: item
+                .pointer("/price/id")
+                .or_else(|| item.get("price_id"))
+                .and_then(Value::as_str)?,
+            units: integer(item.get("quantity")?)?,
+            prorated: !item.get("proration").unwrap_or(&Value::Null).is_null(),
+        })
     }))
 }
 
@@ -236,9 +236,7 @@ fn minor_units(data: &Map<String, Value>, path: &[&str]) -> Option<i64> {
     let value = rest
         .iter()
         .try_fold(data.get(*first)?, |value, field| value.get(field))?;
-    value
-        .as_i64()
-        .or_else(|| value.as_str().and_then(|s| s.parse().ok()))
+    integer(value)
 }
 
 #[cfg(test)]

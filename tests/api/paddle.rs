@@ -273,20 +273,126 @@ async fn a_transaction_issues_only_the_tokens_its_items_buy() {
 }
 
 /// A subscription whose own price is a token pack issues its tokens on every renewal:
-/// each renewal is a transaction of its own, paid for by its items. The items vouch for
-/// the type, so it needs no price of its own (`premium` has none).
+/// each renewal is a transaction of its own, paid for by its items and its total.
 #[tokio::test]
 async fn a_subscription_sold_as_a_pack_issues_on_each_renewal() {
     let plan =
-        "\n[providers.paddle.token_packs.pri_monthly]\ntoken_type = \"premium\"\nquantity = 10\n";
+        "\n[providers.paddle.token_packs.pri_monthly]\ntoken_type = \"standard\"\nquantity = 10\n";
     let app = spawn_app_with(&format!("{PADDLE}{PACKS}{plan}")).await;
     for txn in ["txn_month1", "txn_month2"] {
         let mut renewal =
             completed_with_items(&format!("evt_{txn}"), txn, 10, 1000, &[("pri_monthly", 1)]);
-        renewal["data"]["custom_data"]["tokenmint_token_type"] = json!("premium");
         renewal["data"]["origin"] = json!("subscription_recurring");
         assert_eq!(send(&app, &renewal).await["outcome"], "issued", "{txn}");
         assert_eq!(active(&app, txn).await.len(), 10, "{txn}");
+    }
+}
+
+/// A pack is held to the money too: its type needs a price (a trial's or a fully
+/// discounted transaction's items are bought for nothing), and a prorated item (part of
+/// a period, a plan changed mid-cycle) buys no pack; items of one price that Paddle
+/// reports as taken back (a negative quantity) count against that price.
+#[tokio::test]
+async fn a_pack_bought_for_less_than_its_tokens_issues_nothing() {
+    let unpriced =
+        "\n[providers.paddle.token_packs.pri_premium]\ntoken_type = \"premium\"\nquantity = 10\n";
+    let app = spawn_app_with(&format!("{PADDLE}{PACKS}{unpriced}")).await;
+    let mut trial = completed_with_items("evt_trial", "txn_trial", 10, 0, &[("pri_premium", 1)]);
+    trial["data"]["custom_data"]["tokenmint_token_type"] = json!("premium");
+    let answer = send(&app, &trial).await;
+    assert_eq!(answer["outcome"], "metadata_invalid", "{answer}");
+    assert!(
+        answer["detail"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("no price"),
+        "{answer}"
+    );
+
+    let mut upgrade = completed_with_items(
+        "evt_upgrade",
+        "txn_upgrade",
+        10,
+        1000,
+        &[("pri_credits10", 1)],
+    );
+    upgrade["data"]["items"][0]["proration"] = json!({ "rate": "0.5", "billing_period": { "starts_at": "2026-11-15T00:00:00Z", "ends_at": "2026-12-01T00:00:00Z" } });
+    let answer = send(&app, &upgrade).await;
+    assert_eq!(answer["outcome"], "metadata_invalid", "{answer}");
+    assert!(
+        answer["detail"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("buy 0"),
+        "{answer}"
+    );
+
+    let netted = completed_with_items(
+        "evt_net",
+        "txn_net",
+        20,
+        2000,
+        &[("pri_credits10", 2), ("pri_credits10", -1)],
+    );
+    let answer = send(&app, &netted).await;
+    assert_eq!(answer["outcome"], "metadata_invalid", "{answer}");
+    assert!(
+        answer["detail"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("buy 10"),
+        "{answer}"
+    );
+    assert_eq!(app.count("tokens", doc! {}).await, 0);
+    assert_eq!(app.count_records(doc! {}).await, 0);
+}
+
+/// The customer's browser can change an open checkout's items and `custom_data` between
+/// a declined attempt and the one that pays. Metadata the customer may have written
+/// counts only on the success, the event checked against it: a declined attempt's is not
+/// kept for a later success that names none (whose own items and total would then never
+/// have been compared with it), in either order of arrival.
+#[tokio::test]
+async fn a_declined_attempts_custom_data_is_not_issued_by_the_success() {
+    // Prices alone, and prices with packs.
+    for pricing in ["\n[issuance.token_prices.standard]\nEUR = 100\n", PACKS] {
+        for declined_first in [true, false] {
+            let app = spawn_app_with(&format!("{PADDLE}{pricing}")).await;
+            // Declined: ten packs, 10000 cents, naming a hundred tokens (all paid for).
+            let mut declined = completed_with_items(
+                "evt_declined",
+                "txn_1",
+                100,
+                10_000,
+                &[("pri_credits10", 10)],
+            );
+            declined["event_type"] = json!("transaction.payment_failed");
+            declined["data"]["status"] = json!("past_due");
+            declined["occurred_at"] = json!("2026-11-30T09:00:00.000000Z");
+            // Paid: one pack, 1000 cents, its custom_data replaced by one without ours.
+            let mut paid =
+                completed_with_items("evt_paid", "txn_1", 1, 1000, &[("pri_credits10", 1)]);
+            paid["data"]["custom_data"] = json!({ "x": 1 });
+            let (first, second) = if declined_first {
+                (&declined, &paid)
+            } else {
+                (&paid, &declined)
+            };
+            send(&app, first).await;
+            let answer = send(&app, second).await;
+            let case = format!(
+                "packs {:?}, declined first {declined_first}: {answer}",
+                pricing == PACKS
+            );
+            assert_ne!(answer["outcome"], "issued", "{case}");
+            assert_eq!(app.count("tokens", doc! {}).await, 0, "{case}");
+            let stored = payment(&app, "txn_1").await;
+            assert_eq!(stored.get_str("status").unwrap(), "succeeded", "{case}");
+            assert!(
+                stored.get_document("tokenParams").is_err(),
+                "{case}: {stored}"
+            );
+        }
     }
 }
 
