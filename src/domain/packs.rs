@@ -77,25 +77,36 @@ impl TokenPacks {
         self.0.is_empty()
     }
 
-    /// The tokens that `items` buy, by type: each pack's units, net of units of the same
-    /// price taken back, times what a unit sells. A price that is no pack buys none, nor
-    /// does a prorated item: it pays for part of a period, and a pack sells whole ones
-    /// (the next renewal buys it whole).
+    /// The tokens that `items` buy, by type: what the packs' units sell, net of what the
+    /// units taken back (a negative quantity, of any pack of the type) sold. A price that
+    /// is no pack buys none, nor does a prorated unit: it pays for part of a period, and
+    /// a pack sells whole ones (the next renewal buys it whole); one taken back, prorated
+    /// or not, still counts against the rest.
     pub fn bought<'a>(&self, items: impl IntoIterator<Item = PaidItem<'a>>) -> TokensBought {
-        let mut units_by_price = BTreeMap::<&str, i64>::new();
-        for item in items.into_iter().filter(|item| !item.prorated) {
-            let units = units_by_price.entry(item.price).or_default();
-            *units = units.saturating_add(item.units);
-        }
-        let mut bought = BTreeMap::new();
-        for (price, units) in units_by_price {
-            let (Some(pack), Ok(units @ 1..)) = (self.0.get(price), u64::try_from(units)) else {
+        let mut net = BTreeMap::<&TokenType, i128>::new();
+        for item in items {
+            let Some(pack) = self.0.get(item.price) else {
                 continue;
             };
-            let tokens = bought.entry(pack.token_type.clone()).or_insert(0_u64);
-            *tokens = tokens.saturating_add(units.saturating_mul(u64::from(pack.quantity)));
+            if item.prorated && item.units > 0 {
+                continue;
+            }
+            let tokens = net.entry(&pack.token_type).or_default();
+            *tokens = tokens.saturating_add(i128::from(item.units) * i128::from(pack.quantity));
         }
+        let bought = net
+            .into_iter()
+            .map(|(token_type, tokens)| {
+                let tokens = u64::try_from(tokens.max(0)).unwrap_or(u64::MAX);
+                (token_type.clone(), tokens)
+            })
+            .collect();
         TokensBought(bought)
+    }
+
+    /// The token types the packs sell.
+    pub fn token_types(&self) -> impl Iterator<Item = &TokenType> {
+        self.0.values().map(|pack| &pack.token_type)
     }
 }
 
@@ -152,6 +163,23 @@ mod tests {
         }
     }
 
+    /// `packs` and one more.
+    fn packs_with(
+        packs: &TokenPacks,
+        (price, token_type, quantity): (&str, &str, u32),
+    ) -> TokenPacks {
+        let mut more = packs.clone();
+        let token_type = TokenType::parse(token_type).unwrap();
+        more.0.insert(
+            price.to_owned(),
+            TokenPack {
+                token_type,
+                quantity,
+            },
+        );
+        more
+    }
+
     /// Items of `(price, units)`, none prorated.
     fn items<'a>(items: &[(&'a str, i64)]) -> Vec<PaidItem<'a>> {
         items
@@ -174,11 +202,13 @@ mod tests {
         assert!(short.contains("buy 20") && short.contains("21"), "{short}");
         assert_eq!(bought.short_of(&params("pass", 1)), None);
         assert!(bought.short_of(&params("other", 1)).is_some());
-        // Units taken back count against their price, and never below none; huge ones
-        // do not wrap.
-        let net = packs.bought(items(&[("pri_ten", 3), ("pri_ten", -2), ("pri_vip", -1)]));
-        assert_eq!(net.short_of(&params("credit", 10)), None);
-        assert!(net.short_of(&params("credit", 11)).is_some());
+        // Units taken back count against what the type's packs sold, and never below
+        // none; huge ones do not wrap.
+        let packs = packs_with(&packs, ("pri_five", "credit", 5));
+        let net = packs.bought(items(&[("pri_ten", 3), ("pri_five", -2), ("pri_vip", -1)]));
+        assert_eq!(net.short_of(&params("credit", 20)), None);
+        assert!(net.short_of(&params("credit", 21)).is_some());
+        assert!(net.short_of(&params("pass", 1)).is_some());
         let odd = packs.bought(items(&[
             ("pri_ten", 0),
             ("pri_ten", -3),
@@ -188,15 +218,13 @@ mod tests {
         assert_eq!(odd.short_of(&params("pass", 1000)), None);
         let none = TokenPacks::default().bought(items(&[("pri_ten", 1)]));
         assert!(none.short_of(&params("credit", 1)).is_some());
-        // A prorated item buys no pack.
-        let mut prorated = items(&[("pri_ten", 1)]);
+        // A prorated unit buys no pack; one taken back still counts.
+        let mut prorated = items(&[("pri_ten", 1), ("pri_ten", 2), ("pri_ten", -1)]);
         prorated[0].prorated = true;
-        assert!(
-            packs
-                .bought(prorated)
-                .short_of(&params("credit", 1))
-                .is_some()
-        );
+        prorated[2].prorated = true;
+        let bought = packs.bought(prorated);
+        assert_eq!(bought.short_of(&params("credit", 10)), None);
+        assert!(bought.short_of(&params("credit", 11)).is_some());
     }
 
     #[test]

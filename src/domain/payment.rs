@@ -79,8 +79,8 @@ pub struct PaymentEvent {
     /// it with the metadata changed.
     pub sole_metadata: bool,
     /// The customer may have written the token metadata (Paddle's `custom_data`, which
-    /// Paddle.js sets in the browser): where prices are configured, a token type it
-    /// names must have one (`TokenPrices::unpaid`).
+    /// Paddle.js sets in the browser): where prices are configured, a token type it names
+    /// must have one (`TokenPrices::unpaid`), and only what a success fixed is issued.
     pub customer_metadata: bool,
     /// The tokens the payment's items bought, where the provider maps its prices to
     /// token packs (Paddle's `token_packs`): the metadata may name no more than these

@@ -49,6 +49,11 @@ impl TokenPrices {
         self.0.is_empty()
     }
 
+    /// Whether tokens of `token_type` have a price.
+    pub fn has_price(&self, token_type: &TokenType) -> bool {
+        self.0.contains_key(token_type)
+    }
+
     /// Why a payment of `amount` minor units of `currency` does not pay for `params`;
     /// `None` when it does, or when their token type has no price and the merchant named
     /// it. A priced type is refused when the event names no amount, or a currency it has

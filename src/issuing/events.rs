@@ -31,7 +31,6 @@
 //! The event is recorded in `webhook_events` only after its effects, so nothing the
 //! provider was told is done can be lost.
 
-use super::issue::usable_metadata;
 use super::standing::{stands_again, takes_back, withdrawn_whole};
 use super::{IssueError, IssueOutcome, Issuer, Settlement};
 use crate::domain::{EventOutcome, ParsedEvent, PaymentEvent, PaymentStatus, Reversal};
@@ -181,29 +180,15 @@ impl Issuer {
         Ok(outcome)
     }
 
-    /// `event` with its token metadata as it may count; `None` when it counts as sent.
-    ///
-    /// Metadata the customer may have written (Paddle's `custom_data`) counts only on a
-    /// success, the event whose amount and items are checked against it. Kept from any
-    /// other (a declined attempt, whose checkout the browser then changed), it would
-    /// wait on the payment for a success naming none to issue from, and that success's
-    /// own items and total were never compared with it.
-    ///
-    /// Metadata the payment does not pay for reads as invalid, so that it issues nothing,
-    /// fixes nothing, and says why (`metadata_invalid`). Paid for means both: its amount
-    /// covers the tokens at their prices (`issuance.token_prices`), and, where the
-    /// provider sells tokens in packs, its items bought them (a renewal or another
-    /// product in the cart pays, but buys none).
+    /// `event` with its metadata read as invalid when the payment it reports does not pay
+    /// for the tokens the metadata names, so that it issues nothing, fixes nothing, and
+    /// says why (`metadata_invalid`); `None` when the event is taken as it is. Paid for
+    /// means both: its amount covers the tokens at their prices (`issuance.token_prices`),
+    /// and, where the provider sells tokens in packs, its items bought them (a renewal or
+    /// another product in the cart pays, but buys none).
     fn checked_metadata(&self, event: &PaymentEvent) -> Option<PaymentEvent> {
-        let params = match &event.token_params {
-            Some(_) if event.customer_metadata && event.status != PaymentStatus::Succeeded => {
-                return Some(PaymentEvent {
-                    token_params: None,
-                    ..event.clone()
-                });
-            }
-            Some(Ok(params)) => params,
-            _ => return None,
+        let Some(Ok(params)) = &event.token_params else {
+            return None;
         };
         let reason = self
             .config
@@ -376,7 +361,7 @@ impl Issuer {
                 reason.as_str(),
             ));
         }
-        let Some(params) = usable_metadata(state) else {
+        let Some(params) = self.usable_metadata(state) else {
             return Ok(EventOutcome::with_detail(
                 "no_metadata",
                 "the payment names no tokens",

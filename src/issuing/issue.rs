@@ -66,7 +66,7 @@ impl Issuer {
         refuse_unless_standing(payment.as_ref())?;
         match payment {
             Some(payment) if payment.status == PaymentStatus::Succeeded => {
-                let known = usable_metadata(&payment).ok_or(IssueError::NeedsTrustedIssuer(
+                let known = self.usable_metadata(&payment).ok_or(IssueError::NeedsTrustedIssuer(
                     "The payment succeeded without usable token metadata; only a trusted backend can issue for it.",
                 ))?;
                 refuse_other_params(&known, &request.params)?;
@@ -78,6 +78,21 @@ impl Issuer {
             }
             _ => self.record_pending(request).await,
         }
+    }
+
+    /// The token parameters the provider's metadata names, when it names valid ones that
+    /// may be issued. Metadata the customer may have written (Paddle's) is issued only
+    /// once a success fixed it: the success is the event checked against what was paid
+    /// (`Issuer::checked_metadata`), while parameters another event left on the payment
+    /// (a declined attempt, whose checkout the browser then changed) were checked
+    /// against nothing that was paid, and a success naming none would issue them.
+    pub(super) fn usable_metadata(&self, payment: &PaymentDoc) -> Option<IssuanceParams> {
+        let unchecked = self.config.customer_metadata.contains(&payment.provider)
+            && payment.token_params_fixed_by.is_none();
+        if payment.metadata_error.is_some() || unchecked {
+            return None;
+        }
+        payment.token_params.as_ref().and_then(|p| p.params())
     }
 
     /// The issuance a provider's report of `payment` vouches for: its `params`, its
@@ -434,14 +449,6 @@ pub(super) fn refuse_other_params(
     } else {
         Err(IssueError::Conflict(mismatches))
     }
-}
-
-/// The token parameters the provider's metadata names, when it names valid ones.
-pub(super) fn usable_metadata(payment: &PaymentDoc) -> Option<IssuanceParams> {
-    if payment.metadata_error.is_some() {
-        return None;
-    }
-    payment.token_params.as_ref().and_then(|p| p.params())
 }
 
 /// A checkout key hears that its request conflicts, not where: the recorded values would

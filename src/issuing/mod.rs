@@ -53,6 +53,9 @@ pub struct IssuingConfig {
     pub default_mode: IssuanceMode,
     /// Providers a checkout key may name: the configured ones.
     pub providers: HashSet<String>,
+    /// Providers whose token metadata the customer may have written (Paddle): their
+    /// payments issue only parameters a success fixed (`Issuer::usable_metadata`).
+    pub customer_metadata: HashSet<String>,
     /// How long a checkout's pending request waits for the payment's success.
     pub pending_ttl: Duration,
     /// How `Idempotency-Key`s are held and kept.

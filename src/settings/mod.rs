@@ -382,6 +382,12 @@ impl WebhookScheme {
     pub fn marks_livemode(self) -> bool {
         matches!(self, Self::Stripe | Self::Adyen)
     }
+
+    /// Whether the customer may have written its events' token metadata (Paddle's
+    /// `custom_data`, which Paddle.js sets in the browser) rather than the merchant.
+    pub fn customer_writes_metadata(self) -> bool {
+        matches!(self, Self::Paddle)
+    }
 }
 
 impl std::fmt::Display for WebhookScheme {

@@ -238,6 +238,21 @@ impl Settings {
                     format!("{whose} is only for scheme `paddle`"),
                 ));
             }
+            // Metadata the customer may have written names only priced types where any
+            // price is configured: a pack of another would never issue.
+            let prices = &self.issuance.token_prices;
+            if let Some(unpriced) = provider
+                .token_packs
+                .token_types()
+                .find(|token_type| !prices.is_empty() && !prices.has_price(token_type))
+            {
+                return Err(invalid(
+                    format!("{at}.token_packs"),
+                    format!(
+                        "{whose} sells tokens of type `{unpriced}`, which has no price in `issuance.token_prices`: a transaction naming them would never issue"
+                    ),
+                ));
+            }
             // Paddle's `custom_data` is also written by Paddle.js in the customer's
             // browser: in production the quantity it names must be paid for. Packs alone
             // would not do: they count the items, not what was charged for them (a
@@ -622,6 +637,13 @@ mod tests {
             "packs alone: {err}"
         );
         load(&[PADDLE, PRICES, PACKS]).expect("priced and sold in packs");
+        const UNPRICED: &str =
+            "[providers.paddle.token_packs.pri_01vip]\ntoken_type = \"pass\"\nquantity = 1";
+        let err = load(&[PADDLE, PRICES, UNPRICED]).unwrap_err().to_string();
+        assert!(
+            err.contains("providers.paddle.token_packs") && err.contains("`pass`"),
+            "{err}"
+        );
         Settings::with_overrides(&[PADDLE]).expect("optional outside production");
         let bad = Settings::with_overrides(&["[issuance.token_prices.credit]\nEURO = 100"]);
         assert!(bad.unwrap_err().to_string().contains("EURO"));

@@ -341,6 +341,12 @@ pub fn issuer(settings: &Settings, store: Store) -> Issuer {
         IssuingConfig {
             default_mode: settings.issuance.default_mode,
             providers: settings.providers.keys().map(ToString::to_string).collect(),
+            customer_metadata: settings
+                .providers
+                .iter()
+                .filter(|(_, provider)| provider.scheme.customer_writes_metadata())
+                .map(|(name, _)| name.to_string())
+                .collect(),
             pending_ttl: Duration::from_secs(
                 u64::from(settings.issuance.pending_ttl_days) * 86_400,
             ),

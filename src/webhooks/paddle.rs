@@ -13,6 +13,7 @@ use crate::domain::{
     PaidItem, ParsedEvent, PaymentEvent, PaymentStatus, Provider, Refund, Reversal, TokenPacks,
     TokensBought,
 };
+use crate::settings::WebhookScheme;
 
 /// Paddle: `Paddle-Signature: ts=<unix>;h1=<hex>`, HMAC of `"{ts}:{body}"` keyed with the
 /// secret key as Paddle shows it: `pdl_ntfset_` and at least 16 visible characters (an
@@ -142,8 +143,7 @@ pub fn parse_paddle(
         uncaptured: None,
         authorises_capture: false,
         sole_metadata: false,
-        // Paddle.js lets the customer's browser set a checkout's `custom_data`.
-        customer_metadata: true,
+        customer_metadata: WebhookScheme::Paddle.customer_writes_metadata(),
         bought: (!packs.is_empty() && event.event_type.starts_with("transaction."))
             .then(|| bought(data, packs)),
     })))

@@ -113,6 +113,15 @@ async fn payment(app: &TestApp, txn: &str) -> Document {
     .await
 }
 
+/// Asserts `answer` read the metadata as invalid, its detail naming each of `names`.
+fn assert_invalid(answer: &Value, names: &[&str]) {
+    assert_eq!(answer["outcome"], "metadata_invalid", "{answer}");
+    let detail = answer["detail"].as_str().unwrap_or_default();
+    for name in names {
+        assert!(detail.contains(name), "{name}: {answer}");
+    }
+}
+
 async fn nothing_written(app: &TestApp) {
     for collection in ["payments", "webhook_events", "tokens", "issuances"] {
         assert_eq!(app.count(collection, doc! {}).await, 0, "{collection}");
@@ -151,12 +160,7 @@ async fn a_transaction_issues_only_the_tokens_its_total_pays_for() {
     .await;
     // 1000 cents at 100 a token: ten, not fifty.
     let greedy = send(&app, &completed("evt_greedy", "txn_greedy", 50)).await;
-    assert_eq!(greedy["outcome"], "metadata_invalid", "{greedy}");
-    let detail = greedy["detail"].as_str().unwrap_or_default();
-    assert!(
-        detail.contains("5000 EUR") && detail.contains("1000"),
-        "{greedy}"
-    );
+    assert_invalid(&greedy, &["5000 EUR", "1000"]);
     assert_eq!(app.count("tokens", doc! {}).await, 0);
     assert_eq!(app.count_records(doc! {}).await, 0);
     let stored = payment(&app, "txn_greedy").await;
@@ -180,9 +184,7 @@ async fn a_transaction_naming_a_token_type_without_a_price_issues_nothing() {
     free["data"]["custom_data"]["tokenmint_token_type"] = json!("premium");
     free["data"]["details"]["totals"]["grand_total"] = json!("0");
     let answer = send(&app, &free).await;
-    assert_eq!(answer["outcome"], "metadata_invalid", "{answer}");
-    let detail = answer["detail"].as_str().unwrap_or_default();
-    assert!(detail.contains("premium"), "{answer}");
+    assert_invalid(&answer, &["premium"]);
     assert_eq!(app.count("tokens", doc! {}).await, 0);
     assert_eq!(app.count_records(doc! {}).await, 0);
     let stored = payment(&app, "txn_free").await;
@@ -229,12 +231,7 @@ async fn a_transaction_issues_only_the_tokens_its_items_buy() {
     renewal["data"]["origin"] = json!("subscription_recurring");
     renewal["data"]["subscription_id"] = json!("sub_01");
     let answer = send(&app, &renewal).await;
-    assert_eq!(answer["outcome"], "metadata_invalid", "{answer}");
-    let detail = answer["detail"].as_str().unwrap_or_default();
-    assert!(
-        detail.contains("buy 0") && detail.contains("standard"),
-        "{answer}"
-    );
+    assert_invalid(&answer, &["buy 0", "standard"]);
     let stored = payment(&app, "txn_renewal").await;
     assert!(stored.get_str("metadataError").is_ok(), "{stored}");
 
@@ -246,15 +243,7 @@ async fn a_transaction_issues_only_the_tokens_its_items_buy() {
         2000,
         &[("pri_credits10", 1), ("pri_plan", 1)],
     );
-    let answer = send(&app, &mixed).await;
-    assert_eq!(answer["outcome"], "metadata_invalid", "{answer}");
-    assert!(
-        answer["detail"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("buy 10"),
-        "{answer}"
-    );
+    assert_invalid(&send(&app, &mixed).await, &["buy 10"]);
     assert_eq!(app.count("tokens", doc! {}).await, 0);
     assert_eq!(app.count_records(doc! {}).await, 0);
 
@@ -268,7 +257,7 @@ async fn a_transaction_issues_only_the_tokens_its_items_buy() {
     // Bought but not paid for (a total the prices do not cover) is still refused.
     let discounted =
         completed_with_items("evt_cheap", "txn_cheap", 10, 500, &[("pri_credits10", 1)]);
-    assert_eq!(send(&app, &discounted).await["outcome"], "metadata_invalid");
+    assert_invalid(&send(&app, &discounted).await, &["1000 EUR", "500"]);
     assert_eq!(app.count("tokens", doc! {}).await, 25);
 }
 
@@ -288,26 +277,15 @@ async fn a_subscription_sold_as_a_pack_issues_on_each_renewal() {
     }
 }
 
-/// A pack is held to the money too: its type needs a price (a trial's or a fully
-/// discounted transaction's items are bought for nothing), and a prorated item (part of
-/// a period, a plan changed mid-cycle) buys no pack; items of one price that Paddle
-/// reports as taken back (a negative quantity) count against that price.
+/// A pack is held to the money too: a trial's or a fully discounted transaction's items
+/// are bought for nothing, which its type's price refuses. A prorated item (part of a
+/// period, a plan changed mid-cycle) buys no pack, and units Paddle reports taken back
+/// (a negative quantity) count against what the rest bought.
 #[tokio::test]
 async fn a_pack_bought_for_less_than_its_tokens_issues_nothing() {
-    let unpriced =
-        "\n[providers.paddle.token_packs.pri_premium]\ntoken_type = \"premium\"\nquantity = 10\n";
-    let app = spawn_app_with(&format!("{PADDLE}{PACKS}{unpriced}")).await;
-    let mut trial = completed_with_items("evt_trial", "txn_trial", 10, 0, &[("pri_premium", 1)]);
-    trial["data"]["custom_data"]["tokenmint_token_type"] = json!("premium");
-    let answer = send(&app, &trial).await;
-    assert_eq!(answer["outcome"], "metadata_invalid", "{answer}");
-    assert!(
-        answer["detail"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("no price"),
-        "{answer}"
-    );
+    let app = spawn_app_with(&format!("{PADDLE}{PACKS}")).await;
+    let trial = completed_with_items("evt_trial", "txn_trial", 10, 0, &[("pri_credits10", 1)]);
+    assert_invalid(&send(&app, &trial).await, &["1000 EUR", "is 0"]);
 
     let mut upgrade = completed_with_items(
         "evt_upgrade",
@@ -317,41 +295,27 @@ async fn a_pack_bought_for_less_than_its_tokens_issues_nothing() {
         &[("pri_credits10", 1)],
     );
     upgrade["data"]["items"][0]["proration"] = json!({ "rate": "0.5", "billing_period": { "starts_at": "2026-11-15T00:00:00Z", "ends_at": "2026-12-01T00:00:00Z" } });
-    let answer = send(&app, &upgrade).await;
-    assert_eq!(answer["outcome"], "metadata_invalid", "{answer}");
-    assert!(
-        answer["detail"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("buy 0"),
-        "{answer}"
-    );
+    assert_invalid(&send(&app, &upgrade).await, &["buy 0"]);
 
-    let netted = completed_with_items(
+    let mut netted = completed_with_items(
         "evt_net",
         "txn_net",
         20,
         2000,
         &[("pri_credits10", 2), ("pri_credits10", -1)],
     );
-    let answer = send(&app, &netted).await;
-    assert_eq!(answer["outcome"], "metadata_invalid", "{answer}");
-    assert!(
-        answer["detail"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("buy 10"),
-        "{answer}"
-    );
+    // Taken back for part of a period still counts against what was bought.
+    netted["data"]["items"][1]["proration"] = json!({ "rate": "0.5" });
+    assert_invalid(&send(&app, &netted).await, &["buy 10", "names 20"]);
     assert_eq!(app.count("tokens", doc! {}).await, 0);
     assert_eq!(app.count_records(doc! {}).await, 0);
 }
 
 /// The customer's browser can change an open checkout's items and `custom_data` between
-/// a declined attempt and the one that pays. Metadata the customer may have written
-/// counts only on the success, the event checked against it: a declined attempt's is not
-/// kept for a later success that names none (whose own items and total would then never
-/// have been compared with it), in either order of arrival.
+/// a declined attempt and the one that pays. Metadata the customer may have written is
+/// issued only once a success fixed it, the success being the event checked against it:
+/// a declined attempt's stays on the payment unfixed, and neither a success naming none
+/// nor a checkout key's matching request issues it, in either order of arrival.
 #[tokio::test]
 async fn a_declined_attempts_custom_data_is_not_issued_by_the_success() {
     // Prices alone, and prices with packs.
@@ -380,20 +344,56 @@ async fn a_declined_attempts_custom_data_is_not_issued_by_the_success() {
             };
             send(&app, first).await;
             let answer = send(&app, second).await;
-            let case = format!(
-                "packs {:?}, declined first {declined_first}: {answer}",
-                pricing == PACKS
-            );
+            let case = format!("{pricing:?}, declined first {declined_first}: {answer}");
             assert_ne!(answer["outcome"], "issued", "{case}");
+            let checkout = app.issue(REQUEST_KEY, &declined_params("txn_1")).await;
+            assert_eq!(checkout.status(), 409, "{case}");
             assert_eq!(app.count("tokens", doc! {}).await, 0, "{case}");
+            assert_eq!(app.count_records(doc! {}).await, 0, "{case}");
             let stored = payment(&app, "txn_1").await;
             assert_eq!(stored.get_str("status").unwrap(), "succeeded", "{case}");
             assert!(
-                stored.get_document("tokenParams").is_err(),
+                stored.get_str("tokenParamsFixedBy").is_err(),
                 "{case}: {stored}"
             );
         }
     }
+}
+
+/// The checkout key's request for what the declined attempt named: a hundred tokens.
+fn declined_params(txn: &str) -> Value {
+    json!({ "provider": "paddle", "accountId": "default", "paymentIntentId": txn,
+        "owner": OWNER, "tokenType": "standard", "quantity": 100 })
+}
+
+/// A payment stored before this rule, with a declined attempt's parameters unfixed, is
+/// not issued from either when its success names none.
+#[tokio::test]
+async fn parameters_a_declined_attempt_left_before_are_not_issued() {
+    let app = spawn_app_with(&format!("{PADDLE}{PACKS}")).await;
+    app.db
+        .collection::<Document>("payments")
+        .insert_one(doc! {
+            "provider": "paddle", "accountId": "default", "paymentIntentId": "txn_old",
+            "status": "failed", "version": 1_i64, "amount": 10_000_i64, "currency": "EUR",
+            "tokenParams": { "owner": mongodb::bson::oid::ObjectId::parse_str(OWNER).unwrap(),
+                "tokenType": "standard", "quantity": 100_i64 },
+            "lastEventId": "evt_declined", "lastEventType": "transaction.payment_failed",
+        })
+        .await
+        .unwrap();
+    let mut paid = completed_with_items("evt_paid", "txn_old", 1, 1000, &[("pri_credits10", 1)]);
+    paid["data"]["custom_data"] = json!({ "x": 1 });
+    let answer = send(&app, &paid).await;
+    assert_eq!(answer["outcome"], "no_metadata", "{answer}");
+    assert_eq!(
+        app.issue(REQUEST_KEY, &declined_params("txn_old"))
+            .await
+            .status(),
+        409
+    );
+    assert_eq!(app.count("tokens", doc! {}).await, 0);
+    assert_eq!(app.count_records(doc! {}).await, 0);
 }
 
 #[tokio::test]

@@ -30,6 +30,7 @@ async fn a_sweep_that_read_a_pending_record_revokes_by_the_set_taken_over_since(
         IssuingConfig {
             default_mode: IssuanceMode::Upsert,
             providers: HashSet::from(["stripe".to_owned()]),
+            customer_metadata: HashSet::new(),
             pending_ttl: Duration::from_secs(3600),
             idempotency: IdempotencyConfig {
                 retention: Duration::from_secs(3600),
