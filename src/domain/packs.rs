@@ -6,7 +6,7 @@
 //! the same cart. Items can: the customer's browser may write `custom_data`, but not
 //! which of the merchant's prices a transaction charged, nor how many of each.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Deserialize;
 
@@ -81,27 +81,30 @@ impl TokenPacks {
     /// units taken back (a negative quantity, of any pack of the type) sold. A price that
     /// is no pack buys none, nor does a prorated unit: it pays for part of a period, and
     /// a pack sells whole ones (the next renewal buys it whole); one taken back, prorated
-    /// or not, still counts against the rest.
+    /// or not, still counts against the rest. What else the items charge is kept too
+    /// (`TokensBought::short_of` refuses it).
     pub fn bought<'a>(&self, items: impl IntoIterator<Item = PaidItem<'a>>) -> TokensBought {
         let mut net = BTreeMap::<&TokenType, i128>::new();
+        let mut unsold = BTreeSet::new();
         for item in items {
             let Some(pack) = self.0.get(item.price) else {
+                unsold.insert(item.price.to_owned());
                 continue;
             };
+            let tokens = net.entry(&pack.token_type).or_default();
             if item.prorated && item.units > 0 {
                 continue;
             }
-            let tokens = net.entry(&pack.token_type).or_default();
             *tokens = tokens.saturating_add(i128::from(item.units) * i128::from(pack.quantity));
         }
-        let bought = net
+        let tokens = net
             .into_iter()
             .map(|(token_type, tokens)| {
                 let tokens = u64::try_from(tokens.max(0)).unwrap_or(u64::MAX);
                 (token_type.clone(), tokens)
             })
             .collect();
-        TokensBought(bought)
+        TokensBought { tokens, unsold }
     }
 
     /// The token types the packs sell.
@@ -117,16 +120,37 @@ impl<'de> Deserialize<'de> for TokenPacks {
     }
 }
 
-/// The tokens a payment's items bought, by type ([`TokenPacks::bought`]).
+/// What a payment's items bought ([`TokenPacks::bought`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TokensBought(BTreeMap<TokenType, u64>);
+pub struct TokensBought {
+    /// The tokens, by type (a type whose packs were all taken back: 0).
+    tokens: BTreeMap<TokenType, u64>,
+    /// The prices charged that are no pack.
+    unsold: BTreeSet<String>,
+}
 
 impl TokensBought {
     /// Why the items do not buy the tokens `params` names; `None` when they buy as many
     /// or more (a customer may name fewer than bought: theirs to lose).
+    ///
+    /// They buy none unless all they charge is packs of that type. A refund takes back
+    /// its share of the payment's whole amount: in a transaction that also charged
+    /// something else (a plan, another product, packs of another type), a refund of the
+    /// packs alone would take back only their share of the total, and leave the rest of
+    /// the tokens active.
     pub fn short_of(&self, params: &IssuanceParams) -> Option<String> {
         let token_type = &params.token_type;
-        let bought = self.0.get(token_type).copied().unwrap_or(0);
+        if let Some(price) = self.unsold.first() {
+            return Some(format!(
+                "the payment also charges {price}, which sells no tokens: refunds are shares of its whole amount, so only a payment of token packs alone issues"
+            ));
+        }
+        if let Some(other) = self.tokens.keys().find(|other| *other != token_type) {
+            return Some(format!(
+                "the payment also charges packs of type {other}: refunds are shares of its whole amount, so only a payment of packs of type {token_type} alone issues them"
+            ));
+        }
+        let bought = self.tokens.get(token_type).copied().unwrap_or(0);
         let named = u64::from(params.quantity.get());
         (bought < named).then(|| {
             format!(
@@ -195,27 +219,34 @@ mod tests {
     #[test]
     fn items_buy_what_their_packs_sell_and_nothing_else() {
         let packs = packs(&[("pri_ten", "credit", 10), ("pri_vip", "pass", 1)]).unwrap();
-        let bought = packs.bought(items(&[("pri_ten", 2), ("pri_plan", 5), ("pri_vip", 1)]));
-        assert_eq!(bought.short_of(&params("credit", 20)), None);
+        let bought = packs.bought(items(&[("pri_ten", 2), ("pri_ten", 1)]));
+        assert_eq!(bought.short_of(&params("credit", 30)), None);
         assert_eq!(bought.short_of(&params("credit", 3)), None, "fewer is fine");
-        let short = bought.short_of(&params("credit", 21)).unwrap();
-        assert!(short.contains("buy 20") && short.contains("21"), "{short}");
-        assert_eq!(bought.short_of(&params("pass", 1)), None);
-        assert!(bought.short_of(&params("other", 1)).is_some());
+        let short = bought.short_of(&params("credit", 31)).unwrap();
+        assert!(short.contains("buy 30") && short.contains("31"), "{short}");
+        assert!(bought.short_of(&params("pass", 1)).is_some());
+        // Only a payment of packs of the type named alone buys: refunds are shares of
+        // its whole amount.
+        let plan = packs.bought(items(&[("pri_ten", 2), ("pri_plan", 1)]));
+        let short = plan.short_of(&params("credit", 1)).unwrap();
+        assert!(short.contains("pri_plan"), "{short}");
+        let two_types = packs.bought(items(&[("pri_ten", 2), ("pri_vip", 1)]));
+        for token_type in ["credit", "pass"] {
+            assert!(
+                two_types.short_of(&params(token_type, 1)).is_some(),
+                "{token_type}"
+            );
+        }
         // Units taken back count against what the type's packs sold, and never below
         // none; huge ones do not wrap.
         let packs = packs_with(&packs, ("pri_five", "credit", 5));
-        let net = packs.bought(items(&[("pri_ten", 3), ("pri_five", -2), ("pri_vip", -1)]));
+        let net = packs.bought(items(&[("pri_ten", 3), ("pri_five", -2)]));
         assert_eq!(net.short_of(&params("credit", 20)), None);
         assert!(net.short_of(&params("credit", 21)).is_some());
-        assert!(net.short_of(&params("pass", 1)).is_some());
-        let odd = packs.bought(items(&[
-            ("pri_ten", 0),
-            ("pri_ten", -3),
-            ("pri_vip", i64::MAX),
-        ]));
-        assert!(odd.short_of(&params("credit", 1)).is_some());
-        assert_eq!(odd.short_of(&params("pass", 1000)), None);
+        let none_left = packs.bought(items(&[("pri_ten", 0), ("pri_ten", -3)]));
+        assert!(none_left.short_of(&params("credit", 1)).is_some());
+        let huge = packs.bought(items(&[("pri_vip", i64::MAX), ("pri_vip", i64::MAX)]));
+        assert_eq!(huge.short_of(&params("pass", 1000)), None);
         let none = TokenPacks::default().bought(items(&[("pri_ten", 1)]));
         assert!(none.short_of(&params("credit", 1)).is_some());
         // A prorated unit buys no pack; one taken back still counts.

@@ -151,18 +151,21 @@ pub fn parse_paddle(
 
 /// What a transaction's `items` bought through `packs`: each item's price (`price.id`, or
 /// `price_id`), its `quantity` (an integer, read from a string of digits too) and whether
-/// it is prorated (`proration` set). An item without a price or a quantity buys nothing.
+/// it is prorated (`proration` set). An item is charged whatever can be read of it: one
+/// without a readable quantity buys nothing, and one without a price id is a price that
+/// is no pack.
 fn bought(transaction: &Map<String, Value>, packs: &TokenPacks) -> TokensBought {
     let items = transaction.get("items").and_then(Value::as_array);
-    packs.bought(items.into_iter().flatten().filter_map(|item| {
-        Some(PaidItem {
+    packs.bought(items.into_iter().flatten().map(|item| {
+        PaidItem {
             price: item
                 .pointer("/price/id")
                 .or_else(|| item.get("price_id"))
-                .and_then(Value::as_str)?,
-            units: integer(item.get("quantity")?)?,
+                .and_then(Value::as_str)
+                .unwrap_or("an item without a price id"),
+            units: item.get("quantity").and_then(integer).unwrap_or(0),
             prorated: !item.get("proration").unwrap_or(&Value::Null).is_null(),
-        })
+        }
     }))
 }
 
@@ -400,7 +403,6 @@ mod tests {
                 // Paddle names the price in `price.id`; `price_id` is read as well.
                 "items": [ { "price": { "id": "pri_ten" }, "quantity": 2 },
                     { "price_id": "pri_ten", "quantity": 1 },
-                    { "price": { "id": "pri_plan" }, "quantity": 1 },
                     { "price": { "id": "pri_ten" }, "quantity": "4" },
                     { "price": { "id": "pri_ten" }, "quantity": 1.5 } ],
                 "custom_data": { "tokenmint_owner": "65f1a0c2b3d4e5f601234567",
@@ -415,9 +417,26 @@ mod tests {
         let params = event.token_params.clone().unwrap().unwrap();
         let bought = event.bought.expect("read through the packs");
         assert_eq!(bought.short_of(&params), None, "seventy bought");
-        let mut more = params;
+        let mut more = params.clone();
         more.quantity = crate::domain::Quantity::from_i64(71, 100).unwrap();
         assert!(bought.short_of(&more).is_some(), "a fraction buys nothing");
+        // Whatever else is charged, readable or not, is no pack.
+        for other in [
+            json!({ "price": { "id": "pri_plan" }, "quantity": 1 }),
+            json!({ "quantity": 1 }),
+        ] {
+            let mut mixed = completed.clone();
+            mixed["data"]["items"]
+                .as_array_mut()
+                .unwrap()
+                .push(other.clone());
+            let ParsedEvent::Payment(event) =
+                parse_paddle(&provider, mixed.to_string().as_bytes(), 100, &packs).unwrap()
+            else {
+                panic!("a payment event");
+            };
+            assert!(event.bought.unwrap().short_of(&params).is_some(), "{other}");
+        }
         assert_eq!(parse(&completed).bought, None, "no packs: items unread");
     }
 

@@ -231,19 +231,21 @@ async fn a_transaction_issues_only_the_tokens_its_items_buy() {
     renewal["data"]["origin"] = json!("subscription_recurring");
     renewal["data"]["subscription_id"] = json!("sub_01");
     let answer = send(&app, &renewal).await;
-    assert_invalid(&answer, &["buy 0", "standard"]);
+    assert_invalid(&answer, &["pri_plan", "sells no tokens"]);
     let stored = payment(&app, "txn_renewal").await;
     assert!(stored.get_str("metadataError").is_ok(), "{stored}");
 
-    // One pack and the plan: 2000 cents would pay for twenty tokens, the items buy ten.
+    // One pack and the plan: 3000 cents, and the pack's ten tokens named. Refunds are
+    // shares of the whole total, so a refund of the pack alone would take back a third
+    // of them: a transaction issues only when all it charges is packs of the type named.
     let mixed = completed_with_items(
         "evt_mixed",
         "txn_mixed",
-        20,
-        2000,
+        10,
+        3000,
         &[("pri_credits10", 1), ("pri_plan", 1)],
     );
-    assert_invalid(&send(&app, &mixed).await, &["buy 10"]);
+    assert_invalid(&send(&app, &mixed).await, &["pri_plan"]);
     assert_eq!(app.count("tokens", doc! {}).await, 0);
     assert_eq!(app.count_records(doc! {}).await, 0);
 
@@ -259,6 +261,26 @@ async fn a_transaction_issues_only_the_tokens_its_items_buy() {
         completed_with_items("evt_cheap", "txn_cheap", 10, 500, &[("pri_credits10", 1)]);
     assert_invalid(&send(&app, &discounted).await, &["1000 EUR", "500"]);
     assert_eq!(app.count("tokens", doc! {}).await, 25);
+}
+
+/// Packs of another type in the same transaction would be refunded as shares of the
+/// whole total too: a transaction naming one type issues only when all its packs sell
+/// that type.
+#[tokio::test]
+async fn a_transaction_of_packs_of_two_types_issues_nothing() {
+    let passes = "\n[issuance.token_prices.pass]\nEUR = 500\n\n[providers.paddle.token_packs.pri_pass]\ntoken_type = \"pass\"\nquantity = 1\n";
+    let app = spawn_app_with(&format!("{PADDLE}{PACKS}{passes}")).await;
+    let both = completed_with_items(
+        "evt_both",
+        "txn_both",
+        10,
+        1500,
+        &[("pri_credits10", 1), ("pri_pass", 1)],
+    );
+    assert_invalid(&send(&app, &both).await, &["pass"]);
+    assert_eq!(app.count("tokens", doc! {}).await, 0);
+    let credits = completed_with_items("evt_one", "txn_one", 10, 1000, &[("pri_credits10", 1)]);
+    assert_eq!(send(&app, &credits).await["outcome"], "issued");
 }
 
 /// A subscription whose own price is a token pack issues its tokens on every renewal:
