@@ -78,23 +78,20 @@ impl TokenPacks {
     }
 
     /// The tokens that `items` buy, by type: what the packs' units sell, net of what the
-    /// units taken back (a negative quantity, of any pack of the type) sold. A price that
-    /// is no pack buys none, nor does a prorated unit: it pays for part of a period, and
-    /// a pack sells whole ones (the next renewal buys it whole); one taken back, prorated
-    /// or not, still counts against the rest. What else the items charge is kept too
-    /// (`TokensBought::short_of` refuses it).
+    /// units taken back (a negative quantity, of any pack of the type, prorated or not)
+    /// sold. What else they charge is kept, for `TokensBought::short_of` to refuse: a
+    /// price that is no pack, and a prorated unit of one (it pays for part of a period;
+    /// a pack sells whole ones, which the next renewal buys).
     pub fn bought<'a>(&self, items: impl IntoIterator<Item = PaidItem<'a>>) -> TokensBought {
         let mut net = BTreeMap::<&TokenType, i128>::new();
         let mut unsold = BTreeSet::new();
         for item in items {
-            let Some(pack) = self.0.get(item.price) else {
+            let pack = self.0.get(item.price);
+            let (Some(pack), false) = (pack, item.prorated && item.units > 0) else {
                 unsold.insert(item.price.to_owned());
                 continue;
             };
             let tokens = net.entry(&pack.token_type).or_default();
-            if item.prorated && item.units > 0 {
-                continue;
-            }
             *tokens = tokens.saturating_add(i128::from(item.units) * i128::from(pack.quantity));
         }
         let tokens = net
@@ -125,7 +122,7 @@ impl<'de> Deserialize<'de> for TokenPacks {
 pub struct TokensBought {
     /// The tokens, by type (a type whose packs were all taken back: 0).
     tokens: BTreeMap<TokenType, u64>,
-    /// The prices charged that are no pack.
+    /// The prices charged that buy no whole pack (no pack, or a prorated unit of one).
     unsold: BTreeSet<String>,
 }
 
@@ -142,7 +139,7 @@ impl TokensBought {
         let token_type = &params.token_type;
         if let Some(price) = self.unsold.first() {
             return Some(format!(
-                "the payment also charges {price}, which sells no tokens: refunds are shares of its whole amount, so only a payment of token packs alone issues"
+                "the payment also charges {price}, which buys no whole token pack: refunds are shares of its whole amount, so only a payment of whole token packs alone issues"
             ));
         }
         if let Some(other) = self.tokens.keys().find(|other| *other != token_type) {
@@ -249,11 +246,18 @@ mod tests {
         assert_eq!(huge.short_of(&params("pass", 1000)), None);
         let none = TokenPacks::default().bought(items(&[("pri_ten", 1)]));
         assert!(none.short_of(&params("credit", 1)).is_some());
-        // A prorated unit buys no pack; one taken back still counts.
-        let mut prorated = items(&[("pri_ten", 1), ("pri_ten", 2), ("pri_ten", -1)]);
+        // A prorated unit buys no whole pack, and its payment none; one taken back still
+        // counts against the rest.
+        let mut prorated = items(&[("pri_ten", 1), ("pri_ten", 2)]);
         prorated[0].prorated = true;
-        prorated[2].prorated = true;
-        let bought = packs.bought(prorated);
+        let short = packs
+            .bought(prorated)
+            .short_of(&params("credit", 1))
+            .unwrap();
+        assert!(short.contains("pri_ten"), "{short}");
+        let mut credited = items(&[("pri_ten", 2), ("pri_ten", -1)]);
+        credited[1].prorated = true;
+        let bought = packs.bought(credited);
         assert_eq!(bought.short_of(&params("credit", 10)), None);
         assert!(bought.short_of(&params("credit", 11)).is_some());
     }

@@ -258,6 +258,11 @@ fn unless_fixed(value: Bson, field: &str) -> Document {
     doc! { "$cond": [params_fixed(), format!("${field}"), literal(value)] }
 }
 
+/// Whether a field says what the payment costs.
+fn is_price(field: &str) -> bool {
+    matches!(field, "amount" | "currency" | "authorisedAmount")
+}
+
 /// Whether a token parameter field (fixed once, `unless_fixed`) rather than a plain fact.
 fn is_param(field: &str) -> bool {
     field == "tokenParams" || field == "tokenParamsFixedBy"
@@ -336,7 +341,8 @@ fn newer_sets(event: &PaymentEvent, facts: &Document) -> Document {
 /// and each of its `facts` where the stored field is missing (the parameters where
 /// `params_gap` says so, the metadata verdict with them).
 fn gaps_filled(event: &PaymentEvent, facts: &Document) -> Document {
-    let params_gap = params_gap(event);
+    let fixes = facts.contains_key("tokenParamsFixedBy");
+    let params_gap = params_gap(event, fixes);
     let mut filled = doc! { "createdAt": { "$ifNull": ["$createdAt", "$$NOW"] } };
     if matches!(event.token_params, Some(Ok(_))) {
         filled.insert(
@@ -346,7 +352,10 @@ fn gaps_filled(event: &PaymentEvent, facts: &Document) -> Document {
     }
     for (field, value) in facts {
         let current = format!("${field}");
-        let gap = if is_param(field) {
+        // The success that fixes the parameters also says what the payment costs: what an
+        // earlier attempt said (a declined one, whose checkout the customer then changed)
+        // gives way to it with them.
+        let gap = if is_param(field) || (fixes && is_price(field)) {
             params_gap.clone()
         } else {
             doc! { "$eq": [ { "$ifNull": [&current, Bson::Null] }, Bson::Null ] }
@@ -359,13 +368,21 @@ fn gaps_filled(event: &PaymentEvent, facts: &Document) -> Document {
     filled
 }
 
-/// Whether an older event's metadata may fill the stored parameters: only if none was
-/// ever judged, or if what was judged unusable came from an event no newer than this one
-/// (the stored version is this event's: a tie, which usable parameters win — a Checkout
-/// Session's metadata beside its PaymentIntent's incomplete one, same second).
-fn params_gap(event: &PaymentEvent) -> Document {
+/// Whether an older event's metadata may fill the stored parameters: only where none are
+/// stored, or, for an event that `fixes` them, none are fixed (the first success naming
+/// valid ones fixes them whenever it arrives, a chargeback before it included, over what
+/// a processing or declined attempt left); and only if none was ever judged unusable, or
+/// if what was came from an event no newer than this one (the stored version is this
+/// event's: a tie, which usable parameters win — a Checkout Session's metadata beside its
+/// PaymentIntent's incomplete one, same second).
+fn params_gap(event: &PaymentEvent, fixes: bool) -> Document {
+    let open = if fixes {
+        "$tokenParamsFixedBy"
+    } else {
+        "$tokenParams"
+    };
     doc! { "$and": [
-        { "$eq": [ { "$ifNull": ["$tokenParams", Bson::Null] }, Bson::Null ] },
+        { "$eq": [ { "$ifNull": [open, Bson::Null] }, Bson::Null ] },
         { "$or": [
             { "$eq": [ { "$ifNull": ["$metadataError", Bson::Null] }, Bson::Null ] },
             { "$eq": [ "$version", literal(event.version) ] },

@@ -231,7 +231,7 @@ async fn a_transaction_issues_only_the_tokens_its_items_buy() {
     renewal["data"]["origin"] = json!("subscription_recurring");
     renewal["data"]["subscription_id"] = json!("sub_01");
     let answer = send(&app, &renewal).await;
-    assert_invalid(&answer, &["pri_plan", "sells no tokens"]);
+    assert_invalid(&answer, &["pri_plan", "no whole token pack"]);
     let stored = payment(&app, "txn_renewal").await;
     assert!(stored.get_str("metadataError").is_ok(), "{stored}");
 
@@ -317,7 +317,10 @@ async fn a_pack_bought_for_less_than_its_tokens_issues_nothing() {
         &[("pri_credits10", 1)],
     );
     upgrade["data"]["items"][0]["proration"] = json!({ "rate": "0.5", "billing_period": { "starts_at": "2026-11-15T00:00:00Z", "ends_at": "2026-12-01T00:00:00Z" } });
-    assert_invalid(&send(&app, &upgrade).await, &["buy 0"]);
+    assert_invalid(
+        &send(&app, &upgrade).await,
+        &["pri_credits10", "no whole token pack"],
+    );
 
     let mut netted = completed_with_items(
         "evt_net",
@@ -382,40 +385,53 @@ async fn a_declined_attempts_custom_data_is_not_issued_by_the_success() {
     }
 }
 
+/// A success delivered after a chargeback, its declined attempt's parameters and amount
+/// already on the payment: the success is the first to name valid ones, so it fixes its
+/// own, with its amount (the chargeback's share is of what was paid), and the chargeback
+/// reversed issues them all.
+#[tokio::test]
+async fn a_late_success_fixes_its_own_parameters_over_a_declined_attempts() {
+    let app = spawn_app_with(&format!("{PADDLE}{PACKS}")).await;
+    let mut declined = completed_with_items(
+        "evt_declined",
+        "txn_1",
+        100,
+        10_000,
+        &[("pri_credits10", 10)],
+    );
+    declined["event_type"] = json!("transaction.payment_failed");
+    declined["data"]["status"] = json!("past_due");
+    declined["occurred_at"] = json!("2026-11-30T09:00:00.000000Z");
+    send(&app, &declined).await;
+    let chargeback = chargeback("evt_cb", "adj_cb", "txn_1", "full", 1000);
+    send(&app, &chargeback).await;
+    let paid = completed_with_items("evt_paid", "txn_1", 10, 1000, &[("pri_credits10", 1)]);
+    send(&app, &paid).await;
+    let stored = payment(&app, "txn_1").await;
+    assert_eq!(
+        stored.get_str("tokenParamsFixedBy").ok(),
+        Some("evt_paid"),
+        "{stored}"
+    );
+    assert_eq!(
+        stored.get_i64("amount").ok(),
+        Some(1000),
+        "the success's: {stored}"
+    );
+    let mut reverse = chargeback;
+    reverse["event_id"] = json!("evt_reverse");
+    reverse["occurred_at"] = json!("2026-11-30T12:00:00.000000Z");
+    reverse["data"]["id"] = json!("adj_reverse");
+    reverse["data"]["action"] = json!("chargeback_reverse");
+    let answer = send(&app, &reverse).await;
+    assert_eq!(active(&app, "txn_1").await.len(), 10, "{answer}");
+    assert_eq!(app.count("tokens", doc! {}).await, 10);
+}
+
 /// The checkout key's request for what the declined attempt named: a hundred tokens.
 fn declined_params(txn: &str) -> Value {
     json!({ "provider": "paddle", "accountId": "default", "paymentIntentId": txn,
         "owner": OWNER, "tokenType": "standard", "quantity": 100 })
-}
-
-/// A payment stored before this rule, with a declined attempt's parameters unfixed, is
-/// not issued from either when its success names none.
-#[tokio::test]
-async fn parameters_a_declined_attempt_left_before_are_not_issued() {
-    let app = spawn_app_with(&format!("{PADDLE}{PACKS}")).await;
-    app.db
-        .collection::<Document>("payments")
-        .insert_one(doc! {
-            "provider": "paddle", "accountId": "default", "paymentIntentId": "txn_old",
-            "status": "failed", "version": 1_i64, "amount": 10_000_i64, "currency": "EUR",
-            "tokenParams": { "owner": mongodb::bson::oid::ObjectId::parse_str(OWNER).unwrap(),
-                "tokenType": "standard", "quantity": 100_i64 },
-            "lastEventId": "evt_declined", "lastEventType": "transaction.payment_failed",
-        })
-        .await
-        .unwrap();
-    let mut paid = completed_with_items("evt_paid", "txn_old", 1, 1000, &[("pri_credits10", 1)]);
-    paid["data"]["custom_data"] = json!({ "x": 1 });
-    let answer = send(&app, &paid).await;
-    assert_eq!(answer["outcome"], "no_metadata", "{answer}");
-    assert_eq!(
-        app.issue(REQUEST_KEY, &declined_params("txn_old"))
-            .await
-            .status(),
-        409
-    );
-    assert_eq!(app.count("tokens", doc! {}).await, 0);
-    assert_eq!(app.count_records(doc! {}).await, 0);
 }
 
 #[tokio::test]
