@@ -424,6 +424,11 @@ fn gate(event: &PaymentEvent) -> ProjectionGate<'static> {
             event.status,
             PaymentStatus::Canceled | PaymentStatus::Refunded
         ),
+        // Where the customer may write the metadata (Paddle), a checkout may change
+        // between attempts: its success says what was paid for what, over a declined
+        // attempt's parameters and amount. Elsewhere a payment's amount is one throughout,
+        // and a later fact (a capture's) outranks an older event's.
+        restates: event.customer_metadata,
     }
 }
 

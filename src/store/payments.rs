@@ -231,6 +231,10 @@ pub struct ProjectionGate<'a> {
     /// Whether the event changes nothing when the payment's parameters are fixed and the
     /// event names others (or invalid ones).
     pub bound_to_fixed_params: bool,
+    /// Whether the event, when it fixes the parameters, also says what the payment is over
+    /// what earlier attempts left: older than the state, it writes its parameters over
+    /// unfixed ones or a metadata error, and its amount and currency over theirs.
+    pub restates: bool,
 }
 
 /// A token's tokenIndex as stored (an integer of either width).
@@ -258,9 +262,10 @@ fn unless_fixed(value: Bson, field: &str) -> Document {
     doc! { "$cond": [params_fixed(), format!("${field}"), literal(value)] }
 }
 
-/// Whether a field says what the payment costs.
+/// Whether a field says what the payment costs, as a restating event writes it over an
+/// earlier attempt's.
 fn is_price(field: &str) -> bool {
-    matches!(field, "amount" | "currency" | "authorisedAmount")
+    matches!(field, "amount" | "currency")
 }
 
 /// Whether a token parameter field (fixed once, `unless_fixed`) rather than a plain fact.
@@ -339,10 +344,13 @@ fn newer_sets(event: &PaymentEvent, facts: &Document) -> Document {
 
 /// What any event, older ones too, fills in where the state has nothing: `createdAt`,
 /// and each of its `facts` where the stored field is missing (the parameters where
-/// `params_gap` says so, the metadata verdict with them).
-fn gaps_filled(event: &PaymentEvent, facts: &Document) -> Document {
+/// `params_gap` says so, the metadata verdict with them). An event that `restates` the
+/// payment as it fixes the parameters writes its amount and currency where it writes
+/// them, and a change of the amount is a change of the money (`moneyVersion`).
+fn gaps_filled(event: &PaymentEvent, facts: &Document, restates: bool) -> Document {
     let fixes = facts.contains_key("tokenParamsFixedBy");
-    let params_gap = params_gap(event, fixes);
+    let params_gap = params_gap(event, fixes, restates && fixes);
+    let restated = (restates && fixes).then(|| params_gap.clone());
     let mut filled = doc! { "createdAt": { "$ifNull": ["$createdAt", "$$NOW"] } };
     if matches!(event.token_params, Some(Ok(_))) {
         filled.insert(
@@ -352,17 +360,30 @@ fn gaps_filled(event: &PaymentEvent, facts: &Document) -> Document {
     }
     for (field, value) in facts {
         let current = format!("${field}");
-        // The success that fixes the parameters also says what the payment costs: what an
-        // earlier attempt said (a declined one, whose checkout the customer then changed)
-        // gives way to it with them.
-        let gap = if is_param(field) || (fixes && is_price(field)) {
-            params_gap.clone()
-        } else {
-            doc! { "$eq": [ { "$ifNull": [&current, Bson::Null] }, Bson::Null ] }
+        let missing = doc! { "$eq": [ { "$ifNull": [&current, Bson::Null] }, Bson::Null ] };
+        let gap = match &restated {
+            _ if is_param(field) => params_gap.clone(),
+            Some(restated) if is_price(field) => doc! { "$or": [missing, restated] },
+            _ => missing,
         };
         filled.insert(
             field.clone(),
             doc! { "$cond": [gap, literal(value.clone()), &current] },
+        );
+    }
+    if let (Some(restated), Some(amount)) = (restated, event.amount) {
+        let moved = doc! { "$and": [restated, { "$ne": ["$amount", amount] }] };
+        filled.insert(
+            "moneyVersion",
+            doc! { "$cond": [
+                moved.clone(),
+                { "$add": [ { "$ifNull": ["$moneyVersion", 0_i64] }, 1_i64 ] },
+                "$moneyVersion",
+            ] },
+        );
+        filled.insert(
+            "updatedAt",
+            doc! { "$cond": [moved, "$$NOW", "$updatedAt"] },
         );
     }
     filled
@@ -374,15 +395,20 @@ fn gaps_filled(event: &PaymentEvent, facts: &Document) -> Document {
 /// a processing or declined attempt left); and only if none was ever judged unusable, or
 /// if what was came from an event no newer than this one (the stored version is this
 /// event's: a tie, which usable parameters win — a Checkout Session's metadata beside its
-/// PaymentIntent's incomplete one, same second).
-fn params_gap(event: &PaymentEvent, fixes: bool) -> Document {
+/// PaymentIntent's incomplete one, same second). An event that `restates` the payment
+/// passes over a metadata error too: it is what an earlier attempt was judged by.
+fn params_gap(event: &PaymentEvent, fixes: bool, restates: bool) -> Document {
     let open = if fixes {
         "$tokenParamsFixedBy"
     } else {
         "$tokenParams"
     };
+    let open = doc! { "$eq": [ { "$ifNull": [open, Bson::Null] }, Bson::Null ] };
+    if restates {
+        return open;
+    }
     doc! { "$and": [
-        { "$eq": [ { "$ifNull": [open, Bson::Null] }, Bson::Null ] },
+        open,
         { "$or": [
             { "$eq": [ { "$ifNull": ["$metadataError", Bson::Null] }, Bson::Null ] },
             { "$eq": [ "$version", literal(event.version) ] },
@@ -458,7 +484,7 @@ impl Store {
             doc! { "$replaceWith": { "$cond": [
                 format!("${HELD_BACK}"),
                 "$$ROOT",
-                { "$mergeObjects": [ "$$ROOT", gaps_filled(event, &facts) ] },
+                { "$mergeObjects": [ "$$ROOT", gaps_filled(event, &facts, gate.restates) ] },
             ] } },
         ];
         if let Some(capture) = &event.capture {

@@ -386,46 +386,50 @@ async fn a_declined_attempts_custom_data_is_not_issued_by_the_success() {
 }
 
 /// A success delivered after a chargeback, its declined attempt's parameters and amount
-/// already on the payment: the success is the first to name valid ones, so it fixes its
-/// own, with its amount (the chargeback's share is of what was paid), and the chargeback
-/// reversed issues them all.
+/// (or its metadata error) already on the payment: the success is the first to name
+/// valid ones, so it fixes its own, with its amount (the chargeback's share is of what
+/// was paid), and the chargeback reversed issues them all.
 #[tokio::test]
 async fn a_late_success_fixes_its_own_parameters_over_a_declined_attempts() {
-    let app = spawn_app_with(&format!("{PADDLE}{PACKS}")).await;
-    let mut declined = completed_with_items(
-        "evt_declined",
-        "txn_1",
-        100,
-        10_000,
-        &[("pri_credits10", 10)],
-    );
-    declined["event_type"] = json!("transaction.payment_failed");
-    declined["data"]["status"] = json!("past_due");
-    declined["occurred_at"] = json!("2026-11-30T09:00:00.000000Z");
-    send(&app, &declined).await;
-    let chargeback = chargeback("evt_cb", "adj_cb", "txn_1", "full", 1000);
-    send(&app, &chargeback).await;
-    let paid = completed_with_items("evt_paid", "txn_1", 10, 1000, &[("pri_credits10", 1)]);
-    send(&app, &paid).await;
-    let stored = payment(&app, "txn_1").await;
-    assert_eq!(
-        stored.get_str("tokenParamsFixedBy").ok(),
-        Some("evt_paid"),
-        "{stored}"
-    );
-    assert_eq!(
-        stored.get_i64("amount").ok(),
-        Some(1000),
-        "the success's: {stored}"
-    );
-    let mut reverse = chargeback;
-    reverse["event_id"] = json!("evt_reverse");
-    reverse["occurred_at"] = json!("2026-11-30T12:00:00.000000Z");
-    reverse["data"]["id"] = json!("adj_reverse");
-    reverse["data"]["action"] = json!("chargeback_reverse");
-    let answer = send(&app, &reverse).await;
-    assert_eq!(active(&app, "txn_1").await.len(), 10, "{answer}");
-    assert_eq!(app.count("tokens", doc! {}).await, 10);
+    for declined_type in ["standard", "unpriced"] {
+        let app = spawn_app_with(&format!("{PADDLE}{PACKS}")).await;
+        let mut declined = completed_with_items(
+            "evt_declined",
+            "txn_1",
+            100,
+            10_000,
+            &[("pri_credits10", 10)],
+        );
+        declined["event_type"] = json!("transaction.payment_failed");
+        declined["data"]["status"] = json!("past_due");
+        declined["data"]["custom_data"]["tokenmint_token_type"] = json!(declined_type);
+        declined["occurred_at"] = json!("2026-11-30T09:00:00.000000Z");
+        send(&app, &declined).await;
+        let chargeback = chargeback("evt_cb", "adj_cb", "txn_1", "full", 1000);
+        send(&app, &chargeback).await;
+        let paid = completed_with_items("evt_paid", "txn_1", 10, 1000, &[("pri_credits10", 1)]);
+        send(&app, &paid).await;
+        let stored = payment(&app, "txn_1").await;
+        let case = format!("declined {declined_type}: {stored}");
+        assert_eq!(
+            stored.get_str("tokenParamsFixedBy").ok(),
+            Some("evt_paid"),
+            "{case}"
+        );
+        assert_eq!(
+            stored.get_i64("amount").ok(),
+            Some(1000),
+            "the success's: {case}"
+        );
+        let mut reverse = chargeback;
+        reverse["event_id"] = json!("evt_reverse");
+        reverse["occurred_at"] = json!("2026-11-30T12:00:00.000000Z");
+        reverse["data"]["id"] = json!("adj_reverse");
+        reverse["data"]["action"] = json!("chargeback_reverse");
+        let answer = send(&app, &reverse).await;
+        assert_eq!(active(&app, "txn_1").await.len(), 10, "{case}: {answer}");
+        assert_eq!(app.count("tokens", doc! {}).await, 10, "{case}");
+    }
 }
 
 /// The checkout key's request for what the declined attempt named: a hundred tokens.

@@ -230,27 +230,30 @@ async fn a_capture_in_part_before_its_authorisation_issues_only_its_share() {
     );
 }
 
-/// Adyen may capture more than was authorised (overcapture): nothing is left uncaptured.
+/// Adyen may capture more than was authorised (overcapture): nothing is left uncaptured,
+/// and refunds take shares of what was captured, whichever of the authorisation and the
+/// capture arrives first (the authorisation's amount never outranks the captures').
 #[tokio::test]
 async fn a_capture_of_more_than_was_authorised_keeps_every_token() {
-    let app = spawn_app_with(&adyen_manual()).await;
-    send(&app, &[authorisation("PSP_O", 10)]).await;
-    send(
-        &app,
-        &[adyen_capture(
-            "CAP_O",
-            "PSP_O",
-            1200,
-            "2026-11-30T15:00:00Z",
-        )],
-    )
-    .await;
-    assert_eq!(active(&app, "PSP_O").await, (0..10).collect::<Vec<i64>>());
-    // A refund of 600 of the 1,200 paid takes half.
-    let mut refund = modification("REFUND", "REF_O", "PSP_O", 600);
-    refund["eventDate"] = json!("2026-11-30T17:00:00Z");
-    send(&app, &[refund]).await;
-    assert_eq!(active(&app, "PSP_O").await, (0..5).collect::<Vec<i64>>());
+    for authorised_first in [true, false] {
+        let app = spawn_app_with(&adyen_manual()).await;
+        let capture = adyen_capture("CAP_O", "PSP_O", 1200, "2026-11-30T15:00:00Z");
+        let (first, second) = if authorised_first {
+            (authorisation("PSP_O", 10), capture)
+        } else {
+            (capture, authorisation("PSP_O", 10))
+        };
+        send(&app, &[first]).await;
+        send(&app, &[second]).await;
+        let all: Vec<i64> = (0..10).collect();
+        assert_eq!(active(&app, "PSP_O").await, all, "{authorised_first}");
+        // A refund of 600 of the 1,200 paid takes half.
+        let mut refund = modification("REFUND", "REF_O", "PSP_O", 600);
+        refund["eventDate"] = json!("2026-11-30T17:00:00Z");
+        send(&app, &[refund]).await;
+        let half: Vec<i64> = (0..5).collect();
+        assert_eq!(active(&app, "PSP_O").await, half, "{authorised_first}");
+    }
 }
 
 /// The capture's tokens fail to be written after its projection recorded the part (the
