@@ -346,7 +346,8 @@ fn newer_sets(event: &PaymentEvent, facts: &Document) -> Document {
 /// and each of its `facts` where the stored field is missing (the parameters where
 /// `params_gap` says so, the metadata verdict with them). An event that `restates` the
 /// payment as it fixes the parameters writes its amount and currency where it writes
-/// them, and a change of the amount is a change of the money (`moneyVersion`).
+/// them. Filled or restated, a change of the amount is a change of the money
+/// (`moneyVersion`, and `updatedAt` for the sweep of recent changes).
 fn gaps_filled(event: &PaymentEvent, facts: &Document, restates: bool) -> Document {
     let fixes = facts.contains_key("tokenParamsFixedBy");
     let params_gap = params_gap(event, fixes, restates && fixes);
@@ -358,6 +359,7 @@ fn gaps_filled(event: &PaymentEvent, facts: &Document, restates: bool) -> Docume
             doc! { "$cond": [params_gap.clone(), Bson::Null, "$metadataError"] },
         );
     }
+    let mut amount_gap = None;
     for (field, value) in facts {
         let current = format!("${field}");
         let missing = doc! { "$eq": [ { "$ifNull": [&current, Bson::Null] }, Bson::Null ] };
@@ -366,13 +368,16 @@ fn gaps_filled(event: &PaymentEvent, facts: &Document, restates: bool) -> Docume
             Some(restated) if is_price(field) => doc! { "$or": [missing, restated] },
             _ => missing,
         };
+        if field == "amount" {
+            amount_gap = Some(gap.clone());
+        }
         filled.insert(
             field.clone(),
             doc! { "$cond": [gap, literal(value.clone()), &current] },
         );
     }
-    if let (Some(restated), Some(amount)) = (restated, event.amount) {
-        let moved = doc! { "$and": [restated, { "$ne": ["$amount", amount] }] };
+    if let (Some(gap), Some(amount)) = (amount_gap, event.amount) {
+        let moved = doc! { "$and": [gap, { "$ne": ["$amount", amount] }] };
         filled.insert(
             "moneyVersion",
             doc! { "$cond": [

@@ -407,9 +407,15 @@ async fn a_late_success_fixes_its_own_parameters_over_a_declined_attempts() {
         send(&app, &declined).await;
         let chargeback = chargeback("evt_cb", "adj_cb", "txn_1", "full", 1000);
         send(&app, &chargeback).await;
+        let money_version = |stored: &Document| stored.get_i64("moneyVersion").unwrap_or(0);
+        let before = money_version(&payment(&app, "txn_1").await);
         let paid = completed_with_items("evt_paid", "txn_1", 10, 1000, &[("pri_credits10", 1)]);
         send(&app, &paid).await;
         let stored = payment(&app, "txn_1").await;
+        assert!(
+            money_version(&stored) > before,
+            "a changed amount is a change of the money: {stored}"
+        );
         let case = format!("declined {declined_type}: {stored}");
         assert_eq!(
             stored.get_str("tokenParamsFixedBy").ok(),

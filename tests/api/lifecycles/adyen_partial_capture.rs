@@ -247,6 +247,14 @@ async fn a_capture_of_more_than_was_authorised_keeps_every_token() {
         send(&app, &[second]).await;
         let all: Vec<i64> = (0..10).collect();
         assert_eq!(active(&app, "PSP_O").await, all, "{authorised_first}");
+        let stored = app
+            .find_stored("payments", doc! { "paymentIntentId": "PSP_O" })
+            .await;
+        assert_eq!(
+            stored.get_i64("amount").ok(),
+            Some(1200),
+            "{authorised_first}: {stored}"
+        );
         // A refund of 600 of the 1,200 paid takes half.
         let mut refund = modification("REFUND", "REF_O", "PSP_O", 600);
         refund["eventDate"] = json!("2026-11-30T17:00:00Z");

@@ -130,3 +130,31 @@ async fn concurrent_duplicate_deliveries_have_one_effect() {
         1
     );
 }
+
+/// An older success that carries the amount a newer one did not still fills it in, so a
+/// later partial refund takes its share of it rather than reading as a refund of
+/// everything (the parameters being fixed already does not stop the amount).
+#[tokio::test]
+async fn an_older_success_fills_in_the_amount_a_newer_one_lacked() {
+    let app = app().await;
+    let newer = acme_event("succeeded", "pay_gap", 3);
+    assert_eq!(send_acme(&app, "msg_newer", &newer).await.status(), 200);
+    let mut older = acme_event("succeeded", "pay_gap", 2);
+    older["data"]["amount"] = serde_json::json!(1000);
+    older["data"]["currency"] = serde_json::json!("EUR");
+    assert_eq!(send_acme(&app, "msg_older", &older).await.status(), 200);
+    let stored = app
+        .find_stored("payments", doc! { "paymentIntentId": "pay_gap" })
+        .await;
+    assert_eq!(stored.get_i64("amount").ok(), Some(1000), "{stored}");
+    let mut refund = acme_event("refunded", "pay_gap", 4);
+    refund["data"]["amountRefunded"] = serde_json::json!(500);
+    assert_eq!(send_acme(&app, "msg_refund", &refund).await.status(), 200);
+    let active = app
+        .token_states("pay_gap")
+        .await
+        .into_iter()
+        .filter(|(_, status)| status == "active")
+        .count();
+    assert_eq!(active, 1, "half of two tokens stands");
+}
