@@ -426,8 +426,8 @@ fn gate(event: &PaymentEvent) -> ProjectionGate<'static> {
         ),
         // Where the customer may write the metadata (Paddle), a checkout may change
         // between attempts: its success says what was paid for what, over a declined
-        // attempt's parameters and amount. Elsewhere a payment's amount is one throughout,
-        // and a later fact (a capture's) outranks an older event's.
+        // attempt's amount and metadata error. Elsewhere an amount once stored stays:
+        // a later fact (an Adyen capture's sum) must not give way to an older event's.
         restates: event.customer_metadata,
     }
 }

@@ -231,9 +231,9 @@ pub struct ProjectionGate<'a> {
     /// Whether the event changes nothing when the payment's parameters are fixed and the
     /// event names others (or invalid ones).
     pub bound_to_fixed_params: bool,
-    /// Whether the event, when it fixes the parameters, also says what the payment is over
-    /// what earlier attempts left: older than the state, it writes its parameters over
-    /// unfixed ones or a metadata error, and its amount and currency over theirs.
+    /// Whether the event, when it fixes the parameters while none are fixed, also says what
+    /// the payment is over what earlier attempts left: older than the state, it passes
+    /// over their metadata error and writes its amount and currency over theirs.
     pub restates: bool,
 }
 
