@@ -336,6 +336,22 @@ async fn a_pack_bought_for_less_than_its_tokens_issues_nothing() {
     assert_eq!(app.count_records(doc! {}).await, 0);
 }
 
+/// A declined attempt of `txn_1`, an hour before its success: ten packs, 10000 cents,
+/// naming a hundred tokens (all paid for).
+fn declined_attempt() -> Value {
+    let mut declined = completed_with_items(
+        "evt_declined",
+        "txn_1",
+        100,
+        10_000,
+        &[("pri_credits10", 10)],
+    );
+    declined["event_type"] = json!("transaction.payment_failed");
+    declined["data"]["status"] = json!("past_due");
+    declined["occurred_at"] = json!("2026-11-30T09:00:00.000000Z");
+    declined
+}
+
 /// The customer's browser can change an open checkout's items and `custom_data` between
 /// a declined attempt and the one that pays. Metadata the customer may have written is
 /// issued only once a success fixed it, the success being the event checked against it:
@@ -347,17 +363,7 @@ async fn a_declined_attempts_custom_data_is_not_issued_by_the_success() {
     for pricing in ["\n[issuance.token_prices.standard]\nEUR = 100\n", PACKS] {
         for declined_first in [true, false] {
             let app = spawn_app_with(&format!("{PADDLE}{pricing}")).await;
-            // Declined: ten packs, 10000 cents, naming a hundred tokens (all paid for).
-            let mut declined = completed_with_items(
-                "evt_declined",
-                "txn_1",
-                100,
-                10_000,
-                &[("pri_credits10", 10)],
-            );
-            declined["event_type"] = json!("transaction.payment_failed");
-            declined["data"]["status"] = json!("past_due");
-            declined["occurred_at"] = json!("2026-11-30T09:00:00.000000Z");
+            let declined = declined_attempt();
             // Paid: one pack, 1000 cents, its custom_data replaced by one without ours.
             let mut paid =
                 completed_with_items("evt_paid", "txn_1", 1, 1000, &[("pri_credits10", 1)]);
@@ -393,17 +399,8 @@ async fn a_declined_attempts_custom_data_is_not_issued_by_the_success() {
 async fn a_late_success_fixes_its_own_parameters_over_a_declined_attempts() {
     for declined_type in ["standard", "unpriced"] {
         let app = spawn_app_with(&format!("{PADDLE}{PACKS}")).await;
-        let mut declined = completed_with_items(
-            "evt_declined",
-            "txn_1",
-            100,
-            10_000,
-            &[("pri_credits10", 10)],
-        );
-        declined["event_type"] = json!("transaction.payment_failed");
-        declined["data"]["status"] = json!("past_due");
+        let mut declined = declined_attempt();
         declined["data"]["custom_data"]["tokenmint_token_type"] = json!(declined_type);
-        declined["occurred_at"] = json!("2026-11-30T09:00:00.000000Z");
         send(&app, &declined).await;
         let chargeback = chargeback("evt_cb", "adj_cb", "txn_1", "full", 1000);
         send(&app, &chargeback).await;

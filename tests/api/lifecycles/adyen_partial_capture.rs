@@ -30,9 +30,16 @@ async fn revoked(app: &TestApp, payment: &str) -> Vec<(i64, String)> {
         .collect()
 }
 
-/// Sets token `index` of `payment` to `status` behind the service's back, as the
-/// provider's settle would have left it.
-async fn set_token(app: &TestApp, payment: &str, index: i64, status: &str) {
+/// What `verify` reports once token `index` of `payment`, clean before, is set to
+/// `status` behind the service's back (as the provider's settle would have left it).
+async fn report_after_setting(
+    app: &TestApp,
+    payment: &str,
+    index: i64,
+    status: &str,
+) -> tokenmint::store::VerifyReport {
+    let store = app.store().await;
+    assert!(store.verify().await.unwrap().is_clean());
     app.db
         .collection::<mongodb::bson::Document>("tokens")
         .update_one(
@@ -41,6 +48,7 @@ async fn set_token(app: &TestApp, payment: &str, index: i64, status: &str) {
         )
         .await
         .unwrap();
+    store.verify().await.unwrap()
 }
 
 fn partly_refunded(indexes: std::ops::Range<i64>) -> Vec<(i64, String)> {
@@ -129,12 +137,9 @@ async fn a_later_capture_brings_back_the_tokens_it_pays_for() {
     .await;
     assert_eq!(active(&app, "PSP_L").await, (0..10).collect::<Vec<i64>>());
     assert_eq!(app.count_records(doc! {}).await, 1);
-    let store = app.store().await;
-    assert!(store.verify().await.unwrap().is_clean());
     // `verify` checks a payment captured in parts: a token left revoked although the
     // captures paid for it is reported.
-    set_token(&app, "PSP_L", 9, "revoked").await;
-    let report = store.verify().await.unwrap();
+    let report = report_after_setting(&app, "PSP_L", 9, "revoked").await;
     let samples = report.unrestored_tokens.samples.join("\n");
     assert!(
         samples.contains("adyen/TestMerchant/PSP_L (succeeded): 1 token(s) revoked"),
@@ -145,7 +150,7 @@ async fn a_later_capture_brings_back_the_tokens_it_pays_for() {
     let printed = String::from_utf8_lossy(&repaired.stdout);
     assert_eq!(repaired.status.code(), Some(0), "{printed}");
     assert_eq!(active(&app, "PSP_L").await, (0..10).collect::<Vec<i64>>());
-    assert!(store.verify().await.unwrap().is_clean());
+    assert!(app.store().await.verify().await.unwrap().is_clean());
 }
 
 /// A withdrawal of the whole payment after a capture in part took back what was
@@ -219,10 +224,7 @@ async fn a_capture_in_part_before_its_authorisation_issues_only_its_share() {
     assert_eq!(payment_status(&app, "PSP_E").await.0, "succeeded");
     // `verify` holds it to what was captured: a token of the rest made active behind the
     // service's back is reported.
-    let store = app.store().await;
-    assert!(store.verify().await.unwrap().is_clean());
-    set_token(&app, "PSP_E", 9, "active").await;
-    let report = store.verify().await.unwrap();
+    let report = report_after_setting(&app, "PSP_E", 9, "active").await;
     let samples = report.unbacked_active_tokens.samples.join("\n");
     assert!(
         samples.contains("adyen/TestMerchant/PSP_E (succeeded): 1 active token(s) beyond the 5"),
