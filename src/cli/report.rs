@@ -29,6 +29,7 @@ pub(super) fn verify(report: &VerifyReport, repair: Option<&RepairReport>) -> Va
             "unbackedActiveTokens": finding(&report.unbacked_active_tokens),
             "unrestoredTokens": finding(&report.unrestored_tokens),
             "unreadablePayments": finding(&report.unreadable_payments),
+            "incompleteRedemptions": finding(&report.incomplete_redemptions),
         },
         "repair": repair.map(|r| json!({
             "recordsFinished": r.records_finished,

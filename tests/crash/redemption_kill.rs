@@ -139,6 +139,8 @@ pub(super) async fn scenario(key: Option<&str>) {
     }
     assert_eq!(tokens_in(store, "redeemed").await, 3);
     assert_eq!(tokens_in(store, "active").await, 2);
+    let report = store.verify().await.expect("verify after the retry");
+    assert!(report.is_clean(), "{report}");
     eprintln!(
         "crash[redemption-kill{}]: killed with the commit cut off: nothing visible; the retry redeemed 3, its replay named the same 3",
         if key.is_some() { ", keyed" } else { "" }

@@ -5,11 +5,11 @@ use futures::TryStreamExt;
 use mongodb::bson::{Bson, Document, doc};
 
 use super::{Finding, SAMPLES, key_text};
-use crate::domain::{PaymentStatus, entitlement, share_taken};
+use crate::domain::{PaymentStatus, TokenStatus, entitlement, share_taken};
 use crate::store::documents::from_document;
 use crate::store::payments::{PAYMENTS, PaymentDoc, token_index};
 use crate::store::placeholder::PLACEHOLDER;
-use crate::store::{ISSUANCES, Store, StoreError, TOKENS};
+use crate::store::{ISSUANCES, REDEMPTIONS, Store, StoreError, TOKENS};
 
 impl Store {
     pub(super) async fn wrong_token_sets(&self) -> Result<Finding, StoreError> {
@@ -260,6 +260,55 @@ pub(super) fn wrong_token_sets_pipeline() -> Vec<Document> {
 }
 
 impl Store {
+    /// Check 10: redemptions whose tokens do not all stand redeemed under them, each of
+    /// `tokenIds` `redeemed` with the record's reference, owner and type, as many as its
+    /// quantity. A redemption commits its record and its tokens together and a redeemed
+    /// token changes no more, so a record found here was half undone by hand, by another
+    /// tool, or by a fault in that all-or-nothing write.
+    pub(super) async fn incomplete_redemptions(&self) -> Result<Finding, StoreError> {
+        let named = doc! { "$size": { "$ifNull": ["$tokenIds", []] } };
+        let pipeline = vec![
+            doc! { "$lookup": {
+                "from": TOKENS,
+                "localField": "tokenIds",
+                "foreignField": "_id",
+                "let": { "owner": "$owner", "reference": "$reference", "type": "$tokenType" },
+                "pipeline": [
+                    { "$match": { "$expr": { "$and": [
+                        { "$eq": ["$status", TokenStatus::Redeemed.as_str()] },
+                        { "$eq": ["$redemptionRef", "$$reference"] },
+                        { "$eq": ["$owner", "$$owner"] },
+                        { "$eq": ["$type", "$$type"] },
+                    ] } } },
+                    { "$project": { "_id": 1 } },
+                ],
+                "as": "spent",
+            } },
+            doc! { "$project": {
+                "owner": 1, "reference": 1, "quantity": 1,
+                "named": named.clone(), "spent": { "$size": "$spent" },
+            } },
+            doc! { "$match": { "$expr": { "$or": [
+                { "$ne": ["$spent", "$named"] },
+                { "$ne": ["$named", "$quantity"] },
+            ] } } },
+        ];
+        self.collect_finding(REDEMPTIONS, pipeline, |row| {
+            let field = |name: &str| row.get(name).map(|v| v.to_string()).unwrap_or_default();
+            format!(
+                "{}/{} (quantity {}): {} of {} token(s) redeemed under it",
+                row.get_object_id("owner")
+                    .map(|o| o.to_hex())
+                    .unwrap_or_else(|_| "?".to_owned()),
+                row.get_str("reference").unwrap_or("?"),
+                field("quantity"),
+                field("spent"),
+                field("named"),
+            )
+        })
+        .await
+    }
+
     pub(super) async fn duplicate_tokens(&self) -> Result<Finding, StoreError> {
         let pipeline = vec![
             doc! { "$group": {

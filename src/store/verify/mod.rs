@@ -1,6 +1,6 @@
 //! The invariant checker behind `tokenmint verify`: scans the database for anything that
-//! breaks "exactly N tokens per payment" or "tokens stand exactly while their payment
-//! stands". Used by operators and by the fault-injection suites after every crash,
+//! breaks "exactly N tokens per payment", "tokens stand exactly while their payment
+//! stands" or "a redemption is spent whole". Used by operators and by the fault-injection suites after every crash,
 //! failover and soak. The report lives here, each check in `checks`, and the two scans
 //! `verify --repair` starts from in `repair_scans`.
 
@@ -52,6 +52,9 @@ pub struct VerifyReport {
     /// Payments checks 7 and 8 look at that cannot be read as payments (a field of another
     /// type): neither check, nor a settle, can say what they stand for.
     pub unreadable_payments: Finding,
+    /// Redemptions whose tokens do not all stand redeemed under them (a half-spent
+    /// redemption).
+    pub incomplete_redemptions: Finding,
 }
 
 impl VerifyReport {
@@ -63,7 +66,7 @@ impl VerifyReport {
         self.findings().iter().map(|(_, f)| f.count).sum()
     }
 
-    fn findings(&self) -> [(&'static str, &Finding); 9] {
+    fn findings(&self) -> [(&'static str, &Finding); 10] {
         [
             (
                 "payments whose tokens are not exactly 0..quantity-1",
@@ -94,6 +97,10 @@ impl VerifyReport {
             (
                 "refunded, canceled or reinstated payments that cannot be read",
                 &self.unreadable_payments,
+            ),
+            (
+                "redemptions whose tokens are not all redeemed under them",
+                &self.incomplete_redemptions,
             ),
         ]
     }
@@ -153,6 +160,7 @@ impl Store {
             report.unrestored_tokens,
             report.unreadable_payments,
         ) = self.entitlement_findings().await?;
+        report.incomplete_redemptions = self.incomplete_redemptions().await?;
         Ok(report)
     }
 

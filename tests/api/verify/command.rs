@@ -307,6 +307,7 @@ async fn verify_json_is_one_document_with_the_text_exit_codes() {
         "unbackedActiveTokens",
         "unrestoredTokens",
         "unreadablePayments",
+        "incompleteRedemptions",
     ];
     let findings = report["findings"].as_object().unwrap();
     let mut names: Vec<&str> = findings.keys().map(String::as_str).collect();

@@ -1,6 +1,7 @@
 //! What `verify` reports: nothing after normal traffic, then each violation by name (a
 //! short set, an orphan, a token without `_version`, a stranded pending request, foreign
-//! tokens, active tokens a refund or cancellation no longer backs), transfers excepted.
+//! tokens, active tokens a refund or cancellation no longer backs, a redemption half
+//! undone), transfers excepted.
 
 use mongodb::bson::{DateTime, Document, doc, oid::ObjectId};
 
@@ -347,4 +348,101 @@ async fn verify_flags_unbacked_tokens_where_the_money_rule_says_in_every_payment
             found.samples
         );
     }
+}
+
+#[tokio::test]
+async fn verify_reports_a_redemption_whose_tokens_are_not_all_redeemed_under_it() {
+    let app = spawn_app().await;
+    let ids = app.issue_tokens("pi_spent", 4).await;
+    let body = serde_json::json!({
+        "owner": OWNER, "tokenType": "standard", "quantity": 2, "reference": "order-half",
+    });
+    let response = app
+        .http
+        .post(app.url("/v1/redemptions"))
+        .bearer_auth(ADMIN_KEY)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 201);
+    // A single redeem with a reference of its own is no redemption by amount: not checked.
+    let single = app
+        .http
+        .post(app.url(&format!("/v1/tokens/{}/redeem", ids[3])))
+        .bearer_auth(ADMIN_KEY)
+        .header("if-match", "\"0\"")
+        .json(&serde_json::json!({ "reference": "order-single" }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(single.status(), 200);
+    let store = app.store().await;
+    let report = store.verify().await.unwrap();
+    assert!(report.is_clean(), "{report}");
+
+    // Half undone: one of its two tokens made active again, by hand.
+    let tokens = app.db.collection::<Document>("tokens");
+    tokens
+        .update_one(
+            doc! { "_id": ObjectId::parse_str(&ids[1]).unwrap() },
+            doc! { "$set": { "status": "active" }, "$unset": { "redemptionRef": "", "redeemedAt": "" } },
+        )
+        .await
+        .unwrap();
+    let report = store.verify().await.unwrap();
+    assert_eq!(report.incomplete_redemptions.count, 1, "{report}");
+    assert_eq!(
+        report.incomplete_redemptions.samples,
+        [format!(
+            "{OWNER}/order-half (quantity 2): 1 of 2 token(s) redeemed under it"
+        )]
+    );
+    assert_eq!(report.violations(), 1, "{report}");
+    let output = run_verify(&app, &["--json"]).await;
+    assert_eq!(output.status.code(), Some(1));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let json: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(
+        json["findings"]["incompleteRedemptions"]["count"], 1,
+        "{json}"
+    );
+
+    // Redeemed again, but under another reference: still not this redemption's.
+    tokens
+        .update_one(
+            doc! { "_id": ObjectId::parse_str(&ids[1]).unwrap() },
+            doc! { "$set": { "status": "redeemed", "redemptionRef": "order-other" } },
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        store.verify().await.unwrap().incomplete_redemptions.count,
+        1
+    );
+    // Its own again: clean.
+    tokens
+        .update_one(
+            doc! { "_id": ObjectId::parse_str(&ids[1]).unwrap() },
+            doc! { "$set": { "redemptionRef": "order-half" } },
+        )
+        .await
+        .unwrap();
+    assert!(store.verify().await.unwrap().is_clean());
+
+    // A record naming fewer tokens than its quantity.
+    app.db
+        .collection::<Document>("redemptions")
+        .update_one(
+            doc! { "reference": "order-half" },
+            doc! { "$pop": { "tokenIds": 1 } },
+        )
+        .await
+        .unwrap();
+    let report = store.verify().await.unwrap();
+    assert_eq!(report.incomplete_redemptions.count, 1, "{report}");
+    assert!(
+        report.incomplete_redemptions.samples[0].ends_with("1 of 1 token(s) redeemed under it"),
+        "{report}"
+    );
 }
