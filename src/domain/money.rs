@@ -30,9 +30,6 @@ pub struct Withdrawal {
     /// For a running total (a charge's refunds so far): when it was last reported (unix
     /// seconds).
     pub reported_at: Option<i64>,
-    /// Of `amount`, the release of what a capture in part left uncaptured (0: none):
-    /// money the payment's `uncaptured:` withdrawal may name as well, counted once.
-    pub release: i64,
 }
 
 /// Money that came back to the merchant, under its own id (the refund, dispute or
@@ -72,26 +69,10 @@ pub struct Money {
 }
 
 impl Money {
-    /// Everything taken back, before reversals: a full withdrawal counts as the amount,
-    /// and a release both a refund and the `uncaptured:` withdrawal name counts once.
+    /// Everything taken back, before reversals: a full withdrawal counts as the amount.
     pub fn gross(&self) -> i64 {
         let sum: i64 = self.withdrawals.iter().map(|w| self.counted(w)).sum();
-        (sum - self.release_named_twice()).max(self.recorded_total.unwrap_or(0))
-    }
-
-    /// The release of an uncaptured rest that is counted twice in the withdrawals' sum:
-    /// recorded as `uncaptured:` (from the success) and inside a refund's running total
-    /// (from the charge, which counted it as a refund). The two learn it from different
-    /// events, in either order, so each records it whole.
-    fn release_named_twice(&self) -> i64 {
-        let uncaptured: i64 = self
-            .withdrawals
-            .iter()
-            .filter(|w| w.id.starts_with(UNCAPTURED_KIND))
-            .map(|w| w.amount)
-            .sum();
-        let in_refunds: i64 = self.withdrawals.iter().map(|w| w.release.max(0)).sum();
-        uncaptured.min(in_refunds)
+        sum.max(self.recorded_total.unwrap_or(0))
     }
 
     /// What one withdrawal counts for.
@@ -229,7 +210,6 @@ impl Money {
             amount: authorised - captured,
             full: false,
             reported_at: None,
-            release: 0,
         });
         self.amount = Some(authorised.max(self.amount.unwrap_or(0)));
         self
@@ -380,7 +360,6 @@ mod tests {
             amount,
             full,
             reported_at: None,
-            release: 0,
         }
     }
 
@@ -630,31 +609,6 @@ mod tests {
         assert_eq!(taken(4, 0, &[1, 3]), (0, 2));
         // No set: everything from 0.
         assert_eq!(taken(0, 0, &[]), (0, 0));
-    }
-
-    #[test]
-    fn a_release_both_the_success_and_the_charges_refunds_name_counts_once() {
-        let uncaptured = w("uncaptured:pi_1", 600, false);
-        // The charge counted the release (600) among its refunds, with 100 refunded.
-        let charge = Withdrawal {
-            release: 600,
-            ..w("charge:ch_1", 700, false)
-        };
-        let money = |withdrawals: Vec<Withdrawal>| Money {
-            amount: Some(1000),
-            withdrawals,
-            ..Money::default()
-        };
-        assert_eq!(
-            money(vec![uncaptured.clone(), charge.clone()]).withdrawn(),
-            700
-        );
-        // Either alone says as much of the release.
-        assert_eq!(money(vec![charge.clone()]).withdrawn(), 700);
-        assert_eq!(money(vec![uncaptured.clone()]).withdrawn(), 600);
-        // A charge whose refunds do not hold it: both count.
-        let refunds_only = w("charge:ch_1", 100, false);
-        assert_eq!(money(vec![uncaptured, refunds_only]).withdrawn(), 700);
     }
 
     #[test]

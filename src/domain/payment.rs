@@ -130,11 +130,6 @@ pub struct Refund {
     /// For a running total (a Stripe charge's refunds so far): when the provider reported
     /// it (unix seconds). A refund that failed before then is already left out of it.
     pub reported_at: Option<i64>,
-    /// Of `amount`, the release of what a capture in part left uncaptured, when the
-    /// provider counted it among the refunds (a Stripe charge captured in part before API
-    /// version 2025-03-31): the same money as the payment's `uncaptured:` withdrawal,
-    /// counted once between them.
-    pub release: Option<i64>,
 }
 
 /// What an event body turned out to be.

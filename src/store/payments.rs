@@ -24,8 +24,7 @@ use super::retry;
 use super::{Store, TOKENS};
 use crate::domain::{
     Actor, CapturedPart, IssuanceParams, Money, Owner, PaymentEvent, PaymentKey, PaymentStatus,
-    Quantity, Refund, Reversal, RevocationReason, ShareTaken, TokenType, UNCAPTURED_KIND,
-    Withdrawal, share_taken,
+    Quantity, Refund, Reversal, RevocationReason, ShareTaken, TokenType, Withdrawal, share_taken,
 };
 
 pub const PAYMENTS: &str = "payments";
@@ -115,10 +114,6 @@ pub struct RefundEntry {
     /// For a running total: when it was last reported.
     #[serde(default)]
     pub at: Option<i64>,
-    /// Of `amount`, the release of an uncaptured rest the provider counted as a refund
-    /// (`Refund::release`; absent or null: none).
-    #[serde(default)]
-    pub release: Option<i64>,
 }
 
 /// One entry of a payment's `captures`, as the money rule reads it: its amount (its
@@ -202,7 +197,6 @@ impl PaymentDoc {
                     amount: r.amount,
                     full: r.full,
                     reported_at: r.at,
-                    release: r.release.unwrap_or(0),
                 })
                 .collect(),
             reversals: self
@@ -571,11 +565,6 @@ impl Store {
             "amount": { "$max": [known, reported] },
             "full": { "$or": [literal(full), was_full] },
         };
-        // Once a report said its total holds the release, every later one does too.
-        let release = refund
-            .release
-            .map_or(Bson::Null, |release| literal(release).into());
-        entry.insert("release", doc! { "$max": [ existing("release"), release ] });
         if let Some(at) = refund.reported_at {
             // The latest report wins; an older one only raises the gross above.
             let newer = doc! { "$or": [
@@ -597,19 +586,9 @@ impl Store {
         if let Some(amount) = amount {
             set.insert("amount", doc! { "$ifNull": ["$amount", literal(amount)] });
         }
-        // The release named both as `uncaptured:` and inside a refund counts once
-        // (`Money::gross`).
-        let uncaptured = doc! { "$sum": { "$map": {
-            "input": { "$filter": {
-                "input": "$refunds",
-                "cond": { "$eq": [ { "$indexOfBytes": ["$$this.id", UNCAPTURED_KIND] }, 0 ] },
-            } },
-            "in": "$$this.amount",
-        } } };
-        let named_twice = doc! { "$min": [ uncaptured, { "$sum": "$refunds.release" } ] };
         let total = doc! { "$set": { "amountRefunded": { "$max": [
             { "$ifNull": ["$amountRefunded", 0_i64] },
-            { "$subtract": [ { "$sum": "$refunds.amount" }, named_twice ] },
+            { "$sum": "$refunds.amount" },
         ] } } };
         self.upsert_payment(key, vec![doc! { "$set": set }, total])
             .await

@@ -207,7 +207,6 @@ fn refund(adjustment: &Map<String, Value>) -> Refund {
             _ => None,
         },
         reported_at: None,
-        release: None,
     }
 }
 
@@ -373,7 +372,6 @@ mod tests {
                 amount: Some(275),
                 full: Some(false),
                 reported_at: None,
-                release: None,
             })
         );
         assert!(
@@ -472,7 +470,6 @@ mod tests {
                     amount: Some(400),
                     full: Some(full),
                     reported_at: None,
-                    release: None,
                 }),
                 "{kind}"
             );

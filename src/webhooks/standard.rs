@@ -187,7 +187,6 @@ pub fn parse_standard(
                 amount: refunded,
                 full: refunded.is_none().then_some(true),
                 reported_at: None,
-                release: None,
             }
         }),
         reversal,
