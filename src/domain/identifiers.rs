@@ -6,9 +6,21 @@ use std::sync::LazyLock;
 
 use regex::Regex;
 
-/// Declares a string newtype whose only constructor checks it against `$pattern`.
+/// What an identifier that names a resource in a URL path is told when it is `.` or
+/// `..`: a client resolving the URL it is given (`Location`) reads those as the
+/// directory itself or its parent, and would ask for another resource.
+pub const DOT_SEGMENT_RULE: &str = "must not be `.` or `..`, which a URL path reads as a directory";
+
+/// Declares a string newtype whose only constructor checks it against `$pattern`; with
+/// `path_segment`, also that it is not a dot segment (`DOT_SEGMENT_RULE`).
 macro_rules! identifier {
     ($(#[$doc:meta])* $name:ident, $pattern:literal) => {
+        identifier!($(#[$doc])* $name, $pattern, false);
+    };
+    ($(#[$doc:meta])* $name:ident, $pattern:literal, path_segment) => {
+        identifier!($(#[$doc])* $name, $pattern, true);
+    };
+    ($(#[$doc:meta])* $name:ident, $pattern:literal, $path_segment:literal) => {
         $(#[$doc])*
         #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
         pub struct $name(String);
@@ -23,10 +35,12 @@ macro_rules! identifier {
             pub fn parse(value: &str) -> Result<Self, String> {
                 static PATTERN: LazyLock<Regex> =
                     LazyLock::new(|| Regex::new($pattern).expect("valid identifier pattern"));
-                if PATTERN.is_match(value) {
-                    Ok(Self(value.to_owned()))
-                } else {
+                if !PATTERN.is_match(value) {
                     Err(Self::RULE.to_owned())
+                } else if $path_segment && matches!(value, "." | "..") {
+                    Err(DOT_SEGMENT_RULE.to_owned())
+                } else {
+                    Ok(Self(value.to_owned()))
                 }
             }
 
@@ -57,12 +71,14 @@ identifier!(
 identifier!(
     /// The merchant account at the provider; `default` when the provider has one account.
     AccountId,
-    r"^[A-Za-z0-9_.:-]{1,64}$"
+    r"^[A-Za-z0-9_.:-]{1,64}$",
+    path_segment
 );
 identifier!(
     /// The provider's id of the payment, e.g. `pi_123`.
     PaymentIntentId,
-    r"^[A-Za-z0-9_.:-]{1,128}$"
+    r"^[A-Za-z0-9_.:-]{1,128}$",
+    path_segment
 );
 identifier!(
     /// The kind of token issued, e.g. `standard`.
@@ -74,7 +90,8 @@ identifier!(
     /// redemption's idempotency key, unique per owner. The payment id alphabet, since it
     /// names the redemption in a URL path.
     RedemptionReference,
-    r"^[A-Za-z0-9_.:-]{1,128}$"
+    r"^[A-Za-z0-9_.:-]{1,128}$",
+    path_segment
 );
 
 /// An ObjectId as clients write it (owners, token ids, cursors): 24 hex characters,
@@ -132,6 +149,25 @@ mod tests {
             TokenType::parse("a.b").is_ok(),
             "dots are fine inside a value"
         );
+    }
+
+    #[test]
+    fn what_names_a_resource_in_a_url_path_is_no_dot_segment() {
+        for dots in [".", ".."] {
+            assert_eq!(AccountId::parse(dots), Err(DOT_SEGMENT_RULE.to_owned()));
+            assert_eq!(
+                PaymentIntentId::parse(dots),
+                Err(DOT_SEGMENT_RULE.to_owned())
+            );
+            assert_eq!(
+                RedemptionReference::parse(dots),
+                Err(DOT_SEGMENT_RULE.to_owned())
+            );
+        }
+        for fine in ["...", ".a", "a.", "order.1"] {
+            assert!(PaymentIntentId::parse(fine).is_ok(), "{fine}");
+            assert!(RedemptionReference::parse(fine).is_ok(), "{fine}");
+        }
     }
 
     #[test]

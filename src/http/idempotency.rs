@@ -7,10 +7,12 @@
 //! commits its answer with its write; the handler marks an answer a retry may see
 //! differently (`transient`).
 
+use std::convert::Infallible;
 use std::sync::Arc;
 
 use axum::body::{Body, to_bytes};
 use axum::extract::{FromRequestParts, Request, State};
+use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::middleware::{Next, from_fn_with_state};
 use axum::response::{IntoResponse, Response};
@@ -21,7 +23,7 @@ use super::auth::Principal;
 use super::error::ApiError;
 use super::extract::read_body;
 use crate::domain::IdempotencyKey;
-use crate::issuing::{Answer, Begun, Finality, IdempotentRequest};
+use crate::issuing::{Answer, Attempt, Begun, Finality, IdempotentRequest};
 
 /// The request header.
 pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
@@ -59,8 +61,15 @@ async fn idempotent(State(state): State<AppState>, req: Request, next: Next) -> 
         .unwrap_or_else(IntoResponse::into_response)
 }
 
-async fn run(state: &AppState, req: Request, next: Next) -> Result<Response, ApiError> {
-    let key = parse_key(req.headers())?;
+async fn run(state: &AppState, mut req: Request, next: Next) -> Result<Response, ApiError> {
+    let key = match parse_key(req.headers()) {
+        Ok(key) => key,
+        Err(rule) => {
+            // The handler refuses it, after the caller (401, 403 come first).
+            req.extensions_mut().insert(MalformedKey(rule));
+            return Ok(next.run(req).await);
+        }
+    };
     let (mut parts, body) = req.into_parts();
     let principal = Arc::<Principal>::from_request_parts(&mut parts, state).await?;
     parts.extensions.insert(principal.clone());
@@ -120,19 +129,46 @@ async fn run(state: &AppState, req: Request, next: Next) -> Result<Response, Api
 }
 
 /// The one `Idempotency-Key` of the request, valid.
-fn parse_key(headers: &HeaderMap) -> Result<IdempotencyKey, ApiError> {
+/// The request's key, or the rule its header breaks.
+fn parse_key(headers: &HeaderMap) -> Result<IdempotencyKey, String> {
     let mut values = headers.get_all(&IDEMPOTENCY_KEY).iter();
     let (Some(value), None) = (values.next(), values.next()) else {
-        return Err(ApiError::validation(
-            "Idempotency-Key",
-            "must be given at most once",
-        ));
+        return Err("must be given at most once".to_owned());
     };
     value
         .to_str()
         .map_err(|_| IdempotencyKey::RULE.to_owned())
         .and_then(IdempotencyKey::parse)
-        .map_err(|rule| ApiError::validation("Idempotency-Key", rule))
+}
+
+/// A malformed `Idempotency-Key` header, passed on to the handler: the rule it breaks.
+#[derive(Debug, Clone)]
+struct MalformedKey(String);
+
+/// The attempt an action runs under, as the layer left it for the handler: none without
+/// the header, the attempt holding the key, or the header's refusal. A malformed header is
+/// the handler's to answer, after its own refusals of the caller: a request without
+/// credentials hears 401 and a key without the scope 403, whatever else it sent.
+#[derive(Debug)]
+pub struct KeyAttempt(Result<Option<Arc<Attempt>>, String>);
+
+impl KeyAttempt {
+    /// The attempt (none without the header), or the 422 naming the header.
+    pub fn checked(self) -> Result<Option<Arc<Attempt>>, ApiError> {
+        self.0
+            .map_err(|rule| ApiError::validation("Idempotency-Key", rule))
+    }
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for KeyAttempt {
+    type Rejection = Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Infallible> {
+        if let Some(MalformedKey(rule)) = parts.extensions.get::<MalformedKey>() {
+            return Ok(Self(Err(rule.clone())));
+        }
+        Ok(Self(Ok(parts.extensions.get::<Arc<Attempt>>().cloned())))
+    }
 }
 
 /// Marks an answer the same request may see differently on a retry (`Finality::Transient`).

@@ -6,7 +6,6 @@
 
 use std::sync::Arc;
 
-use axum::Extension;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::Response;
@@ -19,14 +18,14 @@ use super::AppState;
 use super::auth::Principal;
 use super::error::ApiError;
 use super::extract::{JsonBody, PathParams};
-use super::idempotency::{IDEMPOTENT_REPLAYED, json_answer, respond, transient};
+use super::idempotency::{IDEMPOTENT_REPLAYED, KeyAttempt, json_answer, respond, transient};
 use super::openapi::IDEMPOTENCY_KEY_DOC;
 use super::tokens::OriginView;
 use crate::domain::{
     AccountId, Actor, FieldErrors, NewRedemption, Owner, Quantity, RedemptionReference, Scope,
     TokenStatus, TokenType,
 };
-use crate::issuing::{Answer, Attempt, Keyed, Redeemed, RedemptionError, RedemptionOutcome};
+use crate::issuing::{Answer, Keyed, Redeemed, RedemptionError, RedemptionOutcome};
 use crate::store::{TokenDoc, chrono_time};
 
 /// Where redemptions are created.
@@ -224,10 +223,11 @@ fn created_answer(redeemed: &Redeemed) -> Answer {
 pub async fn create_redemption(
     State(state): State<AppState>,
     principal: Arc<Principal>,
-    attempt: Option<Extension<Arc<Attempt>>>,
+    attempt: KeyAttempt,
     body: Result<JsonBody<RedemptionRequest>, ApiError>,
 ) -> Result<Response, ApiError> {
     principal.require(Scope::TokensRedeem)?;
+    let attempt = attempt.checked()?;
     let JsonBody(body, errors) = body?;
     let request = body.into_domain(
         errors,
@@ -242,7 +242,7 @@ pub async fn create_redemption(
         )));
     }
     let keyed = attempt.as_deref().map(|attempt| Keyed {
-        attempt: attempt.as_ref(),
+        attempt,
         answer: &created_answer,
     });
     let outcome = state

@@ -4,7 +4,6 @@
 
 use std::sync::Arc;
 
-use axum::Extension;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue};
 use axum::response::Response;
@@ -20,7 +19,7 @@ use crate::http::AppState;
 use crate::http::auth::Principal;
 use crate::http::error::ApiError;
 use crate::http::extract::{JsonBody, OptionalJsonBody, PathParams};
-use crate::http::idempotency::{IDEMPOTENT_REPLAYED, transient};
+use crate::http::idempotency::{IDEMPOTENT_REPLAYED, KeyAttempt, transient};
 use crate::http::openapi::{IDEMPOTENCY_KEY_DOC, IF_MATCH_DOC};
 use crate::issuing::{Attempt, Gate, Keyed, Transition, TransitionOutcome};
 use crate::store::{TOKENS, TokenDoc};
@@ -75,7 +74,7 @@ struct NotedChange<'a> {
     principal: &'a Principal,
     token_id: &'a str,
     headers: &'a HeaderMap,
-    attempt: Option<Extension<Arc<Attempt>>>,
+    attempt: Option<Arc<Attempt>>,
 }
 
 impl<'a> NotedChange<'a> {
@@ -84,7 +83,7 @@ impl<'a> NotedChange<'a> {
         principal: &'a Principal,
         token_id: &'a str,
         headers: &'a HeaderMap,
-        attempt: Option<Extension<Arc<Attempt>>>,
+        attempt: Option<Arc<Attempt>>,
     ) -> Self {
         Self {
             state,
@@ -130,9 +129,9 @@ async fn apply(
     token_id: &str,
     transition: Transition,
     condition: Option<IfMatch>,
-    attempt: Option<Extension<Arc<Attempt>>>,
+    attempt: Option<Arc<Attempt>>,
 ) -> Result<Response, ApiError> {
-    let attempt = attempt.as_deref().map(Arc::as_ref);
+    let attempt = attempt.as_deref();
     let id = parse_token_id(token_id)?;
     let gate = match condition {
         None => Gate::Retry,
@@ -257,12 +256,13 @@ fn record_version_rejection(transition: &Transition) {
 pub async fn redeem_token(
     State(state): State<AppState>,
     principal: Arc<Principal>,
-    attempt: Option<Extension<Arc<Attempt>>>,
+    attempt: KeyAttempt,
     PathParams(token_id): PathParams<String>,
     headers: HeaderMap,
     body: Result<OptionalJsonBody<RedeemRequest>, ApiError>,
 ) -> Result<Response, ApiError> {
     principal.require(Scope::TokensRedeem)?;
+    let attempt = attempt.checked()?;
     let OptionalJsonBody(body, errors) = body?;
     let change = NotedChange::new(&state, &principal, &token_id, &headers, attempt);
     change
@@ -299,12 +299,13 @@ pub async fn redeem_token(
 pub async fn revoke_token(
     State(state): State<AppState>,
     principal: Arc<Principal>,
-    attempt: Option<Extension<Arc<Attempt>>>,
+    attempt: KeyAttempt,
     PathParams(token_id): PathParams<String>,
     headers: HeaderMap,
     body: Result<OptionalJsonBody<RevokeRequest>, ApiError>,
 ) -> Result<Response, ApiError> {
     principal.require(Scope::TokensRevoke)?;
+    let attempt = attempt.checked()?;
     let OptionalJsonBody(body, errors) = body?;
     let change = NotedChange::new(&state, &principal, &token_id, &headers, attempt);
     change
@@ -339,12 +340,13 @@ pub async fn revoke_token(
 pub async fn transfer_token(
     State(state): State<AppState>,
     principal: Arc<Principal>,
-    attempt: Option<Extension<Arc<Attempt>>>,
+    attempt: KeyAttempt,
     PathParams(token_id): PathParams<String>,
     headers: HeaderMap,
     body: Result<JsonBody<TransferRequest>, ApiError>,
 ) -> Result<Response, ApiError> {
     principal.require(Scope::TokensTransfer)?;
+    let attempt = attempt.checked()?;
     let JsonBody(body, mut errors) = body?;
     let new_owner = errors.required("newOwner", body.new_owner.as_deref().map(Owner::parse));
     errors.finish().map_err(ApiError::Validation)?;

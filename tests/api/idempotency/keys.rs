@@ -212,6 +212,55 @@ async fn a_malformed_key_is_refused_naming_the_header_and_writes_nothing() {
 }
 
 #[tokio::test]
+async fn the_caller_is_refused_before_a_malformed_key() {
+    // No credentials: 401; a key without the scope: 403; only then the header's 422.
+    let app = spawn_app().await;
+    let id = app.issue_tokens("pi_key_caller_first", 1).await.remove(0);
+    let redemption =
+        json!({ "owner": OWNER, "tokenType": "standard", "quantity": 1, "reference": "r" });
+    let transfer = json!({ "newOwner": OTHER_OWNER });
+    let routes = [
+        (format!("/v1/tokens/{id}/redeem"), None),
+        (format!("/v1/tokens/{id}/revoke"), None),
+        (format!("/v1/tokens/{id}/transfer"), Some(&transfer)),
+        ("/v1/redemptions".to_owned(), Some(&redemption)),
+    ];
+    for (path, body) in routes {
+        let send = |key: Option<&str>| {
+            let mut request = app
+                .http
+                .post(app.url(&path))
+                .header("idempotency-key", "two words")
+                .header("if-match", "\"0\"");
+            if let Some(key) = key {
+                request = request.bearer_auth(key);
+            }
+            if let Some(body) = body {
+                request = request.json(body);
+            }
+            request.send()
+        };
+        let anonymous = send(None).await.unwrap();
+        assert_eq!(anonymous.status(), 401, "{path}");
+        assert!(
+            anonymous.headers().contains_key("www-authenticate"),
+            "{path}"
+        );
+        assert_problem(send(Some(READER_KEY)).await.unwrap(), 403, "forbidden").await;
+        let problem = assert_problem(
+            send(Some(ADMIN_KEY)).await.unwrap(),
+            422,
+            "validation_failed",
+        )
+        .await;
+        assert_eq!(problem["errors"][0]["field"], "Idempotency-Key", "{path}");
+    }
+    assert_eq!(token_status(&app, &id).await, "active");
+    assert_eq!(app.count("idempotency_keys", doc! {}).await, 0);
+    assert_eq!(app.count("redemptions", doc! {}).await, 0);
+}
+
+#[tokio::test]
 async fn the_key_indexes_come_from_the_migrations() {
     let app = spawn_app().await;
     let indexes: Vec<mongodb::bson::Document> = {

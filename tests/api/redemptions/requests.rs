@@ -221,6 +221,23 @@ async fn bad_redemptions_name_every_field_and_write_nothing() {
         )
         .await;
     }
+    // A reference that its URL (`Location`) would read as a directory.
+    for dots in [".", ".."] {
+        let problem = assert_problem(
+            redeem(&app, ADMIN_KEY, &redemption(1, dots)).await,
+            422,
+            "validation_failed",
+        )
+        .await;
+        assert_eq!(problem["errors"][0]["field"], "reference", "{problem}");
+        assert!(
+            problem["errors"][0]["message"]
+                .as_str()
+                .unwrap()
+                .contains("`..`"),
+            "{problem}"
+        );
+    }
     let no_scope = redeem(&app, READER_KEY, &redemption(1, "r")).await;
     assert_problem(no_scope, 403, "forbidden").await;
     let bad_read = app
