@@ -361,11 +361,18 @@ impl Issuer {
                 reason.as_str(),
             ));
         }
-        let Some(params) = self.usable_metadata(state) else {
-            return Ok(EventOutcome::with_detail(
-                "no_metadata",
-                "the payment names no tokens",
-            ));
+        let params = match self.usable_metadata(state) {
+            Ok(Some(params)) => params,
+            Ok(None) => {
+                return Ok(EventOutcome::with_detail(
+                    "no_metadata",
+                    "the payment names no tokens",
+                ));
+            }
+            Err(unpaid) => {
+                tracing::warn!(payment = %Bounded(event.key.payment_intent_id.as_str()), event = %Bounded(&event.event_id), reason = %unpaid, "succeeded payment's token metadata is not paid for");
+                return Ok(EventOutcome::with_detail("metadata_invalid", unpaid));
+            }
         };
         let request = self.provider_request(&event.key, state, params, event.payment_date);
         Ok(match self.issue_authorised(&request).await {

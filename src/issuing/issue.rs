@@ -66,9 +66,11 @@ impl Issuer {
         refuse_unless_standing(payment.as_ref())?;
         match payment {
             Some(payment) if payment.status == PaymentStatus::Succeeded => {
-                let known = self.usable_metadata(&payment).ok_or(IssueError::NeedsTrustedIssuer(
-                    "The payment succeeded without usable token metadata; only a trusted backend can issue for it.",
-                ))?;
+                let known = self.usable_metadata(&payment).ok().flatten().ok_or(
+                    IssueError::NeedsTrustedIssuer(
+                        "The payment succeeded without usable token metadata; only a trusted backend can issue for it.",
+                    ),
+                )?;
                 refuse_other_params(&known, &request.params)?;
                 // The provider's success authorises the issuance, so it is the provider's
                 // request that is recorded (its author, date and the default mode), not
@@ -81,18 +83,40 @@ impl Issuer {
     }
 
     /// The token parameters the provider's metadata names, when it names valid ones that
-    /// may be issued. Metadata the customer may have written (Paddle's) is issued only
-    /// once a success fixed it: the success is the event checked against what was paid
-    /// (`Issuer::checked_metadata`), while parameters another event left on the payment
-    /// (a declined attempt, whose checkout the browser then changed) were checked
-    /// against nothing that was paid, and a success naming none would issue them.
-    pub(super) fn usable_metadata(&self, payment: &PaymentDoc) -> Option<IssuanceParams> {
-        let unchecked = self.config.customer_metadata.contains(&payment.provider)
-            && payment.token_params_fixed_by.is_none();
+    /// may be issued (`Ok(None)`: none); `Err`: they name more than the payment, as
+    /// stored, pays for (`issuance.token_prices`), why. Metadata the customer may have
+    /// written (Paddle's) is issued only once a success fixed it: the success is the event
+    /// checked against what was paid (`Issuer::checked_metadata`), while parameters
+    /// another event left on the payment (a declined attempt, whose checkout the browser
+    /// then changed) were checked against nothing that was paid, and a success naming
+    /// none would issue them. And whoever named them, they are checked again against the
+    /// payment's money as it stands: the event that named them was checked against its
+    /// own amount, which a later event may have changed (a success for less than the
+    /// event before it said).
+    pub(super) fn usable_metadata(
+        &self,
+        payment: &PaymentDoc,
+    ) -> Result<Option<IssuanceParams>, String> {
+        let customer_named = self.config.customer_metadata.contains(&payment.provider);
+        let unchecked = customer_named && payment.token_params_fixed_by.is_none();
         if payment.metadata_error.is_some() || unchecked {
-            return None;
+            return Ok(None);
         }
-        payment.token_params.as_ref().and_then(|p| p.params())
+        let Some(params) = payment.token_params.as_ref().and_then(|p| p.params()) else {
+            return Ok(None);
+        };
+        // The amount the money rule measures against: for a payment captured in parts,
+        // what was authorised, which the tokens were asked for.
+        let amount = payment.money().amount;
+        match self.config.prices.unpaid(
+            &params,
+            amount,
+            payment.currency.as_deref(),
+            customer_named,
+        ) {
+            Some(unpaid) => Err(unpaid),
+            None => Ok(Some(params)),
+        }
     }
 
     /// The issuance a provider's report of `payment` vouches for: its `params`, its

@@ -195,3 +195,59 @@ async fn checkout_requests_wait_for_the_payment_then_complete_once() {
     assert!(!record.contains_key("expiresAt"), "no longer pending");
     assert_hidden_conflict(app.issue(REQUEST_KEY, &asked).await).await;
 }
+
+#[tokio::test]
+async fn parameters_an_earlier_event_named_are_issued_only_if_the_success_pays_for_them() {
+    // Tokens cost 100 cents each. A processing event names 10 for 1000; the success
+    // names none, for 100: the parameters on the payment are checked against what it
+    // stands for now, not against the event that named them.
+    let app = spawn_app_with(&format!(
+        "{PROVIDERS}\n[issuance.token_prices.standard]\nEUR = 100\n"
+    ))
+    .await;
+    let mut processing = acme_event("processing", "pay_less", 1);
+    processing["data"]["quantity"] = json!(10);
+    processing["data"]["amount"] = json!(1000);
+    processing["data"]["currency"] = json!("EUR");
+    assert_eq!(
+        send_acme(&app, "msg_less_1", &processing).await.status(),
+        200
+    );
+    let mut success = acme_event("succeeded", "pay_less", 2);
+    let data = success["data"].as_object_mut().unwrap();
+    for field in ["owner", "tokenType", "quantity"] {
+        data.remove(field);
+    }
+    data.insert("amount".to_owned(), json!(100));
+    data.insert("currency".to_owned(), json!("EUR"));
+    let receipt = json(send_acme(&app, "msg_less_2", &success).await).await;
+    assert_eq!(receipt["outcome"], "metadata_invalid", "{receipt}");
+    assert!(
+        receipt["detail"].as_str().unwrap().contains("cost 1000"),
+        "{receipt}"
+    );
+    assert_eq!(app.count("tokens", doc! {}).await, 0);
+    assert_eq!(app.count("issuances", doc! {}).await, 0);
+    // Nor does a checkout's request for them.
+    let mut body = issuance_body("pay_less", 10);
+    body["provider"] = json!("acme");
+    body["accountId"] = json!("default");
+    let checkout = app.issue(REQUEST_KEY, &body).await;
+    assert_eq!(checkout.status(), 409, "{}", json(checkout).await);
+    assert_eq!(app.count("tokens", doc! {}).await, 0);
+
+    // Paid for in full, the same parameters issue.
+    let mut paid = acme_event("processing", "pay_full", 1);
+    paid["data"]["quantity"] = json!(10);
+    paid["data"]["amount"] = json!(1000);
+    paid["data"]["currency"] = json!("EUR");
+    assert_eq!(send_acme(&app, "msg_full_1", &paid).await.status(), 200);
+    let mut success = acme_event("succeeded", "pay_full", 2);
+    let data = success["data"].as_object_mut().unwrap();
+    for field in ["owner", "tokenType", "quantity"] {
+        data.remove(field);
+    }
+    let receipt = json(send_acme(&app, "msg_full_2", &success).await).await;
+    assert_eq!(receipt["outcome"], "issued", "{receipt}");
+    assert_eq!(app.token_indexes("pay_full").await.len(), 10);
+}
