@@ -21,7 +21,8 @@ pub use actor::Actor;
 pub use client::ClientAddress;
 pub use idempotency::IdempotencyKey;
 pub use identifiers::{
-    AccountId, OBJECT_ID_PATTERN, PaymentIntentId, Provider, RedemptionReference, TokenType,
+    AccountId, DOT_SEGMENT_RULE, OBJECT_ID_PATTERN, PaymentIntentId, Provider, RedemptionReference,
+    TokenType,
 };
 pub use issuance::{
     IssuanceMode, IssuanceParams, IssuanceStatus, Mismatch, NewIssuance, PaymentKey,

@@ -6,7 +6,8 @@ use proptest::prelude::*;
 use serde_json::json;
 
 use tokenmint::domain::{
-    AccountId, Owner, PaymentIntentId, Provider, Quantity, TokenId, TokenStatus, TokenType,
+    AccountId, DOT_SEGMENT_RULE, Owner, PaymentIntentId, Provider, Quantity, TokenId, TokenStatus,
+    TokenType,
 };
 
 use crate::{is_inert, json_value};
@@ -32,13 +33,14 @@ proptest! {
             prop_assert_eq!(v.as_str(), value.as_str());
             prop_assert!(is_inert(&value) && value.len() <= 32 && value.starts_with(|c: char| c.is_ascii_lowercase()));
         }
+        let dot_segment = matches!(value.as_str(), "." | "..");
         if let Ok(v) = AccountId::parse(&value) {
             prop_assert_eq!(v.as_str(), value.as_str());
-            prop_assert!(is_inert(&value) && value.len() <= 64);
+            prop_assert!(is_inert(&value) && value.len() <= 64 && !dot_segment);
         }
         if let Ok(v) = PaymentIntentId::parse(&value) {
             prop_assert_eq!(v.as_str(), value.as_str());
-            prop_assert!(is_inert(&value) && value.len() <= 128);
+            prop_assert!(is_inert(&value) && value.len() <= 128 && !dot_segment);
         }
         if let Ok(v) = TokenType::parse(&value) {
             prop_assert_eq!(v.as_str(), value.as_str());
@@ -57,8 +59,14 @@ proptest! {
         token_type in "[a-z0-9][a-z0-9_.-]{0,63}",
     ) {
         prop_assert_eq!(Provider::parse(&provider).map(|v| v.as_str().to_owned()), Ok(provider.clone()));
-        prop_assert_eq!(AccountId::parse(&account).map(|v| v.as_str().to_owned()), Ok(account.clone()));
-        prop_assert_eq!(PaymentIntentId::parse(&payment).map(|v| v.as_str().to_owned()), Ok(payment.clone()));
+        // But for `.` and `..`, which name no resource in a URL path.
+        let named = |value: &String| if matches!(value.as_str(), "." | "..") {
+            Err(DOT_SEGMENT_RULE.to_owned())
+        } else {
+            Ok(value.clone())
+        };
+        prop_assert_eq!(AccountId::parse(&account).map(|v| v.as_str().to_owned()), named(&account));
+        prop_assert_eq!(PaymentIntentId::parse(&payment).map(|v| v.as_str().to_owned()), named(&payment));
         prop_assert_eq!(TokenType::parse(&token_type).map(|v| v.as_str().to_owned()), Ok(token_type.clone()));
     }
 
