@@ -30,6 +30,48 @@ pub struct Withdrawal {
     /// For a running total (a charge's refunds so far): when it was last reported (unix
     /// seconds).
     pub reported_at: Option<i64>,
+    /// Of `amount`, the release of what a capture in part left uncaptured
+    /// (`RecordedRelease::in_total`; 0: none): money the payment's `uncaptured:`
+    /// withdrawal may name as well, counted once.
+    pub release: i64,
+}
+
+/// What one report of a running total (a Stripe charge captured in part) says of the
+/// release of what its capture left uncaptured, which a capture made before Stripe's API
+/// version 2025-03-31 counted among the charge's refunds and one made since did not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReleaseReport {
+    /// What the capture left uncaptured: the charge's amount less what it captured.
+    pub released: i64,
+    /// What the report's amounts prove: `Some(true)` the total holds the release (it is
+    /// above what was captured, which refunds alone never are), `Some(false)` it does not
+    /// (it is below the release); `None`: either could be.
+    pub proven: Option<bool>,
+    /// Where nothing is proven, whether the event's API version says it holds it.
+    pub guessed: bool,
+}
+
+/// What a running total's reports have said of its release, together: the proofs stay
+/// once made (the capture did what it did), the guess is the latest report's.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RecordedRelease {
+    pub released: i64,
+    pub held: bool,
+    pub not_held: bool,
+    pub guessed: bool,
+}
+
+impl RecordedRelease {
+    /// How much of the total is the release: all of it once proven held, none once
+    /// proven not held (a report above what was captured would prove it held again,
+    /// which only a capture in several parts could show; held wins), else as guessed.
+    pub fn in_total(&self) -> i64 {
+        if self.held || (!self.not_held && self.guessed) {
+            self.released.max(0)
+        } else {
+            0
+        }
+    }
 }
 
 /// Money that came back to the merchant, under its own id (the refund, dispute or
@@ -64,15 +106,32 @@ pub struct Money {
     pub withdrawals: Vec<Withdrawal>,
     pub reversals: Vec<Reversal>,
     /// A refunded total recorded before withdrawals were kept one by one: at least that
-    /// much was taken back.
+    /// much was taken back. Only a payment without withdrawals has one that counts (the
+    /// first withdrawal recorded keeps it as one of them).
     pub recorded_total: Option<i64>,
 }
 
 impl Money {
-    /// Everything taken back, before reversals: a full withdrawal counts as the amount.
+    /// Everything taken back, before reversals: a full withdrawal counts as the amount,
+    /// and a release both a refund and the `uncaptured:` withdrawal name counts once.
     pub fn gross(&self) -> i64 {
         let sum: i64 = self.withdrawals.iter().map(|w| self.counted(w)).sum();
-        sum.max(self.recorded_total.unwrap_or(0))
+        (sum - self.release_named_twice()).max(self.recorded_total.unwrap_or(0))
+    }
+
+    /// The release of an uncaptured rest that is counted twice in the withdrawals' sum:
+    /// recorded as `uncaptured:` (from the success) and inside a refund's running total
+    /// (from the charge, which counted it as a refund). The two learn it from different
+    /// events, in either order, so each records it whole.
+    fn release_named_twice(&self) -> i64 {
+        let uncaptured: i64 = self
+            .withdrawals
+            .iter()
+            .filter(|w| w.id.starts_with(UNCAPTURED_KIND))
+            .map(|w| w.amount)
+            .sum();
+        let in_refunds: i64 = self.withdrawals.iter().map(|w| w.release.max(0)).sum();
+        uncaptured.min(in_refunds)
     }
 
     /// What one withdrawal counts for.
@@ -210,6 +269,7 @@ impl Money {
             amount: authorised - captured,
             full: false,
             reported_at: None,
+            release: 0,
         });
         self.amount = Some(authorised.max(self.amount.unwrap_or(0)));
         self
@@ -360,6 +420,7 @@ mod tests {
             amount,
             full,
             reported_at: None,
+            release: 0,
         }
     }
 
@@ -609,6 +670,53 @@ mod tests {
         assert_eq!(taken(4, 0, &[1, 3]), (0, 2));
         // No set: everything from 0.
         assert_eq!(taken(0, 0, &[]), (0, 0));
+    }
+
+    #[test]
+    fn a_recorded_release_counts_when_proven_held_or_guessed_and_never_proven_otherwise() {
+        let release = |held, not_held, guessed| {
+            RecordedRelease {
+                released: 300,
+                held,
+                not_held,
+                guessed,
+            }
+            .in_total()
+        };
+        assert_eq!(release(true, false, false), 300, "proven held");
+        assert_eq!(
+            release(false, true, true),
+            0,
+            "proven not held, whatever the guess"
+        );
+        assert_eq!(release(false, false, true), 300, "guessed held");
+        assert_eq!(release(false, false, false), 0, "guessed not held");
+        assert_eq!(release(true, true, false), 300, "held wins");
+    }
+
+    #[test]
+    fn a_release_both_the_success_and_the_charges_refunds_name_counts_once() {
+        let uncaptured = w("uncaptured:pi_1", 600, false);
+        // The charge counted the release (600) among its refunds, with 100 refunded.
+        let charge = Withdrawal {
+            release: 600,
+            ..w("charge:ch_1", 700, false)
+        };
+        let money = |withdrawals: Vec<Withdrawal>| Money {
+            amount: Some(1000),
+            withdrawals,
+            ..Money::default()
+        };
+        assert_eq!(
+            money(vec![uncaptured.clone(), charge.clone()]).withdrawn(),
+            700
+        );
+        // Either alone says as much of the release.
+        assert_eq!(money(vec![charge.clone()]).withdrawn(), 700);
+        assert_eq!(money(vec![uncaptured.clone()]).withdrawn(), 600);
+        // A charge whose refunds do not hold it: both count.
+        let refunds_only = w("charge:ch_1", 100, false);
+        assert_eq!(money(vec![uncaptured, refunds_only]).withdrawn(), 700);
     }
 
     #[test]

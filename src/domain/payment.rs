@@ -3,7 +3,7 @@
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use super::{IssuanceParams, PaymentKey, Reversal, TokensBought};
+use super::{IssuanceParams, PaymentKey, ReleaseReport, Reversal, TokensBought};
 
 /// The payment states tokenmint distinguishes. Their `rank` orders them for providers
 /// without an object version (Stripe): a state never moves to a lower rank.
@@ -130,6 +130,10 @@ pub struct Refund {
     /// For a running total (a Stripe charge's refunds so far): when the provider reported
     /// it (unix seconds). A refund that failed before then is already left out of it.
     pub reported_at: Option<i64>,
+    /// For a running total of a charge captured in part (Stripe's): what the report says
+    /// of the release of the uncaptured rest, which the total may hold (the same money as
+    /// the payment's `uncaptured:` withdrawal, counted once between them).
+    pub release: Option<ReleaseReport>,
 }
 
 /// What an event body turned out to be.

@@ -24,10 +24,15 @@ use super::retry;
 use super::{Store, TOKENS};
 use crate::domain::{
     Actor, CapturedPart, IssuanceParams, Money, Owner, PaymentEvent, PaymentKey, PaymentStatus,
-    Quantity, Refund, Reversal, RevocationReason, ShareTaken, TokenType, Withdrawal, share_taken,
+    Quantity, RecordedRelease, Refund, Reversal, RevocationReason, ShareTaken, TokenType,
+    Withdrawal, share_taken,
 };
 
 pub const PAYMENTS: &str = "payments";
+
+/// The id under which a total recorded before refunds were kept one by one
+/// (`amountRefunded` alone) becomes a refund entry, once another is recorded.
+const RECORDED_TOTAL: &str = "recorded:total";
 
 /// The field that carries, for the length of one projection, whether its gate held the
 /// event back; never stored.
@@ -114,6 +119,35 @@ pub struct RefundEntry {
     /// For a running total: when it was last reported.
     #[serde(default)]
     pub at: Option<i64>,
+    /// For a Stripe charge captured in part: what its reports said of the release of the
+    /// uncaptured rest, which its total may hold; absent for any other entry.
+    #[serde(default)]
+    pub release: Option<ReleaseEntry>,
+}
+
+/// What a running total's reports said of its release (`domain::RecordedRelease`).
+#[derive(Debug, Clone, Copy, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReleaseEntry {
+    #[serde(default)]
+    pub released: i64,
+    #[serde(default)]
+    pub held: bool,
+    #[serde(default)]
+    pub not_held: bool,
+    #[serde(default)]
+    pub guessed: bool,
+}
+
+impl From<ReleaseEntry> for RecordedRelease {
+    fn from(entry: ReleaseEntry) -> Self {
+        Self {
+            released: entry.released,
+            held: entry.held,
+            not_held: entry.not_held,
+            guessed: entry.guessed,
+        }
+    }
 }
 
 /// One entry of a payment's `captures`, as the money rule reads it: its amount (its
@@ -197,6 +231,9 @@ impl PaymentDoc {
                     amount: r.amount,
                     full: r.full,
                     reported_at: r.at,
+                    release: r
+                        .release
+                        .map_or(0, |release| RecordedRelease::from(release).in_total()),
                 })
                 .collect(),
             reversals: self
@@ -210,7 +247,8 @@ impl PaymentDoc {
                     since: r.since,
                 })
                 .collect(),
-            recorded_total: self.amount_refunded,
+            // Kept as an entry by the first refund recorded after it.
+            recorded_total: self.amount_refunded.filter(|_| self.refunds.is_empty()),
         }
         .with_uncaptured(&self.payment_intent_id, self.authorised_amount, &captures)
     }
@@ -502,9 +540,11 @@ impl Store {
     /// Records `refund` (of `amount`, when the event names the payment's amount) and
     /// nothing else about the payment: it neither moves the status nor consumes a version
     /// an older state event would then lose to. The payment keeps one amount per refund
-    /// id in `refunds`, each only growing, and `amountRefunded` is their sum: two refunds
-    /// add up, a redelivered or replayed one counts once. `amountRefunded` never shrinks,
-    /// so a total recorded before `refunds` existed is kept.
+    /// id in `refunds`, each only growing: two refunds add up, a redelivered or replayed
+    /// one counts once. A total recorded before `refunds` existed (`amountRefunded` alone)
+    /// becomes their first entry. `amountRefunded` is their sum as recorded, for a quick
+    /// look; the money rule reads the entries (`PaymentDoc::money`), which count a release
+    /// two of them name once.
     ///
     /// A running total (`refund.reported_at`) leaves out the refunds that failed before
     /// it was reported (Stripe lowers a charge's `amount_refunded` when one fails): those
@@ -520,10 +560,17 @@ impl Store {
         amount: Option<i64>,
     ) -> Result<PaymentDoc, StoreError> {
         let id = literal(refund.id.as_str());
-        let others = doc! { "$filter": {
-            "input": { "$ifNull": ["$refunds", []] },
-            "cond": { "$ne": ["$$this.id", id.clone()] },
-        } };
+        let others = doc! { "$cond": [
+            { "$and": [
+                { "$eq": [ { "$size": { "$ifNull": ["$refunds", []] } }, 0 ] },
+                { "$gt": [ { "$ifNull": ["$amountRefunded", 0_i64] }, 0_i64 ] },
+            ] },
+            [ { "id": RECORDED_TOTAL, "amount": "$amountRefunded", "full": false } ],
+            { "$filter": {
+                "input": { "$ifNull": ["$refunds", []] },
+                "cond": { "$ne": ["$$this.id", id.clone()] },
+            } },
+        ] };
         let known = doc! { "$max": { "$map": {
             "input": { "$filter": {
                 "input": { "$ifNull": ["$refunds", []] },
@@ -565,6 +612,19 @@ impl Store {
             "amount": { "$max": [known, reported] },
             "full": { "$or": [literal(full), was_full] },
         };
+        if let Some(report) = refund.release {
+            // What the reports proved stays; the guess is the latest report's.
+            let proved = |held: bool| literal(report.proven == Some(held));
+            entry.insert(
+                "release",
+                doc! {
+                    "released": { "$max": [existing("release.released"), literal(report.released)] },
+                    "held": { "$or": [existing("release.held"), proved(true)] },
+                    "notHeld": { "$or": [existing("release.notHeld"), proved(false)] },
+                    "guessed": literal(report.guessed),
+                },
+            );
+        }
         if let Some(at) = refund.reported_at {
             // The latest report wins; an older one only raises the gross above.
             let newer = doc! { "$or": [

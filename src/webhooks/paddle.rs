@@ -207,6 +207,7 @@ fn refund(adjustment: &Map<String, Value>) -> Refund {
             _ => None,
         },
         reported_at: None,
+        release: None,
     }
 }
 
@@ -372,6 +373,7 @@ mod tests {
                 amount: Some(275),
                 full: Some(false),
                 reported_at: None,
+                release: None,
             })
         );
         assert!(
@@ -470,6 +472,7 @@ mod tests {
                     amount: Some(400),
                     full: Some(full),
                     reported_at: None,
+                    release: None,
                 }),
                 "{kind}"
             );

@@ -187,6 +187,7 @@ pub fn parse_standard(
                 amount: refunded,
                 full: refunded.is_none().then_some(true),
                 reported_at: None,
+                release: None,
             }
         }),
         reversal,

@@ -10,8 +10,8 @@ use serde_json::{Map, Value};
 use super::events::{EventError, EventTime, payment_key, text, tokenmint_params};
 use super::signing::{PrefixedSecret, TimestampedHeader};
 use crate::domain::{
-    IssuanceParams, ParsedEvent, PaymentEvent, PaymentStatus, Provider, Refund, Reversal,
-    UNCAPTURED_KIND,
+    IssuanceParams, ParsedEvent, PaymentEvent, PaymentStatus, Provider, Refund, ReleaseReport,
+    Reversal, UNCAPTURED_KIND,
 };
 
 /// The fewest characters a Stripe secret has after `whsec_`.
@@ -44,8 +44,9 @@ struct StripeEvent {
     event_type: String,
     created: i64,
     account: Option<String>,
-    /// The API version the event is rendered in (`2025-03-31.basil`): what a partial
-    /// capture reports depends on it.
+    /// The API version the event is rendered in (`2025-03-31.basil`): the best guess of
+    /// how a capture in part was reported where its charge's amounts cannot tell
+    /// (`version_releases_as_refund`).
     api_version: Option<String>,
     data: StripeData,
 }
@@ -99,7 +100,15 @@ fn payment_event(
     // A session's amount is its `amount_total`, what the PaymentIntent is for.
     let mut amount = number(object, if session { "amount_total" } else { "amount" });
     let reversal = reversal(kind, object, created, &mut amount)?;
-    let (refund, rank) = refund(kind, object, status, created, &mut amount)?;
+    let releases_as_refund = version_releases_as_refund(event);
+    let (refund, rank) = refund(
+        kind,
+        object,
+        status,
+        created,
+        releases_as_refund,
+        &mut amount,
+    )?;
     Ok(PaymentEvent {
         event_id: event.id.clone(),
         event_type: event.event_type.clone(),
@@ -126,19 +135,28 @@ fn payment_event(
 /// The first API version whose partial captures and cancellations create no Refund.
 const RELEASE_WITHOUT_REFUND: &str = "2025-03-31";
 
+/// Whether `event` is rendered in an API version whose partial captures made the release
+/// a Refund of the charge (before 2025-03-31, or a version it does not name). It says
+/// how the merchant's webhook endpoint reads, not how the capture was made: that follows
+/// the version of the capture's own request (an SDK pins its own), so the two may
+/// differ, and this is only the last word where the amounts cannot tell (`refund`).
+fn version_releases_as_refund(event: &StripeEvent) -> bool {
+    event
+        .api_version
+        .as_deref()
+        .and_then(|version| version.get(..RELEASE_WITHOUT_REFUND.len()))
+        .is_none_or(|version| version < RELEASE_WITHOUT_REFUND)
+}
+
 /// What a PaymentIntent's success left uncaptured (`amount_received` below `amount`): it
 /// succeeds once its last capture is made (a single one, or the final one of several),
-/// and the rest is released to the cardholder. Since API version 2025-03-31 Stripe reports
-/// that release with no Refund, so the success itself must say it. Before, the release
-/// was a Refund of the charge, in its `amount_refunded` (`charge.refunded`): counting it
-/// here too would take it back twice, so an event of an older version, or one that names
-/// no version, says nothing of it.
+/// and the rest is released to the cardholder, whatever the event's API version: a
+/// capture made since 2025-03-31 reports no Refund for it, and one made before also
+/// counted it among its charge's refunds, which `refund` sees and marks as the same money
+/// (`Refund::release`), so that it counts once.
 fn uncaptured(event: &StripeEvent, payment_id: Option<&str>) -> Option<Refund> {
     let object = &event.data.object;
-    let version = event.api_version.as_deref()?;
-    if event.event_type != "payment_intent.succeeded"
-        || version.get(..RELEASE_WITHOUT_REFUND.len())? < RELEASE_WITHOUT_REFUND
-    {
+    if event.event_type != "payment_intent.succeeded" {
         return None;
     }
     let released = number(object, "amount")? - number(object, "amount_received")?;
@@ -148,6 +166,7 @@ fn uncaptured(event: &StripeEvent, payment_id: Option<&str>) -> Option<Refund> {
         amount: Some(released),
         full: Some(false),
         reported_at: None,
+        release: None,
     })
 }
 
@@ -259,12 +278,14 @@ fn reversal(
 
 /// The refund an event of type `kind` reports, if any, and the rank its version folds.
 /// A dispute's amount is taken out of `amount`: it is what was taken back, not the
-/// payment's amount.
+/// payment's amount. `releases_as_refund`: the event's API version counted a capture's
+/// release among the charge's refunds (`version_releases_as_refund`).
 fn refund(
     kind: &str,
     object: &Map<String, Value>,
     status: PaymentStatus,
     created: EventTime,
+    releases_as_refund: bool,
     amount: &mut Option<i64>,
 ) -> Result<(Option<Refund>, i64), &'static str> {
     let object_id = text(object, "id").unwrap_or_default();
@@ -276,24 +297,47 @@ fn refund(
         "charge.refunded" => {
             // A charge captured in part and then refunded whole says `refunded: true` of
             // what it captured only: its `amount_refunded` is that, and with the release
-            // (`uncaptured`, or in the charge's own refunds before 2025-03-31) it adds up
+            // (`uncaptured`, also in the charge's own refunds for a capture made before
+            // 2025-03-31) it adds up
             // to the payment's amount, as refunds of part of it do.
-            let captured_in_part = matches!(
-                (number(object, "amount_captured"), *amount),
-                (Some(captured), Some(amount)) if captured < amount
-            );
+            let captured = number(object, "amount_captured");
+            let released = match (captured, *amount) {
+                (Some(captured), Some(amount)) if captured < amount => Some(amount - captured),
+                _ => None,
+            };
             let full =
-                object.get("refunded").and_then(Value::as_bool) == Some(true) && !captured_in_part;
+                object.get("refunded").and_then(Value::as_bool) == Some(true) && released.is_none();
             let refunded = match (full, number(object, "amount_refunded")) {
                 (true, refunded) => refunded.max(*amount),
                 (false, Some(refunded)) => Some(refunded),
                 (false, None) => return Err("partial refund without amount_refunded"),
             };
+            // Whether the total holds the release: a capture made before 2025-03-31
+            // counted it (so its total is at least the release), one made since cannot
+            // refund more than was captured. Where both could be, the event's version
+            // says, the best guess there is (`version_releases_as_refund`); the payment
+            // keeps what each report proved (`RecordedRelease`).
+            let release = released
+                .zip(captured)
+                .map(|(released, captured)| ReleaseReport {
+                    released,
+                    proven: refunded.and_then(|refunded| {
+                        if refunded > captured {
+                            Some(true)
+                        } else if refunded < released {
+                            Some(false)
+                        } else {
+                            None
+                        }
+                    }),
+                    guessed: releases_as_refund,
+                });
             let refund = Refund {
                 id: format!("charge:{object_id}"),
                 amount: refunded,
                 full: full.then_some(true),
                 reported_at: Some(created.secs()),
+                release,
             };
             let rank = if full {
                 status.rank()
@@ -311,6 +355,7 @@ fn refund(
                 amount: Some(disputed),
                 full: None,
                 reported_at: None,
+                release: None,
             };
             (Some(refund), status.rank())
         }
@@ -466,12 +511,61 @@ mod tests {
         assert_eq!(parse(basil, success, Some(1000)), None);
         assert_eq!(parse(basil, success, Some(1200)), None);
         assert_eq!(parse(basil, success, None), None);
-        // Only a success says it, and only in a version where the release is no refund:
-        // before, the charge's `amount_refunded` holds it.
+        // Only a success says it, in every version: the capture follows its own
+        // request's version, which no event names (the charge's refunds say the rest).
         assert_eq!(parse(basil, "payment_intent.processing", Some(0)), None);
         assert_eq!(parse(basil, "payment_intent.canceled", Some(0)), None);
-        assert_eq!(parse(Some("2025-02-24.acacia"), success, Some(400)), None);
-        assert_eq!(parse(None, success, Some(400)), None);
+        assert_eq!(
+            parse(Some("2025-02-24.acacia"), success, Some(400)),
+            Some(released.clone())
+        );
+        assert_eq!(parse(None, success, Some(400)), Some(released.clone()));
+    }
+
+    #[test]
+    fn a_charge_captured_in_part_says_when_its_refunds_hold_the_release() {
+        // A charge of 1000 of which 400 were captured: 600 released.
+        let release = |version: &str, captured: i64, refunded: i64| {
+            let body = json!({"id": "evt_r", "type": "charge.refunded", "created": 1,
+                "api_version": version,
+                "data": {"object": {"id": "ch_1", "payment_intent": "pi_1", "amount": 1000,
+                "amount_captured": captured, "amount_refunded": refunded, "refunded": false}}});
+            let ParsedEvent::Payment(event) =
+                parse_stripe(&stripe(), body.to_string().as_bytes(), 10).unwrap()
+            else {
+                panic!("a refund is a payment event")
+            };
+            let refund = event.refund.expect("a refund");
+            assert_eq!(refund.amount, Some(refunded), "the total as reported");
+            refund.release
+        };
+        let (old, basil) = ("2024-06-20", "2025-03-31.basil");
+        let report = |released, proven, guessed| {
+            Some(ReleaseReport {
+                released,
+                proven,
+                guessed,
+            })
+        };
+        for (version, guessed) in [(old, true), (basil, false)] {
+            // More than was captured: only a capture that counted its release refunds so.
+            assert_eq!(
+                release(version, 400, 700),
+                report(600, Some(true), guessed),
+                "{version}"
+            );
+            // Less than the release: a capture since 2025-03-31, which counted none.
+            assert_eq!(
+                release(version, 400, 100),
+                report(600, Some(false), guessed),
+                "{version}"
+            );
+            // Captured whole: there is no release.
+            assert_eq!(release(version, 1000, 300), None, "{version}");
+        }
+        // Either could be (700 captured, 300 released, 300 refunded): the version guesses.
+        assert_eq!(release(old, 700, 300), report(300, None, true));
+        assert_eq!(release(basil, 700, 300), report(300, None, false));
     }
 
     #[test]
@@ -537,6 +631,7 @@ mod tests {
                 amount: Some(40),
                 full: Some(true),
                 reported_at: Some(1),
+                release: None,
             }),
             "a full refund refunds it all"
         );
@@ -718,6 +813,7 @@ mod tests {
                 amount: Some(300),
                 full: None,
                 reported_at: None,
+                release: None,
             }),
             "the same withdrawal funds_withdrawn reports"
         );
@@ -744,6 +840,7 @@ mod tests {
                 amount: Some(300),
                 full: None,
                 reported_at: None,
+                release: None,
             })
         );
     }

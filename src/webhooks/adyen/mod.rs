@@ -216,6 +216,7 @@ fn parse_item(
         amount: value,
         full,
         reported_at: None,
+        release: None,
     };
     // Money that came back, against the withdrawal of the same pspReference: a failed
     // or reversed refund names the refund's, a reversed chargeback the chargeback's. Its

@@ -2,8 +2,9 @@
 //! `amount`) stands only for what was captured. Stripe releases the rest to the
 //! cardholder and, since API version 2025-03-31, reports no refund for it: the success
 //! itself says it, and the tokens it does not pay for are taken back as a refunded share
-//! is, whichever of the success and the checkout's request comes first. Before that
-//! version the release is a refund of the charge (`charge.refunded`), counted once.
+//! is, whichever of the success and the checkout's request comes first. A capture made
+//! before that version also counted the release as a refund of the charge
+//! (`charge.refunded`): counted once, whatever version the events are rendered in.
 
 use mongodb::bson::doc;
 use serde_json::{Value, json};
@@ -162,6 +163,135 @@ async fn before_2025_03_31_the_release_is_the_charges_refund_and_counts_once() {
             "succeeded",
             "{order}"
         );
+    }
+}
+
+/// How many of `payment`'s tokens are active.
+async fn active(app: &TestApp, payment: &str) -> usize {
+    let states = states(app, payment).await;
+    states
+        .iter()
+        .filter(|(_, status)| status == "active")
+        .count()
+}
+
+#[tokio::test]
+async fn a_capture_that_made_no_refund_is_taken_back_whatever_the_events_version() {
+    // The capture's request was made in 2025-03-31 or later (an SDK pins its own
+    // version), so Stripe made no Refund of the release; the webhook endpoint still
+    // renders its events in 2024-06-20. No `charge.refunded` tells the release: the
+    // success does, in its own version too.
+    let app = app().await;
+    let payment = "pi_sdk_newer";
+    let success = captured_in("2024-06-20", "evt_sdk_newer", payment, 500, "4");
+    let receipt = json(deliver_stripe(&app, &success).await).await;
+    assert_eq!(receipt["outcome"], "issued", "{receipt}");
+    assert_eq!(states(&app, payment).await, half());
+    // A refund of 250 of the 500 captured: less than the 500 released, so the charge's
+    // total cannot hold the release, and 750 of the 1000 are withdrawn.
+    let refund = charge_refunded("2024-06-20", "evt_sdk_newer_r", payment, 500, 250, false);
+    assert_eq!(deliver_stripe(&app, &refund).await.status(), 200);
+    assert_eq!(active(&app, payment).await, 1);
+    assert_eq!(payment_status(&app, payment).await.0, "succeeded");
+    let stored = app
+        .find_stored("payments", doc! { "paymentIntentId": payment })
+        .await;
+    assert_eq!(stored_int(&stored, "amountRefunded"), Some(750), "{stored}");
+}
+
+#[tokio::test]
+async fn a_release_the_charge_counted_as_a_refund_counts_once_whatever_the_events_version() {
+    // The capture's request was made before 2025-03-31, so the release of 600 is a
+    // Refund of the charge; the endpoint renders events in a later version, whose
+    // success reports the release too. Counted once, in either order.
+    for (order, payment) in [
+        ("success first", "pi_sdk_older_1"),
+        ("refund first", "pi_sdk_older_2"),
+    ] {
+        let app = app().await;
+        let success = captured_in(BASIL, &format!("evt_{payment}"), payment, 400, "10");
+        let release = charge_refunded(BASIL, &format!("evt_{payment}_r"), payment, 400, 600, false);
+        let events = if order == "success first" {
+            [success, release]
+        } else {
+            [release, success]
+        };
+        for event in &events {
+            assert_eq!(deliver_stripe(&app, event).await.status(), 200, "{order}");
+        }
+        assert_eq!(active(&app, payment).await, 4, "{order}");
+        assert_eq!(
+            payment_status(&app, payment).await.0,
+            "succeeded",
+            "{order}"
+        );
+        let stored = app
+            .find_stored("payments", doc! { "paymentIntentId": payment })
+            .await;
+        let charge = stored
+            .get_array("refunds")
+            .unwrap()
+            .iter()
+            .filter_map(|entry| entry.as_document())
+            .find(|entry| entry.get_str("id") == Ok("charge:ch_1"))
+            .unwrap_or_else(|| panic!("{order}: {stored}"))
+            .clone();
+        let release = charge.get_document("release").unwrap();
+        assert_eq!(release.get_bool("held"), Ok(true), "{order}: {stored}");
+        // Then a refund of 100 of what was captured: the charge's total grows to 700.
+        let refund = charge_refunded(
+            BASIL,
+            &format!("evt_{payment}_r2"),
+            payment,
+            400,
+            700,
+            false,
+        );
+        assert_eq!(deliver_stripe(&app, &refund).await.status(), 200, "{order}");
+        assert_eq!(active(&app, payment).await, 3, "{order}");
+        // That refund fails: its 100 comes back, and the release still counts once.
+        let failed = refund_failed(&format!("evt_{payment}_f"), payment, "re_1", 100);
+        assert_eq!(deliver_stripe(&app, &failed).await.status(), 200, "{order}");
+        assert_eq!(active(&app, payment).await, 4, "{order}");
+    }
+}
+
+/// `refund.failed` of Refund `refund` (`amount`) of charge `ch_1`.
+fn refund_failed(event_id: &str, payment: &str, refund: &str, amount: i64) -> Value {
+    json!({
+        "id": event_id, "object": "event", "type": "refund.failed", "created": now(),
+        "account": "acct_1", "api_version": BASIL,
+        "data": { "object": {
+            "id": refund, "object": "refund", "amount": amount, "charge": "ch_1",
+            "currency": "eur", "payment_intent": payment, "status": "failed",
+            "failure_reason": "expired_or_canceled_card",
+        } },
+    })
+}
+
+#[tokio::test]
+async fn a_total_once_shown_to_hold_no_release_is_never_guessed_to_hold_it() {
+    // The capture was made since 2025-03-31 (no Refund of the 300 released); the
+    // endpoint renders 2024-06-20, whose version would guess that the charge's total
+    // holds the release. A report below the release proves it does not, and that stays
+    // when later reports land where the amounts cannot tell.
+    let app = app().await;
+    let payment = "pi_proof";
+    let success = captured_in("2024-06-20", "evt_proof", payment, 700, "10");
+    assert_eq!(deliver_stripe(&app, &success).await.status(), 200);
+    assert_eq!(active(&app, payment).await, 7, "300 of 1000 released");
+    let steps = [(100, 6), (350, 4), (700, 0)];
+    for (refunded, standing) in steps {
+        let report = charge_refunded(
+            "2024-06-20",
+            &format!("evt_proof_{refunded}"),
+            payment,
+            700,
+            refunded,
+            refunded == 700,
+        );
+        assert_eq!(deliver_stripe(&app, &report).await.status(), 200);
+        assert_eq!(active(&app, payment).await, standing, "refunded {refunded}");
     }
 }
 

@@ -391,3 +391,40 @@ async fn a_full_refund_in_the_same_second_as_a_partial_one_still_takes_back_the_
     assert_eq!(full["tokensRevoked"], 2, "{full}");
     assert_all_revoked_and_refunded(&app, pi, 4).await;
 }
+
+#[tokio::test]
+async fn a_total_recorded_before_refunds_were_kept_one_by_one_adds_to_the_next_refund() {
+    // A payment of 1000 for 10 tokens whose refunds (400) were recorded as a total alone,
+    // before each was kept under its own id; then a dispute takes 100.
+    let app = app().await;
+    stripe(
+        &app,
+        &intent_event("evt_legacy", "succeeded", "pi_legacy", now(), "10"),
+    )
+    .await;
+    app.db
+        .collection::<Document>("payments")
+        .update_one(
+            doc! { "paymentIntentId": "pi_legacy" },
+            doc! { "$set": { "amountRefunded": 400_i64 } },
+        )
+        .await
+        .unwrap();
+    let chargeback = dispute("evt_legacy_d", "funds_withdrawn", "pi_legacy", 100, now());
+    stripe(&app, &chargeback).await;
+    let stored = payment_doc(&app, "pi_legacy").await;
+    let ids: Vec<&str> = stored
+        .get_array("refunds")
+        .unwrap()
+        .iter()
+        .filter_map(|entry| entry.as_document()?.get_str("id").ok())
+        .collect();
+    assert_eq!(ids, ["recorded:total", "dispute:du_1"], "{stored}");
+    let active = app
+        .token_states("pi_legacy")
+        .await
+        .into_iter()
+        .filter(|(_, status)| status == "active")
+        .count();
+    assert_eq!(active, 5, "400 and 100 of 1000 taken back");
+}
