@@ -11,10 +11,8 @@ use serde::Deserialize;
 use utoipa::ToSchema;
 
 use super::if_match::{IfMatch, if_match};
-use super::{
-    TokenView, find_visible_token, not_found, parse_token_id, token_answer, token_response,
-};
-use crate::domain::{Actor, FieldErrors, Owner, Scope};
+use super::{TokenView, find_visible_token, not_found, token_answer, token_response};
+use crate::domain::{Actor, FieldErrors, Owner, Scope, TokenId};
 use crate::http::AppState;
 use crate::http::auth::Principal;
 use crate::http::error::ApiError;
@@ -103,13 +101,16 @@ impl<'a> NotedChange<'a> {
         value: Option<String>,
         transition: impl FnOnce(Option<String>) -> Transition,
     ) -> Result<Response, ApiError> {
+        let id = errors.check("tokenId", TokenId::parse(self.token_id));
         let value = note(&mut errors, field, value);
         errors.finish().map_err(ApiError::Validation)?;
+        // Unreachable: a bad id recorded an error above.
+        let id = id.ok_or(ApiError::Internal)?;
         let condition = if_match(self.headers)?;
         apply(
             self.state,
             self.principal,
-            self.token_id,
+            id,
             transition(value),
             condition,
             self.attempt,
@@ -126,13 +127,12 @@ impl<'a> NotedChange<'a> {
 async fn apply(
     state: &AppState,
     principal: &Principal,
-    token_id: &str,
+    id: TokenId,
     transition: Transition,
     condition: Option<IfMatch>,
     attempt: Option<Arc<Attempt>>,
 ) -> Result<Response, ApiError> {
     let attempt = attempt.as_deref();
-    let id = parse_token_id(token_id)?;
     let gate = match condition {
         None => Gate::Retry,
         Some(condition) => match condition.sole_version() {
@@ -348,21 +348,14 @@ pub async fn transfer_token(
     principal.require(Scope::TokensTransfer)?;
     let attempt = attempt.checked()?;
     let JsonBody(body, mut errors) = body?;
+    let id = errors.check("tokenId", TokenId::parse(&token_id));
     let new_owner = errors.required("newOwner", body.new_owner.as_deref().map(Owner::parse));
     errors.finish().map_err(ApiError::Validation)?;
-    // Unreachable: a missing or bad owner recorded an error above.
-    let new_owner = new_owner.ok_or(ApiError::Internal)?;
+    // Unreachable: a bad id, or a missing or bad owner, recorded an error above.
+    let (id, new_owner) = id.zip(new_owner).ok_or(ApiError::Internal)?;
     let condition = if_match(&headers)?.ok_or(ApiError::PreconditionRequired(
         "A transfer needs If-Match with the token's current ETag.",
     ))?;
     let transition = Transition::Transfer { new_owner };
-    apply(
-        &state,
-        &principal,
-        &token_id,
-        transition,
-        Some(condition),
-        attempt,
-    )
-    .await
+    apply(&state, &principal, id, transition, Some(condition), attempt).await
 }

@@ -134,6 +134,35 @@ async fn bad_requests_to_state_changes() {
     )
     .await;
     assert_problem(long, 422, "validation_failed").await;
+    // Every bad field at once, the token id among them, before a missing If-Match.
+    let fields = |problem: Value| -> Vec<String> {
+        problem["errors"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["field"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let both = post(
+        &app,
+        ADMIN_KEY,
+        "/v1/tokens/xyz/redeem",
+        None,
+        Some(json!({"reference": "x".repeat(257)})),
+    )
+    .await;
+    let both = assert_problem(both, 422, "validation_failed").await;
+    assert_eq!(fields(both), ["tokenId", "reference"]);
+    let transfer = post(
+        &app,
+        ADMIN_KEY,
+        "/v1/tokens/xyz/transfer",
+        None,
+        Some(json!({"newOwner": "nope"})),
+    )
+    .await;
+    let transfer = assert_problem(transfer, 422, "validation_failed").await;
+    assert_eq!(fields(transfer), ["tokenId", "newOwner"]);
     assert_problem(
         post(&app, READER_KEY, &path, None, None).await,
         403,
