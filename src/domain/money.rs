@@ -41,18 +41,24 @@ pub struct Withdrawal {
 /// version 2025-03-31 counted among the charge's refunds and one made since did not.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReleaseReport {
+    /// What the charge had captured when reported: a charge captured in several parts
+    /// reports more as it goes, and only the latest capture's release is released.
+    pub captured: i64,
     /// What the capture left uncaptured: the charge's amount less what it captured.
     pub released: i64,
     /// What the report's amounts prove: `Some(true)` the total holds the release (it is
     /// above what was captured, which refunds alone never are), `Some(false)` it does not
-    /// (it is below the release); `None`: either could be.
+    /// (it is below the release, or the charge is refunded whole for less than its
+    /// amount); `None`: either could be.
     pub proven: Option<bool>,
     /// Where nothing is proven, whether the event's API version says it holds it.
     pub guessed: bool,
 }
 
-/// What a running total's reports have said of its release, together: the proofs stay
-/// once made (the capture did what it did), the guess is the latest report's.
+/// What a running total's reports have said of its release, together: the proofs of the
+/// reports of its largest capture stay once made (the capture did what it did; a report
+/// made between the parts of a capture in several proves nothing of the last), the guess
+/// is the latest report's.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RecordedRelease {
     pub released: i64,
@@ -106,8 +112,8 @@ pub struct Money {
     pub withdrawals: Vec<Withdrawal>,
     pub reversals: Vec<Reversal>,
     /// A refunded total recorded before withdrawals were kept one by one: at least that
-    /// much was taken back. Only a payment without withdrawals has one that counts (the
-    /// first withdrawal recorded keeps it as one of them).
+    /// much was taken back (also the sum of the withdrawals as recorded, which never
+    /// exceeds it otherwise; but for a release two of them name, which it counts twice).
     pub recorded_total: Option<i64>,
 }
 
@@ -116,7 +122,11 @@ impl Money {
     /// and a release both a refund and the `uncaptured:` withdrawal name counts once.
     pub fn gross(&self) -> i64 {
         let sum: i64 = self.withdrawals.iter().map(|w| self.counted(w)).sum();
-        (sum - self.release_named_twice()).max(self.recorded_total.unwrap_or(0))
+        match self.release_named_twice() {
+            // The recorded total counts that release twice as well: the withdrawals say.
+            0 => sum.max(self.recorded_total.unwrap_or(0)),
+            twice => sum - twice,
+        }
     }
 
     /// The release of an uncaptured rest that is counted twice in the withdrawals' sum:
@@ -714,6 +724,12 @@ mod tests {
         // Either alone says as much of the release.
         assert_eq!(money(vec![charge.clone()]).withdrawn(), 700);
         assert_eq!(money(vec![uncaptured.clone()]).withdrawn(), 600);
+        // The recorded total (the entries' sum, 1300) names it twice too: the entries say.
+        let recorded = Money {
+            recorded_total: Some(1300),
+            ..money(vec![uncaptured.clone(), charge.clone()])
+        };
+        assert_eq!(recorded.withdrawn(), 700);
         // A charge whose refunds do not hold it: both count.
         let refunds_only = w("charge:ch_1", 100, false);
         assert_eq!(money(vec![uncaptured, refunds_only]).withdrawn(), 700);

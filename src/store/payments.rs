@@ -24,15 +24,11 @@ use super::retry;
 use super::{Store, TOKENS};
 use crate::domain::{
     Actor, CapturedPart, IssuanceParams, Money, Owner, PaymentEvent, PaymentKey, PaymentStatus,
-    Quantity, RecordedRelease, Refund, Reversal, RevocationReason, ShareTaken, TokenType,
-    Withdrawal, share_taken,
+    Quantity, RecordedRelease, Refund, ReleaseReport, Reversal, RevocationReason, ShareTaken,
+    TokenType, Withdrawal, share_taken,
 };
 
 pub const PAYMENTS: &str = "payments";
-
-/// The id under which a total recorded before refunds were kept one by one
-/// (`amountRefunded` alone) becomes a refund entry, once another is recorded.
-const RECORDED_TOTAL: &str = "recorded:total";
 
 /// The field that carries, for the length of one projection, whether its gate held the
 /// event back; never stored.
@@ -247,10 +243,50 @@ impl PaymentDoc {
                     since: r.since,
                 })
                 .collect(),
-            // Kept as an entry by the first refund recorded after it.
-            recorded_total: self.amount_refunded.filter(|_| self.refunds.is_empty()),
+            recorded_total: self.amount_refunded,
         }
         .with_uncaptured(&self.payment_intent_id, self.authorised_amount, &captures)
+    }
+}
+
+/// The `release` of a running total's entry after `report` (`domain::RecordedRelease`),
+/// from the entry's fields as stored (`stored("release.…")`). The proofs are those of the
+/// reports of the largest capture: a report of a larger one starts them over (what a
+/// charge captured in parts reported before its last part proves nothing of the last
+/// one's release), one of the same capture adds its own, one of a smaller one changes
+/// nothing. The guess is the latest report's (`newer`; none: this one's).
+fn release_entry(
+    report: &ReleaseReport,
+    stored: &dyn Fn(&str) -> Document,
+    newer: Option<Document>,
+) -> Document {
+    let field = |name: &str| stored(&format!("release.{name}"));
+    let captured = literal(report.captured);
+    let larger = doc! { "$gt": [captured.clone(), { "$ifNull": [field("captured"), -1_i64] }] };
+    let not_smaller =
+        doc! { "$gte": [captured.clone(), { "$ifNull": [field("captured"), -1_i64] }] };
+    let proof = |held: bool, name: &str| {
+        let proven = literal(report.proven == Some(held));
+        doc! { "$cond": [
+            larger.clone(),
+            proven.clone(),
+            { "$cond": [
+                not_smaller.clone(),
+                { "$or": [field(name), proven] },
+                { "$ifNull": [field(name), false] },
+            ] },
+        ] }
+    };
+    let guessed = literal(report.guessed);
+    doc! {
+        "captured": { "$max": [field("captured"), captured] },
+        "released": { "$cond": [not_smaller.clone(), literal(report.released), field("released")] },
+        "held": proof(true, "held"),
+        "notHeld": proof(false, "notHeld"),
+        "guessed": match newer {
+            Some(newer) => doc! { "$cond": [newer, guessed, { "$ifNull": [field("guessed"), false] }] },
+            None => guessed,
+        },
     }
 }
 
@@ -540,11 +576,11 @@ impl Store {
     /// Records `refund` (of `amount`, when the event names the payment's amount) and
     /// nothing else about the payment: it neither moves the status nor consumes a version
     /// an older state event would then lose to. The payment keeps one amount per refund
-    /// id in `refunds`, each only growing: two refunds add up, a redelivered or replayed
-    /// one counts once. A total recorded before `refunds` existed (`amountRefunded` alone)
-    /// becomes their first entry. `amountRefunded` is their sum as recorded, for a quick
-    /// look; the money rule reads the entries (`PaymentDoc::money`), which count a release
-    /// two of them name once.
+    /// id in `refunds`, each only growing, and `amountRefunded` is their sum as recorded:
+    /// two refunds add up, a redelivered or replayed one counts once. `amountRefunded`
+    /// never shrinks, so a total recorded before `refunds` existed is kept (the money
+    /// rule reads it as a floor, but where a Stripe release is named twice,
+    /// `Money::gross`).
     ///
     /// A running total (`refund.reported_at`) leaves out the refunds that failed before
     /// it was reported (Stripe lowers a charge's `amount_refunded` when one fails): those
@@ -560,17 +596,10 @@ impl Store {
         amount: Option<i64>,
     ) -> Result<PaymentDoc, StoreError> {
         let id = literal(refund.id.as_str());
-        let others = doc! { "$cond": [
-            { "$and": [
-                { "$eq": [ { "$size": { "$ifNull": ["$refunds", []] } }, 0 ] },
-                { "$gt": [ { "$ifNull": ["$amountRefunded", 0_i64] }, 0_i64 ] },
-            ] },
-            [ { "id": RECORDED_TOTAL, "amount": "$amountRefunded", "full": false } ],
-            { "$filter": {
-                "input": { "$ifNull": ["$refunds", []] },
-                "cond": { "$ne": ["$$this.id", id.clone()] },
-            } },
-        ] };
+        let others = doc! { "$filter": {
+            "input": { "$ifNull": ["$refunds", []] },
+            "cond": { "$ne": ["$$this.id", id.clone()] },
+        } };
         let known = doc! { "$max": { "$map": {
             "input": { "$filter": {
                 "input": { "$ifNull": ["$refunds", []] },
@@ -612,30 +641,25 @@ impl Store {
             "amount": { "$max": [known, reported] },
             "full": { "$or": [literal(full), was_full] },
         };
-        if let Some(report) = refund.release {
-            // What the reports proved stays; the guess is the latest report's.
-            let proved = |held: bool| literal(report.proven == Some(held));
-            entry.insert(
-                "release",
-                doc! {
-                    "released": { "$max": [existing("release.released"), literal(report.released)] },
-                    "held": { "$or": [existing("release.held"), proved(true)] },
-                    "notHeld": { "$or": [existing("release.notHeld"), proved(false)] },
-                    "guessed": literal(report.guessed),
-                },
-            );
-        }
-        if let Some(at) = refund.reported_at {
-            // The latest report wins; an older one only raises the gross above.
-            let newer = doc! { "$or": [
+        // The latest report wins; an older one only raises the gross above.
+        let newer = refund.reported_at.map(|at| {
+            doc! { "$or": [
                 { "$eq": [ { "$ifNull": [existing("at"), Bson::Null] }, Bson::Null ] },
                 { "$gte": [ literal(at), existing("at") ] },
-            ] };
+            ] }
+        });
+        if let (Some(at), Some(newer)) = (refund.reported_at, &newer) {
             entry.insert(
                 "reported",
                 doc! { "$cond": [newer.clone(), literal(refund_amount), existing("reported")] },
             );
-            entry.insert("at", doc! { "$cond": [newer, literal(at), existing("at")] });
+            entry.insert(
+                "at",
+                doc! { "$cond": [newer.clone(), literal(at), existing("at")] },
+            );
+        }
+        if let Some(report) = refund.release {
+            entry.insert("release", release_entry(&report, &existing, newer));
         }
         let mut set = doc! {
             "refunds": { "$concatArrays": [ others, [ entry ] ] },

@@ -317,14 +317,20 @@ fn refund(
             // refund more than was captured. Where both could be, the event's version
             // says, the best guess there is (`version_releases_as_refund`); the payment
             // keeps what each report proved (`RecordedRelease`).
+            let refunded_whole = object.get("refunded").and_then(Value::as_bool) == Some(true);
             let release = released
                 .zip(captured)
                 .map(|(released, captured)| ReleaseReport {
+                    captured,
                     released,
                     proven: refunded.and_then(|refunded| {
                         if refunded > captured {
                             Some(true)
-                        } else if refunded < released {
+                        } else if refunded < released
+                            || (refunded_whole && Some(refunded) < *amount)
+                        {
+                            // Refunded whole for less than the amount: the total would
+                            // be the whole amount if it held the release.
                             Some(false)
                         } else {
                             None
@@ -542,6 +548,7 @@ mod tests {
         let (old, basil) = ("2024-06-20", "2025-03-31.basil");
         let report = |released, proven, guessed| {
             Some(ReleaseReport {
+                captured: 1000 - released,
                 released,
                 proven,
                 guessed,

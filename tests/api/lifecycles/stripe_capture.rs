@@ -365,3 +365,58 @@ async fn a_success_whose_release_cannot_be_recorded_writes_nothing_until_sent_ag
     assert_eq!(receipt["outcome"], "issued", "{receipt}");
     assert_eq!(states(&app, "pi_cap_fail").await, half());
 }
+
+#[tokio::test]
+async fn a_charge_refunded_whole_for_less_than_its_amount_holds_no_release() {
+    // The capture was made since 2025-03-31; the endpoint renders 2024-06-20. All 700
+    // captured is refunded: `refunded: true` at 700 of 1000, which a total holding the
+    // release of 300 would report as 1000. Every token is taken back.
+    let app = app().await;
+    let payment = "pi_whole";
+    let success = captured_in("2024-06-20", "evt_whole", payment, 700, "10");
+    assert_eq!(deliver_stripe(&app, &success).await.status(), 200);
+    let refunded = charge_refunded("2024-06-20", "evt_whole_r", payment, 700, 700, true);
+    assert_eq!(deliver_stripe(&app, &refunded).await.status(), 200);
+    assert_eq!(active(&app, payment).await, 0);
+    assert_eq!(payment_status(&app, payment).await.0, "refunded");
+}
+
+#[tokio::test]
+async fn a_report_made_between_the_parts_of_a_capture_proves_nothing_of_the_last() {
+    // Captured in parts before 2025-03-31 (multicapture): 300, a refund of 100, then the
+    // last part to 800 and the release of the other 200 as a Refund of the charge. The
+    // first report (100 refunded of 300 captured) is below what was still capturable,
+    // but says nothing of the last capture's release, which the second report holds.
+    let app = app().await;
+    let payment = "pi_parts";
+    let between = charge_refunded("2024-06-20", "evt_parts_r1", payment, 300, 100, false);
+    assert_eq!(deliver_stripe(&app, &between).await.status(), 200);
+    let mut last = charge_refunded("2024-06-20", "evt_parts_r2", payment, 800, 300, false);
+    last["created"] = json!(now() + 1);
+    assert_eq!(deliver_stripe(&app, &last).await.status(), 200);
+    let success = captured_in("2024-06-20", "evt_parts", payment, 800, "10");
+    assert_eq!(deliver_stripe(&app, &success).await.status(), 200);
+    // 200 released and 100 refunded of 1000: 7 of 10 stand.
+    assert_eq!(active(&app, payment).await, 7);
+}
+
+#[tokio::test]
+async fn the_guess_is_the_latest_reports_whatever_order_they_arrive_in() {
+    // The capture (700 of 1000) was made since 2025-03-31: the charge's total never
+    // holds the release of 300. The endpoint was upgraded from 2024-06-20 meanwhile.
+    // Reports of 300 and 350 prove nothing; the latest, in the new version, guesses
+    // right, and an earlier one rendered in the old version, delivered late, must not
+    // change the guess.
+    let app = app().await;
+    let payment = "pi_guess";
+    let success = captured_in(BASIL, "evt_guess", payment, 700, "10");
+    assert_eq!(deliver_stripe(&app, &success).await.status(), 200);
+    let mut latest = charge_refunded(BASIL, "evt_guess_new", payment, 700, 350, false);
+    latest["created"] = json!(now() + 5);
+    assert_eq!(deliver_stripe(&app, &latest).await.status(), 200);
+    // 300 released and 350 refunded: 4 of 10 stand.
+    assert_eq!(active(&app, payment).await, 4);
+    let earlier = charge_refunded("2024-06-20", "evt_guess_old", payment, 700, 300, false);
+    assert_eq!(deliver_stripe(&app, &earlier).await.status(), 200);
+    assert_eq!(active(&app, payment).await, 4);
+}

@@ -393,9 +393,10 @@ async fn a_full_refund_in_the_same_second_as_a_partial_one_still_takes_back_the_
 }
 
 #[tokio::test]
-async fn a_total_recorded_before_refunds_were_kept_one_by_one_adds_to_the_next_refund() {
+async fn a_total_recorded_before_refunds_were_kept_one_by_one_stays_the_least_taken_back() {
     // A payment of 1000 for 10 tokens whose refunds (400) were recorded as a total alone,
-    // before each was kept under its own id; then a dispute takes 100.
+    // before each was kept under its own id (a running total the next report of the
+    // same refunds restates); then a dispute takes 100. The total stays a floor.
     let app = app().await;
     stripe(
         &app,
@@ -412,19 +413,11 @@ async fn a_total_recorded_before_refunds_were_kept_one_by_one_adds_to_the_next_r
         .unwrap();
     let chargeback = dispute("evt_legacy_d", "funds_withdrawn", "pi_legacy", 100, now());
     stripe(&app, &chargeback).await;
-    let stored = payment_doc(&app, "pi_legacy").await;
-    let ids: Vec<&str> = stored
-        .get_array("refunds")
-        .unwrap()
-        .iter()
-        .filter_map(|entry| entry.as_document()?.get_str("id").ok())
-        .collect();
-    assert_eq!(ids, ["recorded:total", "dispute:du_1"], "{stored}");
     let active = app
         .token_states("pi_legacy")
         .await
         .into_iter()
         .filter(|(_, status)| status == "active")
         .count();
-    assert_eq!(active, 5, "400 and 100 of 1000 taken back");
+    assert_eq!(active, 6, "at least the 400 recorded taken back");
 }
