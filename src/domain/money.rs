@@ -57,8 +57,9 @@ pub struct ReleaseReport {
 
 /// What a running total's reports have said of its release, together: the proofs of the
 /// reports of its largest capture stay once made (the capture did what it did; a report
-/// made between the parts of a capture in several proves nothing of the last), the guess
-/// is the latest report's.
+/// made between the parts of a capture in several proves nothing of the last), and the
+/// guess is that of the earliest of them, rendered nearest the capture (an endpoint's
+/// version upgraded later says nothing of how the capture was made).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RecordedRelease {
     pub released: i64,
@@ -132,7 +133,10 @@ impl Money {
     /// The release of an uncaptured rest that is counted twice in the withdrawals' sum:
     /// recorded as `uncaptured:` (from the success) and inside a refund's running total
     /// (from the charge, which counted it as a refund). The two learn it from different
-    /// events, in either order, so each records it whole.
+    /// events, in either order, so each records it whole. A total's release counts only
+    /// when it is the success's: a charge reported between the parts of a capture in
+    /// several names the rest of that moment, which the last part then shrank, and
+    /// which was never released.
     fn release_named_twice(&self) -> i64 {
         let uncaptured: i64 = self
             .withdrawals
@@ -140,7 +144,12 @@ impl Money {
             .filter(|w| w.id.starts_with(UNCAPTURED_KIND))
             .map(|w| w.amount)
             .sum();
-        let in_refunds: i64 = self.withdrawals.iter().map(|w| w.release.max(0)).sum();
+        let in_refunds: i64 = self
+            .withdrawals
+            .iter()
+            .filter(|w| w.release > 0 && w.release == uncaptured)
+            .map(|w| w.release)
+            .sum();
         uncaptured.min(in_refunds)
     }
 

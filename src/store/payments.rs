@@ -249,44 +249,50 @@ impl PaymentDoc {
     }
 }
 
-/// The `release` of a running total's entry after `report` (`domain::RecordedRelease`),
-/// from the entry's fields as stored (`stored("release.…")`). The proofs are those of the
-/// reports of the largest capture: a report of a larger one starts them over (what a
-/// charge captured in parts reported before its last part proves nothing of the last
-/// one's release), one of the same capture adds its own, one of a smaller one changes
-/// nothing. The guess is the latest report's (`newer`; none: this one's).
-fn release_entry(
-    report: &ReleaseReport,
-    stored: &dyn Fn(&str) -> Document,
-    newer: Option<Document>,
-) -> Document {
+/// The `release` of a running total's entry after `report`, made at `at`
+/// (`domain::RecordedRelease`), from the entry's fields as stored (`stored("release.…")`).
+/// The proofs are those of the reports of the largest capture: a report of a larger one
+/// starts them over (what a charge captured in parts reported before its last part
+/// proves nothing of the last one's release), one of the same capture adds its own, one
+/// of a smaller one changes nothing. The guess is that of the earliest report of the
+/// largest capture (`guessedAt`), whatever order they arrive in.
+fn release_entry(report: &ReleaseReport, at: i64, stored: &dyn Fn(&str) -> Document) -> Document {
     let field = |name: &str| stored(&format!("release.{name}"));
     let captured = literal(report.captured);
-    let larger = doc! { "$gt": [captured.clone(), { "$ifNull": [field("captured"), -1_i64] }] };
-    let not_smaller =
-        doc! { "$gte": [captured.clone(), { "$ifNull": [field("captured"), -1_i64] }] };
-    let proof = |held: bool, name: &str| {
-        let proven = literal(report.proven == Some(held));
+    let stored_captured = doc! { "$ifNull": [field("captured"), -1_i64] };
+    let larger = doc! { "$gt": [captured.clone(), stored_captured.clone()] };
+    let same = doc! { "$eq": [captured.clone(), stored_captured] };
+    // Of the largest capture: this report's own, or the stored one's joined with it.
+    let kept = |own: Bson, joined: Document, name: &str| {
         doc! { "$cond": [
             larger.clone(),
-            proven.clone(),
-            { "$cond": [
-                not_smaller.clone(),
-                { "$or": [field(name), proven] },
-                { "$ifNull": [field(name), false] },
-            ] },
+            own,
+            { "$cond": [same.clone(), joined, field(name)] },
         ] }
     };
-    let guessed = literal(report.guessed);
+    let proof = |held: bool, name: &str| {
+        let proven = literal(report.proven == Some(held));
+        kept(
+            proven.clone().into(),
+            doc! { "$or": [field(name), proven] },
+            name,
+        )
+    };
+    let earlier = doc! { "$lt": [literal(at), { "$ifNull": [field("guessedAt"), i64::MAX] }] };
+    let earliest = |own: Document, name: &str| {
+        kept(
+            own.clone().into(),
+            doc! { "$cond": [earlier.clone(), own, field(name)] },
+            name,
+        )
+    };
     doc! {
         "captured": { "$max": [field("captured"), captured] },
-        "released": { "$cond": [not_smaller.clone(), literal(report.released), field("released")] },
+        "released": kept(literal(report.released).into(), literal(report.released), "released"),
         "held": proof(true, "held"),
         "notHeld": proof(false, "notHeld"),
-        "guessed": match newer {
-            Some(newer) => doc! { "$cond": [newer, guessed, { "$ifNull": [field("guessed"), false] }] },
-            None => guessed,
-        },
+        "guessed": earliest(literal(report.guessed), "guessed"),
+        "guessedAt": earliest(literal(at), "guessedAt"),
     }
 }
 
@@ -641,25 +647,31 @@ impl Store {
             "amount": { "$max": [known, reported] },
             "full": { "$or": [literal(full), was_full] },
         };
-        // The latest report wins; an older one only raises the gross above.
-        let newer = refund.reported_at.map(|at| {
-            doc! { "$or": [
+        if let Some(at) = refund.reported_at {
+            // The latest report wins; an older one only raises the gross above.
+            let newer = doc! { "$or": [
                 { "$eq": [ { "$ifNull": [existing("at"), Bson::Null] }, Bson::Null ] },
                 { "$gte": [ literal(at), existing("at") ] },
-            ] }
-        });
-        if let (Some(at), Some(newer)) = (refund.reported_at, &newer) {
+            ] };
             entry.insert(
                 "reported",
                 doc! { "$cond": [newer.clone(), literal(refund_amount), existing("reported")] },
             );
-            entry.insert(
-                "at",
-                doc! { "$cond": [newer.clone(), literal(at), existing("at")] },
-            );
+            entry.insert("at", doc! { "$cond": [newer, literal(at), existing("at")] });
         }
-        if let Some(report) = refund.release {
-            entry.insert("release", release_entry(&report, &existing, newer));
+        match (refund.release, refund.reported_at) {
+            (Some(report), Some(at)) => {
+                entry.insert("release", release_entry(&report, at, &existing));
+            }
+            // A report that says nothing of it keeps what the others said (absent when
+            // they said nothing either: an absent field stays absent).
+            _ => {
+                let kept = doc! { "$getField": { "field": "release", "input": { "$first": same_id.clone() } } };
+                entry.insert(
+                    "release",
+                    doc! { "$cond": [ { "$gt": [ { "$size": same_id.clone() }, 0 ] }, kept, "$$REMOVE" ] },
+                );
+            }
         }
         let mut set = doc! {
             "refunds": { "$concatArrays": [ others, [ entry ] ] },

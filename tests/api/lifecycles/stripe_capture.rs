@@ -398,25 +398,71 @@ async fn a_report_made_between_the_parts_of_a_capture_proves_nothing_of_the_last
     assert_eq!(deliver_stripe(&app, &success).await.status(), 200);
     // 200 released and 100 refunded of 1000: 7 of 10 stand.
     assert_eq!(active(&app, payment).await, 7);
+
+    // 600 captured, 450 refunded; the last part brings it to 700, and its success comes
+    // before the charge's next report: the 400 the first report saw uncaptured was never
+    // released, only the last 300 were. 450 and 300 of 1000: 3 of 10 stand.
+    let payment = "pi_parts_2";
+    let between = charge_refunded("2024-06-20", "evt_parts2_r1", payment, 600, 450, false);
+    assert_eq!(deliver_stripe(&app, &between).await.status(), 200);
+    let success = captured_in("2024-06-20", "evt_parts2", payment, 700, "10");
+    assert_eq!(deliver_stripe(&app, &success).await.status(), 200);
+    assert_eq!(active(&app, payment).await, 3);
 }
 
 #[tokio::test]
-async fn the_guess_is_the_latest_reports_whatever_order_they_arrive_in() {
-    // The capture (700 of 1000) was made since 2025-03-31: the charge's total never
-    // holds the release of 300. The endpoint was upgraded from 2024-06-20 meanwhile.
-    // Reports of 300 and 350 prove nothing; the latest, in the new version, guesses
-    // right, and an earlier one rendered in the old version, delivered late, must not
-    // change the guess.
+async fn the_guess_is_the_first_report_of_the_capture_whatever_order_they_arrive_in() {
+    // Captured 700 of 1000 before 2025-03-31, the endpoint then on the same side: the
+    // charge's total holds the release of 300. Its first report (300) proves nothing
+    // and guesses right. The endpoint is upgraded, and a refund of 100 is reported in the
+    // new version (400, proving nothing either): the guess stays the first report's,
+    // in either order of arrival.
+    for (order, payment) in [("in order", "pi_guess_1"), ("late first", "pi_guess_2")] {
+        let app = app().await;
+        let success = captured_in("2024-06-20", &format!("evt_{payment}"), payment, 700, "10");
+        assert_eq!(deliver_stripe(&app, &success).await.status(), 200);
+        let first = charge_refunded(
+            "2024-06-20",
+            &format!("evt_{payment}_1"),
+            payment,
+            700,
+            300,
+            false,
+        );
+        let mut upgraded =
+            charge_refunded(BASIL, &format!("evt_{payment}_2"), payment, 700, 400, false);
+        upgraded["created"] = json!(now() + 5);
+        let reports = if order == "in order" {
+            [first, upgraded]
+        } else {
+            [upgraded, first]
+        };
+        for report in &reports {
+            assert_eq!(deliver_stripe(&app, report).await.status(), 200, "{order}");
+        }
+        // 300 released and 100 refunded: 6 of 10 stand.
+        assert_eq!(active(&app, payment).await, 6, "{order}");
+    }
+}
+
+#[tokio::test]
+async fn a_report_that_says_nothing_of_the_release_keeps_what_the_others_said() {
+    // A report of the charge without `amount_captured` says nothing of the release: the
+    // entry keeps the earlier report's proof that its total holds it.
     let app = app().await;
-    let payment = "pi_guess";
-    let success = captured_in(BASIL, "evt_guess", payment, 700, "10");
+    let payment = "pi_silent";
+    let success = captured_in(BASIL, "evt_silent", payment, 400, "10");
     assert_eq!(deliver_stripe(&app, &success).await.status(), 200);
-    let mut latest = charge_refunded(BASIL, "evt_guess_new", payment, 700, 350, false);
-    latest["created"] = json!(now() + 5);
-    assert_eq!(deliver_stripe(&app, &latest).await.status(), 200);
-    // 300 released and 350 refunded: 4 of 10 stand.
+    let release = charge_refunded(BASIL, "evt_silent_1", payment, 400, 600, false);
+    assert_eq!(deliver_stripe(&app, &release).await.status(), 200);
     assert_eq!(active(&app, payment).await, 4);
-    let earlier = charge_refunded("2024-06-20", "evt_guess_old", payment, 700, 300, false);
-    assert_eq!(deliver_stripe(&app, &earlier).await.status(), 200);
-    assert_eq!(active(&app, payment).await, 4);
+    let mut silent = charge_refunded(BASIL, "evt_silent_2", payment, 400, 700, false);
+    silent["data"]["object"]
+        .as_object_mut()
+        .unwrap()
+        .remove("amount_captured");
+    silent["created"] = json!(now() + 1);
+    assert_eq!(deliver_stripe(&app, &silent).await.status(), 200);
+    // 600 released and 100 refunded: 3 of 10 stand.
+    assert_eq!(active(&app, payment).await, 3);
 }

@@ -420,4 +420,12 @@ async fn a_total_recorded_before_refunds_were_kept_one_by_one_stays_the_least_ta
         .filter(|(_, status)| status == "active")
         .count();
     assert_eq!(active, 6, "at least the 400 recorded taken back");
+    // An entry that is no Stripe charge's total keeps no `release`.
+    let stored = payment_doc(&app, "pi_legacy").await;
+    let entry = stored.get_array("refunds").unwrap()[0]
+        .as_document()
+        .unwrap()
+        .clone();
+    assert_eq!(entry.get_str("id"), Ok("dispute:du_1"));
+    assert!(entry.get("release").is_none(), "{entry}");
 }
