@@ -66,7 +66,7 @@ async fn run(state: &AppState, mut req: Request, next: Next) -> Result<Response,
         Ok(key) => key,
         Err(rule) => {
             // The handler refuses it, after the caller (401, 403 come first).
-            req.extensions_mut().insert(MalformedKey(rule));
+            req.extensions_mut().insert(Deferred::MalformedKey(rule));
             return Ok(next.run(req).await);
         }
     };
@@ -76,7 +76,14 @@ async fn run(state: &AppState, mut req: Request, next: Next) -> Result<Response,
     // Read with the route's body limit, which travels in the extensions.
     let mut reading = Request::new(body);
     *reading.extensions_mut() = parts.extensions.clone();
-    let bytes = read_body(reading, state).await?;
+    let bytes = match read_body(reading, state).await {
+        Ok(bytes) => bytes,
+        Err(err) => {
+            // Likewise: a key without the scope hears 403 whatever it sent.
+            parts.extensions.insert(Deferred::unread(err)?);
+            return Ok(next.run(Request::from_parts(parts, Body::empty())).await);
+        }
+    };
     let method = parts.method.to_string();
     let path = parts.uri.path().to_owned();
     let request = IdempotentRequest {
@@ -141,22 +148,50 @@ fn parse_key(headers: &HeaderMap) -> Result<IdempotencyKey, String> {
         .and_then(IdempotencyKey::parse)
 }
 
-/// A malformed `Idempotency-Key` header, passed on to the handler: the rule it breaks.
+/// A refusal of the layer's own, passed on to the handler to answer after its refusals
+/// of the caller: the `Idempotency-Key` header malformed (the rule it breaks), or the body
+/// the key binds could not be read.
 #[derive(Debug, Clone)]
-struct MalformedKey(String);
+enum Deferred {
+    MalformedKey(String),
+    BodyTooLarge,
+    BodyUnreadable(String),
+}
+
+impl Deferred {
+    /// The refusal of a body that could not be read, kept for the handler; any other
+    /// error is answered at once.
+    fn unread(err: ApiError) -> Result<Self, ApiError> {
+        match err {
+            ApiError::PayloadTooLarge => Ok(Self::BodyTooLarge),
+            ApiError::MalformedJson(detail) => Ok(Self::BodyUnreadable(detail)),
+            other => Err(other),
+        }
+    }
+}
+
+impl From<Deferred> for ApiError {
+    fn from(deferred: Deferred) -> Self {
+        match deferred {
+            Deferred::MalformedKey(rule) => ApiError::validation("Idempotency-Key", rule),
+            Deferred::BodyTooLarge => ApiError::PayloadTooLarge,
+            Deferred::BodyUnreadable(detail) => ApiError::MalformedJson(detail),
+        }
+    }
+}
 
 /// The attempt an action runs under, as the layer left it for the handler: none without
-/// the header, the attempt holding the key, or the header's refusal. A malformed header is
-/// the handler's to answer, after its own refusals of the caller: a request without
-/// credentials hears 401 and a key without the scope 403, whatever else it sent.
+/// the header, the attempt holding the key, or the layer's refusal (a malformed header,
+/// a body it could not read). That refusal is the handler's to answer, after its own
+/// refusals of the caller: a request without credentials hears 401 and a key without the
+/// scope 403, whatever else it sent.
 #[derive(Debug)]
-pub struct KeyAttempt(Result<Option<Arc<Attempt>>, String>);
+pub struct KeyAttempt(Result<Option<Arc<Attempt>>, Deferred>);
 
 impl KeyAttempt {
-    /// The attempt (none without the header), or the 422 naming the header.
+    /// The attempt (none without the header), or the layer's refusal.
     pub fn checked(self) -> Result<Option<Arc<Attempt>>, ApiError> {
-        self.0
-            .map_err(|rule| ApiError::validation("Idempotency-Key", rule))
+        self.0.map_err(ApiError::from)
     }
 }
 
@@ -164,8 +199,8 @@ impl<S: Send + Sync> FromRequestParts<S> for KeyAttempt {
     type Rejection = Infallible;
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Infallible> {
-        if let Some(MalformedKey(rule)) = parts.extensions.get::<MalformedKey>() {
-            return Ok(Self(Err(rule.clone())));
+        if let Some(deferred) = parts.extensions.get::<Deferred>() {
+            return Ok(Self(Err(deferred.clone())));
         }
         Ok(Self(Ok(parts.extensions.get::<Arc<Attempt>>().cloned())))
     }

@@ -255,6 +255,19 @@ async fn the_caller_is_refused_before_a_malformed_key() {
         .await;
         assert_eq!(problem["errors"][0]["field"], "Idempotency-Key", "{path}");
     }
+    // A well-formed key with a body over the limit: the caller first, then 413.
+    let path = format!("/v1/tokens/{id}/redeem");
+    let oversized = json!({ "reference": "x".repeat(70_000) });
+    let send = |key: &str| {
+        app.http
+            .post(app.url(&path))
+            .bearer_auth(key)
+            .header("idempotency-key", "big-body")
+            .json(&oversized)
+            .send()
+    };
+    assert_problem(send(READER_KEY).await.unwrap(), 403, "forbidden").await;
+    assert_problem(send(ADMIN_KEY).await.unwrap(), 413, "payload_too_large").await;
     assert_eq!(token_status(&app, &id).await, "active");
     assert_eq!(app.count("idempotency_keys", doc! {}).await, 0);
     assert_eq!(app.count("redemptions", doc! {}).await, 0);
