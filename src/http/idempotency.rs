@@ -7,12 +7,10 @@
 //! commits its answer with its write; the handler marks an answer a retry may see
 //! differently (`transient`).
 
-use std::convert::Infallible;
 use std::sync::Arc;
 
 use axum::body::{Body, to_bytes};
 use axum::extract::{FromRequestParts, Request, State};
-use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::middleware::{Next, from_fn_with_state};
 use axum::response::{IntoResponse, Response};
@@ -22,8 +20,8 @@ use super::AppState;
 use super::auth::Principal;
 use super::error::ApiError;
 use super::extract::read_body;
-use crate::domain::IdempotencyKey;
-use crate::issuing::{Answer, Attempt, Begun, Finality, IdempotentRequest};
+use crate::domain::{IdempotencyKey, Scope};
+use crate::issuing::{Answer, Begun, Finality, IdempotentRequest};
 
 /// The request header.
 pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
@@ -40,50 +38,52 @@ const KEPT_HEADERS: [HeaderName; 4] = [
 ];
 
 /// `route` behind the layer that answers its retries, when it is served (`state`); the
-/// document alone (`None`) has no state to give the layer, and needs none.
+/// document alone (`None`) has no state to give the layer, and needs none. `scope` is the
+/// one the route's handler requires: the layer refuses a key without it first, as the
+/// handler would, before it reads the body or claims the key (a caller that may not run
+/// the action writes nothing, and hears 403 whatever it sent).
 pub fn answering_retries(
     route: UtoipaMethodRouter<AppState>,
     state: Option<&AppState>,
+    scope: Scope,
 ) -> UtoipaMethodRouter<AppState> {
     match state {
-        Some(state) => route.layer(from_fn_with_state(state.clone(), idempotent)),
+        Some(state) => route.layer(from_fn_with_state((state.clone(), scope), idempotent)),
         None => route,
     }
 }
 
 /// The layer: requests without the header pass straight through.
-async fn idempotent(State(state): State<AppState>, req: Request, next: Next) -> Response {
+async fn idempotent(
+    State((state, scope)): State<(AppState, Scope)>,
+    req: Request,
+    next: Next,
+) -> Response {
     if !req.headers().contains_key(&IDEMPOTENCY_KEY) {
         return next.run(req).await;
     }
-    run(&state, req, next)
+    run(&state, scope, req, next)
         .await
         .unwrap_or_else(IntoResponse::into_response)
 }
 
-async fn run(state: &AppState, mut req: Request, next: Next) -> Result<Response, ApiError> {
-    let key = match parse_key(req.headers()) {
-        Ok(key) => key,
-        Err(rule) => {
-            // The handler refuses it, after the caller (401, 403 come first).
-            req.extensions_mut().insert(Deferred::MalformedKey(rule));
-            return Ok(next.run(req).await);
-        }
-    };
+async fn run(
+    state: &AppState,
+    scope: Scope,
+    req: Request,
+    next: Next,
+) -> Result<Response, ApiError> {
+    // The caller first: 401, then 403, whatever else the request says.
     let (mut parts, body) = req.into_parts();
     let principal = Arc::<Principal>::from_request_parts(&mut parts, state).await?;
+    principal.require(scope)?;
+    let key =
+        parse_key(&parts.headers).map_err(|rule| ApiError::validation("Idempotency-Key", rule))?;
     parts.extensions.insert(principal.clone());
     // Read with the route's body limit, which travels in the extensions.
     let mut reading = Request::new(body);
     *reading.extensions_mut() = parts.extensions.clone();
-    let bytes = match read_body(reading, state).await {
-        Ok(bytes) => bytes,
-        Err(err) => {
-            // Likewise: a key without the scope hears 403 whatever it sent.
-            parts.extensions.insert(Deferred::unread(err)?);
-            return Ok(next.run(Request::from_parts(parts, Body::empty())).await);
-        }
-    };
+    let bytes = read_body(reading, state).await?;
     let method = parts.method.to_string();
     let path = parts.uri.path().to_owned();
     let request = IdempotentRequest {
@@ -146,64 +146,6 @@ fn parse_key(headers: &HeaderMap) -> Result<IdempotencyKey, String> {
         .to_str()
         .map_err(|_| IdempotencyKey::RULE.to_owned())
         .and_then(IdempotencyKey::parse)
-}
-
-/// A refusal of the layer's own, passed on to the handler to answer after its refusals
-/// of the caller: the `Idempotency-Key` header malformed (the rule it breaks), or the body
-/// the key binds could not be read.
-#[derive(Debug, Clone)]
-enum Deferred {
-    MalformedKey(String),
-    BodyTooLarge,
-    BodyUnreadable(String),
-}
-
-impl Deferred {
-    /// The refusal of a body that could not be read, kept for the handler; any other
-    /// error is answered at once.
-    fn unread(err: ApiError) -> Result<Self, ApiError> {
-        match err {
-            ApiError::PayloadTooLarge => Ok(Self::BodyTooLarge),
-            ApiError::MalformedJson(detail) => Ok(Self::BodyUnreadable(detail)),
-            other => Err(other),
-        }
-    }
-}
-
-impl From<Deferred> for ApiError {
-    fn from(deferred: Deferred) -> Self {
-        match deferred {
-            Deferred::MalformedKey(rule) => ApiError::validation("Idempotency-Key", rule),
-            Deferred::BodyTooLarge => ApiError::PayloadTooLarge,
-            Deferred::BodyUnreadable(detail) => ApiError::MalformedJson(detail),
-        }
-    }
-}
-
-/// The attempt an action runs under, as the layer left it for the handler: none without
-/// the header, the attempt holding the key, or the layer's refusal (a malformed header,
-/// a body it could not read). That refusal is the handler's to answer, after its own
-/// refusals of the caller: a request without credentials hears 401 and a key without the
-/// scope 403, whatever else it sent.
-#[derive(Debug)]
-pub struct KeyAttempt(Result<Option<Arc<Attempt>>, Deferred>);
-
-impl KeyAttempt {
-    /// The attempt (none without the header), or the layer's refusal.
-    pub fn checked(self) -> Result<Option<Arc<Attempt>>, ApiError> {
-        self.0.map_err(ApiError::from)
-    }
-}
-
-impl<S: Send + Sync> FromRequestParts<S> for KeyAttempt {
-    type Rejection = Infallible;
-
-    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Infallible> {
-        if let Some(deferred) = parts.extensions.get::<Deferred>() {
-            return Ok(Self(Err(deferred.clone())));
-        }
-        Ok(Self(Ok(parts.extensions.get::<Arc<Attempt>>().cloned())))
-    }
 }
 
 /// Marks an answer the same request may see differently on a retry (`Finality::Transient`).

@@ -86,17 +86,23 @@ pub fn router(state: AppState, settings: &Settings) -> Router {
 /// wanted (the layers need it, the document does not); `/metrics` is left out where it has
 /// a listener of its own (`metrics_here` false), and documented all the same.
 fn route_table(state: Option<&AppState>, metrics_here: bool) -> OpenApiRouter<AppState> {
-    let retried = |route| idempotency::answering_retries(route, state);
+    let retried = |route, scope| idempotency::answering_retries(route, state, scope);
     let mut table = OpenApiRouter::with_openapi(openapi::Base::openapi())
         .routes(routes!(issuances::create_issuance))
         .routes(routes!(issuances::get_issuance))
         .routes(routes!(tokens::list_tokens))
         .routes(routes!(tokens::get_token))
-        .routes(retried(routes!(tokens::redeem_token)))
-        .routes(retried(routes!(tokens::revoke_token)))
-        .routes(retried(routes!(tokens::transfer_token)))
+        .routes(retried(routes!(tokens::redeem_token), tokens::REDEEM_SCOPE))
+        .routes(retried(routes!(tokens::revoke_token), tokens::REVOKE_SCOPE))
+        .routes(retried(
+            routes!(tokens::transfer_token),
+            tokens::TRANSFER_SCOPE,
+        ))
         .routes(routes!(balances::get_balances))
-        .routes(retried(routes!(redemptions::create_redemption)))
+        .routes(retried(
+            routes!(redemptions::create_redemption),
+            redemptions::CREATE_SCOPE,
+        ))
         .routes(routes!(redemptions::get_redemption))
         .routes(routes!(payments::get_payment))
         .routes(routes!(webhooks::receive_webhook))

@@ -6,6 +6,7 @@
 
 use std::sync::Arc;
 
+use axum::Extension;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::Response;
@@ -18,14 +19,14 @@ use super::AppState;
 use super::auth::Principal;
 use super::error::ApiError;
 use super::extract::{JsonBody, PathParams};
-use super::idempotency::{IDEMPOTENT_REPLAYED, KeyAttempt, json_answer, respond, transient};
+use super::idempotency::{IDEMPOTENT_REPLAYED, json_answer, respond, transient};
 use super::openapi::IDEMPOTENCY_KEY_DOC;
 use super::tokens::OriginView;
 use crate::domain::{
     AccountId, Actor, FieldErrors, NewRedemption, Owner, Quantity, RedemptionReference, Scope,
     TokenStatus, TokenType,
 };
-use crate::issuing::{Answer, Keyed, Redeemed, RedemptionError, RedemptionOutcome};
+use crate::issuing::{Answer, Attempt, Keyed, Redeemed, RedemptionError, RedemptionOutcome};
 use crate::store::{TokenDoc, chrono_time};
 
 /// Where redemptions are created.
@@ -188,6 +189,10 @@ fn created_answer(redeemed: &Redeemed) -> Answer {
     redemption_answer(StatusCode::CREATED, redeemed)
 }
 
+/// The scope a redemption requires, of its handler and of the layer that answers its
+/// retries (`answering_retries`), which refuses a key without it first.
+pub const CREATE_SCOPE: Scope = Scope::TokensRedeem;
+
 /// Redeem an amount of an owner's tokens.
 ///
 /// Redeems `quantity` active tokens of the owner and type — oldest first (earliest payment
@@ -223,11 +228,11 @@ fn created_answer(redeemed: &Redeemed) -> Answer {
 pub async fn create_redemption(
     State(state): State<AppState>,
     principal: Arc<Principal>,
-    attempt: KeyAttempt,
+    attempt: Option<Extension<Arc<Attempt>>>,
     body: Result<JsonBody<RedemptionRequest>, ApiError>,
 ) -> Result<Response, ApiError> {
-    principal.require(Scope::TokensRedeem)?;
-    let attempt = attempt.checked()?;
+    principal.require(CREATE_SCOPE)?;
+    let attempt = attempt.map(|Extension(attempt)| attempt);
     let JsonBody(body, errors) = body?;
     let request = body.into_domain(
         errors,

@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use axum::Extension;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue};
 use axum::response::Response;
@@ -17,7 +18,7 @@ use crate::http::AppState;
 use crate::http::auth::Principal;
 use crate::http::error::ApiError;
 use crate::http::extract::{JsonBody, OptionalJsonBody, PathParams};
-use crate::http::idempotency::{IDEMPOTENT_REPLAYED, KeyAttempt, transient};
+use crate::http::idempotency::{IDEMPOTENT_REPLAYED, transient};
 use crate::http::openapi::{IDEMPOTENCY_KEY_DOC, IF_MATCH_DOC};
 use crate::issuing::{Attempt, Gate, Keyed, Transition, TransitionOutcome};
 use crate::store::{TOKENS, TokenDoc};
@@ -63,6 +64,14 @@ fn note(errors: &mut FieldErrors, field: &str, value: Option<String>) -> Option<
         other => other,
     }
 }
+
+/// The scope a redeem requires, of its handler and of the layer that answers its retries
+/// (`answering_retries`), which refuses a key without it first.
+pub const REDEEM_SCOPE: Scope = Scope::TokensRedeem;
+/// The scope a revoke requires (as [`REDEEM_SCOPE`]).
+pub const REVOKE_SCOPE: Scope = Scope::TokensRevoke;
+/// The scope a transfer requires (as [`REDEEM_SCOPE`]).
+pub const TRANSFER_SCOPE: Scope = Scope::TokensTransfer;
 
 /// A redeem or a revoke as its handler received it, its scope checked and its body read:
 /// the two differ only in the scope, the note's field and the transition the note goes
@@ -256,13 +265,13 @@ fn record_version_rejection(transition: &Transition) {
 pub async fn redeem_token(
     State(state): State<AppState>,
     principal: Arc<Principal>,
-    attempt: KeyAttempt,
+    attempt: Option<Extension<Arc<Attempt>>>,
     PathParams(token_id): PathParams<String>,
     headers: HeaderMap,
     body: Result<OptionalJsonBody<RedeemRequest>, ApiError>,
 ) -> Result<Response, ApiError> {
-    principal.require(Scope::TokensRedeem)?;
-    let attempt = attempt.checked()?;
+    principal.require(REDEEM_SCOPE)?;
+    let attempt = attempt.map(|Extension(attempt)| attempt);
     let OptionalJsonBody(body, errors) = body?;
     let change = NotedChange::new(&state, &principal, &token_id, &headers, attempt);
     change
@@ -299,13 +308,13 @@ pub async fn redeem_token(
 pub async fn revoke_token(
     State(state): State<AppState>,
     principal: Arc<Principal>,
-    attempt: KeyAttempt,
+    attempt: Option<Extension<Arc<Attempt>>>,
     PathParams(token_id): PathParams<String>,
     headers: HeaderMap,
     body: Result<OptionalJsonBody<RevokeRequest>, ApiError>,
 ) -> Result<Response, ApiError> {
-    principal.require(Scope::TokensRevoke)?;
-    let attempt = attempt.checked()?;
+    principal.require(REVOKE_SCOPE)?;
+    let attempt = attempt.map(|Extension(attempt)| attempt);
     let OptionalJsonBody(body, errors) = body?;
     let change = NotedChange::new(&state, &principal, &token_id, &headers, attempt);
     change
@@ -340,13 +349,13 @@ pub async fn revoke_token(
 pub async fn transfer_token(
     State(state): State<AppState>,
     principal: Arc<Principal>,
-    attempt: KeyAttempt,
+    attempt: Option<Extension<Arc<Attempt>>>,
     PathParams(token_id): PathParams<String>,
     headers: HeaderMap,
     body: Result<JsonBody<TransferRequest>, ApiError>,
 ) -> Result<Response, ApiError> {
-    principal.require(Scope::TokensTransfer)?;
-    let attempt = attempt.checked()?;
+    principal.require(TRANSFER_SCOPE)?;
+    let attempt = attempt.map(|Extension(attempt)| attempt);
     let JsonBody(body, mut errors) = body?;
     let id = errors.check("tokenId", TokenId::parse(&token_id));
     let new_owner = errors.required("newOwner", body.new_owner.as_deref().map(Owner::parse));

@@ -17,8 +17,8 @@ use utoipa::ToSchema;
 pub(crate) use if_match::IF_MATCH_PATTERN;
 
 pub use changes::{
-    __path_redeem_token, __path_revoke_token, __path_transfer_token, redeem_token, revoke_token,
-    transfer_token,
+    __path_redeem_token, __path_revoke_token, __path_transfer_token, REDEEM_SCOPE, REVOKE_SCOPE,
+    TRANSFER_SCOPE, redeem_token, revoke_token, transfer_token,
 };
 
 use super::AppState;

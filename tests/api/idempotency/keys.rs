@@ -268,6 +268,33 @@ async fn the_caller_is_refused_before_a_malformed_key() {
     };
     assert_problem(send(READER_KEY).await.unwrap(), 403, "forbidden").await;
     assert_problem(send(ADMIN_KEY).await.unwrap(), 413, "payload_too_large").await;
+    assert_eq!(app.count("idempotency_keys", doc! {}).await, 0);
+    // A key without the scope is refused before its Idempotency-Key is looked at: a
+    // record another request of that key left running says nothing to it.
+    app.db
+        .collection::<mongodb::bson::Document>("idempotency_keys")
+        .insert_one(doc! {
+            "keyId": "reader", "key": "held", "method": "POST", "path": &path,
+            "bodySha256": "", "attempt": mongodb::bson::oid::ObjectId::new(),
+            "leaseUntil": DateTime::from_millis(i64::MAX / 2), "createdAt": DateTime::now(),
+            "expiresAt": DateTime::from_millis(i64::MAX / 2),
+        })
+        .await
+        .unwrap();
+    let held = app
+        .http
+        .post(app.url(&path))
+        .bearer_auth(READER_KEY)
+        .header("idempotency-key", "held")
+        .send()
+        .await
+        .unwrap();
+    assert_problem(held, 403, "forbidden").await;
+    app.db
+        .collection::<mongodb::bson::Document>("idempotency_keys")
+        .delete_many(doc! {})
+        .await
+        .unwrap();
     assert_eq!(token_status(&app, &id).await, "active");
     assert_eq!(app.count("idempotency_keys", doc! {}).await, 0);
     assert_eq!(app.count("redemptions", doc! {}).await, 0);
