@@ -121,7 +121,9 @@ pub struct RefundEntry {
     pub release: Option<ReleaseEntry>,
 }
 
-/// What a running total's reports said of its release (`domain::RecordedRelease`).
+/// What a running total's reports said of its release (`domain::RecordedRelease`). Its
+/// `captured` and `guessedAt` are read only by the update that writes it
+/// (`release_entry`).
 #[derive(Debug, Clone, Copy, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ReleaseEntry {

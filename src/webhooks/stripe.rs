@@ -297,16 +297,15 @@ fn refund(
         "charge.refunded" => {
             // A charge captured in part and then refunded whole says `refunded: true` of
             // what it captured only: its `amount_refunded` is that, and with the release
-            // (`uncaptured`, also in the charge's own refunds for a capture made before
-            // 2025-03-31) it adds up
-            // to the payment's amount, as refunds of part of it do.
+            // (`uncaptured`; for a capture made before 2025-03-31, also in the charge's
+            // own refunds) it adds up to the payment's amount, as refunds of part of it do.
             let captured = number(object, "amount_captured");
             let released = match (captured, *amount) {
                 (Some(captured), Some(amount)) if captured < amount => Some(amount - captured),
                 _ => None,
             };
-            let full =
-                object.get("refunded").and_then(Value::as_bool) == Some(true) && released.is_none();
+            let refunded_whole = object.get("refunded").and_then(Value::as_bool) == Some(true);
+            let full = refunded_whole && released.is_none();
             let refunded = match (full, number(object, "amount_refunded")) {
                 (true, refunded) => refunded.max(*amount),
                 (false, Some(refunded)) => Some(refunded),
@@ -316,8 +315,7 @@ fn refund(
             // counted it (so its total is at least the release), one made since cannot
             // refund more than was captured. Where both could be, the event's version
             // says, the best guess there is (`version_releases_as_refund`); the payment
-            // keeps what each report proved (`RecordedRelease`).
-            let refunded_whole = object.get("refunded").and_then(Value::as_bool) == Some(true);
+            // keeps the proofs and the first report's guess (`RecordedRelease`).
             let release = released
                 .zip(captured)
                 .map(|(released, captured)| ReleaseReport {
