@@ -433,4 +433,14 @@ impl TestApp {
             .map(|t| (token_index(t), t.get_str("status").unwrap().to_owned()))
             .collect()
     }
+
+    /// The tokenIndex of each of `payment`'s active tokens, in order.
+    pub async fn active_indexes(&self, payment: &str) -> Vec<i64> {
+        self.token_states(payment)
+            .await
+            .into_iter()
+            .filter(|(_, status)| status == "active")
+            .map(|(index, _)| index)
+            .collect()
+    }
 }

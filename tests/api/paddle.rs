@@ -96,15 +96,6 @@ pub(crate) async fn send(app: &TestApp, event: &Value) -> Value {
     json(answer).await
 }
 
-pub(crate) async fn active(app: &TestApp, txn: &str) -> Vec<i64> {
-    app.token_states(txn)
-        .await
-        .into_iter()
-        .filter(|(_, status)| status == "active")
-        .map(|(index, _)| index)
-        .collect()
-}
-
 async fn payment(app: &TestApp, txn: &str) -> Document {
     app.find_stored(
         "payments",
@@ -134,7 +125,7 @@ async fn a_completed_transaction_issues_its_custom_data_tokens() {
     let receipt = send(&app, &completed("evt_1", "txn_1", 4)).await;
     assert_eq!(receipt["outcome"], "issued", "{receipt}");
     assert_eq!(receipt["tokensCreated"], 4);
-    assert_eq!(active(&app, "txn_1").await, vec![0, 1, 2, 3]);
+    assert_eq!(app.active_indexes("txn_1").await, vec![0, 1, 2, 3]);
     let stored = payment(&app, "txn_1").await;
     assert_eq!(stored.get_str("accountId").unwrap(), "default");
     assert_eq!(stored.get_str("status").unwrap(), "succeeded");
@@ -168,7 +159,10 @@ async fn a_transaction_issues_only_the_tokens_its_total_pays_for() {
 
     let paid = send(&app, &completed("evt_paid", "txn_paid", 10)).await;
     assert_eq!(paid["outcome"], "issued", "{paid}");
-    assert_eq!(active(&app, "txn_paid").await, (0..10).collect::<Vec<_>>());
+    assert_eq!(
+        app.active_indexes("txn_paid").await,
+        (0..10).collect::<Vec<_>>()
+    );
 }
 
 /// Where prices are configured, a token type the customer names in `custom_data` that
@@ -252,10 +246,13 @@ async fn a_transaction_issues_only_the_tokens_its_items_buy() {
     // Two packs buy twenty, and issue them; fewer than bought may be named.
     let packs = completed_with_items("evt_packs", "txn_packs", 20, 2000, &[("pri_credits10", 2)]);
     assert_eq!(send(&app, &packs).await["outcome"], "issued");
-    assert_eq!(active(&app, "txn_packs").await, (0..20).collect::<Vec<_>>());
+    assert_eq!(
+        app.active_indexes("txn_packs").await,
+        (0..20).collect::<Vec<_>>()
+    );
     let fewer = completed_with_items("evt_fewer", "txn_fewer", 5, 1000, &[("pri_credits10", 1)]);
     assert_eq!(send(&app, &fewer).await["outcome"], "issued");
-    assert_eq!(active(&app, "txn_fewer").await.len(), 5);
+    assert_eq!(app.active_indexes("txn_fewer").await.len(), 5);
     // Bought but not paid for (a total the prices do not cover) is still refused.
     let discounted =
         completed_with_items("evt_cheap", "txn_cheap", 10, 500, &[("pri_credits10", 1)]);
@@ -295,7 +292,7 @@ async fn a_subscription_sold_as_a_pack_issues_on_each_renewal() {
             completed_with_items(&format!("evt_{txn}"), txn, 10, 1000, &[("pri_monthly", 1)]);
         renewal["data"]["origin"] = json!("subscription_recurring");
         assert_eq!(send(&app, &renewal).await["outcome"], "issued", "{txn}");
-        assert_eq!(active(&app, txn).await.len(), 10, "{txn}");
+        assert_eq!(app.active_indexes(txn).await.len(), 10, "{txn}");
     }
 }
 
@@ -430,7 +427,11 @@ async fn a_late_success_fixes_its_own_parameters_over_a_declined_attempts() {
         reverse["data"]["id"] = json!("adj_reverse");
         reverse["data"]["action"] = json!("chargeback_reverse");
         let answer = send(&app, &reverse).await;
-        assert_eq!(active(&app, "txn_1").await.len(), 10, "{case}: {answer}");
+        assert_eq!(
+            app.active_indexes("txn_1").await.len(),
+            10,
+            "{case}: {answer}"
+        );
         assert_eq!(app.count("tokens", doc! {}).await, 10, "{case}");
     }
 }
@@ -477,8 +478,8 @@ async fn both_secrets_of_a_rotation_are_accepted() {
     assert_eq!(old.status(), 200);
     let new = send_signed(&app, &completed("evt_2", "txn_2", 1), PADDLE_NEW, now()).await;
     assert_eq!(new.status(), 200);
-    assert_eq!(active(&app, "txn_1").await, vec![0]);
-    assert_eq!(active(&app, "txn_2").await, vec![0]);
+    assert_eq!(app.active_indexes("txn_1").await, vec![0]);
+    assert_eq!(app.active_indexes("txn_2").await, vec![0]);
 }
 
 #[tokio::test]
@@ -501,7 +502,7 @@ async fn a_full_refund_before_the_completion_leaves_no_active_token() {
     send(&app, &refund("evt_r", "adj_1", "txn_1", "full", 1000)).await;
     let late = send(&app, &completed("evt_1", "txn_1", 4)).await;
     assert_ne!(late["outcome"], "issued", "{late}");
-    assert!(active(&app, "txn_1").await.is_empty());
+    assert!(app.active_indexes("txn_1").await.is_empty());
     assert_eq!(
         payment(&app, "txn_1").await.get_str("status").unwrap(),
         "refunded"
@@ -531,13 +532,19 @@ async fn partial_refunds_add_up_and_a_replayed_one_counts_once() {
     send(&app, &completed("evt_1", "txn_1", 10)).await;
     let first = send(&app, &refund("evt_r1", "adj_1", "txn_1", "partial", 250)).await;
     assert_eq!(first["tokensRevoked"], 2, "{first}");
-    assert_eq!(active(&app, "txn_1").await, (0..8).collect::<Vec<_>>());
+    assert_eq!(
+        app.active_indexes("txn_1").await,
+        (0..8).collect::<Vec<_>>()
+    );
     let second = send(&app, &refund("evt_r2", "adj_2", "txn_1", "partial", 100)).await;
     assert_eq!(
         second["tokensRevoked"], 1,
         "350 of 1000: 3 in all: {second}"
     );
-    assert_eq!(active(&app, "txn_1").await, (0..7).collect::<Vec<_>>());
+    assert_eq!(
+        app.active_indexes("txn_1").await,
+        (0..7).collect::<Vec<_>>()
+    );
 
     // The same adjustment again under another event id (adjustment.created after
     // .updated), and a crash replay (the event not yet recorded as seen).
@@ -551,7 +558,10 @@ async fn partial_refunds_add_up_and_a_replayed_one_counts_once() {
         .unwrap();
     let replayed = send(&app, &refund("evt_r2", "adj_2", "txn_1", "partial", 100)).await;
     assert_eq!(replayed["duplicate"], false);
-    assert_eq!(active(&app, "txn_1").await, (0..7).collect::<Vec<_>>());
+    assert_eq!(
+        app.active_indexes("txn_1").await,
+        (0..7).collect::<Vec<_>>()
+    );
     let stored = payment(&app, "txn_1").await;
     assert_eq!(stored.get_i64("amountRefunded").unwrap(), 350);
     assert_eq!(stored.get_array("refunds").unwrap().len(), 2);
@@ -566,7 +576,7 @@ async fn a_refund_pending_approval_changes_nothing() {
     pending["data"]["status"] = json!("pending_approval");
     let receipt = send(&app, &pending).await;
     assert_eq!(receipt["outcome"], "ignored", "{receipt}");
-    assert_eq!(active(&app, "txn_1").await, vec![0, 1]);
+    assert_eq!(app.active_indexes("txn_1").await, vec![0, 1]);
 }
 
 /// The payment's status, refunded total and number of refunds, as stored.
@@ -612,7 +622,7 @@ async fn a_partial_chargeback_revokes_its_share_and_counts_once() {
     .await;
     // floor(4 × 600 ÷ 1000) = 2: the highest tokenIndexes go.
     assert_eq!(receipt["tokensRevoked"], 2, "{receipt}");
-    assert_eq!(active(&app, "txn_1").await, vec![0, 1]);
+    assert_eq!(app.active_indexes("txn_1").await, vec![0, 1]);
     assert_eq!(
         refunds_of(&app, "txn_1").await,
         ("succeeded".to_owned(), 600, 1)
@@ -627,14 +637,14 @@ async fn a_partial_chargeback_revokes_its_share_and_counts_once() {
     let mut other = chargeback("evt_cb2", "adj_cb", "txn_1", "partial", 600);
     other["event_type"] = json!("adjustment.updated");
     send(&app, &other).await;
-    assert_eq!(active(&app, "txn_1").await, vec![0, 1]);
+    assert_eq!(app.active_indexes("txn_1").await, vec![0, 1]);
     assert_eq!(
         refunds_of(&app, "txn_1").await,
         ("succeeded".to_owned(), 600, 1)
     );
     // A refund of the rest adds up to the total with it: the payment is refunded.
     send(&app, &refund("evt_r", "adj_r", "txn_1", "partial", 400)).await;
-    assert!(active(&app, "txn_1").await.is_empty());
+    assert!(app.active_indexes("txn_1").await.is_empty());
     assert_eq!(
         refunds_of(&app, "txn_1").await,
         ("refunded".to_owned(), 1000, 2)
@@ -688,7 +698,7 @@ async fn a_chargeback_warning_is_ignored_with_its_reason() {
                 .contains("chargeback warning"),
         "{recorded}"
     );
-    assert_eq!(active(&app, "txn_1").await, vec![0, 1]);
+    assert_eq!(app.active_indexes("txn_1").await, vec![0, 1]);
     let stored = payment(&app, "txn_1").await;
     assert_eq!(stored.get_str("status").unwrap(), "succeeded");
     assert!(stored.get("refunds").is_none(), "{stored}");

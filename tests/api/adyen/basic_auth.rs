@@ -6,7 +6,7 @@ use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use mongodb::bson::doc;
 
-use super::{ADYEN, ADYEN_NEW, active, authorisation, signed_batch};
+use super::{ADYEN, ADYEN_NEW, authorisation, signed_batch};
 use crate::helpers::*;
 
 const USER: &str = "adyen-notifier";
@@ -75,7 +75,7 @@ async fn the_right_credentials_are_accepted() {
         let answer = post(&app, Some(&authorization), body).await;
         assert_eq!(answer.status(), 200);
         assert_eq!(answer.text().await.unwrap(), "[accepted]");
-        assert_eq!(active(&app, psp).await, vec![0, 1]);
+        assert_eq!(app.active_indexes(psp).await, vec![0, 1]);
     }
     // The right credentials do not stand in for the signature.
     let mut unsigned: serde_json::Value = serde_json::from_slice(&body).unwrap();

@@ -86,15 +86,6 @@ pub async fn send(app: &TestApp, items: &[Value]) {
     assert_eq!(answer.text().await.unwrap(), "[accepted]");
 }
 
-pub async fn active(app: &TestApp, payment: &str) -> Vec<i64> {
-    app.token_states(payment)
-        .await
-        .into_iter()
-        .filter(|(_, status)| status == "active")
-        .map(|(index, _)| index)
-        .collect()
-}
-
 async fn payment(app: &TestApp, psp: &str) -> Document {
     app.find_stored(
         "payments",
@@ -117,8 +108,8 @@ async fn a_batch_of_several_items_is_applied_item_by_item() {
         ],
     )
     .await;
-    assert_eq!(active(&app, "PSP_A").await, vec![0, 1]);
-    assert!(active(&app, "PSP_B").await.is_empty(), "canceled");
+    assert_eq!(app.active_indexes("PSP_A").await, vec![0, 1]);
+    assert!(app.active_indexes("PSP_B").await.is_empty(), "canceled");
     assert_eq!(app.tokens_of("PSP_B").await.len(), 3);
     assert_eq!(
         payment(&app, "PSP_A").await.get_str("accountId").unwrap(),
@@ -170,7 +161,7 @@ async fn both_keys_of_a_rotation_are_accepted() {
     for (key, psp) in [(ADYEN_OLD, "PSP_A"), (ADYEN_NEW, "PSP_B")] {
         let answer = post_batch(&app, signed_batch(&[authorisation(psp, 1)], key)).await;
         assert_eq!(answer.status(), 200);
-        assert_eq!(active(&app, psp).await, vec![0]);
+        assert_eq!(app.active_indexes(psp).await, vec![0]);
     }
 }
 
@@ -183,7 +174,7 @@ async fn a_redelivered_batch_changes_nothing() {
     ];
     send(&app, &items).await;
     let tokens = app.token_states("PSP_A").await;
-    assert_eq!(active(&app, "PSP_A").await, vec![0]);
+    assert_eq!(app.active_indexes("PSP_A").await, vec![0]);
     send(&app, &items).await;
     assert_eq!(app.token_states("PSP_A").await, tokens);
     assert_eq!(app.count("webhook_events", doc! {}).await, 2);
@@ -209,14 +200,14 @@ async fn a_refund_before_the_authorisation_is_whole_until_the_amount_is_known() 
     // ...until the authorisation names the amount: then the money decides, and a
     // quarter of 1000 takes floor(3 × 0.25) = 0 of the 3 tokens.
     send(&app, &[authorisation("PSP_A", 3)]).await;
-    assert_eq!(active(&app, "PSP_A").await, vec![0, 1, 2]);
+    assert_eq!(app.active_indexes("PSP_A").await, vec![0, 1, 2]);
     assert_eq!(
         payment(&app, "PSP_A").await.get_str("status").unwrap(),
         "succeeded"
     );
     // A second refund of the rest withdraws it whole again.
     send(&app, &[modification("REFUND", "REF_2", "PSP_A", 750)]).await;
-    assert!(active(&app, "PSP_A").await.is_empty());
+    assert!(app.active_indexes("PSP_A").await.is_empty());
     assert_eq!(
         payment(&app, "PSP_A").await.get_str("status").unwrap(),
         "refunded"
@@ -229,9 +220,15 @@ async fn partial_refunds_add_up_and_a_replayed_one_counts_once() {
     send(&app, &[authorisation("PSP_A", 10)]).await;
     send(&app, &[modification("REFUND", "REF_1", "PSP_A", 250)]).await;
     // floor(10 × 250 ÷ 1000) = 2, highest tokenIndex first.
-    assert_eq!(active(&app, "PSP_A").await, (0..8).collect::<Vec<_>>());
+    assert_eq!(
+        app.active_indexes("PSP_A").await,
+        (0..8).collect::<Vec<_>>()
+    );
     send(&app, &[modification("REFUND", "REF_2", "PSP_A", 100)]).await;
-    assert_eq!(active(&app, "PSP_A").await, (0..7).collect::<Vec<_>>());
+    assert_eq!(
+        app.active_indexes("PSP_A").await,
+        (0..7).collect::<Vec<_>>()
+    );
     // A crash between the effects and recording the event: Adyen sends it again.
     app.db
         .collection::<Document>("webhook_events")
@@ -239,13 +236,16 @@ async fn partial_refunds_add_up_and_a_replayed_one_counts_once() {
         .await
         .unwrap();
     send(&app, &[modification("REFUND", "REF_2", "PSP_A", 100)]).await;
-    assert_eq!(active(&app, "PSP_A").await, (0..7).collect::<Vec<_>>());
+    assert_eq!(
+        app.active_indexes("PSP_A").await,
+        (0..7).collect::<Vec<_>>()
+    );
     let stored = payment(&app, "PSP_A").await;
     assert_eq!(stored.get_i64("amountRefunded").unwrap(), 350);
     assert_eq!(stored.get_str("status").unwrap(), "succeeded");
     // The rest refunded: everything goes, and the payment is refunded.
     send(&app, &[modification("REFUND", "REF_3", "PSP_A", 650)]).await;
-    assert!(active(&app, "PSP_A").await.is_empty());
+    assert!(app.active_indexes("PSP_A").await.is_empty());
     assert_eq!(
         payment(&app, "PSP_A").await.get_str("status").unwrap(),
         "refunded"

@@ -47,13 +47,7 @@ async fn refunded_long_ago(app: &TestApp, payment: &str) {
 async fn active_once(app: &TestApp, payment: &str, want: &[i64], within: Duration) -> Vec<i64> {
     let deadline = Instant::now() + within;
     loop {
-        let active: Vec<i64> = app
-            .token_states(payment)
-            .await
-            .into_iter()
-            .filter(|(_, status)| status == "active")
-            .map(|(index, _)| index)
-            .collect();
+        let active = app.active_indexes(payment).await;
         if active == want || Instant::now() > deadline {
             return active;
         }

@@ -7,9 +7,7 @@ use mongodb::bson::doc;
 use serde_json::{Value, json};
 
 use super::{adyen_capture, adyen_manual};
-use crate::adyen::{
-    ADYEN, ADYEN_NEW, active, authorisation, modification, post_batch, send, signed_batch,
-};
+use crate::adyen::{ADYEN, ADYEN_NEW, authorisation, modification, post_batch, send, signed_batch};
 use crate::helpers::*;
 use crate::provider_events::payment_status;
 
@@ -49,7 +47,7 @@ async fn under_manual_capture_the_capture_issues_the_authorisations_tokens() {
     let capture = at("CAPTURE", "CAP_1", "PSP_M", "2026-11-30T15:00:00Z");
     send(&app, std::slice::from_ref(&capture)).await;
     assert_eq!(outcome(&app, "CAPTURE:CAP_1:true").await, "issued");
-    assert_eq!(active(&app, "PSP_M").await, vec![0, 1, 2]);
+    assert_eq!(app.active_indexes("PSP_M").await, vec![0, 1, 2]);
     assert_eq!(payment_status(&app, "PSP_M").await.0, "succeeded");
     // Redelivered, both change nothing.
     send(&app, &[authorisation("PSP_M", 3), capture]).await;
@@ -73,12 +71,15 @@ async fn partial_captures_add_up_to_the_payment_a_refund_is_judged_against() {
         .find_stored("payments", doc! { "paymentIntentId": "PSP_PC" })
         .await;
     assert_eq!(stored_int(&payment, "amount"), Some(1000), "{payment}");
-    assert_eq!(active(&app, "PSP_PC").await, (0..10).collect::<Vec<i64>>());
+    assert_eq!(
+        app.active_indexes("PSP_PC").await,
+        (0..10).collect::<Vec<i64>>()
+    );
     // A refund of 700 of the 1000 captured keeps 3 of the 10 tokens.
     let mut refund = modification("REFUND", "REF_PC", "PSP_PC", 700);
     refund["eventDate"] = json!("2026-11-30T17:00:00Z");
     send(&app, &[refund]).await;
-    assert_eq!(active(&app, "PSP_PC").await, vec![0, 1, 2]);
+    assert_eq!(app.active_indexes("PSP_PC").await, vec![0, 1, 2]);
     assert_eq!(payment_status(&app, "PSP_PC").await.0, "succeeded");
 }
 
@@ -128,11 +129,14 @@ async fn a_capture_part_recorded_before_a_failure_counts_once_when_delivered_aga
     assert_eq!(stored_int(&payment, "amount"), Some(1000), "{payment}");
     assert_eq!(payment.get_array("captures").unwrap().len(), 2);
     assert_eq!(app.count_records(doc! {}).await, 1);
-    assert_eq!(active(&app, "PSP_CF").await, (0..10).collect::<Vec<i64>>());
+    assert_eq!(
+        app.active_indexes("PSP_CF").await,
+        (0..10).collect::<Vec<i64>>()
+    );
     let mut refund = modification("REFUND", "REF_CF", "PSP_CF", 700);
     refund["eventDate"] = json!("2026-11-30T17:00:00Z");
     send(&app, &[refund]).await;
-    assert_eq!(active(&app, "PSP_CF").await, vec![0, 1, 2]);
+    assert_eq!(app.active_indexes("PSP_CF").await, vec![0, 1, 2]);
 }
 
 #[tokio::test]
@@ -147,7 +151,7 @@ async fn a_capture_before_its_authorisation_issues_once_the_parameters_arrive() 
     assert_eq!(app.count("tokens", doc! {}).await, 0);
     send(&app, &[authorisation("PSP_O", 2)]).await;
     assert_eq!(outcome(&app, "AUTHORISATION:PSP_O:true").await, "issued");
-    assert_eq!(active(&app, "PSP_O").await, vec![0, 1]);
+    assert_eq!(app.active_indexes("PSP_O").await, vec![0, 1]);
     assert_eq!(
         payment_status(&app, "PSP_O").await.0,
         "succeeded",
@@ -164,7 +168,7 @@ async fn a_failed_capture_takes_the_tokens_back() {
         &[at("CAPTURE", "CAP_1", "PSP_F", "2026-11-30T15:00:00Z")],
     )
     .await;
-    assert_eq!(active(&app, "PSP_F").await, vec![0, 1, 2]);
+    assert_eq!(app.active_indexes("PSP_F").await, vec![0, 1, 2]);
     // Days later the card scheme rejects the capture.
     send(
         &app,
@@ -177,7 +181,7 @@ async fn a_failed_capture_takes_the_tokens_back() {
     )
     .await;
     assert_eq!(outcome(&app, "CAPTURE_FAILED:CAP_1:true").await, "revoked");
-    assert!(active(&app, "PSP_F").await.is_empty());
+    assert!(app.active_indexes("PSP_F").await.is_empty());
     for token in app.tokens_of("PSP_F").await {
         assert_eq!(token.get_str("revocationReason").unwrap(), "failed");
     }
@@ -193,7 +197,7 @@ async fn a_failed_capture_takes_the_tokens_back() {
         &[at("CAPTURE", "CAP_1", "PSP_F", "2026-11-30T15:00:00Z")],
     )
     .await;
-    assert!(active(&app, "PSP_F").await.is_empty());
+    assert!(app.active_indexes("PSP_F").await.is_empty());
     assert_eq!(payment_status(&app, "PSP_F").await.0, "failed");
     let mut body = issuance_body("PSP_F", 3);
     body["provider"] = json!("adyen");
@@ -249,14 +253,14 @@ async fn an_authorisation_canceled_before_its_capture_issues_nothing() {
 async fn under_automatic_capture_a_capture_is_no_news_and_a_failed_one_revokes() {
     let app = spawn_app_with(ADYEN).await;
     send(&app, &[authorisation("PSP_A", 2)]).await;
-    assert_eq!(active(&app, "PSP_A").await, vec![0, 1]);
+    assert_eq!(app.active_indexes("PSP_A").await, vec![0, 1]);
     send(
         &app,
         &[at("CAPTURE", "CAP_1", "PSP_A", "2026-11-30T15:00:00Z")],
     )
     .await;
     assert_eq!(outcome(&app, "CAPTURE:CAP_1:true").await, "ignored");
-    assert_eq!(active(&app, "PSP_A").await, vec![0, 1]);
+    assert_eq!(app.active_indexes("PSP_A").await, vec![0, 1]);
     send(
         &app,
         &[at(
@@ -267,7 +271,7 @@ async fn under_automatic_capture_a_capture_is_no_news_and_a_failed_one_revokes()
         )],
     )
     .await;
-    assert!(active(&app, "PSP_A").await.is_empty());
+    assert!(app.active_indexes("PSP_A").await.is_empty());
     assert_eq!(payment_status(&app, "PSP_A").await.0, "failed");
 }
 

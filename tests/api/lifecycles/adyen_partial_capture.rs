@@ -9,9 +9,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use super::{adyen_capture, adyen_manual};
-use crate::adyen::{
-    ADYEN_NEW, active, authorisation, modification, post_batch, send, signed_batch,
-};
+use crate::adyen::{ADYEN_NEW, authorisation, modification, post_batch, send, signed_batch};
 use crate::helpers::*;
 use crate::provider_events::payment_status;
 
@@ -68,7 +66,10 @@ async fn a_payment_captured_in_part_keeps_only_the_tokens_its_capture_paid_for()
         .find_stored("webhook_events", doc! { "eventId": "CAPTURE:CAP_P:true" })
         .await;
     assert_eq!(recorded.get_str("outcome").unwrap(), "issued", "{recorded}");
-    assert_eq!(active(&app, "PSP_P").await, (0..6).collect::<Vec<i64>>());
+    assert_eq!(
+        app.active_indexes("PSP_P").await,
+        (0..6).collect::<Vec<i64>>()
+    );
     assert_eq!(revoked(&app, "PSP_P").await, partly_refunded(6..10));
     // Written revoked: never active, not even for the moment before a settle.
     for token in app.tokens_of("PSP_P").await {
@@ -86,13 +87,13 @@ async fn a_payment_captured_in_part_keeps_only_the_tokens_its_capture_paid_for()
     let mut refund = modification("REFUND", "REF_P", "PSP_P", 300);
     refund["eventDate"] = json!("2026-11-30T17:00:00Z");
     send(&app, &[refund]).await;
-    assert_eq!(active(&app, "PSP_P").await, vec![0, 1, 2]);
+    assert_eq!(app.active_indexes("PSP_P").await, vec![0, 1, 2]);
     assert_eq!(payment_status(&app, "PSP_P").await.0, "succeeded");
     // The rest of what was captured: nothing stands, the payment is refunded.
     let mut rest = modification("REFUND", "REF_P2", "PSP_P", 300);
     rest["eventDate"] = json!("2026-11-30T18:00:00Z");
     send(&app, &[rest]).await;
-    assert!(active(&app, "PSP_P").await.is_empty());
+    assert!(app.active_indexes("PSP_P").await.is_empty());
     assert_eq!(payment_status(&app, "PSP_P").await.0, "refunded");
 }
 
@@ -104,7 +105,7 @@ async fn a_later_capture_brings_back_the_tokens_it_pays_for() {
     send(&app, &[authorisation("PSP_L", 10)]).await;
     let first = adyen_capture("CAP_L1", "PSP_L", 300, "2026-11-30T15:00:00Z");
     send(&app, std::slice::from_ref(&first)).await;
-    assert_eq!(active(&app, "PSP_L").await, vec![0, 1, 2]);
+    assert_eq!(app.active_indexes("PSP_L").await, vec![0, 1, 2]);
     send(
         &app,
         &[adyen_capture(
@@ -115,7 +116,10 @@ async fn a_later_capture_brings_back_the_tokens_it_pays_for() {
         )],
     )
     .await;
-    assert_eq!(active(&app, "PSP_L").await, (0..8).collect::<Vec<i64>>());
+    assert_eq!(
+        app.active_indexes("PSP_L").await,
+        (0..8).collect::<Vec<i64>>()
+    );
     assert_eq!(revoked(&app, "PSP_L").await, partly_refunded(8..10));
     // The first capture again, after its dedupe record expired: counted once.
     app.db
@@ -124,7 +128,10 @@ async fn a_later_capture_brings_back_the_tokens_it_pays_for() {
         .await
         .unwrap();
     send(&app, &[first]).await;
-    assert_eq!(active(&app, "PSP_L").await, (0..8).collect::<Vec<i64>>());
+    assert_eq!(
+        app.active_indexes("PSP_L").await,
+        (0..8).collect::<Vec<i64>>()
+    );
     send(
         &app,
         &[adyen_capture(
@@ -135,7 +142,10 @@ async fn a_later_capture_brings_back_the_tokens_it_pays_for() {
         )],
     )
     .await;
-    assert_eq!(active(&app, "PSP_L").await, (0..10).collect::<Vec<i64>>());
+    assert_eq!(
+        app.active_indexes("PSP_L").await,
+        (0..10).collect::<Vec<i64>>()
+    );
     assert_eq!(app.count_records(doc! {}).await, 1);
     // `verify` checks a payment captured in parts: a token left revoked although the
     // captures paid for it is reported.
@@ -149,7 +159,10 @@ async fn a_later_capture_brings_back_the_tokens_it_pays_for() {
     let repaired = run_command(&mongo_uri(), &app.db_name, &["verify", "--repair"], &[]).await;
     let printed = String::from_utf8_lossy(&repaired.stdout);
     assert_eq!(repaired.status.code(), Some(0), "{printed}");
-    assert_eq!(active(&app, "PSP_L").await, (0..10).collect::<Vec<i64>>());
+    assert_eq!(
+        app.active_indexes("PSP_L").await,
+        (0..10).collect::<Vec<i64>>()
+    );
     assert!(app.store().await.verify().await.unwrap().is_clean());
 }
 
@@ -188,7 +201,7 @@ async fn a_whole_withdrawal_after_a_capture_in_part_takes_back_only_what_was_cap
             )],
         )
         .await;
-        assert!(active(&app, payment).await.is_empty(), "{payment}");
+        assert!(app.active_indexes(payment).await.is_empty(), "{payment}");
         assert_eq!(payment_status(&app, payment).await.0, "refunded");
         let given_back = if kept == 6 { 600 } else { 300 };
         send(
@@ -200,7 +213,7 @@ async fn a_whole_withdrawal_after_a_capture_in_part_takes_back_only_what_was_cap
         )
         .await;
         assert_eq!(
-            active(&app, payment).await,
+            app.active_indexes(payment).await,
             (0..kept).collect::<Vec<i64>>(),
             "{payment}"
         );
@@ -219,7 +232,10 @@ async fn a_capture_in_part_before_its_authorisation_issues_only_its_share() {
     .await;
     assert_eq!(app.count("tokens", doc! {}).await, 0, "no metadata yet");
     send(&app, &[authorisation("PSP_E", 10)]).await;
-    assert_eq!(active(&app, "PSP_E").await, (0..5).collect::<Vec<i64>>());
+    assert_eq!(
+        app.active_indexes("PSP_E").await,
+        (0..5).collect::<Vec<i64>>()
+    );
     assert_eq!(revoked(&app, "PSP_E").await, partly_refunded(5..10));
     assert_eq!(payment_status(&app, "PSP_E").await.0, "succeeded");
     // `verify` holds it to what was captured: a token of the rest made active behind the
@@ -248,7 +264,7 @@ async fn a_capture_of_more_than_was_authorised_keeps_every_token() {
         send(&app, &[first]).await;
         send(&app, &[second]).await;
         let all: Vec<i64> = (0..10).collect();
-        assert_eq!(active(&app, "PSP_O").await, all, "{authorised_first}");
+        assert_eq!(app.active_indexes("PSP_O").await, all, "{authorised_first}");
         let stored = app
             .find_stored("payments", doc! { "paymentIntentId": "PSP_O" })
             .await;
@@ -262,7 +278,11 @@ async fn a_capture_of_more_than_was_authorised_keeps_every_token() {
         refund["eventDate"] = json!("2026-11-30T17:00:00Z");
         send(&app, &[refund]).await;
         let half: Vec<i64> = (0..5).collect();
-        assert_eq!(active(&app, "PSP_O").await, half, "{authorised_first}");
+        assert_eq!(
+            app.active_indexes("PSP_O").await,
+            half,
+            "{authorised_first}"
+        );
     }
 }
 
@@ -284,7 +304,7 @@ async fn a_capture_in_part_whose_tokens_failed_to_be_written_issues_its_share_wh
     assert_ne!(refused.text().await.unwrap(), "[accepted]");
     assert_eq!(app.count("tokens", doc! {}).await, 0);
     send(&app, &[part]).await;
-    assert_eq!(active(&app, "PSP_W").await, vec![0, 1, 2, 3]);
+    assert_eq!(app.active_indexes("PSP_W").await, vec![0, 1, 2, 3]);
     assert_eq!(revoked(&app, "PSP_W").await, partly_refunded(4..10));
     assert_eq!(app.count_records(doc! {}).await, 1);
 }
@@ -330,7 +350,10 @@ async fn a_capture_completing_the_payment_while_the_first_ones_tokens_settle_lea
         // The race this is about: the second capture's settle ran while the first's
         // revoke was still held up.
         assert!(!first_answered.load(std::sync::atomic::Ordering::SeqCst));
-        assert_eq!(active(&app, "PSP_X").await, (0..10).collect::<Vec<i64>>());
+        assert_eq!(
+            app.active_indexes("PSP_X").await,
+            (0..10).collect::<Vec<i64>>()
+        );
     };
     let first = [adyen_capture(
         "CAP_X1",
@@ -344,7 +367,10 @@ async fn a_capture_completing_the_payment_while_the_first_ones_tokens_settle_lea
     };
     tokio::join!(first_capture, rest);
     assert_eq!(held.off().await, 1);
-    assert_eq!(active(&app, "PSP_X").await, (0..10).collect::<Vec<i64>>());
+    assert_eq!(
+        app.active_indexes("PSP_X").await,
+        (0..10).collect::<Vec<i64>>()
+    );
     let record = app
         .find_stored("issuances", doc! { "paymentIntentId": "PSP_X" })
         .await;
@@ -368,7 +394,10 @@ async fn an_older_capture_part_delivered_late_reports_the_tokens_it_brought_back
         )],
     )
     .await;
-    assert_eq!(active(&app, "PSP_Z").await, (0..7).collect::<Vec<i64>>());
+    assert_eq!(
+        app.active_indexes("PSP_Z").await,
+        (0..7).collect::<Vec<i64>>()
+    );
     send(
         &app,
         &[adyen_capture(
@@ -379,7 +408,10 @@ async fn an_older_capture_part_delivered_late_reports_the_tokens_it_brought_back
         )],
     )
     .await;
-    assert_eq!(active(&app, "PSP_Z").await, (0..10).collect::<Vec<i64>>());
+    assert_eq!(
+        app.active_indexes("PSP_Z").await,
+        (0..10).collect::<Vec<i64>>()
+    );
     let recorded = app
         .find_stored("webhook_events", doc! { "eventId": "CAPTURE:CAP_Z1:true" })
         .await;
@@ -417,7 +449,7 @@ async fn a_later_capture_whose_tokens_cannot_be_brought_back_does_so_when_sent_a
         )],
     )
     .await;
-    assert_eq!(active(&app, "PSP_B").await, vec![0, 1, 2]);
+    assert_eq!(app.active_indexes("PSP_B").await, vec![0, 1, 2]);
     let later = adyen_capture("CAP_B2", "PSP_B", 700, "2026-11-30T16:00:00Z");
     let tokens = format!("{}.tokens", app.db_name);
     let failing = FailPoint::always_on(&name, &["update"], &tokens, Fault::error(91)).await;
@@ -432,10 +464,13 @@ async fn a_later_capture_whose_tokens_cannot_be_brought_back_does_so_when_sent_a
         Some(1000),
         "the part was recorded"
     );
-    assert_eq!(active(&app, "PSP_B").await, vec![0, 1, 2]);
+    assert_eq!(app.active_indexes("PSP_B").await, vec![0, 1, 2]);
 
     send(&app, &[later]).await;
-    assert_eq!(active(&app, "PSP_B").await, (0..10).collect::<Vec<i64>>());
+    assert_eq!(
+        app.active_indexes("PSP_B").await,
+        (0..10).collect::<Vec<i64>>()
+    );
     let payment = app
         .find_stored("payments", doc! { "paymentIntentId": "PSP_B" })
         .await;

@@ -118,7 +118,7 @@ async fn a_live_adyen_endpoint_ignores_every_item_of_a_test_batch() {
     let live = [authorisation("PSP_C", 2)];
     let answer = adyen::post_batch(&app, adyen_batch(&live, "true")).await;
     assert_eq!(answer.status(), 200);
-    assert_eq!(adyen::active(&app, "PSP_C").await, vec![0, 1]);
+    assert_eq!(app.active_indexes("PSP_C").await, vec![0, 1]);
 }
 
 #[test]

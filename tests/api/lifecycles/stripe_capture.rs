@@ -57,6 +57,12 @@ fn charge_refunded(
     })
 }
 
+/// Delivers `event`, signed, and checks it was answered 200.
+async fn deliver(app: &TestApp, event: &Value) {
+    let status = deliver_stripe(app, event).await.status();
+    assert_eq!(status, 200, "{}", event["id"]);
+}
+
 /// (tokenIndex, status) of `payment`'s tokens.
 async fn states(app: &TestApp, payment: &str) -> Vec<(i64, String)> {
     app.token_states(payment).await
@@ -155,7 +161,7 @@ async fn before_2025_03_31_the_release_is_the_charges_refund_and_counts_once() {
             [release, success]
         };
         for event in &events {
-            assert_eq!(deliver_stripe(&app, event).await.status(), 200, "{order}");
+            deliver(&app, event).await;
         }
         assert_eq!(states(&app, payment).await, half(), "{order}");
         assert_eq!(
@@ -164,15 +170,6 @@ async fn before_2025_03_31_the_release_is_the_charges_refund_and_counts_once() {
             "{order}"
         );
     }
-}
-
-/// How many of `payment`'s tokens are active.
-async fn active(app: &TestApp, payment: &str) -> usize {
-    let states = states(app, payment).await;
-    states
-        .iter()
-        .filter(|(_, status)| status == "active")
-        .count()
 }
 
 #[tokio::test]
@@ -190,8 +187,8 @@ async fn a_capture_that_made_no_refund_is_taken_back_whatever_the_events_version
     // A refund of 250 of the 500 captured: less than the 500 released, so the charge's
     // total cannot hold the release, and 750 of the 1000 are withdrawn.
     let refund = charge_refunded("2024-06-20", "evt_sdk_newer_r", payment, 500, 250, false);
-    assert_eq!(deliver_stripe(&app, &refund).await.status(), 200);
-    assert_eq!(active(&app, payment).await, 1);
+    deliver(&app, &refund).await;
+    assert_eq!(app.active_indexes(payment).await.len(), 1);
     assert_eq!(payment_status(&app, payment).await.0, "succeeded");
     let stored = app
         .find_stored("payments", doc! { "paymentIntentId": payment })
@@ -217,9 +214,9 @@ async fn a_release_the_charge_counted_as_a_refund_counts_once_whatever_the_event
             [release, success]
         };
         for event in &events {
-            assert_eq!(deliver_stripe(&app, event).await.status(), 200, "{order}");
+            deliver(&app, event).await;
         }
-        assert_eq!(active(&app, payment).await, 4, "{order}");
+        assert_eq!(app.active_indexes(payment).await.len(), 4, "{order}");
         assert_eq!(
             payment_status(&app, payment).await.0,
             "succeeded",
@@ -247,12 +244,12 @@ async fn a_release_the_charge_counted_as_a_refund_counts_once_whatever_the_event
             700,
             false,
         );
-        assert_eq!(deliver_stripe(&app, &refund).await.status(), 200, "{order}");
-        assert_eq!(active(&app, payment).await, 3, "{order}");
+        deliver(&app, &refund).await;
+        assert_eq!(app.active_indexes(payment).await.len(), 3, "{order}");
         // That refund fails: its 100 comes back, and the release still counts once.
         let failed = refund_failed(&format!("evt_{payment}_f"), payment, "re_1", 100);
-        assert_eq!(deliver_stripe(&app, &failed).await.status(), 200, "{order}");
-        assert_eq!(active(&app, payment).await, 4, "{order}");
+        deliver(&app, &failed).await;
+        assert_eq!(app.active_indexes(payment).await.len(), 4, "{order}");
     }
 }
 
@@ -278,8 +275,12 @@ async fn a_total_once_shown_to_hold_no_release_is_never_guessed_to_hold_it() {
     let app = app().await;
     let payment = "pi_proof";
     let success = captured_in("2024-06-20", "evt_proof", payment, 700, "10");
-    assert_eq!(deliver_stripe(&app, &success).await.status(), 200);
-    assert_eq!(active(&app, payment).await, 7, "300 of 1000 released");
+    deliver(&app, &success).await;
+    assert_eq!(
+        app.active_indexes(payment).await.len(),
+        7,
+        "300 of 1000 released"
+    );
     let steps = [(100, 6), (350, 4), (700, 0)];
     for (refunded, standing) in steps {
         let report = charge_refunded(
@@ -290,8 +291,12 @@ async fn a_total_once_shown_to_hold_no_release_is_never_guessed_to_hold_it() {
             refunded,
             refunded == 700,
         );
-        assert_eq!(deliver_stripe(&app, &report).await.status(), 200);
-        assert_eq!(active(&app, payment).await, standing, "refunded {refunded}");
+        deliver(&app, &report).await;
+        assert_eq!(
+            app.active_indexes(payment).await.len(),
+            standing,
+            "refunded {refunded}"
+        );
     }
 }
 
@@ -303,7 +308,7 @@ async fn a_charge_captured_in_part_refunded_whole_then_given_back_stands_for_its
     assert_eq!(states(&app, payment).await, half());
     // All it captured refunded: `refunded: true` of 500, with the release the whole.
     let refunded = charge_refunded(BASIL, "evt_cr_r", payment, 500, 500, true);
-    assert_eq!(deliver_stripe(&app, &refunded).await.status(), 200);
+    deliver(&app, &refunded).await;
     assert_eq!(
         states(&app, payment).await,
         indexed_statuses(&["revoked"; 4])
@@ -319,7 +324,7 @@ async fn a_charge_captured_in_part_refunded_whole_then_given_back_stands_for_its
             "failure_reason": "expired_or_canceled_card",
         } },
     });
-    assert_eq!(deliver_stripe(&app, &failed).await.status(), 200);
+    deliver(&app, &failed).await;
     assert_eq!(states(&app, payment).await, half());
     assert_eq!(payment_status(&app, payment).await.0, "succeeded");
 }
@@ -334,7 +339,7 @@ async fn a_release_reported_by_a_success_held_back_is_taken_back_all_the_same() 
     let metadata = json!({ "tokenmint_owner": OWNER, "tokenmint_token_type": "standard",
         "tokenmint_quantity": "4" });
     let session = session_event("evt_cs_cap", "completed", payment, "paid", now(), metadata);
-    assert_eq!(deliver_stripe(&app, &session).await.status(), 200);
+    deliver(&app, &session).await;
     assert_eq!(
         states(&app, payment).await,
         indexed_statuses(&["active"; 4])
@@ -374,10 +379,10 @@ async fn a_charge_refunded_whole_for_less_than_its_amount_holds_no_release() {
     let app = app().await;
     let payment = "pi_whole";
     let success = captured_in("2024-06-20", "evt_whole", payment, 700, "10");
-    assert_eq!(deliver_stripe(&app, &success).await.status(), 200);
+    deliver(&app, &success).await;
     let refunded = charge_refunded("2024-06-20", "evt_whole_r", payment, 700, 700, true);
-    assert_eq!(deliver_stripe(&app, &refunded).await.status(), 200);
-    assert_eq!(active(&app, payment).await, 0);
+    deliver(&app, &refunded).await;
+    assert_eq!(app.active_indexes(payment).await.len(), 0);
     assert_eq!(payment_status(&app, payment).await.0, "refunded");
 }
 
@@ -390,24 +395,24 @@ async fn a_report_made_between_the_parts_of_a_capture_proves_nothing_of_the_last
     let app = app().await;
     let payment = "pi_parts";
     let between = charge_refunded("2024-06-20", "evt_parts_r1", payment, 300, 100, false);
-    assert_eq!(deliver_stripe(&app, &between).await.status(), 200);
+    deliver(&app, &between).await;
     let mut last = charge_refunded("2024-06-20", "evt_parts_r2", payment, 800, 300, false);
     last["created"] = json!(now() + 1);
-    assert_eq!(deliver_stripe(&app, &last).await.status(), 200);
+    deliver(&app, &last).await;
     let success = captured_in("2024-06-20", "evt_parts", payment, 800, "10");
-    assert_eq!(deliver_stripe(&app, &success).await.status(), 200);
+    deliver(&app, &success).await;
     // 200 released and 100 refunded of 1000: 7 of 10 stand.
-    assert_eq!(active(&app, payment).await, 7);
+    assert_eq!(app.active_indexes(payment).await.len(), 7);
 
     // 600 captured, 450 refunded; the last part brings it to 700, and its success comes
     // before the charge's next report: the 400 the first report saw uncaptured was never
     // released, only the last 300 were. 450 and 300 of 1000: 3 of 10 stand.
     let payment = "pi_parts_2";
     let between = charge_refunded("2024-06-20", "evt_parts2_r1", payment, 600, 450, false);
-    assert_eq!(deliver_stripe(&app, &between).await.status(), 200);
+    deliver(&app, &between).await;
     let success = captured_in("2024-06-20", "evt_parts2", payment, 700, "10");
-    assert_eq!(deliver_stripe(&app, &success).await.status(), 200);
-    assert_eq!(active(&app, payment).await, 3);
+    deliver(&app, &success).await;
+    assert_eq!(app.active_indexes(payment).await.len(), 3);
 }
 
 #[tokio::test]
@@ -420,7 +425,7 @@ async fn the_guess_is_the_first_report_of_the_capture_whatever_order_they_arrive
     for (order, payment) in [("in order", "pi_guess_1"), ("late first", "pi_guess_2")] {
         let app = app().await;
         let success = captured_in("2024-06-20", &format!("evt_{payment}"), payment, 700, "10");
-        assert_eq!(deliver_stripe(&app, &success).await.status(), 200);
+        deliver(&app, &success).await;
         let first = charge_refunded(
             "2024-06-20",
             &format!("evt_{payment}_1"),
@@ -438,10 +443,10 @@ async fn the_guess_is_the_first_report_of_the_capture_whatever_order_they_arrive
             [upgraded, first]
         };
         for report in &reports {
-            assert_eq!(deliver_stripe(&app, report).await.status(), 200, "{order}");
+            deliver(&app, report).await;
         }
         // 300 released and 100 refunded: 6 of 10 stand.
-        assert_eq!(active(&app, payment).await, 6, "{order}");
+        assert_eq!(app.active_indexes(payment).await.len(), 6, "{order}");
     }
 }
 
@@ -452,17 +457,42 @@ async fn a_report_that_says_nothing_of_the_release_keeps_what_the_others_said() 
     let app = app().await;
     let payment = "pi_silent";
     let success = captured_in(BASIL, "evt_silent", payment, 400, "10");
-    assert_eq!(deliver_stripe(&app, &success).await.status(), 200);
+    deliver(&app, &success).await;
     let release = charge_refunded(BASIL, "evt_silent_1", payment, 400, 600, false);
-    assert_eq!(deliver_stripe(&app, &release).await.status(), 200);
-    assert_eq!(active(&app, payment).await, 4);
+    deliver(&app, &release).await;
+    assert_eq!(app.active_indexes(payment).await.len(), 4);
     let mut silent = charge_refunded(BASIL, "evt_silent_2", payment, 400, 700, false);
     silent["data"]["object"]
         .as_object_mut()
         .unwrap()
         .remove("amount_captured");
     silent["created"] = json!(now() + 1);
-    assert_eq!(deliver_stripe(&app, &silent).await.status(), 200);
+    deliver(&app, &silent).await;
     // 600 released and 100 refunded: 3 of 10 stand.
-    assert_eq!(active(&app, payment).await, 3);
+    assert_eq!(app.active_indexes(payment).await.len(), 3);
+}
+
+#[tokio::test]
+async fn a_charge_report_whose_write_fails_counts_its_release_once_when_sent_again() {
+    // The success recorded the release (600 of 1000); the charge's report, whose total
+    // holds it, fails to be written (both of the driver's tries): 5xx, the payment as it
+    // was, and Stripe's redelivery counts the release once.
+    let name = unique_app_name();
+    let app = spawn_app_named(&name, PROVIDERS).await;
+    let payment = "pi_report_fail";
+    deliver(&app, &captured_in(BASIL, "evt_rf", payment, 400, "10")).await;
+    assert_eq!(app.active_indexes(payment).await.len(), 4);
+    let report = charge_refunded(BASIL, "evt_rf_r", payment, 400, 700, false);
+    let payments = format!("{}.payments", app.db_name);
+    let failpoint =
+        FailPoint::set_on(&name, &["findAndModify"], &payments, Fault::error(91), 2).await;
+    let answer = deliver_stripe(&app, &report).await;
+    assert!(failpoint.off().await > 0, "the report was never refused");
+    assert!(answer.status().is_server_error(), "{}", answer.status());
+    assert_eq!(app.active_indexes(payment).await.len(), 4);
+    deliver(&app, &report).await;
+    // 600 released and 100 refunded: 3 of 10 stand.
+    assert_eq!(app.active_indexes(payment).await.len(), 3);
+    let report = app.store().await.verify().await.unwrap();
+    assert!(report.is_clean(), "{report}");
 }

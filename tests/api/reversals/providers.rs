@@ -49,11 +49,11 @@ async fn an_adyen_chargeback_reversed_makes_the_payment_stand_again() {
         .map(|t| t.get_object_id("_id").unwrap())
         .collect();
     adyen::send(&app, &[modification("CHARGEBACK", "CB_1", "PSP_A", 1000)]).await;
-    assert!(adyen::active(&app, "PSP_A").await.is_empty());
+    assert!(app.active_indexes("PSP_A").await.is_empty());
     assert_eq!(payment_status(&app, "PSP_A").await, "refunded");
 
     adyen::send(&app, &[chargeback_reversed("CB_1", "PSP_A", 1000)]).await;
-    assert_eq!(adyen::active(&app, "PSP_A").await, vec![0, 1, 2]);
+    assert_eq!(app.active_indexes("PSP_A").await, vec![0, 1, 2]);
     let now: Vec<_> = app
         .tokens_of("PSP_A")
         .await
@@ -82,7 +82,7 @@ async fn an_adyen_chargeback_reversed_makes_the_payment_stand_again() {
     let mut replayed = modification("CHARGEBACK", "CB_1", "PSP_A", 1000);
     replayed["eventDate"] = json!("2027-01-30T12:00:00+01:00");
     adyen::send(&app, &[replayed]).await;
-    assert_eq!(adyen::active(&app, "PSP_A").await, vec![0, 1, 2]);
+    assert_eq!(app.active_indexes("PSP_A").await, vec![0, 1, 2]);
     assert_eq!(payment_status(&app, "PSP_A").await, "succeeded");
     // And the reversal replayed with other unsigned fields counts once.
     expire(&app, "CHARGEBACK_REVERSED:CB_1:true").await;
@@ -92,7 +92,7 @@ async fn an_adyen_chargeback_reversed_makes_the_payment_stand_again() {
     adyen::send(&app, &[again]).await;
     let stored = payment(&app, "PSP_A").await;
     assert_eq!(stored.get_array("reversals").unwrap().len(), 1, "{stored}");
-    assert_eq!(adyen::active(&app, "PSP_A").await, vec![0, 1, 2]);
+    assert_eq!(app.active_indexes("PSP_A").await, vec![0, 1, 2]);
     verify_clean(&app).await;
 }
 
@@ -106,7 +106,7 @@ async fn an_adyen_reversal_before_its_chargeback_converges() {
     )
     .await;
     adyen::send(&app, &[modification("CHARGEBACK", "CB_2", "PSP_B", 1000)]).await;
-    assert_eq!(adyen::active(&app, "PSP_B").await, vec![0, 1]);
+    assert_eq!(app.active_indexes("PSP_B").await, vec![0, 1]);
     assert_eq!(payment_status(&app, "PSP_B").await, "succeeded");
     verify_clean(&app).await;
 }
@@ -123,17 +123,17 @@ async fn adyen_failed_and_reversed_refunds_give_their_amount_back() {
         ],
     )
     .await;
-    assert_eq!(adyen::active(&app, "PSP_C").await, vec![0]);
+    assert_eq!(app.active_indexes("PSP_C").await, vec![0]);
     // RF_1 failed at the card scheme: its 500 back, floor(4 × 250 ÷ 1000) = 1 revoked.
     adyen::send(&app, &[modification("REFUND_FAILED", "RF_1", "PSP_C", 500)]).await;
-    assert_eq!(adyen::active(&app, "PSP_C").await, vec![0, 1, 2]);
+    assert_eq!(app.active_indexes("PSP_C").await, vec![0, 1, 2]);
     // RF_2's money came back to the merchant's account.
     adyen::send(
         &app,
         &[modification("REFUNDED_REVERSED", "RF_2", "PSP_C", 250)],
     )
     .await;
-    assert_eq!(adyen::active(&app, "PSP_C").await, vec![0, 1, 2, 3]);
+    assert_eq!(app.active_indexes("PSP_C").await, vec![0, 1, 2, 3]);
     // A reversal never gives back more than its refund: RF_3's failure reported for
     // 900 gives back RF_3's 500, and RF_4's 250 stays taken: one token revoked.
     adyen::send(
@@ -144,7 +144,7 @@ async fn adyen_failed_and_reversed_refunds_give_their_amount_back() {
         ],
     )
     .await;
-    assert_eq!(adyen::active(&app, "PSP_C").await, vec![0]);
+    assert_eq!(app.active_indexes("PSP_C").await, vec![0]);
     adyen::send(&app, &[modification("REFUND_FAILED", "RF_3", "PSP_C", 900)]).await;
     assert_eq!(
         statuses(&app, "PSP_C").await,
@@ -162,16 +162,16 @@ async fn a_paddle_chargeback_reverse_gives_the_chargeback_back() {
         &paddle::chargeback("evt_cb", "adj_cb", "txn_1", "partial", 500),
     )
     .await;
-    assert_eq!(paddle::active(&app, "txn_1").await, vec![0, 1]);
+    assert_eq!(app.active_indexes("txn_1").await, vec![0, 1]);
     let receipt = paddle::send(&app, &paddle_chargeback_reverse("txn_1")).await;
     assert_eq!(receipt["outcome"], "reinstated", "{receipt}");
     assert_eq!(receipt["tokensReactivated"], 2, "{receipt}");
-    assert_eq!(paddle::active(&app, "txn_1").await, vec![0, 1, 2, 3]);
+    assert_eq!(app.active_indexes("txn_1").await, vec![0, 1, 2, 3]);
     // A chargeback warning moves no money.
     let mut warning = paddle::chargeback("evt_w", "adj_w", "txn_1", "full", 1000);
     warning["data"]["action"] = json!("chargeback_warning");
     assert_eq!(paddle::send(&app, &warning).await["outcome"], "ignored");
-    assert_eq!(paddle::active(&app, "txn_1").await, vec![0, 1, 2, 3]);
+    assert_eq!(app.active_indexes("txn_1").await, vec![0, 1, 2, 3]);
     verify_clean(&app).await;
 }
 
@@ -186,12 +186,12 @@ async fn a_paddle_chargeback_reverse_never_gives_back_a_refund() {
         &paddle::refund("evt_r", "adj_r", "txn_2", "partial", 500),
     )
     .await;
-    assert_eq!(paddle::active(&app, "txn_2").await, vec![0, 1]);
+    assert_eq!(app.active_indexes("txn_2").await, vec![0, 1]);
     // The chargeback's reversal arrives first (or its chargeback was never counted).
     let receipt = paddle::send(&app, &paddle_chargeback_reverse("txn_2")).await;
     assert_ne!(receipt["tokensReactivated"], 2, "{receipt}");
     assert_eq!(
-        paddle::active(&app, "txn_2").await,
+        app.active_indexes("txn_2").await,
         vec![0, 1],
         "the refund stands"
     );
@@ -201,7 +201,7 @@ async fn a_paddle_chargeback_reverse_never_gives_back_a_refund() {
         &paddle::chargeback("evt_cb", "adj_cb", "txn_2", "partial", 500),
     )
     .await;
-    assert_eq!(paddle::active(&app, "txn_2").await, vec![0, 1]);
+    assert_eq!(app.active_indexes("txn_2").await, vec![0, 1]);
     verify_clean(&app).await;
 }
 
@@ -212,10 +212,10 @@ async fn an_adyen_partial_chargeback_reversed_in_full_gives_every_token_back() {
     let app = spawn_app_with(ADYEN).await;
     adyen::send(&app, &[authorisation("PSP_P", 10)]).await;
     adyen::send(&app, &[modification("CHARGEBACK", "CB_P", "PSP_P", 400)]).await;
-    assert!(adyen::active(&app, "PSP_P").await.is_empty());
+    assert!(app.active_indexes("PSP_P").await.is_empty());
     adyen::send(&app, &[chargeback_reversed("CB_P", "PSP_P", 400)]).await;
     assert_eq!(
-        adyen::active(&app, "PSP_P").await,
+        app.active_indexes("PSP_P").await,
         (0..10).collect::<Vec<i64>>()
     );
     verify_clean(&app).await;
@@ -327,18 +327,18 @@ async fn a_success_replayed_after_its_capture_failed_gives_no_token_back() {
     // the failure took back stay revoked.
     let app = spawn_app_with(ADYEN).await;
     adyen::send(&app, &[authorisation("PSP_F", 4)]).await;
-    assert_eq!(adyen::active(&app, "PSP_F").await, vec![0, 1, 2, 3]);
+    assert_eq!(app.active_indexes("PSP_F").await, vec![0, 1, 2, 3]);
     let mut failed = modification("CAPTURE_FAILED", "CAP_F", "PSP_F", 1000);
     failed["eventDate"] = json!("2026-11-30T13:00:00+01:00");
     adyen::send(&app, &[failed]).await;
-    assert!(adyen::active(&app, "PSP_F").await.is_empty());
+    assert!(app.active_indexes("PSP_F").await.is_empty());
 
     expire(&app, "AUTHORISATION:PSP_F:true").await;
     let mut replayed = authorisation("PSP_F", 4);
     replayed["eventDate"] = json!("2027-01-30T12:00:00+01:00");
     adyen::send(&app, &[replayed]).await;
     assert!(
-        adyen::active(&app, "PSP_F").await.is_empty(),
+        app.active_indexes("PSP_F").await.is_empty(),
         "a token the failure revoked came back"
     );
     let tokens = app.tokens_of("PSP_F").await;
@@ -357,13 +357,13 @@ async fn a_second_chargeback_after_a_reversal_takes_the_tokens_back_again() {
     adyen::send(&app, &[authorisation("PSP_S", 3)]).await;
     adyen::send(&app, &[modification("CHARGEBACK", "CB_S", "PSP_S", 1000)]).await;
     adyen::send(&app, &[chargeback_reversed("CB_S", "PSP_S", 1000)]).await;
-    assert_eq!(adyen::active(&app, "PSP_S").await, vec![0, 1, 2]);
+    assert_eq!(app.active_indexes("PSP_S").await, vec![0, 1, 2]);
 
     // The issuer disputes again and wins: the money is taken back a second time.
     let mut second = modification("SECOND_CHARGEBACK", "CB_S", "PSP_S", 1000);
     second["eventDate"] = json!("2027-01-20T12:00:00+01:00");
     adyen::send(&app, &[second]).await;
-    assert!(adyen::active(&app, "PSP_S").await.is_empty());
+    assert!(app.active_indexes("PSP_S").await.is_empty());
     assert_eq!(payment_status(&app, "PSP_S").await, "refunded");
     verify_clean(&app).await;
 }
