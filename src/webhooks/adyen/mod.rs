@@ -87,8 +87,34 @@ fn field(item: &Map<String, Value>, name: &str) -> String {
     }
 }
 
-fn signed_text(item: &Map<String, Value>) -> String {
-    SIGNED_FIELDS.map(|name| field(item, name)).join(":")
+/// The text an item's signature covers, or `None` when its fields are not in a shape
+/// that names them unambiguously. The fields are joined with `:` and nothing marks where
+/// one ends, so a colon inside one would let a signature made for one set of fields
+/// verify another: `merchantReference` `cap:99999` with `value` 400 signs exactly what
+/// `merchantReference` `cap`, `value` 99999 and `currency` `400:EUR` sign. Only
+/// `merchantReference` (the merchant's own text) may hold a colon, every other field
+/// holding none; `value` is a JSON integer (a string `"400"` signs as the number 400
+/// does, but is no amount) and `currency` three capital letters. Adyen sends nothing
+/// else; such an item is refused, as if its signature did not hold.
+fn signed_text(item: &Map<String, Value>) -> Option<String> {
+    let amount = item.get("amount");
+    let value_is_integer = amount
+        .and_then(|a| a.get("value"))
+        .is_none_or(|v| v.as_i64().is_some());
+    let currency_is_iso = amount
+        .and_then(|a| a.get("currency"))
+        .is_none_or(|c| c.as_str().is_some_and(is_currency_code));
+    let fields = SIGNED_FIELDS.map(|name| field(item, name));
+    let unambiguous = SIGNED_FIELDS
+        .iter()
+        .zip(&fields)
+        .all(|(name, text)| *name == "merchantReference" || !text.contains(':'));
+    (value_is_integer && currency_is_iso && unambiguous).then(|| fields.join(":"))
+}
+
+/// An ISO 4217 code as Adyen writes it: three capital letters.
+fn is_currency_code(code: &str) -> bool {
+    code.len() == 3 && code.bytes().all(|b| b.is_ascii_uppercase())
 }
 
 fn key(secret: &str) -> Option<Vec<u8>> {
@@ -117,22 +143,17 @@ pub fn verify_adyen(body: &[u8], secrets: &[SecretString]) -> Result<(), Signatu
         let signature = BASE64
             .decode(signature)
             .map_err(|_| SignatureError::Invalid)?;
-        any_signature_matches(
-            keys.iter().cloned(),
-            &[signed_text(item).as_bytes()],
-            &[signature],
-        )?;
+        let text = signed_text(item).ok_or(SignatureError::Invalid)?;
+        any_signature_matches(keys.iter().cloned(), &[text.as_bytes()], &[signature])?;
     }
     Ok(())
 }
 
-/// The `hmacSignature` of one item under a hex key.
-fn item_signature(key: &[u8], item: &Map<String, Value>) -> String {
-    BASE64.encode(
-        mac(key, &[signed_text(item).as_bytes()])
-            .finalize()
-            .into_bytes(),
-    )
+/// The `hmacSignature` of one item under a hex key, if its fields can be signed
+/// unambiguously (`signed_text`).
+fn item_signature(key: &[u8], item: &Map<String, Value>) -> Option<String> {
+    let text = signed_text(item)?;
+    Some(BASE64.encode(mac(key, &[text.as_bytes()]).finalize().into_bytes()))
 }
 
 /// Signs like Adyen does: `body` with `additionalData.hmacSignature` set in every item;
@@ -154,7 +175,9 @@ pub fn sign_adyen(secret: &str, body: &[u8]) -> Result<Vec<u8>, EventError> {
         else {
             continue;
         };
-        let signature = item_signature(&key, item);
+        let signature = item_signature(&key, item).ok_or_else(|| {
+            EventError("an item's signed fields hold a colon or a malformed amount".to_owned())
+        })?;
         let data = item
             .entry("additionalData")
             .or_insert_with(|| Value::Object(Map::new()));

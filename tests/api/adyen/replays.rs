@@ -169,3 +169,32 @@ async fn an_authorisation_without_usable_metadata_replayed_with_some_mints_nothi
     assert_eq!(app.count("tokens", doc! {}).await, 0);
     assert_eq!(app.count_records(doc! {}).await, 0);
 }
+
+/// The signature covers the fields joined with `:`, so a capture of 400 whose
+/// `merchantReference` holds a colon (`cap:99999`) signs the very text a capture of
+/// 99999 in currency `400:EUR` would. Sent again that way once its dedupe record expired,
+/// it is refused as unsigned: the capture stays 400 and the tokens it did not pay for
+/// stay revoked.
+#[tokio::test]
+async fn a_capture_replayed_with_its_fields_shifted_along_the_colons_is_refused() {
+    let app = spawn_app_with(&format!("{ADYEN}capture = \"manual\"\n")).await;
+    send(&app, &[authorisation("PSP_S", 10)]).await;
+    let mut capture = modification("CAPTURE", "CAP_S", "PSP_S", 400);
+    capture["merchantReference"] = json!("cap:99999");
+    let signed = signed_batch(&[capture], ADYEN_NEW);
+    accepted(&app, signed.clone()).await;
+    assert_eq!(app.active_indexes("PSP_S").await, vec![0, 1, 2, 3]);
+    expire(&app, "CAPTURE:CAP_S:true").await;
+    let before = payment_state(&app).await;
+
+    let mut shifted: Value = serde_json::from_slice(&signed).unwrap();
+    let item = &mut shifted["notificationItems"][0]["NotificationRequestItem"];
+    item["merchantReference"] = json!("cap");
+    item["amount"] = json!({ "value": 99999, "currency": "400:EUR" });
+    let answer = post_batch(&app, shifted.to_string().into_bytes()).await;
+    assert_problem(answer, 401, "signature_invalid").await;
+
+    assert_eq!(payment_state(&app).await, before, "nothing changed");
+    assert_eq!(app.active_indexes("PSP_S").await, vec![0, 1, 2, 3]);
+    assert_eq!(app.count("tokens", doc! {}).await, 10);
+}
