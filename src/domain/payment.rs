@@ -172,6 +172,19 @@ impl ParsedEvent {
             reason: reason.to_owned(),
         }
     }
+
+    /// The same event, ignored for `reason`, which rests on `field`, a field its
+    /// signature does not cover: recorded as `{event id}#{field}`, apart from the
+    /// event's own id. Anyone holding a copy of the signed event can alter that field;
+    /// recorded under the event's own id, such a copy would make the genuine delivery
+    /// that follows it a duplicate, and its effects would never be applied.
+    pub fn ignored_for_unsigned(self, field: &str, reason: &str) -> Self {
+        Self::Ignored {
+            event_id: format!("{}#{field}", self.event_id()),
+            event_type: self.event_type().to_owned(),
+            reason: reason.to_owned(),
+        }
+    }
 }
 
 impl PaymentStatus {

@@ -81,13 +81,17 @@ pub enum Delivery {
 }
 
 impl Delivery {
-    /// Every event of the delivery, ignored for `reason`.
-    fn ignored(self, reason: &str) -> Self {
+    /// Every event of the delivery, ignored for `reason`; recorded apart from its own id
+    /// when the reason rests on `unsigned`, a field the signature does not cover
+    /// ([`ParsedEvent::ignored_for_unsigned`]).
+    fn ignored(self, reason: &str, unsigned: Option<&str>) -> Self {
+        let ignore = |event: ParsedEvent| match unsigned {
+            Some(field) => event.ignored_for_unsigned(field, reason),
+            None => event.ignored(reason),
+        };
         match self {
-            Self::Single(event) => Self::Single(Box::new(event.ignored(reason))),
-            Self::Batch(events) => {
-                Self::Batch(events.into_iter().map(|e| e.ignored(reason)).collect())
-            }
+            Self::Single(event) => Self::Single(Box::new(ignore(*event))),
+            Self::Batch(events) => Self::Batch(events.into_iter().map(ignore).collect()),
         }
     }
 }
@@ -174,8 +178,10 @@ impl ProviderConfig {
             }
         };
         let mismatch = self.livemode.is_some_and(|expected| mode != Some(expected));
+        // Stripe signs its `livemode` with the rest of the body; Adyen signs no `live`.
+        let unsigned_mode = (self.scheme == WebhookScheme::Adyen).then_some("live");
         match self.parse_events(headers, body, max_quantity) {
-            Ok(delivery) if mismatch => Ok(delivery.ignored(LIVEMODE_MISMATCH)),
+            Ok(delivery) if mismatch => Ok(delivery.ignored(LIVEMODE_MISMATCH, unsigned_mode)),
             Err(unreadable) if mismatch && self.scheme == WebhookScheme::Stripe => {
                 let (event_id, event_type) = events::named_event(body).ok_or(unreadable)?;
                 Ok(Delivery::Single(Box::new(ParsedEvent::Ignored {

@@ -313,20 +313,24 @@ fn parse_item(
     let Some(key) = payment_key(provider, &account, Some(payment)) else {
         return ignored("invalid merchantAccountCode or payment reference");
     };
-    // A failed capture outranks every success, whatever the dates: Adyen signs no date,
-    // and an AUTHORISATION or CAPTURE signed once and sent again (once its dedupe record
-    // expired) with a later `eventDate` would otherwise make the payment succeeded again,
-    // and bring back the tokens the failure took, with no money behind them. A capture
-    // retried after a failure is then settled by the operator.
+    // A failed capture and a cancellation outrank every success, whatever the dates:
+    // Adyen signs no date, and an AUTHORISATION or CAPTURE signed once and sent again
+    // (once its dedupe record expired) with a later `eventDate` would otherwise make the
+    // payment succeeded again, and bring back the tokens the failure took, with no money
+    // behind them; dated later than a cancellation still to come, it would make that
+    // cancellation stale. Adyen never reverses a cancellation, and a capture retried
+    // after a failure is settled by the operator.
     let rank = match code.as_str() {
-        "CAPTURE_FAILED" => PaymentStatus::Refunded.rank(),
+        "CAPTURE_FAILED" | "CANCELLATION" => PaymentStatus::Refunded.rank(),
         _ => status.rank(),
     };
     let Some((version, date)) = DateTime::parse_from_rfc3339(&field(item, "eventDate"))
         .ok()
         .and_then(|date| Some((ranked_version(rank, date.timestamp())?, date)))
     else {
-        return ignored("eventDate is missing or not an ISO 8601 time");
+        // `eventDate` is not signed: an item with it altered must not pass for the item.
+        let reason = "eventDate is missing or not an ISO 8601 time";
+        return ignored(reason).ignored_for_unsigned("eventDate", reason);
     };
     // The token parameters and the payment's date are the authorisation's, also under
     // manual capture, where the payment keeps them until its CAPTURE.

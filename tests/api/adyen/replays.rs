@@ -71,7 +71,8 @@ async fn a_canceled_authorisation_replayed_with_metadata_after_its_record_expire
     assert_eq!(payment.get_str("status").unwrap(), "canceled");
     assert_eq!(
         recorded_outcome(&app, "AUTHORISATION:PSP_X:true").await,
-        "terminal"
+        "metadata_conflict",
+        "older than the cancellation, which outranks every success, and naming metadata"
     );
 }
 
@@ -197,4 +198,57 @@ async fn a_capture_replayed_with_its_fields_shifted_along_the_colons_is_refused(
     assert_eq!(payment_state(&app).await, before, "nothing changed");
     assert_eq!(app.active_indexes("PSP_S").await, vec![0, 1, 2, 3]);
     assert_eq!(app.count("tokens", doc! {}).await, 10);
+}
+
+/// `eventDate` is not signed. An authorisation sent again (its dedupe record expired)
+/// dated far ahead does not pin the payment: the cancellation that follows still takes
+/// every token, since a cancellation outranks every success whatever the dates.
+#[tokio::test]
+async fn an_authorisation_replayed_dated_ahead_does_not_make_a_later_cancellation_stale() {
+    let app = spawn_app_with(ADYEN).await;
+    let signed = signed_batch(&[authorisation("PSP_F", 2)], ADYEN_NEW);
+    accepted(&app, signed.clone()).await;
+    expire(&app, "AUTHORISATION:PSP_F:true").await;
+    let mut ahead: Value = serde_json::from_slice(&signed).unwrap();
+    ahead["notificationItems"][0]["NotificationRequestItem"]["eventDate"] =
+        json!("2200-01-01T00:00:00+00:00");
+    accepted(&app, ahead.to_string().into_bytes()).await;
+    assert_eq!(app.active_indexes("PSP_F").await, vec![0, 1]);
+
+    send(
+        &app,
+        &[modification("CANCELLATION", "CAN_F", "PSP_F", 1000)],
+    )
+    .await;
+    assert_eq!(
+        recorded_outcome(&app, "CANCELLATION:CAN_F:true").await,
+        "recorded"
+    );
+    assert_eq!(app.active_indexes("PSP_F").await, Vec::<i64>::new());
+    let payment = app
+        .find_stored("payments", doc! { "paymentIntentId": "PSP_F" })
+        .await;
+    assert_eq!(payment.get_str("status").unwrap(), "canceled");
+}
+
+/// A copy of a genuine refund with its (unsigned) `eventDate` made unreadable, sent
+/// before the genuine delivery, is ignored apart from the refund's own id: the genuine
+/// refund that follows is applied, not taken for a duplicate.
+#[tokio::test]
+async fn a_copy_with_an_unreadable_date_does_not_stand_for_the_genuine_item() {
+    let app = spawn_app_with(ADYEN).await;
+    send(&app, &[authorisation("PSP_D", 2)]).await;
+    let refund = signed_batch(&[modification("REFUND", "REF_D", "PSP_D", 1000)], ADYEN_NEW);
+    let mut undated: Value = serde_json::from_slice(&refund).unwrap();
+    undated["notificationItems"][0]["NotificationRequestItem"]["eventDate"] = json!("soon");
+    accepted(&app, undated.to_string().into_bytes()).await;
+    assert_eq!(app.active_indexes("PSP_D").await, vec![0, 1]);
+    assert_eq!(
+        recorded_outcome(&app, "REFUND:REF_D:true#eventDate").await,
+        "ignored"
+    );
+
+    accepted(&app, refund).await;
+    assert_eq!(recorded_outcome(&app, "REFUND:REF_D:true").await, "revoked");
+    assert_eq!(app.active_indexes("PSP_D").await, Vec::<i64>::new());
 }

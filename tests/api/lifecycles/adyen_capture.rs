@@ -245,7 +245,8 @@ async fn an_authorisation_canceled_before_its_capture_issues_nothing() {
         &[at("CAPTURE", "CAP_1", "PSP_C", "2026-11-30T15:00:00Z")],
     )
     .await;
-    assert_eq!(outcome(&app, "CAPTURE:CAP_1:true").await, "terminal");
+    // A cancellation outranks every success: the later-dated capture is older.
+    assert_eq!(outcome(&app, "CAPTURE:CAP_1:true").await, "stale");
     assert_eq!(app.count("tokens", doc! {}).await, 0);
 }
 

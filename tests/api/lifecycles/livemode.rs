@@ -111,7 +111,11 @@ async fn a_live_adyen_endpoint_ignores_every_item_of_a_test_batch() {
     assert_eq!(answer.status(), 200);
     assert_eq!(answer.text().await.unwrap(), "[accepted]");
     nothing_written(&app).await;
-    for id in ["AUTHORISATION:PSP_A:true", "AUTHORISATION:PSP_B:true"] {
+    // Recorded apart from the items' own ids: `live` is not signed.
+    for id in [
+        "AUTHORISATION:PSP_A:true#live",
+        "AUTHORISATION:PSP_B:true#live",
+    ] {
         let (outcome, detail) = recorded(&app, id).await;
         assert_eq!((outcome.as_str(), detail.as_deref()), MISMATCH, "{id}");
     }
@@ -119,6 +123,37 @@ async fn a_live_adyen_endpoint_ignores_every_item_of_a_test_batch() {
     let answer = adyen::post_batch(&app, adyen_batch(&live, "true")).await;
     assert_eq!(answer.status(), 200);
     assert_eq!(app.active_indexes("PSP_C").await, vec![0, 1]);
+}
+
+/// Adyen signs no `live`: a copy of a genuine live item flipped to `"false"` (by anyone
+/// who saw the delivery, sent before Adyen's own retry of it) is ignored, and the genuine
+/// item that follows is applied, not a duplicate.
+#[tokio::test]
+async fn an_adyen_item_copied_with_live_flipped_does_not_stand_for_the_genuine_one() {
+    let app = spawn_app_with(&format!("{}livemode = true\n", adyen::ADYEN)).await;
+    let answer = adyen::post_batch(&app, adyen_batch(&[authorisation("PSP_L", 2)], "true")).await;
+    assert_eq!(answer.status(), 200);
+    let refund = adyen_batch(
+        &[adyen::modification("REFUND", "REF_L", "PSP_L", 1000)],
+        "true",
+    );
+    let mut flipped: Value = serde_json::from_slice(&refund).unwrap();
+    flipped["live"] = json!("false");
+    let answer = adyen::post_batch(&app, flipped.to_string().into_bytes()).await;
+    assert_eq!(
+        answer.status(),
+        200,
+        "the signatures hold: live is not signed"
+    );
+    assert_eq!(app.active_indexes("PSP_L").await, vec![0, 1]);
+
+    let answer = adyen::post_batch(&app, refund).await;
+    assert_eq!(answer.status(), 200);
+    assert_eq!(app.active_indexes("PSP_L").await, Vec::<i64>::new());
+    assert_eq!(payment_status(&app, "PSP_L").await.0, "refunded");
+    assert_eq!(recorded(&app, "REFUND:REF_L:true").await.0, "revoked");
+    let (outcome, detail) = recorded(&app, "REFUND:REF_L:true#live").await;
+    assert_eq!((outcome.as_str(), detail.as_deref()), MISMATCH);
 }
 
 #[test]
