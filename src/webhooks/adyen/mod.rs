@@ -265,7 +265,9 @@ fn parse_item(
         // The card scheme rejected the capture, after a CAPTURE that succeeded (manual
         // capture) or an AUTHORISATION (automatic): the money never came.
         ("CAPTURE_FAILED", _) => (PaymentStatus::Failed, &original, None),
-        ("CANCELLATION", true) => (PaymentStatus::Canceled, &original, None),
+        // A cancellation by the payment's reference, or by the merchant's own
+        // (`TECHNICAL_CANCEL`, when the payment's reference never reached the merchant).
+        ("CANCELLATION" | "TECHNICAL_CANCEL", true) => (PaymentStatus::Canceled, &original, None),
         // The amount decides whether a refund is partial.
         ("REFUND", true) => (
             PaymentStatus::Refunded,
@@ -321,7 +323,7 @@ fn parse_item(
     // cancellation stale. Adyen never reverses a cancellation, and a capture retried
     // after a failure is settled by the operator.
     let rank = match code.as_str() {
-        "CAPTURE_FAILED" | "CANCELLATION" => PaymentStatus::Refunded.rank(),
+        "CAPTURE_FAILED" | "CANCELLATION" | "TECHNICAL_CANCEL" => PaymentStatus::Refunded.rank(),
         _ => status.rank(),
     };
     let Some((version, date)) = DateTime::parse_from_rfc3339(&field(item, "eventDate"))

@@ -265,6 +265,44 @@ fn chargebacks_and_cancel_or_refund_take_everything_back() {
     }
 }
 
+/// A cancellation made by the merchant's reference (`TECHNICAL_CANCEL`) cancels the
+/// payment its `originalReference` names, as a CANCELLATION does, and outranks a success
+/// dated after it; an unsuccessful one is ignored.
+#[test]
+fn both_cancellations_cancel_the_payment_and_outrank_a_success() {
+    let provider = Provider::parse("adyen").unwrap();
+    let item = |code: &str, success: &str, date: &str| {
+        json!({ "eventCode": code, "success": success, "pspReference": format!("{code}1"),
+            "originalReference": "7914073381342284", "merchantAccountCode": "TestMerchant",
+            "eventDate": date })
+    };
+    let mut success = library_item(None);
+    success["eventDate"] = json!("2026-11-30T11:00:00Z");
+    let items = [
+        item("CANCELLATION", "true", "2026-11-30T10:00:00Z"),
+        item("TECHNICAL_CANCEL", "true", "2026-11-30T10:00:00Z"),
+        item("TECHNICAL_CANCEL", "false", "2026-11-30T10:00:00Z"),
+        success,
+    ];
+    let events = parse_adyen(&provider, &batch_of(&items), 100, Capture::Auto).unwrap();
+    let payment = |event: &ParsedEvent| match event {
+        ParsedEvent::Payment(event) => Some((event.status, event.version)),
+        ParsedEvent::Ignored { .. } => None,
+    };
+    let (success_status, success_version) = payment(&events[3]).unwrap();
+    assert_eq!(success_status, PaymentStatus::Succeeded);
+    for event in &events[..2] {
+        let (status, version) = payment(event).unwrap();
+        assert_eq!(status, PaymentStatus::Canceled, "{event:?}");
+        assert!(version > success_version, "{event:?}");
+        let ParsedEvent::Payment(event) = event else {
+            unreachable!()
+        };
+        assert_eq!(event.key.payment_intent_id.as_str(), "7914073381342284");
+    }
+    assert!(payment(&events[2]).is_none(), "{:?}", events[2]);
+}
+
 #[test]
 fn reversals_give_back_the_withdrawal_of_their_psp_reference() {
     let provider = Provider::parse("adyen").unwrap();
