@@ -164,7 +164,8 @@ impl Money {
     /// Everything that came back: each reversal once, one that names its withdrawal only
     /// once that is known (and counts it: `counts_in`) and, with the others of that
     /// withdrawal, for at most its amount; those naming none, together, for at most what
-    /// the chargebacks took.
+    /// the chargebacks took, and for all of it once they reach the chargebacks' own
+    /// amounts.
     pub fn reversed(&self) -> i64 {
         let mut unnamed = 0;
         let mut named: Vec<(&str, i64)> = Vec::new();
@@ -179,13 +180,24 @@ impl Money {
                 },
             }
         }
-        let charged_back: i64 = self
-            .withdrawals
-            .iter()
-            .filter(|w| w.id.starts_with(CHARGEBACK_KIND))
-            .map(|w| self.counted(w))
-            .sum();
-        let mut reversed = unnamed.min(charged_back);
+        let chargebacks = || {
+            self.withdrawals
+                .iter()
+                .filter(|w| w.id.starts_with(CHARGEBACK_KIND))
+        };
+        let charged_back: i64 = chargebacks().map(|w| self.counted(w)).sum();
+        // Reversals that name nothing (Paddle's) undo the chargebacks whole once they give
+        // back all the chargebacks named, as a named one does below: a chargeback of the
+        // 300 left after a refund of 700, read as the whole payment, reversed for 300,
+        // leaves the refund alone withdrawn. Only while every chargeback says what it
+        // named (an amount above 0).
+        let own: i64 = chargebacks().map(|w| w.amount).sum();
+        let all_named = chargebacks().all(|w| w.amount > 0);
+        let mut reversed = if all_named && own > 0 && unnamed >= own {
+            charged_back
+        } else {
+            unnamed.min(charged_back)
+        };
         for (of, sum) in named {
             if let Some(withdrawal) = self.withdrawals.iter().find(|w| w.id == of) {
                 // A chargeback read as the whole payment (Adyen's, whatever its own
@@ -489,6 +501,42 @@ mod tests {
             recorded_total: None,
         };
         assert_eq!(unreported.withdrawn(), 0);
+    }
+
+    /// A chargeback read as the whole payment (`full`) for what was left after a refund,
+    /// reversed by reversals that name nothing (Paddle's), for all it named: only the
+    /// refund stays withdrawn. Reversed in part, or a second chargeback since, it stands.
+    #[test]
+    fn unnamed_reversals_of_all_a_chargeback_named_undo_it_whole() {
+        let money = |withdrawals, reversals| Money {
+            amount: Some(1000),
+            withdrawals,
+            reversals,
+            recorded_total: None,
+        };
+        let refund = || w("adjustment:r", 700, false);
+        let chargeback = |id: &str| w(&format!("chargeback:{id}"), 300, true);
+        let reverse = |id: &str, amount| r(&format!("adjustment:{id}"), amount, None);
+        let whole = money(vec![refund(), chargeback("c")], vec![reverse("x", 300)]);
+        assert_eq!(whole.withdrawn(), 700);
+        let in_part = money(vec![refund(), chargeback("c")], vec![reverse("x", 200)]);
+        assert_eq!(in_part.withdrawn(), 1000);
+        let again = money(
+            vec![refund(), chargeback("c"), chargeback("d")],
+            vec![reverse("x", 300)],
+        );
+        assert_eq!(again.withdrawn(), 1000, "the second chargeback stands");
+        let both_back = money(
+            vec![refund(), chargeback("c"), chargeback("d")],
+            vec![reverse("x", 300), reverse("y", 300)],
+        );
+        assert_eq!(both_back.withdrawn(), 700);
+        // A chargeback that named no amount: reversals give back what they say.
+        let unnamed_amount = money(
+            vec![refund(), w("chargeback:z", 0, true)],
+            vec![reverse("x", 300)],
+        );
+        assert_eq!(unnamed_amount.withdrawn(), 1000);
     }
 
     #[test]

@@ -175,6 +175,35 @@ async fn a_paddle_chargeback_reverse_gives_the_chargeback_back() {
     verify_clean(&app).await;
 }
 
+/// A chargeback of the whole payment (`full`) for the 300 a refund of 700 left, reversed
+/// for 300 by Paddle's reversal (which names no chargeback): the chargeback is undone
+/// whole and the refund's share alone stays withdrawn.
+#[tokio::test]
+async fn a_paddle_full_chargeback_of_what_a_refund_left_reversed_gives_that_back() {
+    let app = spawn_app_with(PADDLE).await;
+    paddle::send(&app, &paddle::completed("evt_c", "txn_f", 10)).await;
+    paddle::send(
+        &app,
+        &paddle::refund("evt_r", "adj_r", "txn_f", "partial", 700),
+    )
+    .await;
+    assert_eq!(app.active_indexes("txn_f").await, vec![0, 1, 2]);
+    paddle::send(
+        &app,
+        &paddle::chargeback("evt_cb", "adj_cb", "txn_f", "full", 300),
+    )
+    .await;
+    assert!(app.active_indexes("txn_f").await.is_empty());
+
+    let mut reverse = paddle_chargeback_reverse("txn_f");
+    reverse["data"]["totals"] = json!({ "subtotal": "300", "tax": "0", "total": "300" });
+    let receipt = paddle::send(&app, &reverse).await;
+    assert_eq!(receipt["tokensReactivated"], 3, "{receipt}");
+    assert_eq!(app.active_indexes("txn_f").await, vec![0, 1, 2]);
+    assert_eq!(payment_status(&app, "txn_f").await, "succeeded");
+    verify_clean(&app).await;
+}
+
 /// Paddle's reversal names no chargeback, so it gives back only what chargebacks took:
 /// never a refund's share, and a reversal delivered before its chargeback waits for it.
 #[tokio::test]
