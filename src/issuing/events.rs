@@ -436,6 +436,10 @@ fn gate(event: &PaymentEvent) -> ProjectionGate<'static> {
         // attempt's amount and metadata error. Elsewhere an amount once stored stays:
         // a later fact (an Adyen capture's sum) must not give way to an older event's.
         restates: event.customer_metadata,
+        // A cancellation after a capture in part (Adyen's multiple partial captures)
+        // releases the rest of the authorisation, which the money already counts as
+        // withdrawn (`uncaptured:`): the captured money stands, and so do its tokens.
+        yields_to_captures: event.status == PaymentStatus::Canceled,
     }
 }
 
@@ -456,6 +460,12 @@ fn held_back(
                 state.status.as_str(),
                 event.status.as_str()
             ),
+        ));
+    }
+    if gate.yields_to_captures && !state.captures.is_empty() {
+        return Some(EventOutcome::with_detail(
+            "ignored",
+            "the payment was captured in part: a cancellation releases only the rest, withdrawn already",
         ));
     }
     let fixed_by = state.token_params_fixed_by.as_deref()?;

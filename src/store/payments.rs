@@ -317,6 +317,10 @@ pub struct ProjectionGate<'a> {
     /// the payment is over what earlier attempts left: older than the state, it passes
     /// over their metadata error and writes its amount and currency over theirs.
     pub restates: bool,
+    /// Whether the event changes nothing once the payment has a capture recorded (a
+    /// cancellation: what it releases then is the rest the captures left, which the money
+    /// counts as withdrawn already).
+    pub yields_to_captures: bool,
 }
 
 /// A token's tokenIndex as stored (an integer of either width).
@@ -513,9 +517,11 @@ fn newer_than_stored(event: &PaymentEvent) -> Document {
 }
 
 /// Whether `gate` holds `event` back: a newer event from a status it may not move the
-/// payment on from, or, when bound to fixed parameters, one that names others.
+/// payment on from, when bound to fixed parameters one that names others, and when it
+/// yields to captures one of a payment with a capture recorded.
 fn held_back(event: &PaymentEvent, gate: &ProjectionGate<'_>, newer: Document) -> Document {
     let moves_from: Vec<&str> = gate.moves_from.iter().map(|s| s.as_str()).collect();
+    let captured = doc! { "$gt": [ { "$size": { "$ifNull": ["$captures", []] } }, 0 ] };
     doc! { "$or": [
         { "$and": [
             newer,
@@ -525,6 +531,7 @@ fn held_back(event: &PaymentEvent, gate: &ProjectionGate<'_>, newer: Document) -
             ] } ] },
         ] },
         { "$and": [ gate.bound_to_fixed_params, params_fixed(), names_other_params(event) ] },
+        { "$and": [ gate.yields_to_captures, captured ] },
     ] }
 }
 

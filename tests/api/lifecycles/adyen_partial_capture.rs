@@ -477,3 +477,66 @@ async fn a_later_capture_whose_tokens_cannot_be_brought_back_does_so_when_sent_a
     assert_eq!(payment.get_array("captures").unwrap().len(), 2);
     assert!(app.store().await.verify().await.unwrap().is_clean());
 }
+
+/// Adyen's multiple partial captures leave the rest of the authorisation reserved until
+/// the merchant cancels it: that CANCELLATION, after a capture of 600, releases the 400
+/// the money already counts as withdrawn. The 6 tokens the capture paid for stand, the
+/// payment stays `succeeded`, and the cancellation is recorded `ignored`.
+#[tokio::test]
+async fn a_cancellation_of_the_rest_after_a_capture_in_part_keeps_what_was_captured() {
+    let app = spawn_app_with(&adyen_manual()).await;
+    send(&app, &[authorisation("PSP_K", 10)]).await;
+    send(
+        &app,
+        &[adyen_capture("CAP_K", "PSP_K", 600, "2026-11-30T15:00:00Z")],
+    )
+    .await;
+    assert_eq!(
+        app.active_indexes("PSP_K").await,
+        (0..6).collect::<Vec<i64>>()
+    );
+    let before = app
+        .find_stored("payments", doc! { "paymentIntentId": "PSP_K" })
+        .await;
+
+    let mut cancel = modification("CANCELLATION", "CAN_K", "PSP_K", 1000);
+    cancel["eventDate"] = json!("2026-11-30T16:00:00Z");
+    send(&app, &[cancel]).await;
+
+    let recorded = app
+        .find_stored(
+            "webhook_events",
+            doc! { "eventId": "CANCELLATION:CAN_K:true" },
+        )
+        .await;
+    assert_eq!(
+        recorded.get_str("outcome").unwrap(),
+        "ignored",
+        "{recorded}"
+    );
+    assert_eq!(
+        app.active_indexes("PSP_K").await,
+        (0..6).collect::<Vec<i64>>()
+    );
+    assert_eq!(revoked(&app, "PSP_K").await, partly_refunded(6..10));
+    let after = app
+        .find_stored("payments", doc! { "paymentIntentId": "PSP_K" })
+        .await;
+    assert_eq!(after, before, "the payment is as the capture left it");
+    assert_eq!(payment_status(&app, "PSP_K").await.0, "succeeded");
+    assert!(app.store().await.verify().await.unwrap().is_clean());
+
+    // A payment with no capture yet is canceled as before.
+    send(&app, &[authorisation("PSP_N", 2)]).await;
+    send(
+        &app,
+        &[modification("CANCELLATION", "CAN_N", "PSP_N", 1000)],
+    )
+    .await;
+    assert_eq!(payment_status(&app, "PSP_N").await.0, "canceled");
+    assert_eq!(
+        app.count("tokens", doc! { "origin.paymentIntentId": "PSP_N" })
+            .await,
+        0
+    );
+}
