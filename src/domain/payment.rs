@@ -173,6 +173,17 @@ impl ParsedEvent {
         }
     }
 
+    /// Whether the event reports money taken back (a refund, a chargeback, a
+    /// cancellation, a failure): it can only take tokens back, never issue or give any.
+    pub fn takes_money_back(&self) -> bool {
+        match self {
+            Self::Payment(e) => {
+                e.refund.is_some() || PaymentStatus::ENTITLED_TO_NOTHING.contains(&e.status)
+            }
+            Self::Ignored { .. } => false,
+        }
+    }
+
     /// The same event, ignored for `reason`, which rests on `field`, a field its
     /// signature does not cover: recorded as `{event id}#{field}`, apart from the
     /// event's own id. Anyone holding a copy of the signed event can alter that field;

@@ -26,7 +26,9 @@ fn adyen(body: &[u8], keys: &[&str]) -> Result<(), SignatureError> {
 }
 
 /// One notification item with every signed field present (strings, `amount.value` a
-/// number), of a handled event code or not, with or without tokenmint's metadata.
+/// number), of a handled event code or not, with or without tokenmint's metadata. Only
+/// `merchantReference` may hold a colon: anywhere else it would make the signed text
+/// name its fields ambiguously, and the item is refused (`verify_adyen`).
 fn adyen_item() -> impl Strategy<Value = Value> {
     let event_code = prop_oneof![
         Just("AUTHORISATION"),
@@ -46,7 +48,7 @@ fn adyen_item() -> impl Strategy<Value = Value> {
         (
             "[A-Z0-9]{16}",
             "[A-Z0-9]{0,16}",
-            "[A-Za-z0-9_.:$ -]{0,70}",
+            "[A-Za-z0-9_.$ -]{0,70}",
             ".{0,30}",
         ),
         (

@@ -93,17 +93,19 @@ fn field(item: &Map<String, Value>, name: &str) -> String {
 /// verify another: `merchantReference` `cap:99999` with `value` 400 signs exactly what
 /// `merchantReference` `cap`, `value` 99999 and `currency` `400:EUR` sign. Only
 /// `merchantReference` (the merchant's own text) may hold a colon, every other field
-/// holding none; `value` is a JSON integer (a string `"400"` signs as the number 400
-/// does, but is no amount) and `currency` three capital letters. Adyen sends nothing
+/// holding none; `value`, when there is one, is a JSON integer (a string `"400"` signs
+/// as the number 400 does, but is no amount) and `currency` three capital letters (null
+/// or empty, either signs as a missing one, and is read as one). Adyen sends nothing
 /// else; such an item is refused, as if its signature did not hold.
 fn signed_text(item: &Map<String, Value>) -> Option<String> {
-    let amount = item.get("amount");
-    let value_is_integer = amount
-        .and_then(|a| a.get("value"))
-        .is_none_or(|v| v.as_i64().is_some());
-    let currency_is_iso = amount
-        .and_then(|a| a.get("currency"))
-        .is_none_or(|c| c.as_str().is_some_and(is_currency_code));
+    let amount = |name| {
+        item.get("amount")
+            .and_then(|a| a.get(name))
+            .filter(|v| !v.is_null() && v.as_str() != Some(""))
+    };
+    let value_is_integer = amount("value").is_none_or(|v| v.as_i64().is_some());
+    let currency_is_iso =
+        amount("currency").is_none_or(|c| c.as_str().is_some_and(is_currency_code));
     let fields = SIGNED_FIELDS.map(|name| field(item, name));
     let unambiguous = SIGNED_FIELDS
         .iter()

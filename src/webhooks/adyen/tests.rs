@@ -167,6 +167,18 @@ fn a_signature_verifies_only_fields_that_sign_unambiguously() {
     let mut lower = library_item(None);
     lower["amount"]["currency"] = json!("eur");
     assert!(sign_adyen(LIBRARY_KEY, &batch_of(&[lower])).is_err());
+    // A null or empty amount field signs as a missing one, and is read as one.
+    for amount in [
+        json!({ "value": 0, "currency": null }),
+        json!({ "value": null, "currency": "" }),
+        json!({}),
+    ] {
+        let mut report = library_item(None);
+        report["eventCode"] = json!("REPORT_AVAILABLE");
+        report["amount"] = amount.clone();
+        let signed = sign_adyen(LIBRARY_KEY, &batch_of(&[report])).unwrap();
+        assert_eq!(verify(&signed, &[LIBRARY_KEY]), Ok(()), "{amount}");
+    }
 }
 
 #[test]

@@ -3,6 +3,7 @@
 //! not say) is answered 200, recorded `ignored` with `detail: "livemode_mismatch"`, and
 //! writes nothing of the payment; unset (outside production) both modes count.
 
+use mongodb::bson::doc;
 use serde_json::{Value, json};
 use tokenmint::webhooks::adyen::sign_adyen;
 
@@ -111,11 +112,7 @@ async fn a_live_adyen_endpoint_ignores_every_item_of_a_test_batch() {
     assert_eq!(answer.status(), 200);
     assert_eq!(answer.text().await.unwrap(), "[accepted]");
     nothing_written(&app).await;
-    // Recorded apart from the items' own ids: `live` is not signed.
-    for id in [
-        "AUTHORISATION:PSP_A:true#live",
-        "AUTHORISATION:PSP_B:true#live",
-    ] {
+    for id in ["AUTHORISATION:PSP_A:true", "AUTHORISATION:PSP_B:true"] {
         let (outcome, detail) = recorded(&app, id).await;
         assert_eq!((outcome.as_str(), detail.as_deref()), MISMATCH, "{id}");
     }
@@ -125,9 +122,10 @@ async fn a_live_adyen_endpoint_ignores_every_item_of_a_test_batch() {
     assert_eq!(app.active_indexes("PSP_C").await, vec![0, 1]);
 }
 
-/// Adyen signs no `live`: a copy of a genuine live item flipped to `"false"` (by anyone
-/// who saw the delivery, sent before Adyen's own retry of it) is ignored, and the genuine
-/// item that follows is applied, not a duplicate.
+/// Adyen signs no `live`: a copy of a genuine live withdrawal flipped to `"false"` (by
+/// anyone who saw the delivery, sent before Adyen's own retry of it) is ignored apart from
+/// the item's own id, and the genuine item that follows is applied, not a duplicate. A
+/// test success ignored keeps its own id: its copy flipped to `"true"` is a duplicate.
 #[tokio::test]
 async fn an_adyen_item_copied_with_live_flipped_does_not_stand_for_the_genuine_one() {
     let app = spawn_app_with(&format!("{}livemode = true\n", adyen::ADYEN)).await;
@@ -153,6 +151,23 @@ async fn an_adyen_item_copied_with_live_flipped_does_not_stand_for_the_genuine_o
     assert_eq!(payment_status(&app, "PSP_L").await.0, "refunded");
     assert_eq!(recorded(&app, "REFUND:REF_L:true").await.0, "revoked");
     let (outcome, detail) = recorded(&app, "REFUND:REF_L:true#live").await;
+    assert_eq!((outcome.as_str(), detail.as_deref()), MISMATCH);
+
+    let test_payment = adyen_batch(&[authorisation("PSP_T", 2)], "false");
+    assert_eq!(
+        adyen::post_batch(&app, test_payment.clone()).await.status(),
+        200
+    );
+    let mut flipped: Value = serde_json::from_slice(&test_payment).unwrap();
+    flipped["live"] = json!("true");
+    let answer = adyen::post_batch(&app, flipped.to_string().into_bytes()).await;
+    assert_eq!(answer.status(), 200);
+    assert_eq!(
+        app.count("tokens", doc! { "origin.paymentIntentId": "PSP_T" })
+            .await,
+        0
+    );
+    let (outcome, detail) = recorded(&app, "AUTHORISATION:PSP_T:true").await;
     assert_eq!((outcome.as_str(), detail.as_deref()), MISMATCH);
 }
 
