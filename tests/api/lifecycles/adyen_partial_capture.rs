@@ -540,3 +540,48 @@ async fn a_cancellation_of_the_rest_after_a_capture_in_part_keeps_what_was_captu
         0
     );
 }
+
+/// The same capture and cancellation delivered the other way round (the capture's
+/// delivery failed and came back later): Adyen captures nothing after a cancellation of
+/// the whole authorisation, so a capture recorded on a canceled payment proves that the
+/// cancellation released only the rest. The payment stands for its capture and issues
+/// the 6 tokens the capture paid for.
+#[tokio::test]
+async fn a_capture_delivered_after_the_cancellation_of_the_rest_issues_its_share() {
+    let app = spawn_app_with(&adyen_manual()).await;
+    send(&app, &[authorisation("PSP_R", 10)]).await;
+    let mut cancel = modification("CANCELLATION", "CAN_R", "PSP_R", 1000);
+    cancel["eventDate"] = json!("2026-11-30T16:00:00Z");
+    send(&app, &[cancel.clone()]).await;
+    assert_eq!(payment_status(&app, "PSP_R").await.0, "canceled");
+
+    send(
+        &app,
+        &[adyen_capture("CAP_R", "PSP_R", 600, "2026-11-30T15:00:00Z")],
+    )
+    .await;
+    assert_eq!(payment_status(&app, "PSP_R").await.0, "succeeded");
+    assert_eq!(
+        app.active_indexes("PSP_R").await,
+        (0..6).collect::<Vec<i64>>()
+    );
+    assert_eq!(revoked(&app, "PSP_R").await, partly_refunded(6..10));
+    let recorded = app
+        .find_stored("webhook_events", doc! { "eventId": "CAPTURE:CAP_R:true" })
+        .await;
+    assert_eq!(recorded.get_str("outcome").unwrap(), "issued", "{recorded}");
+    assert!(app.store().await.verify().await.unwrap().is_clean());
+
+    // The cancellation sent again (its dedupe record expired) changes nothing now.
+    app.db
+        .collection::<mongodb::bson::Document>("webhook_events")
+        .delete_one(doc! { "eventId": "CANCELLATION:CAN_R:true" })
+        .await
+        .unwrap();
+    send(&app, &[cancel]).await;
+    assert_eq!(payment_status(&app, "PSP_R").await.0, "succeeded");
+    assert_eq!(
+        app.active_indexes("PSP_R").await,
+        (0..6).collect::<Vec<i64>>()
+    );
+}
