@@ -440,11 +440,6 @@ fn gate(event: &PaymentEvent) -> ProjectionGate<'static> {
         // releases the rest of the authorisation, which the money already counts as
         // withdrawn (`uncaptured:`): the captured money stands, and so do its tokens.
         yields_to_captures: event.status == PaymentStatus::Canceled,
-        // The other order: Adyen captures nothing once the whole authorisation is
-        // canceled, so a successful capture recorded on a canceled payment was made before
-        // the cancellation and delivered after it. The cancellation released only the
-        // rest, and the payment stands for what was captured.
-        capture_reopens_canceled: event.capture.is_some(),
     }
 }
 

@@ -170,9 +170,8 @@ pub struct ReversalEntry {
 /// The stages that record `capture` among the payment's `captures` (one amount per
 /// capture id, only growing: a replay counts once) and make the payment's `amount` their
 /// sum, whatever order the parts arrive in; nothing for a held-back event. A change of
-/// the amount is a change of the money (`moneyVersion`). With `reopens_canceled`, a
-/// canceled payment becomes `succeeded` as the capture is recorded.
-fn captured(capture: &CapturedPart, reopens_canceled: bool) -> [Document; 2] {
+/// the amount is a change of the money (`moneyVersion`).
+fn captured(capture: &CapturedPart) -> [Document; 2] {
     let id = literal(capture.id.as_str());
     let captures = doc! { "$ifNull": ["$captures", []] };
     let others = doc! { "$filter": {
@@ -201,14 +200,6 @@ fn captured(capture: &CapturedPart, reopens_canceled: bool) -> [Document; 2] {
             "updatedAt": unless_held_back("updatedAt", "$$NOW".into()),
             "moneyVersion": unless_held_back("moneyVersion", doc! { "$add": [
                 { "$ifNull": ["$moneyVersion", 0_i64] }, 1_i64,
-            ] }.into()),
-            "status": unless_held_back("status", doc! { "$cond": [
-                { "$and": [
-                    reopens_canceled,
-                    { "$eq": ["$status", PaymentStatus::Canceled.as_str()] },
-                ] },
-                PaymentStatus::Succeeded.as_str(),
-                "$status",
             ] }.into()),
         } },
     ]
@@ -330,9 +321,6 @@ pub struct ProjectionGate<'a> {
     /// cancellation: what it releases then is the rest the captures left, which the money
     /// counts as withdrawn already).
     pub yields_to_captures: bool,
-    /// Whether a canceled payment the event's capture is recorded on stands again
-    /// (`succeeded`).
-    pub capture_reopens_canceled: bool,
 }
 
 /// A token's tokenIndex as stored (an integer of either width).
@@ -594,7 +582,7 @@ impl Store {
             ] } },
         ];
         if let Some(capture) = &event.capture {
-            pipeline.extend(captured(capture, gate.capture_reopens_canceled));
+            pipeline.extend(captured(capture));
         }
         pipeline.push(doc! { "$unset": HELD_BACK });
         self.upsert_payment(&event.key, pipeline).await
