@@ -173,12 +173,14 @@ impl ParsedEvent {
         }
     }
 
-    /// Whether the event reports money taken back (a refund, a chargeback, a
-    /// cancellation, a failure): it can only take tokens back, never issue or give any.
-    pub fn takes_money_back(&self) -> bool {
+    /// Whether the event may issue tokens: a success (or an authorisation a capture will
+    /// turn into one), not a withdrawal nor money coming back.
+    pub fn may_issue(&self) -> bool {
         match self {
             Self::Payment(e) => {
-                e.refund.is_some() || PaymentStatus::ENTITLED_TO_NOTHING.contains(&e.status)
+                (e.status == PaymentStatus::Succeeded || e.authorises_capture)
+                    && e.refund.is_none()
+                    && e.reversal.is_none()
             }
             Self::Ignored { .. } => false,
         }

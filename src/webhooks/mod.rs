@@ -82,14 +82,15 @@ pub enum Delivery {
 
 impl Delivery {
     /// Every event of the delivery, ignored for `reason`. When the reason rests on
-    /// `unsigned`, a field the signature does not cover, an event that takes money back
-    /// is recorded apart from its own id ([`ParsedEvent::ignored_for_unsigned`]): a copy
-    /// with that field altered must not make the genuine withdrawal a duplicate. Any
-    /// other keeps its own id: a copy of an ignored success with the field altered back
-    /// is then a duplicate, not a payment of the other mode issued.
+    /// `unsigned`, a field the signature does not cover, an event that may issue keeps
+    /// its own id: a copy of an ignored success with the field altered back is then a
+    /// duplicate, not a payment of the other mode issued. Any other (a withdrawal, money
+    /// coming back) is recorded apart ([`ParsedEvent::ignored_for_unsigned`]): a copy
+    /// with the field altered must not make the genuine event a duplicate, and applied
+    /// in the other mode it names a payment unknown there.
     fn ignored(self, reason: &str, unsigned: Option<&str>) -> Self {
         let ignore = |event: ParsedEvent| match unsigned {
-            Some(field) if event.takes_money_back() => event.ignored_for_unsigned(field, reason),
+            Some(field) if !event.may_issue() => event.ignored_for_unsigned(field, reason),
             _ => event.ignored(reason),
         };
         match self {

@@ -122,10 +122,11 @@ async fn a_live_adyen_endpoint_ignores_every_item_of_a_test_batch() {
     assert_eq!(app.active_indexes("PSP_C").await, vec![0, 1]);
 }
 
-/// Adyen signs no `live`: a copy of a genuine live withdrawal flipped to `"false"` (by
-/// anyone who saw the delivery, sent before Adyen's own retry of it) is ignored apart from
-/// the item's own id, and the genuine item that follows is applied, not a duplicate. A
-/// test success ignored keeps its own id: its copy flipped to `"true"` is a duplicate.
+/// Adyen signs no `live`: a copy of a genuine live withdrawal or reversal flipped to
+/// `"false"` (by anyone who saw the delivery, sent before Adyen's own retry of it) is
+/// ignored apart from the item's own id, and the genuine item that follows is applied,
+/// not a duplicate. A test success ignored keeps its own id: its copy flipped to `"true"`
+/// is a duplicate.
 #[tokio::test]
 async fn an_adyen_item_copied_with_live_flipped_does_not_stand_for_the_genuine_one() {
     let app = spawn_app_with(&format!("{}livemode = true\n", adyen::ADYEN)).await;
@@ -152,6 +153,24 @@ async fn an_adyen_item_copied_with_live_flipped_does_not_stand_for_the_genuine_o
     assert_eq!(recorded(&app, "REFUND:REF_L:true").await.0, "revoked");
     let (outcome, detail) = recorded(&app, "REFUND:REF_L:true#live").await;
     assert_eq!((outcome.as_str(), detail.as_deref()), MISMATCH);
+
+    let live = |items: &[Value]| adyen_batch(items, "true");
+    adyen::post_batch(&app, live(&[authorisation("PSP_V", 2)])).await;
+    let chargeback = adyen::modification("CHARGEBACK", "CB_V", "PSP_V", 1000);
+    adyen::post_batch(&app, live(&[chargeback])).await;
+    assert_eq!(app.active_indexes("PSP_V").await, Vec::<i64>::new());
+    let reversed = live(&[adyen::modification(
+        "CHARGEBACK_REVERSED",
+        "CB_V",
+        "PSP_V",
+        1000,
+    )]);
+    let mut flipped: Value = serde_json::from_slice(&reversed).unwrap();
+    flipped["live"] = json!("false");
+    adyen::post_batch(&app, flipped.to_string().into_bytes()).await;
+    assert_eq!(app.active_indexes("PSP_V").await, Vec::<i64>::new());
+    adyen::post_batch(&app, reversed).await;
+    assert_eq!(app.active_indexes("PSP_V").await, vec![0, 1]);
 
     let test_payment = adyen_batch(&[authorisation("PSP_T", 2)], "false");
     assert_eq!(
