@@ -540,3 +540,60 @@ async fn a_cancellation_of_the_rest_after_a_capture_in_part_keeps_what_was_captu
         0
     );
 }
+
+/// The cancellation of the rest, held back by the capture recorded, fails to record its
+/// webhook event (a failover, say): it is answered as failed and Adyen delivers it again.
+/// Neither delivery revokes anything; the redelivery is recorded `ignored`.
+#[tokio::test]
+async fn a_cancellation_of_the_rest_whose_record_fails_keeps_the_captured_share_when_sent_again() {
+    let name = unique_app_name();
+    let app = spawn_app_named(
+        &name,
+        &format!("{}[repair]\nenabled = false\n", adyen_manual()),
+    )
+    .await;
+    send(&app, &[authorisation("PSP_E", 10)]).await;
+    send(
+        &app,
+        &[adyen_capture("CAP_E", "PSP_E", 600, "2026-11-30T15:00:00Z")],
+    )
+    .await;
+    let mut cancel = modification("CANCELLATION", "CAN_E", "PSP_E", 1000);
+    cancel["eventDate"] = json!("2026-11-30T16:00:00Z");
+    let events = format!("{}.webhook_events", app.db_name);
+    let failing = FailPoint::always_on(&name, &["update"], &events, Fault::error(91)).await;
+    let refused = post_batch(&app, signed_batch(std::slice::from_ref(&cancel), ADYEN_NEW)).await;
+    failing.off().await;
+    assert_ne!(refused.text().await.unwrap(), "[accepted]");
+    assert_eq!(
+        app.active_indexes("PSP_E").await,
+        (0..6).collect::<Vec<i64>>()
+    );
+    assert_eq!(
+        app.count(
+            "webhook_events",
+            doc! { "eventId": "CANCELLATION:CAN_E:true" }
+        )
+        .await,
+        0
+    );
+
+    send(&app, &[cancel]).await;
+    let recorded = app
+        .find_stored(
+            "webhook_events",
+            doc! { "eventId": "CANCELLATION:CAN_E:true" },
+        )
+        .await;
+    assert_eq!(
+        recorded.get_str("outcome").unwrap(),
+        "ignored",
+        "{recorded}"
+    );
+    assert_eq!(
+        app.active_indexes("PSP_E").await,
+        (0..6).collect::<Vec<i64>>()
+    );
+    assert_eq!(payment_status(&app, "PSP_E").await.0, "succeeded");
+    assert!(app.store().await.verify().await.unwrap().is_clean());
+}
