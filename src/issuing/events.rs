@@ -445,8 +445,9 @@ fn gate(event: &PaymentEvent) -> ProjectionGate<'static> {
 
 /// Why the projection held `event` back under `gate`, read from the state it returned:
 /// a held-back event left the stored document as it was, and an applied one leaves a
-/// state under which neither condition holds (it has the event's version, or the
-/// parameters it fixed), so the same conditions tell the two apart.
+/// state under which no condition holds (it has the event's version, the parameters it
+/// fixed, and no capture when it is a cancellation), so the same conditions tell the two
+/// apart.
 fn held_back(
     event: &PaymentEvent,
     gate: &ProjectionGate<'_>,

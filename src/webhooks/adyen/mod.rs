@@ -200,7 +200,8 @@ pub(super) fn check_secret(secret: &str) -> Result<(), &'static str> {
 }
 
 /// Parses a verified batch into one event per item, in the batch's order. Each item's
-/// event id is `eventCode:pspReference:success`; its account is `merchantAccountCode`.
+/// event id is `eventCode:pspReference:success` (`…#eventDate` for one ignored for its
+/// unsigned date); its account is `merchantAccountCode`.
 /// `capture` says which item is the payment's success: the `AUTHORISATION` (automatic
 /// capture) or the `CAPTURE` (manual capture, the authorisation only processing).
 pub fn parse_adyen(
