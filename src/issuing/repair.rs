@@ -192,20 +192,22 @@ fn failed(payment: &str, what: &'static str, err: &StoreError) {
 }
 
 /// Every `interval`, for as long as the process lives: `repair_unfinished(min_age)`,
-/// then `repair_recent_withdrawals(lookback)`.
+/// then `repair_recent_withdrawals(lookback)`, each whatever the other did. The sweep of
+/// withdrawals is what settles a refund whose own settle was lost: an unfinished record
+/// the database keeps failing (one it will not lease, say) must not starve it.
 pub fn spawn_repair(issuer: Issuer, interval: Duration, min_age: Duration, lookback: Duration) {
     tokio::spawn(async move {
         let mut ticks = tokio::time::interval(interval);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             ticks.tick().await;
-            let swept = match issuer.repair_unfinished(min_age).await {
-                Ok(_) => issuer.repair_recent_withdrawals(lookback).await.map(drop),
-                Err(err) => Err(err),
-            };
-            if let Err(err) = swept {
-                // The database is down or electing: the next tick tries again.
-                tracing::warn!(error = %err, "self-repair sweep interrupted");
+            // Either failing means the database is down or electing, or one record or
+            // payment failed it: the next tick tries again.
+            if let Err(err) = issuer.repair_unfinished(min_age).await {
+                tracing::warn!(error = %err, "self-repair of unfinished issuances interrupted");
+            }
+            if let Err(err) = issuer.repair_recent_withdrawals(lookback).await {
+                tracing::warn!(error = %err, "self-repair sweep of withdrawals interrupted");
             }
         }
     });

@@ -126,3 +126,41 @@ async fn crashed_after_the_mark_is_revoked_by_the_sweep(mode: &str) {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// An unfinished record the sweep cannot lease (the database fails the lease's write for
+/// it, every time) does not starve the sweep of recent withdrawals, which runs on the
+/// same tick: the tokens a refunded payment's lost settle left active are revoked all the
+/// same.
+#[tokio::test]
+async fn a_record_that_cannot_be_leased_does_not_stop_the_sweep_of_withdrawals() {
+    let name = unique_app_name();
+    let app = spawn_app_named(&name, FAST_REPAIR).await;
+    let stuck_at = ago(Duration::from_secs(60));
+    seed(
+        &app.db,
+        issuing_record("pi_unleasable", ObjectId::new(), 3, stuck_at),
+        0..1,
+    )
+    .await;
+    let issuances = format!("{}.issuances", app.db_name);
+    let lease_fails =
+        FailPoint::always_on(&name, &["findAndModify"], &issuances, Fault::error(91)).await;
+    let refunded_at = ago(Duration::from_secs(5));
+    store_refunded(&app, "pi_swept", refunded_at).await;
+    let mut record = issuing_record("pi_swept", ObjectId::new(), 3, refunded_at);
+    record.insert("status", "issued");
+    seed(&app.db, record, 0..3).await;
+
+    let started = std::time::Instant::now();
+    let active = doc! { "origin.paymentIntentId": "pi_swept", "status": "active" };
+    while app.count("tokens", active.clone()).await > 0 {
+        assert!(
+            started.elapsed() < REPAIR_WITHIN,
+            "the refunded payment's tokens stayed active"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(lease_fails.off().await > 0, "the lease never failed");
+    let stuck = record_of(&app.db, "pi_unleasable").await;
+    assert_eq!(stuck.get_str("status"), Ok("issuing"), "{stuck}");
+}
