@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use super::{adyen_capture, adyen_manual};
+use super::{adyen_capture, adyen_manual, recorded};
 use crate::adyen::{ADYEN_NEW, authorisation, modification, post_batch, send, signed_batch};
 use crate::helpers::*;
 use crate::provider_events::payment_status;
@@ -478,67 +478,56 @@ async fn a_later_capture_whose_tokens_cannot_be_brought_back_does_so_when_sent_a
     assert!(app.store().await.verify().await.unwrap().is_clean());
 }
 
+/// Payment `psp` authorised for 10 tokens (1,000) and captured for 600 at 15:00: tokens
+/// 0..5 stand, 6..9 are written revoked.
+async fn captured_six_of_ten(app: &TestApp, psp: &str) {
+    send(app, &[authorisation(psp, 10)]).await;
+    let capture = adyen_capture(&format!("CAP_{psp}"), psp, 600, "2026-11-30T15:00:00Z");
+    send(app, &[capture]).await;
+}
+
+/// The merchant's CANCELLATION, at 16:00, of what `psp`'s capture left reserved; its event
+/// id is `CANCELLATION:CAN_{psp}:true`.
+fn cancellation_of_the_rest(psp: &str) -> Value {
+    let mut cancel = modification("CANCELLATION", &format!("CAN_{psp}"), psp, 1000);
+    cancel["eventDate"] = json!("2026-11-30T16:00:00Z");
+    cancel
+}
+
+/// What a cancellation of the rest of `psp` leaves: itself recorded `ignored`, the 6
+/// tokens the capture paid for active, the payment `succeeded`, `verify` clean.
+async fn assert_the_captured_share_stands(app: &TestApp, psp: &str) {
+    let (outcome, _) = recorded(app, &format!("CANCELLATION:CAN_{psp}:true")).await;
+    assert_eq!(outcome, "ignored");
+    assert_eq!(app.active_indexes(psp).await, (0..6).collect::<Vec<i64>>());
+    assert_eq!(revoked(app, psp).await, partly_refunded(6..10));
+    assert_eq!(payment_status(app, psp).await.0, "succeeded");
+    assert!(app.store().await.verify().await.unwrap().is_clean());
+}
+
 /// Adyen's multiple partial captures leave the rest of the authorisation reserved until
 /// the merchant cancels it: that CANCELLATION, after a capture of 600, releases the 400
 /// the money already counts as withdrawn. The 6 tokens the capture paid for stand, the
-/// payment stays `succeeded`, and the cancellation is recorded `ignored`.
+/// payment stays `succeeded` (its document as the capture left it), and the cancellation
+/// is recorded `ignored`.
 #[tokio::test]
 async fn a_cancellation_of_the_rest_after_a_capture_in_part_keeps_what_was_captured() {
     let app = spawn_app_with(&adyen_manual()).await;
-    send(&app, &[authorisation("PSP_K", 10)]).await;
-    send(
-        &app,
-        &[adyen_capture("CAP_K", "PSP_K", 600, "2026-11-30T15:00:00Z")],
-    )
-    .await;
-    assert_eq!(
-        app.active_indexes("PSP_K").await,
-        (0..6).collect::<Vec<i64>>()
-    );
-    let before = app
-        .find_stored("payments", doc! { "paymentIntentId": "PSP_K" })
-        .await;
+    captured_six_of_ten(&app, "PSP_K").await;
+    let payment = doc! { "paymentIntentId": "PSP_K" };
+    let before = app.find_stored("payments", payment.clone()).await;
 
-    let mut cancel = modification("CANCELLATION", "CAN_K", "PSP_K", 1000);
-    cancel["eventDate"] = json!("2026-11-30T16:00:00Z");
-    send(&app, &[cancel]).await;
+    send(&app, &[cancellation_of_the_rest("PSP_K")]).await;
 
-    let recorded = app
-        .find_stored(
-            "webhook_events",
-            doc! { "eventId": "CANCELLATION:CAN_K:true" },
-        )
-        .await;
-    assert_eq!(
-        recorded.get_str("outcome").unwrap(),
-        "ignored",
-        "{recorded}"
-    );
-    assert_eq!(
-        app.active_indexes("PSP_K").await,
-        (0..6).collect::<Vec<i64>>()
-    );
-    assert_eq!(revoked(&app, "PSP_K").await, partly_refunded(6..10));
-    let after = app
-        .find_stored("payments", doc! { "paymentIntentId": "PSP_K" })
-        .await;
-    assert_eq!(after, before, "the payment is as the capture left it");
-    assert_eq!(payment_status(&app, "PSP_K").await.0, "succeeded");
-    assert!(app.store().await.verify().await.unwrap().is_clean());
+    assert_the_captured_share_stands(&app, "PSP_K").await;
+    assert_eq!(app.find_stored("payments", payment).await, before);
 
     // A payment with no capture yet is canceled as before.
     send(&app, &[authorisation("PSP_N", 2)]).await;
-    send(
-        &app,
-        &[modification("CANCELLATION", "CAN_N", "PSP_N", 1000)],
-    )
-    .await;
+    send(&app, &[cancellation_of_the_rest("PSP_N")]).await;
     assert_eq!(payment_status(&app, "PSP_N").await.0, "canceled");
-    assert_eq!(
-        app.count("tokens", doc! { "origin.paymentIntentId": "PSP_N" })
-            .await,
-        0
-    );
+    let tokens = doc! { "origin.paymentIntentId": "PSP_N" };
+    assert_eq!(app.count("tokens", tokens).await, 0);
 }
 
 /// The cancellation of the rest, held back by the capture recorded, fails to record its
@@ -552,48 +541,20 @@ async fn a_cancellation_of_the_rest_whose_record_fails_keeps_the_captured_share_
         &format!("{}[repair]\nenabled = false\n", adyen_manual()),
     )
     .await;
-    send(&app, &[authorisation("PSP_E", 10)]).await;
-    send(
-        &app,
-        &[adyen_capture("CAP_E", "PSP_E", 600, "2026-11-30T15:00:00Z")],
-    )
-    .await;
-    let mut cancel = modification("CANCELLATION", "CAN_E", "PSP_E", 1000);
-    cancel["eventDate"] = json!("2026-11-30T16:00:00Z");
+    captured_six_of_ten(&app, "PSP_E").await;
+    let cancel = cancellation_of_the_rest("PSP_E");
     let events = format!("{}.webhook_events", app.db_name);
     let failing = FailPoint::always_on(&name, &["update"], &events, Fault::error(91)).await;
     let refused = post_batch(&app, signed_batch(std::slice::from_ref(&cancel), ADYEN_NEW)).await;
-    failing.off().await;
+    assert!(failing.off().await > 0, "the record's write never failed");
     assert_ne!(refused.text().await.unwrap(), "[accepted]");
     assert_eq!(
         app.active_indexes("PSP_E").await,
         (0..6).collect::<Vec<i64>>()
     );
-    assert_eq!(
-        app.count(
-            "webhook_events",
-            doc! { "eventId": "CANCELLATION:CAN_E:true" }
-        )
-        .await,
-        0
-    );
+    let recorded = doc! { "eventId": "CANCELLATION:CAN_PSP_E:true" };
+    assert_eq!(app.count("webhook_events", recorded).await, 0);
 
     send(&app, &[cancel]).await;
-    let recorded = app
-        .find_stored(
-            "webhook_events",
-            doc! { "eventId": "CANCELLATION:CAN_E:true" },
-        )
-        .await;
-    assert_eq!(
-        recorded.get_str("outcome").unwrap(),
-        "ignored",
-        "{recorded}"
-    );
-    assert_eq!(
-        app.active_indexes("PSP_E").await,
-        (0..6).collect::<Vec<i64>>()
-    );
-    assert_eq!(payment_status(&app, "PSP_E").await.0, "succeeded");
-    assert!(app.store().await.verify().await.unwrap().is_clean());
+    assert_the_captured_share_stands(&app, "PSP_E").await;
 }
