@@ -140,16 +140,7 @@ impl QueryParameters {
 /// carries the unknown fields found (as errors for the caller to report with its own);
 /// a body that still does not fit `T` without them is a 422 naming them and the misfit.
 pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<(T, FieldErrors), ApiError> {
-    let mut value = match serde_json::from_slice::<UniqueKeys>(bytes) {
-        Ok(UniqueKeys(value)) => value,
-        // The only data error a generic value can raise is our repeated key.
-        Err(e) if e.is_data() => {
-            let message = e.to_string();
-            let field = quoted_name(&message).unwrap_or_else(|| "body".to_owned());
-            return Err(ApiError::validation(&field, "is given more than once"));
-        }
-        Err(e) => return Err(ApiError::MalformedJson(e.to_string())),
-    };
+    let mut value = read_value(bytes)?;
     if !value.is_object() {
         return Err(ApiError::validation("body", "must be a JSON object"));
     }
@@ -190,6 +181,53 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<(T, FieldErrors),
         return Err(errors
             .finish()
             .map_or_else(ApiError::Validation, |()| ApiError::Internal));
+    }
+}
+
+/// Reads `bytes` as one JSON value in which no object repeats a key. Well-formed JSON
+/// that serde_json cannot hold is the field's fault, not the syntax's, and is a 422
+/// naming it: a number beyond a double's range (`1e400`), or nesting deeper than its
+/// limit of 128 levels (named by its top-level field). serde_json reports both as
+/// syntax errors, told apart only by their messages.
+fn read_value(bytes: &[u8]) -> Result<Value, ApiError> {
+    let mut reader = serde_json::Deserializer::from_slice(bytes);
+    let err = match serde_path_to_error::deserialize(&mut reader) {
+        Ok(UniqueKeys(value)) => {
+            return reader
+                .end()
+                .map(|()| value)
+                .map_err(|e| ApiError::MalformedJson(e.to_string()));
+        }
+        Err(err) => err,
+    };
+    let path = err.path().clone();
+    let message = err.into_inner().to_string();
+    let named = |field: String| {
+        if field.is_empty() || field == "." {
+            "body".to_owned()
+        } else {
+            field
+        }
+    };
+    if message.starts_with("duplicate field") {
+        let field = quoted_name(&message).unwrap_or_else(|| "body".to_owned());
+        Err(ApiError::validation(&field, "is given more than once"))
+    } else if message.starts_with("number out of range") {
+        Err(ApiError::validation(
+            &named(path.to_string()),
+            "is a number too large to read",
+        ))
+    } else if message.starts_with("recursion limit exceeded") {
+        let top = match path.iter().next() {
+            Some(Segment::Map { key }) => key.clone(),
+            _ => String::new(),
+        };
+        Err(ApiError::validation(
+            &named(top),
+            "nests deeper than 128 levels",
+        ))
+    } else {
+        Err(ApiError::MalformedJson(message))
     }
 }
 
@@ -392,6 +430,29 @@ mod tests {
     fn wrong_type_is_named() {
         assert_eq!(errors(r#"{"count": "4"}"#)[0].field, "count");
         assert_eq!(errors(r#"{"count": 4.5}"#)[0].field, "count");
+    }
+
+    #[test]
+    fn well_formed_json_serde_cannot_hold_is_a_422_naming_the_field() {
+        assert_eq!(errors(r#"{"count": 1e400}"#)[0].field, "count");
+        assert_eq!(errors(r#"{"a": {"b": -1e400}}"#)[0].field, "a.b");
+        assert_eq!(errors("1e400")[0].field, "body");
+        let deep = format!(r#"{{"count": {}{}}}"#, "[".repeat(200), "]".repeat(200));
+        assert_eq!(errors(&deep)[0].field, "count");
+        assert_eq!(
+            errors(&format!("{}{}", "[".repeat(200), "]".repeat(200)))[0].field,
+            "body"
+        );
+        // Still syntax: a truncated number, trailing text.
+        for text in [r#"{"count": 1e}"#, r#"{"count": 1} x"#] {
+            assert!(
+                matches!(
+                    parse_json::<Body>(text.as_bytes()),
+                    Err(ApiError::MalformedJson(_))
+                ),
+                "{text}"
+            );
+        }
     }
 
     #[test]

@@ -41,6 +41,28 @@ async fn a_body_that_is_not_an_object_is_422() {
     assert_nothing_written(&app).await;
 }
 
+/// Well-formed JSON the parser cannot hold names its field, as any other misfit does.
+#[tokio::test]
+async fn a_number_too_large_or_nesting_too_deep_is_422_naming_the_field() {
+    let app = spawn_app().await;
+    let deep = format!("{}{}", "[".repeat(200), "]".repeat(200));
+    for (raw, field) in [
+        (
+            r#"{"provider":"stripe","paymentIntentId":"pi_big","owner":"65f1a0c2b3d4e5f601234567","tokenType":"standard","quantity":1e400}"#.to_owned(),
+            "quantity",
+        ),
+        (
+            format!(r#"{{"provider":"stripe","paymentIntentId":"pi_deep","owner":"65f1a0c2b3d4e5f601234567","tokenType":"standard","quantity":1,"mode":{deep}}}"#),
+            "mode",
+        ),
+    ] {
+        let response = app.issue_raw("application/json", raw.clone()).await;
+        let problem = assert_problem(response, 422, "validation_failed").await;
+        assert_eq!(error_fields(&problem), [field], "{raw}: {problem}");
+    }
+    assert_nothing_written(&app).await;
+}
+
 #[tokio::test]
 async fn a_body_that_is_not_json_typed_is_415() {
     let app = spawn_app().await;
