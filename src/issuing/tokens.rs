@@ -6,6 +6,7 @@
 
 use std::time::Instant;
 
+use mongodb::bson::oid::ObjectId;
 use mongodb::bson::{DateTime, Document, doc};
 
 use super::{Issuer, Keyed};
@@ -37,6 +38,27 @@ impl Transition {
             }
             _ => false,
         }
+    }
+
+    /// Whether `token` shows already what this transition of `by`'s would make of it: the
+    /// client's own first attempt, whose answer was lost, or the same change made by
+    /// another (a revoked token, a token the new owner holds). RFC 9110 lets a request
+    /// whose `If-Match` no longer matches succeed then, since what it asks for is done:
+    /// a retry carrying its first attempt's tag is answered as that attempt was, not 412.
+    /// A redeem never is: another's redeem is no success of this one's (a retry names
+    /// its `reference`: `is_replayed_by`).
+    pub fn is_reflected_in(&self, token: &TokenDoc, by: &Actor) -> bool {
+        matches!(
+            decide(
+                token.status,
+                was_withdrawn(token),
+                token.owner,
+                self,
+                by,
+                DateTime::now()
+            ),
+            Decision::AlreadyDone
+        )
     }
 
     /// The operation label used in metrics and messages.
@@ -101,14 +123,15 @@ pub(super) fn redeemed_fields(reference: Option<&str>, by: &Actor, now: DateTime
     set
 }
 
-/// The state machine: only an active token changes; revoking a revoked one is a no-op,
-/// but for a token a withdrawal revoked (`withdrawn`: its last author is a provider):
+/// The state machine: only an active token changes; revoking a revoked one, or
+/// transferring a token to the `owner` it has, is a no-op, but for a token a withdrawal revoked (`withdrawn`: its last author is a provider):
 /// the revoke then makes `by` its author, so that money coming back, which makes active
 /// again only what the provider revoked, leaves it revoked. Every write names its author
 /// (`lastChangedBy`).
 fn decide(
     status: TokenStatus,
     withdrawn: bool,
+    owner: ObjectId,
     transition: &Transition,
     by: &Actor,
     now: DateTime,
@@ -130,6 +153,11 @@ fn decide(
             if let Some(reason) = reason {
                 set.insert("revocationReason", reason.as_str());
             }
+        }
+        (TokenStatus::Active, Transition::Transfer { new_owner })
+            if new_owner.object_id() == owner =>
+        {
+            return Decision::AlreadyDone;
         }
         (TokenStatus::Active, Transition::Transfer { new_owner }) => {
             set.insert("owner", new_owner.object_id());
@@ -184,14 +212,20 @@ impl Issuer {
             if let Gate::IfMatch(expected) = gate
                 && expected != current.version
             {
+                if transition.is_reflected_in(&current, by) {
+                    return Ok(TransitionOutcome::AlreadyDone(current));
+                }
                 record_rejection(transition);
                 return Ok(TransitionOutcome::VersionConflict(current));
             }
-            let withdrawn = current
-                .last_changed_by
-                .as_ref()
-                .is_some_and(|author| Actor::from_stored(author.clone()).is_provider());
-            let set = match decide(current.status, withdrawn, transition, by, DateTime::now()) {
+            let set = match decide(
+                current.status,
+                was_withdrawn(&current),
+                current.owner,
+                transition,
+                by,
+                DateTime::now(),
+            ) {
                 Decision::Write(set) => set,
                 Decision::AlreadyDone => return Ok(TransitionOutcome::AlreadyDone(current)),
                 Decision::Forbidden => return Ok(TransitionOutcome::StateConflict(current)),
@@ -232,6 +266,9 @@ impl Issuer {
                         Some(now) if transition.is_replayed_by(&now) => {
                             return Ok(TransitionOutcome::Replayed(now));
                         }
+                        Some(now) if transition.is_reflected_in(&now, by) => {
+                            return Ok(TransitionOutcome::AlreadyDone(now));
+                        }
                         // Someone else's version: the client's 412 under `If-Match`;
                         // without, decide again on it.
                         Some(now) if matches!(gate, Gate::IfMatch(_)) => {
@@ -257,6 +294,14 @@ impl Issuer {
             }
         }
     }
+}
+
+/// Whether a provider's withdrawal revoked `token` (its last author is a provider).
+fn was_withdrawn(token: &TokenDoc) -> bool {
+    token
+        .last_changed_by
+        .as_ref()
+        .is_some_and(|author| Actor::from_stored(author.clone()).is_provider())
 }
 
 fn record_rejection(transition: &Transition) {
@@ -291,6 +336,8 @@ mod tests {
         let now = DateTime::from_millis(1_700_000_000_000);
         let by = Actor::api_key("ops");
         let owner = Owner::from_object_id(ObjectId::new());
+        // The token's owner in the table: not the transfer's new one.
+        let holder = ObjectId::new();
         let redeem = |reference: Option<&str>| Transition::Redeem {
             reference: reference.map(str::to_owned),
         };
@@ -343,7 +390,10 @@ mod tests {
         for (status, transition, expected) in &table {
             covered.insert((status.as_str(), transition.operation()));
             let row = format!("{status:?} × {transition:?}");
-            match (decide(*status, false, transition, &by, now), expected) {
+            match (
+                decide(*status, false, holder, transition, &by, now),
+                expected,
+            ) {
                 (Decision::Write(set), Write(fields)) => {
                     let mut want = doc! { "updatedAt": now, "lastChangedBy": "key:ops" };
                     want.extend(fields.clone());
@@ -363,7 +413,7 @@ mod tests {
 
         // A token a withdrawal revoked: an operator's revoke makes it theirs (written),
         // the provider's own is done already, and nothing else applies still.
-        match decide(Revoked, true, &revoke(Some("fraud")), &by, now) {
+        match decide(Revoked, true, holder, &revoke(Some("fraud")), &by, now) {
             Decision::Write(set) => assert_eq!(
                 set,
                 doc! { "updatedAt": now, "lastChangedBy": "key:ops", "revocationReason": "fraud" }
@@ -372,12 +422,17 @@ mod tests {
         }
         let stripe = Actor::provider(&crate::domain::Provider::parse("stripe").unwrap());
         assert!(matches!(
-            decide(Revoked, true, &revoke(None), &stripe, now),
+            decide(Revoked, true, holder, &revoke(None), &stripe, now),
             Decision::AlreadyDone
         ));
         assert!(matches!(
-            decide(Revoked, true, &redeem(None), &by, now),
+            decide(Revoked, true, holder, &redeem(None), &by, now),
             Decision::Forbidden
+        ));
+        // A transfer to the owner the token has is done already.
+        assert!(matches!(
+            decide(Active, false, owner.object_id(), &transfer, &by, now),
+            Decision::AlreadyDone
         ));
     }
 

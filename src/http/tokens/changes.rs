@@ -148,7 +148,10 @@ async fn apply(
             Some(version) => Gate::IfMatch(version),
             None => {
                 let current = find_visible_token(state, principal, id).await?;
-                if !condition.matches(current.version) && !transition.is_replayed_by(&current) {
+                if !condition.matches(current.version)
+                    && !transition.is_replayed_by(&current)
+                    && !transition.is_reflected_in(&current, &Actor::api_key(&principal.key_id))
+                {
                     record_version_rejection(&transition);
                     return Err(version_conflict(principal, &current));
                 }
