@@ -66,6 +66,18 @@ impl Issuer {
         refuse_unless_standing(payment.as_ref())?;
         match payment {
             Some(payment) if payment.status == PaymentStatus::Succeeded => {
+                // Issued already (by a trusted backend, say): the record is what was
+                // issued, and the checkout is answered from it, as it was before the
+                // provider's success came. That success may name no parameters, or
+                // others: it must not turn the same request's 200 into a 409.
+                if self
+                    .store
+                    .find_record(&request.key)
+                    .await?
+                    .is_some_and(|record| record.status != IssuanceStatus::Pending)
+                {
+                    return self.record_pending(request).await;
+                }
                 let known = self.usable_metadata(&payment).ok().flatten().ok_or(
                     IssueError::NeedsTrustedIssuer(
                         "The payment succeeded without usable token metadata; only a trusted backend can issue for it.",
@@ -144,7 +156,8 @@ impl Issuer {
     }
 
     /// Records a checkout's request until the payment succeeds, unless the payment has a
-    /// record already (then: verify it, and answer from it). A refund's placeholder is
+    /// record already (then: verify it, and answer from it; this is also how a checkout
+    /// is answered from a record issued before it asked). A refund's placeholder is
     /// taken over in place.
     async fn record_pending(&self, request: &NewIssuance) -> Result<IssueOutcome, IssueError> {
         let mut pending = IssuanceDoc::new(request, IssuanceStatus::Pending);

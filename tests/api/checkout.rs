@@ -333,6 +333,49 @@ async fn a_trusted_issuance_takes_over_a_pending_checkout_request_in_either_mode
     }
 }
 
+/// A checkout's request answered from a trusted backend's issuance is answered the same
+/// once the provider's success arrives, whatever that success names (no parameters, or
+/// another owner's): the record is what was issued, nothing more is written.
+#[tokio::test]
+async fn a_checkout_answered_from_a_backends_issuance_is_answered_the_same_after_the_success() {
+    let app = app().await;
+    let other_owner = json!({
+        "tokenmint_owner": OTHER_OWNER, "tokenmint_token_type": "standard", "tokenmint_quantity": "2",
+    });
+    for (payment, metadata) in [
+        ("pi_backend_bare", json!({})),
+        ("pi_backend_other", other_owner),
+    ] {
+        let body = issuance_body(payment, 2);
+        assert_eq!(app.issue(REQUEST_KEY, &body).await.status(), 202);
+        assert_eq!(app.issue(WRITER_KEY, &body).await.status(), 201);
+        let before = app.issue(REQUEST_KEY, &body).await;
+        assert_eq!(before.status(), 200, "{payment}");
+        let before = json(before).await;
+
+        let mut success = intent_event(&format!("evt_{payment}"), "succeeded", payment, now(), "2");
+        success["data"]["object"]["metadata"] = metadata;
+        assert_eq!(deliver_stripe(&app, &success).await.status(), 200);
+
+        let after = app.issue(REQUEST_KEY, &body).await;
+        assert_eq!(after.status(), 200, "{payment}");
+        assert_eq!(json(after).await["tokens"], before["tokens"], "{payment}");
+        let record = record(&app, payment).await.expect("the record");
+        assert_eq!(record.get_str("status").unwrap(), "issued", "{record}");
+        assert_eq!(record.get_i64("quantity").unwrap(), 2);
+        assert_eq!(
+            app.count("tokens", doc! { "origin.paymentIntentId": payment })
+                .await,
+            2
+        );
+        assert_eq!(
+            app.count("tokens", doc! { "origin.paymentIntentId": payment, "owner": ObjectId::parse_str(OWNER).unwrap() }).await,
+            2,
+            "{payment}: the backend's owner holds them"
+        );
+    }
+}
+
 /// The dates of `payment`'s record and of each of its tokens' `origin.date`.
 async fn recorded_dates(app: &TestApp, payment: &str) -> (Document, Vec<mongodb::bson::DateTime>) {
     let record = record(app, payment).await.expect("the record");
