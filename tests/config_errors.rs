@@ -201,6 +201,16 @@ fn a_config_file_that_does_not_parse_is_located_without_quoting_it() {
     refused(&output, &["TOML parse error at line", "bad.toml"]);
 }
 
+/// A misspelt production would start with development's rules (a random admin key
+/// printed, no keys needed): refused, naming the variable.
+#[test]
+fn a_misspelt_environment_is_refused() {
+    for name in ["Production", "production ", "prod", "Staging"] {
+        let output = tokenmint(&["serve"], &[("TOKENMINT_ENV", name)]);
+        refused(&output, &["`TOKENMINT_ENV`"]);
+    }
+}
+
 #[test]
 fn production_refuses_an_adyen_provider_without_basic_credentials() {
     // An Adyen HMAC key: it must not be printed either.

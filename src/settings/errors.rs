@@ -307,16 +307,20 @@ pub(super) mod tests {
 
     #[test]
     fn a_missing_key_is_named_once() {
-        let err = Settings::from_figment(Figment::new(), "test".into())
-            .unwrap_err()
-            .to_string();
+        let err = Settings::from_figment(
+            Figment::new(),
+            super::super::Environment::Named("test".to_owned()),
+        )
+        .unwrap_err()
+        .to_string();
         assert!(err.contains("`server` is required"), "{err}");
         let figment = Figment::new()
             .merge(Toml::string(DEFAULT_TOML))
             .merge(Toml::string("[providers.stripe]\nscheme = \"stripe\""));
-        let err = Settings::from_figment(figment, "test".into())
-            .unwrap_err()
-            .to_string();
+        let err =
+            Settings::from_figment(figment, super::super::Environment::Named("test".to_owned()))
+                .unwrap_err()
+                .to_string();
         assert!(
             err.contains("`providers.stripe.secrets` must hold at least one secret"),
             "{err}"

@@ -60,8 +60,9 @@ pub struct Settings {
     pub environment: Environment,
 }
 
-/// Which deployment this is: `TOKENMINT_ENV`. Any name is accepted, as it also picks the
-/// file `config/<name>.toml`; only `production` changes what a configuration must meet.
+/// Which deployment this is: `TOKENMINT_ENV`. Any lowercase name is accepted, as it also
+/// picks the file `config/<name>.toml`; only `production` changes what a configuration
+/// must meet.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub enum Environment {
     /// The default, when `TOKENMINT_ENV` is unset.
@@ -83,12 +84,32 @@ impl Environment {
     }
 }
 
-impl From<&str> for Environment {
-    fn from(name: &str) -> Self {
+impl Environment {
+    /// Reads `TOKENMINT_ENV`. A name is lowercase letters, digits, `_` and `-`; anything
+    /// else (`Production`, `production ` with a space a file left, `prod`) is refused:
+    /// read as some other name it would start with development's rules — a random admin
+    /// key printed, token prices and Basic credentials optional, test events accepted —
+    /// where the operator meant production's.
+    pub fn parse(name: &str) -> Result<Self, SettingsError> {
+        let lowercase_name = !name.is_empty()
+            && name.len() <= 64
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-');
+        let looks_like_production = name.trim().eq_ignore_ascii_case("production")
+            || name.trim().eq_ignore_ascii_case("prod");
         match name {
-            "development" => Self::Development,
-            "production" => Self::Production,
-            other => Self::Named(other.to_owned()),
+            "development" => Ok(Self::Development),
+            "production" => Ok(Self::Production),
+            _ if looks_like_production => Err(errors::invalid(
+                "TOKENMINT_ENV",
+                format!("{name:?} is not `production`, which is spelled so exactly"),
+            )),
+            _ if !lowercase_name => Err(errors::invalid(
+                "TOKENMINT_ENV",
+                format!("{name:?} is not a name of lowercase letters, digits, `_` and `-`"),
+            )),
+            other => Ok(Self::Named(other.to_owned())),
         }
     }
 }
@@ -515,8 +536,10 @@ const ENV_PREFIX: &str = "TOKENMINT__";
 impl Settings {
     /// Loads the layered configuration from the process environment.
     pub fn load(config_file: Option<&Path>) -> Result<Self, SettingsError> {
-        let environment = std::env::var("TOKENMINT_ENV")
-            .map_or(Environment::Development, |name| name.as_str().into());
+        let environment = match std::env::var("TOKENMINT_ENV") {
+            Ok(name) => Environment::parse(&name)?,
+            Err(_) => Environment::Development,
+        };
         let figment = Self::figment(&environment, config_file).merge(
             Env::prefixed(ENV_PREFIX)
                 .split("__")
@@ -568,7 +591,7 @@ impl Settings {
             Figment::new().merge(Toml::string(DEFAULT_TOML)),
             |figment, layer| figment.merge(Toml::string(layer)),
         );
-        Self::from_figment(figment, "test".into())
+        Self::from_figment(figment, Environment::Named("test".to_owned()))
     }
 
     pub fn is_production(&self) -> bool {
@@ -633,6 +656,40 @@ mod tests {
     }
 
     #[test]
+    fn an_environment_is_a_lowercase_name_and_production_is_spelled_exactly() {
+        assert_eq!(
+            Environment::parse("production").unwrap(),
+            Environment::Production
+        );
+        assert_eq!(
+            Environment::parse("development").unwrap(),
+            Environment::Development
+        );
+        assert_eq!(
+            Environment::parse("staging-2").unwrap(),
+            Environment::Named("staging-2".to_owned())
+        );
+        for near in [
+            "Production",
+            "PRODUCTION",
+            "production ",
+            " production",
+            "prod",
+        ] {
+            let refused = Environment::parse(near).unwrap_err().to_string();
+            assert!(refused.contains("`TOKENMINT_ENV`"), "{near:?}: {refused}");
+            assert!(
+                refused.contains("spelled so exactly"),
+                "{near:?}: {refused}"
+            );
+        }
+        for bad in ["", "Staging", "staging ", "a/b", "x.y"] {
+            let refused = Environment::parse(bad).unwrap_err().to_string();
+            assert!(refused.contains("lowercase letters"), "{bad:?}: {refused}");
+        }
+    }
+
+    #[test]
     fn production_without_livemode_means_live_only() {
         let provider = |livemode: &str| {
             format!(
@@ -643,7 +700,7 @@ mod tests {
             let figment = Figment::new()
                 .merge(Toml::string(DEFAULT_TOML))
                 .merge(Toml::string(&provider(livemode)));
-            Settings::from_figment(figment, environment.into())
+            Settings::from_figment(figment, Environment::parse(environment).unwrap())
                 .unwrap()
                 .providers["stripe"]
                 .livemode
