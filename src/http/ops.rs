@@ -31,11 +31,12 @@ pub async fn healthz() -> axum::Json<Health> {
     })
 }
 
-/// Readiness: not shutting down, MongoDB answers and every migration is applied.
+/// Readiness: not shutting down, MongoDB answers as a server that takes writes (a
+/// primary, a standalone or a mongos), and every migration is applied.
 #[utoipa::path(get, path = "/readyz", tag = "operations",
     responses(
         (status = 200, description = "Ready to serve", body = Health),
-        (status = 503, description = "Shutting down, database unreachable or migrations pending", body = Health),
+        (status = 503, description = "Shutting down, database unreachable or not writable, or migrations pending", body = Health),
     ))]
 pub async fn readyz(
     State(state): State<AppState>,
@@ -46,15 +47,18 @@ pub async fn readyz(
     let reason = if stopping() {
         Some("shutting down".to_owned())
     } else {
-        let reason = match state.issuer.store().ping().await {
+        let writable = state.issuer.store().accepts_writes().await;
+        // The gauge says whether MongoDB answers; what it answered is readiness' own.
+        crate::telemetry::record_database_up(writable.is_ok());
+        let reason = match writable {
             Err(_) => Some("database unreachable".to_owned()),
-            Ok(()) => match crate::migrate::pending(state.issuer.store()).await {
+            Ok(false) => Some("database not writable: not a primary".to_owned()),
+            Ok(true) => match crate::migrate::pending(state.issuer.store()).await {
                 Ok(pending) if pending.is_empty() => None,
                 Ok(pending) => Some(format!("migrations pending: {}", pending.join(", "))),
                 Err(_) => Some("cannot read applied migrations".to_owned()),
             },
         };
-        crate::telemetry::record_database_up(reason.is_none());
         // The checks take a while when the database is slow: shutdown may have begun.
         reason.or_else(|| stopping().then(|| "shutting down".to_owned()))
     };

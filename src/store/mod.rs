@@ -211,10 +211,20 @@ impl Store {
         }
     }
 
-    /// Round trip to the server; used by readiness.
+    /// Round trip to the server; used by the `tokenmint_mongodb_up` probe.
     pub async fn ping(&self) -> Result<(), StoreError> {
         self.db.run_command(doc! { "ping": 1 }).await?;
         Ok(())
+    }
+
+    /// Whether the server tokenmint's commands reach takes writes: readiness. Commands
+    /// go to the primary, so a replica set without one fails to answer at all; but a
+    /// member reached directly (`directConnection=true`) answers whatever it is, and a
+    /// primary that stepped down still answers a `ping` while refusing every write.
+    pub async fn accepts_writes(&self) -> Result<bool, StoreError> {
+        let hello = self.db.run_command(doc! { "hello": 1 }).await?;
+        Ok(hello.get_bool("isWritablePrimary").unwrap_or(false)
+            || Deployment::from_hello(&hello).sharded)
     }
 
     /// Whether multi-document transactions are available: a replica-set member or mongos.

@@ -112,6 +112,13 @@ async fn readiness_waits_for_migrations() {
     );
     assert_eq!(app.count("_migrations", doc! {}).await, 0);
     assert_nothing_written(&app).await;
+    // The database answers: its gauge says so, whatever readiness says.
+    let metrics = app.http.get(app.url("/metrics")).send().await.unwrap();
+    let metrics = metrics.text().await.unwrap();
+    assert!(
+        metrics.lines().any(|line| line == "tokenmint_mongodb_up 1"),
+        "{metrics}"
+    );
 }
 
 #[tokio::test]

@@ -28,11 +28,13 @@
 //!
 //! Files: the replica set in `replica_set.rs`, the clients' load in `load.rs`, what the
 //! watcher saw (elections, windows without writes) in `timeline.rs`, the replication-lag
-//! scenario in `lag.rs`, the held mark in `term.rs`; the stepdown and kill-primary scenarios and the checks here.
+//! scenario in `lag.rs`, the held mark in `term.rs`, readiness after a stepdown in
+//! `readiness.rs`; the stepdown and kill-primary scenarios and the checks here.
 
 mod lag;
 mod load;
 mod majority_lag;
+mod readiness;
 mod replica_set;
 mod term;
 mod timeline;
@@ -332,6 +334,12 @@ async fn failover_redemption_retried_before_the_majority_has_it_is_neither_answe
 #[ignore = "fault injection: scripts/reliability.sh"]
 async fn failover_election_between_tokens_and_mark_settles_the_batch_again() {
     term::scenario().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "fault injection: scripts/reliability.sh"]
+async fn failover_readiness_reports_a_member_that_stepped_down_as_not_ready() {
+    readiness::scenario().await;
 }
 
 /// The figures' arithmetic (runs in a plain `cargo test`: no mongod needed).

@@ -123,6 +123,14 @@ impl ReplicaSet {
         format!("mongodb://{}/?replicaSet={REPLICA_SET}", hosts.join(","))
     }
 
+    /// A URI that reaches member `i` alone (`directConnection=true`), whatever it is.
+    pub(super) fn direct_uri(&self, i: usize) -> String {
+        format!(
+            "mongodb://127.0.0.1:{}/?directConnection=true",
+            self.members[i].port
+        )
+    }
+
     pub(super) fn clients(&self) -> Vec<Client> {
         self.members.iter().map(|m| m.client.clone()).collect()
     }
