@@ -136,10 +136,11 @@ pub enum Finished {
 impl Cli {
     /// The settings the command runs with, loaded before the runtime (which they size);
     /// `None` for the commands that need none (`openapi`, `keys new`), which a broken
-    /// configuration must not stop.
+    /// configuration must not stop, or only `server.bind` (`healthcheck`).
     pub fn settings(&self) -> anyhow::Result<Option<Settings>> {
         match self.command {
             Command::Openapi
+            | Command::Healthcheck { .. }
             | Command::Keys {
                 command: KeysCommand::New { .. },
             } => Ok(None),
@@ -167,6 +168,9 @@ impl Cli {
                         accounts,
                     },
             } => return new_key(id, scopes, accounts),
+            Command::Healthcheck { url } => {
+                return healthcheck(self.config.as_deref(), url.as_deref()).await;
+            }
             _ => {}
         }
         let settings = settings.context("the command's settings were not loaded")?;
@@ -182,7 +186,6 @@ impl Cli {
                     Ok(Finished::Clean)
                 }
                 Command::Migrate { dry_run } => migrate(&settings, dry_run).await,
-                Command::Healthcheck { url } => healthcheck(&settings, url.as_deref()).await,
                 Command::Duplicates { json } => duplicates(&settings, json).await,
                 Command::Webhooks {
                     command: WebhooksCommand::Sign { provider, file, id },
@@ -200,6 +203,7 @@ impl Cli {
                     command: KeysCommand::Dev,
                 } => dev_key(&settings),
                 Command::Openapi
+                | Command::Healthcheck { .. }
                 | Command::Keys {
                     command: KeysCommand::New { .. },
                 } => unreachable!("handled above"),
@@ -321,10 +325,14 @@ fn dev_key(settings: &Settings) -> anyhow::Result<Finished> {
 }
 
 /// `healthcheck`: prints what it found, so `docker inspect` shows why a check failed.
-async fn healthcheck(settings: &Settings, url: Option<&str>) -> anyhow::Result<Finished> {
+/// Of the configuration it reads `server.bind` alone, and only without `url`.
+async fn healthcheck(
+    config: Option<&std::path::Path>,
+    url: Option<&str>,
+) -> anyhow::Result<Finished> {
     let target = match url {
         Some(url) => crate::healthcheck::Target::parse(url)?,
-        None => crate::healthcheck::Target::readyz_at(settings.server.bind),
+        None => crate::healthcheck::Target::readyz_at(Settings::load_bind(config)?),
     };
     if crate::healthcheck::check(&target).await {
         println!("ready");

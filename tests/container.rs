@@ -44,11 +44,23 @@ async fn healthcheck_exits_0_when_ready_and_1_when_unreachable() {
         let by_url = healthcheck(&["--url", &format!("http://{address}/readyz")], &[]);
         // Without --url: /readyz on server.bind, as in the image.
         let by_bind = healthcheck(&[], &[("TOKENMINT__SERVER__BIND", &address)]);
-        (by_url, by_bind)
+        // The rest of the configuration is `serve`'s: a provider whose scheme only
+        // `serve`'s own file names does not fail the check.
+        let half_configured = healthcheck(
+            &[],
+            &[
+                ("TOKENMINT__SERVER__BIND", &address),
+                (
+                    "TOKENMINT__PROVIDERS__STRIPE__SECRETS",
+                    "[\"whsec_0123456789abcdefghij\"]",
+                ),
+            ],
+        );
+        (by_url, by_bind, half_configured)
     })
     .await
     .unwrap();
-    for output in [&ready.0, &ready.1] {
+    for output in [&ready.0, &ready.1, &ready.2] {
         assert_eq!(output.status.code(), Some(0), "{}", described(output));
         assert_eq!(String::from_utf8_lossy(&output.stdout).trim(), "ready");
     }

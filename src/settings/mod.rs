@@ -536,6 +536,23 @@ const ENV_PREFIX: &str = "TOKENMINT__";
 impl Settings {
     /// Loads the layered configuration from the process environment.
     pub fn load(config_file: Option<&Path>) -> Result<Self, SettingsError> {
+        let (figment, environment) = Self::layers(config_file)?;
+        Self::from_figment(figment, environment)
+    }
+
+    /// `server.bind` alone, from the layers `load` reads: all `healthcheck` needs. A
+    /// container's check runs without the flags and files `serve` was given (a provider's
+    /// scheme in `serve`'s `--config`, its secret in the environment), so the rest of the
+    /// configuration, whole only for `serve`, must not fail it.
+    pub fn load_bind(config_file: Option<&Path>) -> Result<SocketAddr, SettingsError> {
+        let (figment, _) = Self::layers(config_file)?;
+        figment
+            .extract_inner("server.bind")
+            .map_err(|error| load_error(&figment, error))
+    }
+
+    /// Every layer, environment variables last, and the environment they were read for.
+    fn layers(config_file: Option<&Path>) -> Result<(Figment, Environment), SettingsError> {
         let environment = match std::env::var("TOKENMINT_ENV") {
             Ok(name) => Environment::parse(&name)?,
             Err(_) => Environment::Development,
@@ -545,7 +562,7 @@ impl Settings {
                 .split("__")
                 .map(|key| key.as_str().to_ascii_lowercase().into()),
         );
-        Self::from_figment(figment, environment)
+        Ok((figment, environment))
     }
 
     /// Defaults + environment file + `--config` file, without environment variables.

@@ -169,11 +169,8 @@ impl Application {
                 return Err(err);
             }
         };
-        tracing::info!(
-            environment = settings.environment.as_str(),
-            "listening on http://{}",
-            listener.local_addr()?
-        );
+        tracing::info!("environment {}", settings.environment.as_str());
+        tracing::info!("listening on http://{}", listener.local_addr()?);
         if let Some(metrics_listener) = &metrics_listener {
             tracing::info!(
                 "metrics on http://{}/metrics",
