@@ -243,6 +243,39 @@ fn production_refuses_an_adyen_provider_without_basic_credentials() {
     assert!(!stderr.contains(key), "{stderr}");
 }
 
+/// A password of digits alone, given in the environment, reads as a number: refused,
+/// naming the key and how to keep it a string (double quotes), never printing it; quoted,
+/// it is taken.
+#[test]
+fn a_secret_of_digits_in_the_environment_is_refused_with_how_to_quote_it() {
+    let adyen = |password: &str| {
+        let secrets = "[\"44782DEF547AAA06C910C43932B1EB0C71FC68D9D0C057550C48EC2ACF6BA056\"]";
+        tokenmint(
+            &["serve"],
+            &[
+                ("TOKENMINT__PROVIDERS__PAY__SCHEME", "adyen"),
+                ("TOKENMINT__PROVIDERS__PAY__SECRETS", secrets),
+                (
+                    "TOKENMINT__PROVIDERS__PAY__BASIC_AUTH_USERNAME",
+                    "ws_tokenmint",
+                ),
+                ("TOKENMINT__PROVIDERS__PAY__BASIC_AUTH_PASSWORD", password),
+            ],
+        )
+    };
+    let stderr = refused(
+        &adyen("20261207"),
+        &["`providers.pay.basic_auth_password`", "double quotes"],
+    );
+    assert!(!stderr.contains("20261207"), "{stderr}");
+    // Quoted: the configuration passes (the start then fails on the unreachable
+    // database the helper points it at, not on the password).
+    let output = adyen("\"20261207\"");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!stderr.contains("basic_auth_password"), "{stderr}");
+    assert!(!stderr.contains("invalid configuration"), "{stderr}");
+}
+
 #[test]
 fn a_mongo_uri_asking_for_less_durability_is_refused_naming_the_option() {
     for (option, needed) in [

@@ -40,6 +40,18 @@ fn describe(figment: &Figment, error: &figment::Error) -> String {
     use figment::error::Kind;
     let mut path = error.path.clone();
     let problem = match &error.kind {
+        // An environment variable's value is read as a number or a boolean when it looks
+        // like one: a password of digits alone is no string. Quoting it keeps it one.
+        Kind::InvalidType(actual, expected)
+            if expected.contains("string")
+                && !matches!(actual, figment::error::Actual::Str(_))
+                && from_environment(error) =>
+        {
+            format!(
+                "must be {expected}, not {}: an environment variable's value that reads as one is one; put it in double quotes (\"…\") to keep it a string",
+                kind_of(actual)
+            )
+        }
         Kind::InvalidType(actual, expected) => {
             format!("must be {expected}, not {}", kind_of(actual))
         }
@@ -168,6 +180,14 @@ fn quotes_no_value(message: &str, value: Option<figment::value::Value>) -> bool 
 }
 
 /// Where a value came from: the environment variable, or the file.
+/// Whether the value `error` is about came from an environment variable.
+fn from_environment(error: &figment::Error) -> bool {
+    error
+        .metadata
+        .as_ref()
+        .is_some_and(|metadata| metadata.name.contains("environment variable"))
+}
+
 fn origin_of(error: &figment::Error, path: &[String]) -> String {
     let Some(metadata) = &error.metadata else {
         return String::new();
