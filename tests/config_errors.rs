@@ -298,6 +298,35 @@ fn a_mongo_uri_asking_for_less_durability_is_refused_naming_the_option() {
     }
 }
 
+/// A URI option that a setting sets (or tokenmint itself) to another value is refused,
+/// naming the option and where to give it, rather than silently overridden; the same
+/// value passes.
+#[test]
+fn a_mongo_uri_option_a_setting_overrides_is_refused_naming_both() {
+    for (option, named) in [
+        ("maxPoolSize=200", "`mongo.max_pool_size`"),
+        (
+            "serverSelectionTimeoutMS=30000",
+            "`mongo.server_selection_timeout_ms`",
+        ),
+        (
+            "connectTimeoutMS=9000",
+            "`mongo.server_selection_timeout_ms`",
+        ),
+        ("heartbeatFrequencyMS=10000", "remove the option"),
+    ] {
+        let uri = format!("mongodb://tokenmint:{SECRET}@127.0.0.1:1/?{option}");
+        let output = tokenmint(&["serve"], &[("TOKENMINT__MONGO__URI", uri.as_str())]);
+        let stderr = refused(&output, &["`mongo.uri`", option, named]);
+        assert!(!stderr.contains("127.0.0.1"), "{stderr}");
+    }
+    // As the settings say (the helper's selection timeout is 200 ms): not refused.
+    let uri = "mongodb://127.0.0.1:1/?serverSelectionTimeoutMS=200&maxPoolSize=64";
+    let output = tokenmint(&["serve"], &[("TOKENMINT__MONGO__URI", uri)]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!stderr.contains("invalid configuration"), "{stderr}");
+}
+
 #[test]
 fn a_key_listed_twice_is_refused_naming_the_setting() {
     let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))

@@ -117,9 +117,12 @@ async fn open_store(
             if let Some(embedded) = embedded {
                 embedded.stop().await;
             }
-            // Asking for less durability is a configuration error like any other.
+            // Asking for less durability, or for what a setting sets, is a configuration
+            // error like any other.
             Err(match err {
-                ConnectError::LessDurable(_) => anyhow::anyhow!("invalid configuration: {err}"),
+                ConnectError::LessDurable(_) | ConnectError::Overridden(_) => {
+                    anyhow::anyhow!("invalid configuration: {err}")
+                }
                 ConnectError::Invalid(_) => anyhow::Error::new(err).context("invalid mongo.uri"),
             })
         }

@@ -42,6 +42,9 @@ pub enum ConnectError {
     /// option, as a configuration error does.
     #[error("`mongo.uri` {0}")]
     LessDurable(String),
+    /// `mongo.uri` sets an option a setting (or tokenmint itself) sets otherwise.
+    #[error("`mongo.uri` {0}")]
+    Overridden(String),
     /// The URI does not parse, or the driver refused its options.
     #[error(transparent)]
     Invalid(#[from] super::StoreError),

@@ -143,13 +143,15 @@ impl Store {
         options
             .app_name
             .get_or_insert_with(|| "tokenmint".to_owned());
-        options.server_selection_timeout = Some(server_selection_timeout);
-        options.connect_timeout = Some(server_selection_timeout);
         // The driver has no socket timeout: a server that stops answering (paused, network
         // partition) is noticed by the monitor's heartbeat, which then interrupts in-use
         // connections. A frequent heartbeat bounds that to about a second plus the connect
         // timeout, so requests fail fast with 503 instead of hanging.
-        options.heartbeat_freq = Some(Duration::from_millis(1000));
+        let heartbeat = Duration::from_millis(1000);
+        refuse_overridden(&options, server_selection_timeout, max_pool_size, heartbeat)?;
+        options.server_selection_timeout = Some(server_selection_timeout);
+        options.connect_timeout = Some(server_selection_timeout);
+        options.heartbeat_freq = Some(heartbeat);
         options.max_pool_size = Some(max_pool_size);
         options.command_event_handler = config.command_events.clone();
         let client = Client::with_options(options)?;
@@ -265,6 +267,55 @@ impl Store {
     pub async fn shutdown(self) {
         self.client.shutdown().await;
     }
+}
+
+/// Refuses a URI option that a setting, or tokenmint itself, sets to another value: the
+/// URI would lose silently, and what the operator wrote and what runs would disagree (an
+/// Atlas URI's `maxPoolSize=200` running with 64 connections). The same value is fine.
+/// Only the option's name and value are told, never the URI.
+fn refuse_overridden(
+    options: &ClientOptions,
+    server_selection_timeout: Duration,
+    max_pool_size: u32,
+    heartbeat: Duration,
+) -> Result<(), ConnectError> {
+    let millis = |duration: Duration| duration.as_millis().to_string();
+    let governed = [
+        (
+            "maxPoolSize",
+            options.max_pool_size.map(|size| size.to_string()),
+            max_pool_size.to_string(),
+            "`mongo.max_pool_size` sets it: give it there",
+        ),
+        (
+            "serverSelectionTimeoutMS",
+            options.server_selection_timeout.map(millis),
+            millis(server_selection_timeout),
+            "`mongo.server_selection_timeout_ms` sets it: give it there",
+        ),
+        (
+            "connectTimeoutMS",
+            options.connect_timeout.map(millis),
+            millis(server_selection_timeout),
+            "`mongo.server_selection_timeout_ms` sets it as well: give it there",
+        ),
+        (
+            "heartbeatFrequencyMS",
+            options.heartbeat_freq.map(millis),
+            millis(heartbeat),
+            "tokenmint sets it, to notice within about a second a server that stopped answering: remove the option",
+        ),
+    ];
+    for (option, asked, runs, why) in governed {
+        if let Some(asked) = asked
+            && asked != runs
+        {
+            return Err(ConnectError::Overridden(format!(
+                "sets {option}={asked}, which would run as {runs}: {why}"
+            )));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
