@@ -50,16 +50,17 @@ pub struct IssuanceRequest {
     #[schema(value_type = String, required = true, example = "standard")]
     token_type: Option<Value>,
     /// Integer from 1 to `issuance.max_quantity` (configurable, default 1000, at most 10 000).
-    #[schema(value_type = i64, required = true, minimum = 1, example = 4)]
+    #[schema(value_type = i64, required = true, minimum = 1, maximum = 10000, example = 4)]
     quantity: Option<Value>,
     /// RFC 3339; default now. Set on the first write only, never compared on retry. A
-    /// checkout key's is never recorded: its tokens carry the provider's payment date
-    /// (or the trusted backend's, when that issues them).
+    /// checkout key's stands on its pending request only (and is answered back in the
+    /// 202): the tokens carry the provider's payment date (or the trusted backend's,
+    /// when that issues them).
     #[schema(value_type = Option<String>, required = false, format = DateTime)]
     payment_date: Option<Value>,
     /// `upsert` or `atomic`; default `issuance.default_mode`. A checkout key's is
-    /// checked but not used: the issuance that fulfils it runs in the provider's
-    /// (the default) or the trusted backend's mode.
+    /// checked, and stands on its pending request only: the issuance that fulfils it
+    /// runs in the provider's (the default) or the trusted backend's mode.
     #[schema(value_type = Option<IssuanceMode>, required = false)]
     mode: Option<Value>,
 }
@@ -254,7 +255,7 @@ impl From<TokenSummary> for TokenRef {
         ("Prefer" = Option<String>, Header, nullable = false, example = "wait=10",
             description = "RFC 7240. `wait=N`: a checkout key's pending request waits up to N seconds (at most 30; the request's timeout is extended by the wait) for the payment's provider event. Ignored for trusted keys; other or malformed preferences are ignored."),
     ),
-    security(("bearer" = ["issuances:write"])),
+    security(("bearer" = ["issuances:write"]), ("bearer" = ["issuances:request"])),
     responses(
         (status = 201, description = "Issued now", body = IssuanceResponse,
             headers(
@@ -275,6 +276,8 @@ impl From<TokenSummary> for TokenRef {
         (status = 409, description = "`idempotency_conflict`: the payment was issued with other parameters (`mismatches` names the fields, with both values; a checkout key is told neither); `payment_not_succeeded`: the provider reported the payment failed, canceled or refunded; `state_conflict`: a checkout key asked for a payment only a trusted backend can issue",
             headers(("Preference-Applied" = String, description = "`wait=N` when the request waited for the payment's event"))),
         (status = 422, description = "`validation_failed`, every bad field listed (a checkout key may only name a configured provider)"),
+        (status = 503, description = "`database_unavailable` or `request_timeout`: retry after Retry-After; `transactions_unavailable` (no Retry-After): atomic mode on a MongoDB without transactions, which a retry does not change (issue in mode `upsert`)",
+            headers(("Retry-After" = u64, description = "With `database_unavailable` and `request_timeout`"))),
     )
 )]
 pub async fn create_issuance(

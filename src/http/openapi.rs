@@ -12,7 +12,9 @@ use utoipa::openapi::{Content, ContentBuilder, HeaderBuilder, Ref, RefOr};
 use utoipa::{IntoResponses, Modify, OpenApi};
 
 use super::{error, tokens};
-use crate::domain::{AccountId, OBJECT_ID_PATTERN, PaymentIntentId, Provider, TokenType};
+use crate::domain::{
+    AccountId, OBJECT_ID_PATTERN, PaymentIntentId, Provider, RedemptionReference, TokenType,
+};
 
 /// The `If-Match` header of a change for which it is optional (redeem, revoke).
 pub(super) const IF_MATCH_DOC: &str = "The version the change is based on, e.g. \"3\"; or `*` (any version: the write gates on the version read), or a list (`\"1\", \"3\"`) of which any may match. Compared strongly: a weak tag (`W/\"3\"`) never matches (412)";
@@ -33,7 +35,9 @@ HTTP conventions, on every operation:\n\n\
 (RFC 6750), with `error=\"invalid_token\"` when a key was presented but is unknown; \
 `Signature realm=\"webhooks\", error=\"<code>\"` for webhook deliveries, which are \
 authenticated by the provider's signature over the raw body (`Stripe-Signature`, or \
-Standard Webhooks' `webhook-id`, `webhook-timestamp` and `webhook-signature`) instead.\n\
+Standard Webhooks' `webhook-id`, `webhook-timestamp` and `webhook-signature`) instead, \
+and `Basic realm=\"webhooks\", charset=\"UTF-8\"` for a delivery to a provider configured \
+with Basic credentials that lacks them.\n\
 - A known path with a method it does not support answers 405 `method_not_allowed` with \
 an `Allow` header listing the methods it does; an unknown path answers 404 `not_found`.\n\
 - `If-Match` uses RFC 9110's strong comparison: `W/\"3\"` never matches, `*` matches any \
@@ -149,8 +153,9 @@ impl Modify for HttpConventions {
         for (path, item) in openapi.paths.paths.iter_mut() {
             let challenge = if path.starts_with("/v1/webhooks/") {
                 format!(
-                    "`{}, error=\"<code>\"`: sign the raw body with the provider's configured scheme",
-                    error::WEBHOOK_SIGNATURE_CHALLENGE
+                    "`{}, error=\"<code>\"`: sign the raw body with the provider's configured scheme; `{}` (`basic_auth_invalid`) when the provider is configured with Basic credentials and the delivery's are missing or others",
+                    error::WEBHOOK_SIGNATURE_CHALLENGE,
+                    error::WEBHOOK_BASIC_CHALLENGE
                 )
             } else {
                 format!(
@@ -232,11 +237,37 @@ const PATTERNS: &[(&str, &str)] = &[
     ("If-Match", tokens::IF_MATCH_PATTERN),
 ];
 
-fn pattern_of(name: &str) -> Option<&'static str> {
-    PATTERNS
+/// The identifiers that name a resource in a URL path, which the parser also refuses as
+/// `.` or `..` (`DOT_SEGMENT_RULE`): their documented pattern says so by a lookahead
+/// (ECMA-262, as OpenAPI patterns are), which the parser's regex engine has not.
+const PATH_SEGMENTS: &[&str] = &["accountId", "paymentIntentId", "reference"];
+
+/// A redemption's `reference`, in the places it names one: a redeem's `reference` is
+/// free text, so this one goes by schema and path, not by name alone.
+const REDEMPTION_REFERENCE: &str = "reference";
+const REDEMPTION_SCHEMA: &str = "RedemptionRequest";
+const REDEMPTION_PATH: &str = "/v1/redemptions/";
+
+/// The documented pattern of `name`: its parser's, with the dot-segment rule where it
+/// applies.
+fn pattern_of(name: &str) -> Option<String> {
+    let pattern = PATTERNS
         .iter()
         .find(|(field, _)| *field == name)
-        .map(|(_, pattern)| *pattern)
+        .map(|(_, pattern)| *pattern)?;
+    Some(documented(name, pattern))
+}
+
+fn documented(name: &str, pattern: &str) -> String {
+    match pattern.strip_prefix('^') {
+        Some(rest) if PATH_SEGMENTS.contains(&name) => format!(r"^(?!\.{{1,2}}$){rest}"),
+        _ => pattern.to_owned(),
+    }
+}
+
+/// A redemption's reference, documented.
+fn redemption_reference() -> String {
+    documented(REDEMPTION_REFERENCE, RedemptionReference::PATTERN)
 }
 
 /// Sets `pattern` on `schema` when it is a string.
@@ -259,16 +290,21 @@ fn is_string(object: &Object) -> bool {
 
 impl Modify for IdentifierPatterns {
     fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
-        for item in openapi.paths.paths.values_mut() {
+        for (path, item) in openapi.paths.paths.iter_mut() {
             for operation in operations(item) {
                 for parameter in operation.parameters.iter_mut().flatten() {
                     let RefOr::T(parameter) = parameter else {
                         continue;
                     };
-                    if let (Some(pattern), Some(schema)) =
-                        (pattern_of(&parameter.name), parameter.schema.as_mut())
+                    let pattern = if path.starts_with(REDEMPTION_PATH)
+                        && parameter.name == REDEMPTION_REFERENCE
                     {
-                        set_pattern(schema, pattern);
+                        Some(redemption_reference())
+                    } else {
+                        pattern_of(&parameter.name)
+                    };
+                    if let (Some(pattern), Some(schema)) = (pattern, parameter.schema.as_mut()) {
+                        set_pattern(schema, &pattern);
                     }
                 }
             }
@@ -276,11 +312,17 @@ impl Modify for IdentifierPatterns {
         let Some(components) = openapi.components.as_mut() else {
             return;
         };
-        for schema in components.schemas.values_mut() {
+        for (schema_name, schema) in components.schemas.iter_mut() {
             if let RefOr::T(Schema::Object(object)) = schema {
                 for (name, property) in object.properties.iter_mut() {
-                    if let Some(pattern) = pattern_of(name) {
-                        set_pattern(property, pattern);
+                    let pattern =
+                        if schema_name == REDEMPTION_SCHEMA && name == REDEMPTION_REFERENCE {
+                            Some(redemption_reference())
+                        } else {
+                            pattern_of(name)
+                        };
+                    if let Some(pattern) = pattern {
+                        set_pattern(property, &pattern);
                     }
                 }
             }
@@ -309,6 +351,40 @@ mod tests {
                 pattern.is_match(candidate),
                 Owner::parse(candidate).is_ok(),
                 "{candidate:?}"
+            );
+        }
+    }
+
+    /// What the document says of who may issue, of identifiers in URL paths and of the
+    /// largest quantity is what the code enforces.
+    #[test]
+    fn the_document_says_what_the_code_enforces() {
+        let doc = serde_json::to_value(crate::http::ApiDoc::openapi()).unwrap();
+        let issue = &doc["paths"]["/v1/issuances"]["post"];
+        assert_eq!(
+            issue["security"],
+            serde_json::json!([{ "bearer": ["issuances:write"] }, { "bearer": ["issuances:request"] }]),
+            "a trusted key or a checkout key"
+        );
+        let schemas = &doc["components"]["schemas"];
+        let segment = |rest: &str| format!(r"^(?!\.{{1,2}}$){rest}");
+        assert_eq!(
+            schemas["RedemptionRequest"]["properties"]["reference"]["pattern"],
+            segment(&RedemptionReference::PATTERN[1..])
+        );
+        assert_eq!(
+            schemas["IssuanceRequest"]["properties"]["accountId"]["pattern"],
+            segment(&AccountId::PATTERN[1..])
+        );
+        assert!(
+            schemas["RedeemRequest"]["properties"]["reference"]["pattern"].is_null(),
+            "a redeem's reference is free text"
+        );
+        for schema in ["IssuanceRequest", "RedemptionRequest"] {
+            assert_eq!(
+                schemas[schema]["properties"]["quantity"]["maximum"],
+                crate::settings::MAX_QUANTITY,
+                "{schema}"
             );
         }
     }

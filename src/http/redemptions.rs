@@ -43,7 +43,7 @@ pub struct RedemptionRequest {
     #[schema(value_type = String, required = true, example = "standard")]
     token_type: Option<Value>,
     /// How many tokens to redeem: an integer from 1 to `issuance.max_quantity`.
-    #[schema(value_type = i64, required = true, minimum = 1, example = 3)]
+    #[schema(value_type = i64, required = true, minimum = 1, maximum = 10000, example = 3)]
     quantity: Option<Value>,
     /// The client's name for this redemption, unique per owner: `^[A-Za-z0-9_.:-]{1,128}$`.
     #[schema(value_type = String, required = true, example = "order-42")]
@@ -223,6 +223,8 @@ pub const CREATE_SCOPE: Scope = Scope::TokensRedeem;
         (status = 409, description = "`idempotency_conflict`: the reference was used with another tokenType, quantity or accountId (`mismatches`); `insufficient_balance`: fewer active tokens than asked (`available`); `request_in_progress`: the first request with this Idempotency-Key is still running (`Retry-After`)",
             headers(("Retry-After" = u64, description = "With `request_in_progress`"))),
         (status = 422, description = "`validation_failed`: bad fields (all listed) or Idempotency-Key; `idempotency_key_reused`"),
+        (status = 503, description = "`database_unavailable` or `request_timeout`: retry after Retry-After; `transactions_unavailable` (no Retry-After): a MongoDB without transactions, which redemptions need and a retry does not change",
+            headers(("Retry-After" = u64, description = "With `database_unavailable` and `request_timeout`"))),
     )
 )]
 pub async fn create_redemption(
