@@ -25,6 +25,9 @@ impl Settings {
             ),
             ("version_gate.budget_ms", self.version_gate.budget),
             ("repair.interval_ms", self.repair.interval),
+            // 0 would abandon every request in flight at SIGTERM, which shutdown promises
+            // to finish.
+            ("server.shutdown_grace_ms", self.server.shutdown_grace),
         ];
         for (key, duration) in positive_durations {
             if duration.is_zero() {
@@ -402,6 +405,11 @@ mod tests {
         assert!(err.to_string().contains("issuance.max_quantity"), "{err}");
         let err = Settings::with_overrides(&["[issuance]\nmax_waiters = 0"]).unwrap_err();
         assert!(err.to_string().contains("issuance.max_waiters"), "{err}");
+        let err = Settings::with_overrides(&["[server]\nshutdown_grace_ms = 0"]).unwrap_err();
+        assert!(
+            err.to_string().contains("server.shutdown_grace_ms"),
+            "{err}"
+        );
     }
 
     #[test]
