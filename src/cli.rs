@@ -361,11 +361,22 @@ pub fn sign_webhook(
 
 async fn migrate(settings: &Settings, dry_run: bool) -> anyhow::Result<Finished> {
     let (store, embedded) = connect(settings).await?;
-    let result = crate::migrate::run(&store, dry_run).await;
+    let days = settings.webhooks.retention_days;
+    let result = async {
+        let report = crate::migrate::run(&store, dry_run).await?;
+        // The TTL index of webhook_events follows a setting, not a file: kept in step here
+        // as a start that applies migrations does.
+        let kept = store.webhook_retention_days().await?;
+        if !dry_run && kept != Some(u64::from(days)) {
+            store.ensure_webhook_retention(days).await?;
+        }
+        anyhow::Ok((report, kept))
+    }
+    .await;
     if let Some(embedded) = embedded {
         embedded.stop().await;
     }
-    let report = result?;
+    let (report, kept) = result?;
     let verb = if dry_run { "would apply" } else { "applied" };
     for id in &report.already_applied {
         println!("already applied  {id}");
@@ -375,6 +386,10 @@ async fn migrate(settings: &Settings, dry_run: bool) -> anyhow::Result<Finished>
     }
     if report.applied.is_empty() {
         println!("nothing to apply");
+    }
+    if kept != Some(u64::from(days)) {
+        let verb = if dry_run { "would keep" } else { "now keeps" };
+        println!("webhook_events   {verb} events {days} days (webhooks.retention_days)");
     }
     Ok(Finished::Clean)
 }

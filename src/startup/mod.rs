@@ -379,19 +379,29 @@ fn version_gate_policy(settings: &Settings) -> RetryPolicy {
     }
 }
 
-/// Applies migrations (or, when disabled, checks that applied ones are unchanged).
+/// Applies migrations and the webhook retention (or, when disabled, checks that applied
+/// migrations are unchanged and warns of a retention `tokenmint migrate` has yet to set:
+/// a start that may not change the schema changes none of it, its TTL index included,
+/// which a least-privileged user could not).
 async fn prepare_database(settings: &Settings, store: &Store) -> anyhow::Result<()> {
+    let retention_days = settings.webhooks.retention_days;
     if settings.migrations.apply_on_startup {
         let report = crate::migrate::run(store, false).await?;
         if !report.applied.is_empty() {
             tracing::info!(applied = ?report.applied, "migrations applied");
         }
+        store.ensure_webhook_retention(retention_days).await?;
     } else {
         crate::migrate::verify_applied(store).await?;
+        let kept = store.webhook_retention_days().await?;
+        if kept != Some(u64::from(retention_days)) {
+            tracing::warn!(
+                kept_days = ?kept,
+                retention_days,
+                "webhook_events' TTL index does not keep events webhooks.retention_days: run `tokenmint migrate`"
+            );
+        }
     }
-    store
-        .ensure_webhook_retention(settings.webhooks.retention_days)
-        .await?;
     Ok(())
 }
 

@@ -69,8 +69,31 @@ impl Store {
         }
     }
 
+    /// How many days the TTL index keeps events now (`None`: no such index yet; a
+    /// retention not in whole days reads as its whole days).
+    pub async fn webhook_retention_days(&self) -> Result<Option<u64>, StoreError> {
+        use futures::TryStreamExt;
+        let indexes = match self.collection(WEBHOOK_EVENTS).list_indexes().await {
+            Ok(indexes) => indexes,
+            // NamespaceNotFound: no collection, so no index either.
+            Err(err) if matches!(err.kind.as_ref(), mongodb::error::ErrorKind::Command(c) if c.code == 26) =>
+            {
+                return Ok(None);
+            }
+            Err(err) => return Err(err.into()),
+        };
+        let indexes: Vec<IndexModel> = indexes.try_collect().await?;
+        Ok(indexes
+            .into_iter()
+            .filter_map(|index| index.options)
+            .find(|options| options.name.as_deref() == Some(WEBHOOK_EVENTS_TTL_INDEX))
+            .and_then(|options| options.expire_after)
+            .map(|after| after.as_secs() / 86_400))
+    }
+
     /// Makes the TTL index expire events after `days` (creates it, or changes its
-    /// `expireAfterSeconds` when the setting changed).
+    /// `expireAfterSeconds` when the setting changed): schema work, which `tokenmint
+    /// migrate` does, and a start that applies migrations.
     pub async fn ensure_webhook_retention(&self, days: u32) -> Result<(), StoreError> {
         let seconds = u64::from(days) * 86_400;
         let index = IndexModel::builder()

@@ -112,6 +112,12 @@ async fn readiness_waits_for_migrations() {
     );
     assert_eq!(app.count("_migrations", doc! {}).await, 0);
     assert_nothing_written(&app).await;
+    // Nor did it change any other schema: webhook_events' TTL index is `migrate`'s too.
+    let indexes = app.db.list_collection_names().await.unwrap();
+    assert!(
+        !indexes.contains(&"webhook_events".to_owned()),
+        "{indexes:?}"
+    );
     // The database answers: its gauge says so, whatever readiness says.
     let metrics = app.http.get(app.url("/metrics")).send().await.unwrap();
     let metrics = metrics.text().await.unwrap();

@@ -18,6 +18,23 @@ async fn tokenmint(db: &str, args: &[&str]) -> (bool, String, String) {
     )
 }
 
+/// `expireAfterSeconds` of webhook_events' TTL index, if it has one.
+async fn webhook_ttl_secs(fresh: &FreshDb) -> Option<i64> {
+    use futures::TryStreamExt;
+    let indexes = fresh
+        .collection("webhook_events")
+        .list_indexes()
+        .await
+        .ok()?;
+    let indexes: Vec<mongodb::IndexModel> = indexes.try_collect().await.ok()?;
+    indexes
+        .into_iter()
+        .filter_map(|index| index.options)
+        .find(|options| options.name.as_deref() == Some("webhook_events_ttl"))
+        .and_then(|options| options.expire_after)
+        .map(|after| after.as_secs() as i64)
+}
+
 #[tokio::test]
 async fn cli_migrate_and_duplicates() {
     let fresh = FreshDb::new().await;
@@ -29,6 +46,12 @@ async fn cli_migrate_and_duplicates() {
         assert!(out.contains(&id), "{out}");
     }
     assert!(fresh.applied().await.is_empty(), "a dry run writes nothing");
+    assert!(out.contains("would keep events 30 days"), "{out}");
+    assert_eq!(
+        webhook_ttl_secs(&fresh).await,
+        None,
+        "a dry run writes nothing"
+    );
 
     let (ok, out, err) = tokenmint(fresh.name(), &["migrate"]).await;
     assert!(ok, "stdout: {out}\nstderr: {err}");
@@ -36,10 +59,14 @@ async fn cli_migrate_and_duplicates() {
     assert!(!out.contains("would apply"), "{out}");
     let rows = fresh.applied().await;
     assert_eq!(rows.len(), all().len());
+    // The webhook retention is schema work `migrate` does too.
+    assert!(out.contains("now keeps events 30 days"), "{out}");
+    assert_eq!(webhook_ttl_secs(&fresh).await, Some(30 * 86_400));
 
     let (ok, out, err) = tokenmint(fresh.name(), &["migrate"]).await;
     assert!(ok, "stdout: {out}\nstderr: {err}");
     assert!(out.contains("nothing to apply"), "{out}");
+    assert!(!out.contains("keeps events"), "{out}");
 
     let (ok, out, err) = tokenmint(fresh.name(), &["duplicates"]).await;
     assert!(ok, "stdout: {out}\nstderr: {err}");
