@@ -6,7 +6,10 @@
 //! collection), so while a step runs a background task renews the lease every third of
 //! its length. Renewing only ever extends a lease that is still ours and not yet over: a
 //! holder that was paused past its lease (and perhaps taken over) learns it has lost it,
-//! and stops instead of recording work another instance may be redoing.
+//! and stops instead of recording work another instance may be redoing. A renewal the
+//! database failed to answer (an election, a dropped connection) says nothing of the
+//! lease, which is ours for two thirds of its length yet: it is tried again until the
+//! next renewal would be due, and only then given up.
 
 use std::future::Future;
 use std::time::Duration;
@@ -109,7 +112,7 @@ impl Lease {
         let renewal = tokio::spawn(async move {
             loop {
                 tokio::time::sleep(renewer.length / 3).await;
-                if let Err(err) = renewer.confirm(&migration_id).await {
+                if let Err(err) = renewer.renew(&migration_id).await {
                     let _ = lost_tx.send(err);
                     return;
                 }
@@ -120,6 +123,22 @@ impl Lease {
         tokio::select! {
             output = work => Ok(output),
             Ok(err) = lost_rx => Err(err),
+        }
+    }
+
+    /// One renewal, a third of the lease after the last: `confirm`, tried again while a
+    /// failure is the database's (not a lease found lost) and another third has not
+    /// passed, so that the lease is still ours whenever it is renewed.
+    async fn renew(&self, migration: &str) -> Result<(), MigrateError> {
+        let due = tokio::time::Instant::now() + self.length / 3;
+        loop {
+            match self.confirm(migration).await {
+                Err(MigrateError::Store(err)) if tokio::time::Instant::now() + POLL < due => {
+                    tracing::warn!(migration, error = %err, "cannot renew the migration lease yet; trying again");
+                    tokio::time::sleep(POLL).await;
+                }
+                other => return other,
+            }
         }
     }
 

@@ -90,6 +90,19 @@ impl FailPointTurn {
         FailPoint::configure(self, app_name, commands, None, fault, mode).await
     }
 
+    /// [`FailPoint::set_on`] in this turn.
+    pub async fn set_on(
+        self,
+        app_name: &str,
+        commands: &[&str],
+        namespace: &str,
+        fault: Fault,
+        times: i64,
+    ) -> FailPoint {
+        let mode = doc! { "times": times }.into();
+        FailPoint::configure(self, app_name, commands, Some(namespace), fault, mode).await
+    }
+
     /// [`FailPoint::always`] in this turn.
     pub async fn always(self, app_name: &str, commands: &[&str], fault: Fault) -> FailPoint {
         FailPoint::configure(self, app_name, commands, None, fault, "alwaysOn".into()).await
@@ -123,9 +136,10 @@ impl FailPoint {
         fault: Fault,
         times: i64,
     ) -> Self {
-        let turn = FailPointTurn::take().await;
-        let mode = doc! { "times": times }.into();
-        Self::configure(turn, app_name, commands, Some(namespace), fault, mode).await
+        FailPointTurn::take()
+            .await
+            .set_on(app_name, commands, namespace, fault, times)
+            .await
     }
 
     /// As [`FailPoint::after_first`], for those of `commands` on the collection

@@ -104,6 +104,44 @@ async fn a_long_step_keeps_its_lease_while_a_second_migrator_waits() {
     );
 }
 
+/// A renewal the database fails to answer (an election's error, the driver's own retry
+/// failing too) says nothing of the lease, which is still the holder's: it is tried
+/// again, and the migration goes through, recorded once, by the one holder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_the_database_fails_is_tried_again_and_the_lease_kept() {
+    let fresh = FreshDb::new().await;
+    seed_slow(&fresh).await;
+    let app_name = unique_app_name();
+    let store = connect_store(&mongo_uri_named(&app_name), fresh.name()).await;
+    let turn = FailPointTurn::take().await;
+    // Renewed every 2 s, the lease leaves a renewal 2 s to get through: the driver's own
+    // retry of a ShutdownInProgress waits for the server to be checked again first.
+    let lease = LEASE * 2;
+    let run =
+        tokio::spawn(async move { apply(&store, vec![slow_migration("9004_slow")], lease).await });
+    wait_until_step_runs(&fresh).await;
+    // The next renewal, and the driver's retry of it, answer ShutdownInProgress.
+    let lock = format!("{}._migrations_lock", fresh.name());
+    let failpoint = turn
+        .set_on(&app_name, &["update"], &lock, Fault::error(91), 2)
+        .await;
+    let report = run
+        .await
+        .unwrap()
+        .expect("a renewal the database failed is tried again");
+    assert_eq!(report.applied, ["9004_slow"]);
+    assert_eq!(
+        failpoint.off().await,
+        2,
+        "the renewal failed, and its retry"
+    );
+    assert_eq!(fresh.applied().await.len(), 1);
+    assert_eq!(
+        fresh.count("slow", doc! { "done": true }).await,
+        SLOW_DOCS as u64
+    );
+}
+
 #[tokio::test]
 async fn a_lost_lease_records_nothing_and_stops_with_a_clear_error() {
     // Taken over by another instance, and simply run out (its holder was paused).
