@@ -40,25 +40,29 @@ impl Transition {
         }
     }
 
-    /// Whether `token` shows already what this transition of `by`'s would make of it: the
-    /// client's own first attempt, whose answer was lost, or the same change made by
-    /// another (a revoked token, a token the new owner holds). RFC 9110 lets a request
-    /// whose `If-Match` no longer matches succeed then, since what it asks for is done:
-    /// a retry carrying its first attempt's tag is answered as that attempt was, not 412.
-    /// A redeem never is: another's redeem is no success of this one's (a retry names
-    /// its `reference`: `is_replayed_by`).
-    pub fn is_reflected_in(&self, token: &TokenDoc, by: &Actor) -> bool {
-        matches!(
-            decide(
-                token.status,
-                was_withdrawn(token),
-                token.owner,
-                self,
-                by,
-                DateTime::now()
-            ),
-            Decision::AlreadyDone
-        )
+    /// Whether a request whose `If-Match` named only versions older than `token`'s is a
+    /// retry of `by`'s own first attempt, whose answer was lost: `by` made the token's
+    /// last change, and the token shows what this transition would make of it (revoked,
+    /// or the new owner's). RFC 9110 lets a request whose change is made succeed, so the
+    /// retry is answered as its first attempt was, not 412. Only `by`'s own change
+    /// counts: another's, even the same, is told as a stale tag, so that a key that may
+    /// not read tokens learns nothing by sending wrong tags. A tag newer than the token
+    /// is a read that is behind (a new primary), never a retry: the callers ask this only
+    /// of older tags. A redeem never is: a retried redeem names its `reference`
+    /// (`is_replayed_by`).
+    pub fn is_own_change_retried(&self, token: &TokenDoc, by: &Actor) -> bool {
+        token.last_changed_by.as_deref() == Some(by.as_str())
+            && matches!(
+                decide(
+                    token.status,
+                    was_withdrawn(token),
+                    token.owner,
+                    self,
+                    by,
+                    DateTime::now()
+                ),
+                Decision::AlreadyDone
+            )
     }
 
     /// The operation label used in metrics and messages.
@@ -212,7 +216,7 @@ impl Issuer {
             if let Gate::IfMatch(expected) = gate
                 && expected != current.version
             {
-                if transition.is_reflected_in(&current, by) {
+                if expected < current.version && transition.is_own_change_retried(&current, by) {
                     return Ok(TransitionOutcome::AlreadyDone(current));
                 }
                 record_rejection(transition);
@@ -266,7 +270,10 @@ impl Issuer {
                         Some(now) if transition.is_replayed_by(&now) => {
                             return Ok(TransitionOutcome::Replayed(now));
                         }
-                        Some(now) if transition.is_reflected_in(&now, by) => {
+                        Some(now)
+                            if matches!(gate, Gate::IfMatch(expected) if expected < now.version)
+                                && transition.is_own_change_retried(&now, by) =>
+                        {
                             return Ok(TransitionOutcome::AlreadyDone(now));
                         }
                         // Someone else's version: the client's 412 under `If-Match`;

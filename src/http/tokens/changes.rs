@@ -150,7 +150,9 @@ async fn apply(
                 let current = find_visible_token(state, principal, id).await?;
                 if !condition.matches(current.version)
                     && !transition.is_replayed_by(&current)
-                    && !transition.is_reflected_in(&current, &Actor::api_key(&principal.key_id))
+                    && !(condition.names_only_older_than(current.version)
+                        && transition
+                            .is_own_change_retried(&current, &Actor::api_key(&principal.key_id)))
                 {
                     record_version_rejection(&transition);
                     return Err(version_conflict(principal, &current));

@@ -37,6 +37,14 @@ impl IfMatch {
         }
     }
 
+    /// Whether every tag names a version older than `version` (`*` names none): a
+    /// precondition a retry of a change since made would carry, unlike a tag the token
+    /// as read has not reached yet.
+    pub(super) fn names_only_older_than(&self, version: i64) -> bool {
+        let tags = self.tags();
+        !tags.is_empty() && tags.iter().all(|tag| tag.version < version)
+    }
+
     /// The version a write can gate on without reading the token first: that of a lone
     /// strong tag. `*`, lists and weak tags are evaluated against the token as read.
     pub(super) fn sole_version(&self) -> Option<i64> {
@@ -126,6 +134,21 @@ mod tests {
             weak: true,
             version,
         }
+    }
+
+    #[test]
+    fn only_tags_all_older_than_the_token_can_be_a_retry() {
+        let older = |value: &str, version| {
+            parsed(value)
+                .unwrap()
+                .unwrap()
+                .names_only_older_than(version)
+        };
+        assert!(older("\"0\"", 1));
+        assert!(older("\"0\", W/\"1\"", 2));
+        assert!(!older("\"1\"", 1), "the token's own version");
+        assert!(!older("\"0\", \"5\"", 1), "a tag the token has not reached");
+        assert!(!older("*", 1), "`*` names no version");
     }
 
     fn tags(value: &str) -> Vec<EntityTag> {

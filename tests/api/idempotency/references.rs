@@ -81,7 +81,7 @@ async fn a_revoke_or_transfer_retried_with_its_if_match_is_answered_as_the_first
     assert_eq!(stored_int(&stored.1, "_version"), Some(1));
 
     // The lone tag (the gate's own check) and a list (checked on the token as read).
-    for if_match in ["\"0\"", "\"0\", \"7\""] {
+    for if_match in ["\"0\"", "W/\"0\", \"0\""] {
         let retry = seen(post(&app, ADMIN_KEY, &revoke, None, Some(if_match), None).await).await;
         assert_eq!(retry.status, 200, "revoke {if_match}");
         assert_eq!(retry.body, first_revoke.body, "revoke {if_match}");
@@ -109,6 +109,45 @@ async fn a_revoke_or_transfer_retried_with_its_if_match_is_answered_as_the_first
         stored,
         "a retry writes nothing"
     );
+
+    // Another key's retry of the same change under the old tag is no retry of its own:
+    // 412, whatever the token shows (a key may not learn a token's state by guessing).
+    let response = post(&app, ACCOUNT1_KEY, &revoke, None, Some("\"0\""), None).await;
+    assert_problem(response, 412, "version_conflict").await;
+    // A tag the token has not reached is a read behind, not a retry: 412.
+    let response = post(&app, ADMIN_KEY, &revoke, None, Some("\"5\""), None).await;
+    assert_problem(response, 412, "version_conflict").await;
+    let response = post(&app, ADMIN_KEY, &revoke, None, Some("\"0\", \"5\""), None).await;
+    assert_problem(response, 412, "version_conflict").await;
+    // Under an Idempotency-Key the answer is kept like any other, and replayed.
+    let keyed = seen(
+        post(
+            &app,
+            ADMIN_KEY,
+            &revoke,
+            Some("k-revoke-again"),
+            Some("\"0\""),
+            None,
+        )
+        .await,
+    )
+    .await;
+    assert_eq!((keyed.status, keyed.replayed), (200, false));
+    let replayed = seen(
+        post(
+            &app,
+            ADMIN_KEY,
+            &revoke,
+            Some("k-revoke-again"),
+            Some("\"0\""),
+            None,
+        )
+        .await,
+    )
+    .await;
+    assert_eq!((replayed.status, replayed.replayed), (200, true));
+    assert_eq!(replayed.body, keyed.body);
+    assert_eq!(app.stored_token(revoked).await, stored.0, "nothing written");
 
     // A transfer to someone else under the old tag is not what was done: 412.
     let elsewhere = json!({ "newOwner": OWNER });
