@@ -202,6 +202,10 @@ fn read_value(bytes: &[u8]) -> Result<Value, ApiError> {
     };
     let path = err.path().clone();
     let message = err.into_inner().to_string();
+    // Reading stopped at that value: only a body that is JSON all through is the
+    // value's fault. Skipping values checks the syntax alone (numbers unread, nesting
+    // unbounded).
+    let well_formed = || serde_json::from_slice::<serde::de::IgnoredAny>(bytes);
     let named = |field: String| {
         if field.is_empty() || field == "." {
             "body".to_owned()
@@ -212,6 +216,8 @@ fn read_value(bytes: &[u8]) -> Result<Value, ApiError> {
     if message.starts_with("duplicate field") {
         let field = quoted_name(&message).unwrap_or_else(|| "body".to_owned());
         Err(ApiError::validation(&field, "is given more than once"))
+    } else if let Err(syntax) = well_formed() {
+        Err(ApiError::MalformedJson(syntax.to_string()))
     } else if message.starts_with("number out of range") {
         Err(ApiError::validation(
             &named(path.to_string()),
@@ -443,8 +449,15 @@ mod tests {
             errors(&format!("{}{}", "[".repeat(200), "]".repeat(200)))[0].field,
             "body"
         );
-        // Still syntax: a truncated number, trailing text.
-        for text in [r#"{"count": 1e}"#, r#"{"count": 1} x"#] {
+        // Still syntax: a truncated number, trailing text, a body cut short after a
+        // number too large or deep nesting.
+        let unclosed = format!(r#"{{"count": {}"#, "[".repeat(200));
+        for text in [
+            r#"{"count": 1e}"#,
+            r#"{"count": 1} x"#,
+            r#"{"count": 1e400"#,
+            &unclosed,
+        ] {
             assert!(
                 matches!(
                     parse_json::<Body>(text.as_bytes()),
