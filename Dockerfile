@@ -39,11 +39,10 @@ LABEL org.opencontainers.image.title="tokenmint" \
       org.opencontainers.image.version="${VERSION}"
 WORKDIR /app
 COPY --from=build /tokenmint /usr/local/bin/tokenmint
-# The image's bind address and log format, as a file (config/<TOKENMINT_ENV>.toml): as
-# environment variables they would outrank the operator's own --config file.
-COPY docker/production.toml /app/config/production.toml
 USER 10001:10001
-ENV TOKENMINT_ENV=production
+ENV TOKENMINT_ENV=production \
+    TOKENMINT__SERVER__BIND=0.0.0.0:8080 \
+    TOKENMINT__LOG__FORMAT=json
 EXPOSE 8080
 # The binary checks itself: GET /readyz on server.bind (no shell, curl or wget in the
 # image, so the exec form).

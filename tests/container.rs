@@ -179,18 +179,6 @@ fn the_dockerfile_is_pinned_unprivileged_minimal_and_checks_itself() {
         "nothing runs in the runtime stage"
     );
     assert!(dockerfile.contains("CARGO_PROFILE_RELEASE_STRIP=symbols"));
-    // The image's settings are a file, which the operator's --config overrides; as
-    // environment variables they would outrank it.
-    assert!(
-        !runtime_stage.contains("TOKENMINT__"),
-        "no setting as an environment variable in the runtime stage"
-    );
-    assert!(runtime_stage.contains("COPY docker/production.toml /app/config/production.toml"));
-    let image_settings = repository_file("docker/production.toml");
-    assert!(
-        image_settings.contains("bind = \"0.0.0.0:8080\""),
-        "{image_settings}"
-    );
     for label in ["title", "description", "licenses", "version"] {
         assert!(
             dockerfile.contains(&format!("org.opencontainers.image.{label}=")),

@@ -672,17 +672,6 @@ mod tests {
         );
     }
 
-    /// The container image's own settings file is valid, and says what the image needs.
-    #[test]
-    fn the_images_settings_file_loads() {
-        let figment = Figment::new()
-            .merge(Toml::string(DEFAULT_TOML))
-            .merge(Toml::string(include_str!("../../docker/production.toml")));
-        let settings = Settings::from_figment(figment, Environment::Named("image".to_owned()))
-            .expect("docker/production.toml is valid");
-        assert_eq!(settings.server.bind.to_string(), "0.0.0.0:8080");
-    }
-
     #[test]
     fn an_environment_is_a_lowercase_name_and_production_is_spelled_exactly() {
         assert_eq!(
