@@ -179,6 +179,12 @@ fn the_dockerfile_is_pinned_unprivileged_minimal_and_checks_itself() {
         "nothing runs in the runtime stage"
     );
     assert!(dockerfile.contains("CARGO_PROFILE_RELEASE_STRIP=symbols"));
+    // The bind is an environment variable: the health check, given none of `serve`'s
+    // flags, reads the same one.
+    assert!(
+        runtime_stage.contains("TOKENMINT__SERVER__BIND=0.0.0.0:8080"),
+        "{runtime_stage}"
+    );
     for label in ["title", "description", "licenses", "version"] {
         assert!(
             dockerfile.contains(&format!("org.opencontainers.image.{label}=")),
