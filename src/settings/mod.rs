@@ -85,10 +85,11 @@ impl Environment {
 }
 
 impl Environment {
-    /// Reads `TOKENMINT_ENV`. A name is lowercase letters, digits, `_` and `-`; anything
-    /// else (`Production`, `production ` with a space a file left, `prod`) is refused:
-    /// read as some other name it would start with development's rules — a random admin
-    /// key printed, token prices and Basic credentials optional, test events accepted —
+    /// Reads `TOKENMINT_ENV`. A name is lowercase letters, digits, `_` and `-`, and one
+    /// that looks like production but is not `production` (`Production`, `production `
+    /// with a space a file left, `prod`, `prod-eu`, `producton`, `live`) is refused: read
+    /// as some other name it would start with development's rules — a random admin key
+    /// printed, token prices and Basic credentials optional, test events accepted —
     /// where the operator meant production's.
     pub fn parse(name: &str) -> Result<Self, SettingsError> {
         let lowercase_name = !name.is_empty()
@@ -96,14 +97,20 @@ impl Environment {
             && name
                 .bytes()
                 .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-');
-        let looks_like_production = name.trim().eq_ignore_ascii_case("production")
-            || name.trim().eq_ignore_ascii_case("prod");
+        let folded = name.trim().to_ascii_lowercase();
+        let looks_like_production = folded.starts_with("prod")
+            || folded.starts_with("prd")
+            || folded == "live"
+            || strsim::levenshtein(&folded, "production") <= 2;
         match name {
             "development" => Ok(Self::Development),
             "production" => Ok(Self::Production),
             _ if looks_like_production => Err(errors::invalid(
                 "TOKENMINT_ENV",
-                format!("{name:?} is not `production`, which is spelled so exactly"),
+                format!(
+                    "{name:?} looks like production but is not `production`, which alone has \
+                     production's rules and is spelled so exactly (name a region's file with --config)"
+                ),
             )),
             _ if !lowercase_name => Err(errors::invalid(
                 "TOKENMINT_ENV",
@@ -692,6 +699,12 @@ mod tests {
             "production ",
             " production",
             "prod",
+            "prod-eu",
+            "production-eu",
+            "producton",
+            "prodution",
+            "prd",
+            "live",
         ] {
             let refused = Environment::parse(near).unwrap_err().to_string();
             assert!(refused.contains("`TOKENMINT_ENV`"), "{near:?}: {refused}");
