@@ -380,9 +380,11 @@ fn version_gate_policy(settings: &Settings) -> RetryPolicy {
 }
 
 /// Applies migrations and the webhook retention (or, when disabled, checks that applied
-/// migrations are unchanged and warns of a retention `tokenmint migrate` has yet to set:
-/// a start that may not change the schema changes none of it, its TTL index included,
-/// which a least-privileged user could not).
+/// migrations are unchanged and that the TTL index keeps events as long as
+/// `webhooks.retention_days` says: a start that may not change the schema changes none of
+/// it, its TTL index included, which a least-privileged user could not). A shorter
+/// retention is refused: a delivery replayed within a provider's tolerance could outlive
+/// its dedupe record, which the settings' own rule (tolerance below retention) forbids.
 async fn prepare_database(settings: &Settings, store: &Store) -> anyhow::Result<()> {
     let retention_days = settings.webhooks.retention_days;
     if settings.migrations.apply_on_startup {
@@ -394,6 +396,15 @@ async fn prepare_database(settings: &Settings, store: &Store) -> anyhow::Result<
     } else {
         crate::migrate::verify_applied(store).await?;
         let kept = store.webhook_retention_days().await?;
+        if let Some(days) = kept
+            && days < u64::from(retention_days)
+        {
+            anyhow::bail!(
+                "invalid configuration: `webhooks.retention_days` is {retention_days} but \
+                 webhook_events' TTL index keeps events {days} days, and this start may not \
+                 change it (migrations.apply_on_startup = false): run `tokenmint migrate`"
+            );
+        }
         if kept != Some(u64::from(retention_days)) {
             tracing::warn!(
                 kept_days = ?kept,

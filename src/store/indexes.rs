@@ -14,8 +14,9 @@ pub const PAYMENTS_INDEX: &str = "uniq_payment";
 pub const IDEMPOTENCY_KEY_INDEX: &str = "uniq_idempotency_key";
 /// The unique index on `redemptions` (owner, reference).
 pub const REDEMPTIONS_REFERENCE_INDEX: &str = "uniq_redemption_reference";
-/// The TTL index on `webhook_events`. Not a migration's: created at startup, because its
-/// expiry follows `webhooks.retention_days`, which an operator may change.
+/// The TTL index on `webhook_events`. Not a migration file's, because its expiry follows
+/// `webhooks.retention_days`, which an operator may change: set by `tokenmint migrate`
+/// and by a start that applies migrations.
 pub const WEBHOOK_EVENTS_TTL_INDEX: &str = "webhook_events_ttl";
 
 #[cfg(test)]

@@ -127,6 +127,38 @@ async fn readiness_waits_for_migrations() {
     );
 }
 
+/// A start that may not change the schema refuses a TTL index that keeps webhook events
+/// shorter than `webhooks.retention_days`: a replay within a provider's tolerance could
+/// outlive its dedupe record. The same retention starts.
+#[tokio::test]
+async fn a_start_without_migrations_refuses_a_shorter_webhook_retention() {
+    let scratch = ScratchDatabase::create("tm_retention").await;
+    // As `tokenmint migrate` run with `retention_days = 1` leaves it.
+    scratch.store().ensure_webhook_retention(1).await.unwrap();
+    let without_migrations = |days: u32| {
+        test_settings(
+            scratch.name(),
+            &format!(
+                "[migrations]\napply_on_startup = false\n[webhooks]\nretention_days = {days}\n"
+            ),
+        )
+    };
+    let refused = tokenmint::startup::Application::build(&without_migrations(30))
+        .await
+        .err()
+        .expect("a shorter retention is refused")
+        .to_string();
+    assert!(refused.contains("webhooks.retention_days"), "{refused}");
+    assert!(refused.contains("tokenmint migrate"), "{refused}");
+    assert_eq!(
+        scratch.store().webhook_retention_days().await.unwrap(),
+        Some(1)
+    );
+    let app = spawn_app_from(&without_migrations(1)).await;
+    let response = app.http.get(app.url("/healthz")).send().await.unwrap();
+    assert_eq!(response.status(), 200);
+}
+
 #[tokio::test]
 async fn keys_without_an_issuance_scope_cannot_issue() {
     // A read-only key holds neither issuances:write nor issuances:request. (A checkout key
