@@ -179,7 +179,6 @@ fn quotes_no_value(message: &str, value: Option<figment::value::Value>) -> bool 
     })
 }
 
-/// Where a value came from: the environment variable, or the file.
 /// Whether the value `error` is about came from an environment variable.
 fn from_environment(error: &figment::Error) -> bool {
     error
@@ -188,6 +187,7 @@ fn from_environment(error: &figment::Error) -> bool {
         .is_some_and(|metadata| metadata.name.contains("environment variable"))
 }
 
+/// Where a value came from: the environment variable, or the file.
 fn origin_of(error: &figment::Error, path: &[String]) -> String {
     let Some(metadata) = &error.metadata else {
         return String::new();
