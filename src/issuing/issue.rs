@@ -191,14 +191,20 @@ impl Issuer {
                 return Err(record_kept_changing());
             }
         };
-        refuse_other_params(&existing.params()?, &request.params)?;
         if existing.status == IssuanceStatus::Pending {
-            return Ok(IssueOutcome::Pending(IssuedTokens {
-                issuance: existing,
-                tokens: Vec::new(),
-                created: 0,
-            }));
+            // Another checkout asked first, maybe with other parameters: it decides
+            // nothing (only the provider's success, or a trusted backend, says whose
+            // parameters are issued), so this request waits as well, answered with its
+            // own parameters — neither refused, which would let anyone hold a payment's
+            // checkout by asking first, nor told the first request's.
+            let issuance = if existing.params()? == request.params {
+                existing
+            } else {
+                pending
+            };
+            return Ok(pending_answer(issuance));
         }
+        refuse_other_params(&existing.params()?, &request.params)?;
         Ok(IssueOutcome::Replayed(self.complete(existing).await?))
     }
 

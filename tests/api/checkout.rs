@@ -258,7 +258,8 @@ async fn checkout_keys_never_see_the_recorded_values_of_a_conflict() {
         "the recorded owner leaks: {checkout}"
     );
 
-    // Against another checkout's pending request, and against the provider's metadata.
+    // Against another checkout's pending request: it decides nothing, so the second
+    // waits as well, answered with its own parameters, never the first's.
     assert_eq!(
         app.issue(REQUEST_KEY, &issuance_body("pi_pending", 1))
             .await
@@ -267,13 +268,22 @@ async fn checkout_keys_never_see_the_recorded_values_of_a_conflict() {
     );
     let mut rival = issuance_body("pi_pending", 1);
     rival["owner"] = json!(OTHER_OWNER);
-    assert_hidden_conflict(app.issue(REQUEST_KEY, &rival).await).await;
+    let waiting = app.issue(REQUEST_KEY, &rival).await;
+    assert_eq!(waiting.status(), 202);
+    let waiting = json(waiting).await;
+    assert_eq!(waiting["issuance"]["owner"], OTHER_OWNER, "{waiting}");
+    assert!(
+        !waiting.to_string().contains(OWNER),
+        "the first request leaks: {waiting}"
+    );
     let pending = record(&app, "pi_pending").await.unwrap();
     assert_eq!(
         pending.get_object_id("owner").unwrap(),
         ObjectId::parse_str(OWNER).unwrap(),
-        "the first request stands"
+        "the first request's record is left as it is"
     );
+
+    // Against the provider's metadata.
 
     deliver_stripe(
         &app,
@@ -331,6 +341,53 @@ async fn a_trusted_issuance_takes_over_a_pending_checkout_request_in_either_mode
             1
         );
     }
+}
+
+/// Whoever asks first holds nothing: a checkout that meets another's pending request for
+/// the same payment waits as well (with `Prefer: wait`, for the provider's success), and
+/// the success decides whose parameters are issued — here the second's.
+#[tokio::test]
+async fn a_checkout_after_anothers_pending_request_waits_and_the_success_decides() {
+    let app = app().await;
+    let mut squatter = issuance_body("pi_squat", 1);
+    squatter["owner"] = json!(OTHER_OWNER);
+    assert_eq!(app.issue(REQUEST_KEY, &squatter).await.status(), 202);
+
+    let shopper = issuance_body("pi_squat", 2);
+    let waiting = {
+        let (app, shopper) = (&app, &shopper);
+        async move {
+            app.http
+                .post(app.url("/v1/issuances"))
+                .bearer_auth(REQUEST_KEY)
+                .header("prefer", "wait=10")
+                .json(shopper)
+                .send()
+                .await
+                .unwrap()
+        }
+    };
+    let paying = async {
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        let success = intent_event("evt_squat", "succeeded", "pi_squat", now(), "2");
+        assert_eq!(deliver_stripe(&app, &success).await.status(), 200);
+    };
+    let (answer, ()) = tokio::join!(waiting, paying);
+    assert_eq!(
+        answer.status(),
+        200,
+        "fulfilled by the success (waiting for it, or after it on a slow machine)"
+    );
+    let answer = json(answer).await;
+    assert_eq!(answer["tokens"].as_array().unwrap().len(), 2, "{answer}");
+    assert_eq!(app.token_indexes("pi_squat").await, vec![0, 1]);
+    assert_eq!(
+        app.count("tokens", doc! { "origin.paymentIntentId": "pi_squat", "owner": ObjectId::parse_str(OWNER).unwrap() }).await,
+        2,
+        "the shopper's, as the success named"
+    );
+    // The first request now meets an issuance with other parameters: refused, told nothing.
+    assert_hidden_conflict(app.issue(REQUEST_KEY, &squatter).await).await;
 }
 
 /// A checkout's request answered from a trusted backend's issuance is answered the same
