@@ -32,25 +32,43 @@ pub(super) struct Lease {
 }
 
 impl Lease {
-    /// Waits (at most `wait`) until the lease is free or expired, and takes it.
+    /// Waits until the lease is free or expired, and takes it; gives up once the holder
+    /// has not renewed it for `patience` (a holder that keeps renewing is working, an
+    /// index build hours long say, and is waited for).
     pub(super) async fn acquire(
         store: &Store,
         length: Duration,
-        wait: Duration,
+        patience: Duration,
     ) -> Result<Self, MigrateError> {
         let lease = Self {
             store: store.clone(),
             holder: uuid::Uuid::new_v4().to_string(),
             length,
         };
-        let started = tokio::time::Instant::now();
+        let mut renewed_at = tokio::time::Instant::now();
+        let mut seen_end = None;
         while !lease.try_take().await? {
-            if started.elapsed() > wait {
-                return Err(MigrateError::LockTimeout(wait));
+            let end = lease.held_until().await?;
+            if end > seen_end {
+                seen_end = end;
+                renewed_at = tokio::time::Instant::now();
+            }
+            if renewed_at.elapsed() > patience {
+                return Err(MigrateError::LockTimeout(patience));
             }
             tokio::time::sleep(POLL).await;
         }
         Ok(lease)
+    }
+
+    /// When the current holder's lease ends, as it last renewed it (`None`: no holder).
+    async fn held_until(&self) -> Result<Option<DateTime>, MigrateError> {
+        let lock = self
+            .store
+            .collection(LOCK)
+            .find_one(doc! { "_id": "lock" })
+            .await?;
+        Ok(lock.and_then(|lock| lock.get_datetime("expiresAt").ok().copied()))
     }
 
     /// Takes the lease when it is free, expired or already ours. A duplicate key on `_id`

@@ -17,7 +17,7 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
 pub use duplicates::{DuplicateGroup, DuplicateReport, find_duplicates};
-pub use runner::{MigrateError, MigrationReport, apply, pending, run, verify_applied};
+pub use runner::{LeaseTiming, MigrateError, MigrationReport, apply, pending, run, verify_applied};
 
 /// The migration files, in order. A test checks this list against `migrations/`.
 const FILES: &[(&str, &str)] = &[

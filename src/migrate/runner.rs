@@ -17,11 +17,24 @@ use super::{DuplicateReport, Migration, Step, migrations};
 use crate::store::{Store, StoreError, duplicate_key_index};
 
 const APPLIED: &str = "_migrations";
-/// The lease of a running migrator: renewed every third of it while a step runs, so it
-/// only runs out when its holder stops (dies, hangs, or is cut off from the database).
-const LEASE: Duration = Duration::from_secs(60);
-/// How long a waiting instance waits for the lease before giving up.
-const LOCK_WAIT: Duration = Duration::from_secs(300);
+/// How long a migrator's lease lasts, and how long a waiting one waits for it.
+#[derive(Debug, Clone, Copy)]
+pub struct LeaseTiming {
+    /// The lease of a running migrator: renewed every third of it while a step runs, so
+    /// it only runs out when its holder stops (dies, hangs, or is cut off from the
+    /// database).
+    pub length: Duration,
+    /// How long a waiting migrator waits without seeing the holder renew before it gives
+    /// up. A holder that keeps renewing is working (an index build may take hours): it
+    /// is waited for as long as it does.
+    pub patience: Duration,
+}
+
+/// What `run` applies under.
+const STANDARD_LEASE: LeaseTiming = LeaseTiming {
+    length: Duration::from_secs(60),
+    patience: Duration::from_secs(300),
+};
 
 /// Why migrating failed.
 #[derive(Debug, thiserror::Error)]
@@ -39,7 +52,7 @@ pub enum MigrateError {
     },
     #[error("migration {id} cannot create a unique index:\n{report}")]
     Duplicates { id: String, report: DuplicateReport },
-    #[error("another instance has held the migration lock for over {0:?}")]
+    #[error("another instance has held the migration lock for over {0:?} without renewing it")]
     LockTimeout(Duration),
     #[error(
         "lost the migration lease while applying {id} (it ran out, or another instance took it \
@@ -71,18 +84,18 @@ pub async fn run(store: &Store, dry_run: bool) -> Result<MigrationReport, Migrat
         let applied = verify(store, &all).await?;
         return Ok(split(all, &applied));
     }
-    apply(store, all, LEASE).await
+    apply(store, all, STANDARD_LEASE).await
 }
 
-/// Applies the pending ones of `all`, in order, under a lease of length `lease`: what
+/// Applies the pending ones of `all`, in order, under a lease timed by `lease`: what
 /// `run` does with the embedded files and the standard lease. Tests pass their own
 /// migrations and short leases.
 pub async fn apply(
     store: &Store,
     all: Vec<Migration>,
-    lease: Duration,
+    lease: LeaseTiming,
 ) -> Result<MigrationReport, MigrateError> {
-    let lease = Lease::acquire(store, lease, LOCK_WAIT).await?;
+    let lease = Lease::acquire(store, lease.length, lease.patience).await?;
     let result = apply_pending(store, &lease, all).await;
     lease.release().await;
     result

@@ -11,14 +11,18 @@ use std::time::Duration;
 
 use mongodb::bson::{DateTime, Document, doc};
 use serde_json::json;
-use tokenmint::migrate::{MigrateError, Migration, apply, parse};
+use tokenmint::migrate::{LeaseTiming, MigrateError, Migration, apply, parse};
 
 use crate::helpers::*;
 use crate::migrations::{FreshDb, token};
 
 /// A lease shorter than the slow step: renewed every second, it leaves two seconds of
-/// slack to a renewal delayed by a busy machine.
-const LEASE: Duration = Duration::from_secs(3);
+/// slack to a renewal delayed by a busy machine. A waiting migrator waits as long as the
+/// standard one.
+const LEASE: LeaseTiming = LeaseTiming {
+    length: Duration::from_secs(3),
+    patience: Duration::from_secs(300),
+};
 /// Documents the slow backfill goes through, one per batch.
 const SLOW_DOCS: usize = 16;
 
@@ -83,7 +87,12 @@ async fn a_long_step_keeps_its_lease_while_a_second_migrator_waits() {
             holders
         })
     };
-    let second = apply(&b, vec![slow_migration("9001_slow")], LEASE).await;
+    // Its patience is shorter than the step: it waits on because the holder renews.
+    let patient = LeaseTiming {
+        patience: Duration::from_millis(2500),
+        ..LEASE
+    };
+    let second = apply(&b, vec![slow_migration("9001_slow")], patient).await;
     let first = first.await.unwrap();
 
     let first = first.expect("the holder keeps its lease through a step longer than it");
@@ -116,7 +125,10 @@ async fn a_renewal_the_database_fails_is_tried_again_and_the_lease_kept() {
     let turn = FailPointTurn::take().await;
     // Renewed every 2 s, the lease leaves a renewal 2 s to get through: the driver's own
     // retry of a ShutdownInProgress waits for the server to be checked again first.
-    let lease = LEASE * 2;
+    let lease = LeaseTiming {
+        length: LEASE.length * 2,
+        ..LEASE
+    };
     let run =
         tokio::spawn(async move { apply(&store, vec![slow_migration("9004_slow")], lease).await });
     wait_until_step_runs(&fresh).await;
