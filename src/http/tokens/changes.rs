@@ -148,11 +148,12 @@ async fn apply(
             Some(version) => Gate::IfMatch(version),
             None => {
                 let current = find_visible_token(state, principal, id).await?;
+                let own_change_retried = condition.names_only_older_than(current.version)
+                    && transition
+                        .is_own_change_retried(&current, &Actor::api_key(&principal.key_id));
                 if !condition.matches(current.version)
                     && !transition.is_replayed_by(&current)
-                    && !(condition.names_only_older_than(current.version)
-                        && transition
-                            .is_own_change_retried(&current, &Actor::api_key(&principal.key_id)))
+                    && !own_change_retried
                 {
                     record_version_rejection(&transition);
                     return Err(version_conflict(principal, &current));
