@@ -156,7 +156,15 @@ async fn apply(
                     && !own_change_retried
                 {
                     record_version_rejection(&transition);
-                    return Err(version_conflict(principal, &current));
+                    // As for a lone tag below: one the token has not reached may pass
+                    // later, so it is not kept, for a key that may read the version.
+                    let conflict = version_conflict(principal, &current);
+                    if condition.names_a_version_above(current.version)
+                        && principal.has(Scope::Read)
+                    {
+                        return Ok(transient(conflict));
+                    }
+                    return Err(conflict);
                 }
                 Gate::IfMatch(current.version)
             }

@@ -37,12 +37,22 @@ impl IfMatch {
         }
     }
 
-    /// Whether every tag names a version older than `version` (`*` names none): a
-    /// precondition a retry of a change since made would carry, unlike a tag the token
-    /// as read has not reached yet.
+    /// Whether the strong tags, one at least, all name versions older than `version`
+    /// (`*` names none): a precondition a retry of a change since made would carry. A
+    /// weak tag never matched, so it made no first attempt; a tag the token as read has
+    /// not reached yet is a read that is behind, not a retry.
     pub(super) fn names_only_older_than(&self, version: i64) -> bool {
-        let tags = self.tags();
-        !tags.is_empty() && tags.iter().all(|tag| tag.version < version)
+        let mut strong = self.tags().iter().filter(|tag| !tag.weak).peekable();
+        strong.peek().is_some() && strong.all(|tag| tag.version < version)
+    }
+
+    /// Whether a strong tag names a version the token as read has not reached: the
+    /// client saw a later one (a new primary may not show it yet), so the same request
+    /// may pass later.
+    pub(super) fn names_a_version_above(&self, version: i64) -> bool {
+        self.tags()
+            .iter()
+            .any(|tag| !tag.weak && tag.version > version)
     }
 
     /// The version a write can gate on without reading the token first: that of a lone
@@ -146,9 +156,26 @@ mod tests {
         };
         assert!(older("\"0\"", 1));
         assert!(older("\"0\", W/\"1\"", 2));
+        assert!(
+            older("\"0\", W/\"9\"", 2),
+            "a weak tag never matched: not counted"
+        );
         assert!(!older("\"1\"", 1), "the token's own version");
         assert!(!older("\"0\", \"5\"", 1), "a tag the token has not reached");
+        assert!(
+            !older("W/\"0\"", 1),
+            "weak alone: no first attempt matched it"
+        );
         assert!(!older("*", 1), "`*` names no version");
+        let above = |value: &str, version| {
+            parsed(value)
+                .unwrap()
+                .unwrap()
+                .names_a_version_above(version)
+        };
+        assert!(above("\"0\", \"5\"", 1));
+        assert!(!above("\"0\", W/\"5\"", 1), "a weak tag never matches");
+        assert!(!above("*", 1));
     }
 
     fn tags(value: &str) -> Vec<EntityTag> {

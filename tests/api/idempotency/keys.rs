@@ -518,6 +518,39 @@ async fn a_412_for_a_version_not_reached_yet_is_not_kept_and_one_for_an_older_is
     assert_eq!((again.status, again.replayed), (412, true));
     assert_eq!(again.body, stale.body);
 
+    // A list naming a version ahead is not kept either: once the token reaches it (moved
+    // away and back), the same request runs.
+    let listed = app.issue_tokens("pi_key_412_list", 1).await.remove(0);
+    let transfer = format!("/v1/tokens/{listed}/transfer");
+    let to = |owner: &str| json!({ "newOwner": owner });
+    let away = to(OTHER_OWNER);
+    let ahead_list = || {
+        post(
+            &app,
+            ADMIN_KEY,
+            &transfer,
+            Some("ahead-list"),
+            Some("\"2\", \"3\""),
+            Some(&away),
+        )
+    };
+    let refused = seen(ahead_list().await).await;
+    assert_eq!((refused.status, refused.replayed), (412, false));
+    for (owner, tag) in [(OTHER_OWNER, "\"0\""), (OWNER, "\"1\"")] {
+        let moved = post(
+            &app,
+            ADMIN_KEY,
+            &transfer,
+            None,
+            Some(tag),
+            Some(&to(owner)),
+        )
+        .await;
+        assert_eq!(moved.status(), 200);
+    }
+    let ran = seen(ahead_list().await).await;
+    assert_eq!((ran.status, ran.replayed), (200, false));
+
     // A key that may not read tokens has every 412 kept: were a version ahead released,
     // its retries would tell it the token's version.
     let other = app.issue_tokens("pi_key_412_gate", 1).await.remove(0);
