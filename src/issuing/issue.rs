@@ -200,7 +200,14 @@ impl Issuer {
             let issuance = if existing.params()? == request.params {
                 existing
             } else {
-                pending
+                // The payment's pending record, with this request's parameters: its id
+                // and dates, so that every answer to this request names the record a
+                // success will fulfil, and answers again alike.
+                let mut own = pending.with_id(existing.id);
+                own.created_at = existing.created_at;
+                own.payment_date = existing.payment_date;
+                own.expires_at = existing.expires_at;
+                own
             };
             return Ok(pending_answer(issuance));
         }

@@ -276,7 +276,14 @@ async fn checkout_keys_never_see_the_recorded_values_of_a_conflict() {
         !waiting.to_string().contains(OWNER),
         "the first request leaks: {waiting}"
     );
+    // Answered again alike, naming the payment's one pending record.
+    let again = json(app.issue(REQUEST_KEY, &rival).await).await;
+    assert_eq!(again, waiting);
     let pending = record(&app, "pi_pending").await.unwrap();
+    assert_eq!(
+        waiting["issuance"]["id"],
+        pending.get_object_id("_id").unwrap().to_hex()
+    );
     assert_eq!(
         pending.get_object_id("owner").unwrap(),
         ObjectId::parse_str(OWNER).unwrap(),
