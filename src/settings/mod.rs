@@ -86,11 +86,13 @@ impl Environment {
 
 impl Environment {
     /// Reads `TOKENMINT_ENV`. A name is lowercase letters, digits, `_` and `-`, and one
-    /// that looks like production but is not `production` (`Production`, `production `
-    /// with a space a file left, `prod`, `prod-eu`, `producton`, `live`) is refused: read
-    /// as some other name it would start with development's rules — a random admin key
-    /// printed, token prices and Basic credentials optional, test events accepted —
-    /// where the operator meant production's.
+    /// that looks like production but is not `production` is refused: `Production`,
+    /// `production ` with a space a file left, a word of it (split at `-`, `_` and `.`)
+    /// starting `prod` or `prd` or being `live` (`prod-eu`, `eu-prod`, `us-production`,
+    /// `live-eu`), or a name within two edits of `production` (`producton`). Read as some
+    /// other name it would start with development's rules — a random admin key printed,
+    /// token prices and Basic credentials optional, test events accepted — where the
+    /// operator meant production's.
     pub fn parse(name: &str) -> Result<Self, SettingsError> {
         let lowercase_name = !name.is_empty()
             && name.len() <= 64
@@ -98,9 +100,9 @@ impl Environment {
                 .bytes()
                 .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-');
         let folded = name.trim().to_ascii_lowercase();
-        let looks_like_production = folded.starts_with("prod")
-            || folded.starts_with("prd")
-            || folded == "live"
+        let looks_like_production = folded
+            .split(['-', '_', '.', ' '])
+            .any(|word| word.starts_with("prod") || word.starts_with("prd") || word == "live")
             || strsim::levenshtein(&folded, "production") <= 2;
         match name {
             "development" => Ok(Self::Development),
@@ -693,6 +695,10 @@ mod tests {
             Environment::parse("staging-2").unwrap(),
             Environment::Named("staging-2".to_owned())
         );
+        // Words that merely contain the letters are other names.
+        for other in ["delivery", "test", "reproduce"] {
+            assert!(Environment::parse(other).is_ok(), "{other}");
+        }
         for near in [
             "Production",
             "PRODUCTION",
@@ -705,6 +711,10 @@ mod tests {
             "prodution",
             "prd",
             "live",
+            "eu-prod",
+            "us-production",
+            "live-eu",
+            "eu_live",
         ] {
             let refused = Environment::parse(near).unwrap_err().to_string();
             assert!(refused.contains("`TOKENMINT_ENV`"), "{near:?}: {refused}");
