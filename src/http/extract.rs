@@ -202,10 +202,25 @@ fn read_value(bytes: &[u8]) -> Result<Value, ApiError> {
     };
     let path = err.path().clone();
     let message = err.into_inner().to_string();
+    let field_faults = [
+        "duplicate field",
+        "number out of range",
+        "recursion limit exceeded",
+    ];
+    if !field_faults.iter().any(|fault| message.starts_with(fault)) {
+        return Err(ApiError::MalformedJson(message));
+    }
     // Reading stopped at that value: only a body that is JSON all through is the
     // value's fault. Skipping values checks the syntax alone (numbers unread, nesting
-    // unbounded).
-    let well_formed = || serde_json::from_slice::<serde::de::IgnoredAny>(bytes);
+    // unbounded, but strings unchecked: hence the UTF-8 check).
+    if let Err(syntax) = std::str::from_utf8(bytes)
+        .map_err(|e| e.to_string())
+        .and_then(|_| {
+            serde_json::from_slice::<serde::de::IgnoredAny>(bytes).map_err(|e| e.to_string())
+        })
+    {
+        return Err(ApiError::MalformedJson(syntax));
+    }
     let named = |field: String| {
         if field.is_empty() || field == "." {
             "body".to_owned()
@@ -216,14 +231,12 @@ fn read_value(bytes: &[u8]) -> Result<Value, ApiError> {
     if message.starts_with("duplicate field") {
         let field = quoted_name(&message).unwrap_or_else(|| "body".to_owned());
         Err(ApiError::validation(&field, "is given more than once"))
-    } else if let Err(syntax) = well_formed() {
-        Err(ApiError::MalformedJson(syntax.to_string()))
     } else if message.starts_with("number out of range") {
         Err(ApiError::validation(
             &named(path.to_string()),
             "is a number too large to read",
         ))
-    } else if message.starts_with("recursion limit exceeded") {
+    } else {
         let top = match path.iter().next() {
             Some(Segment::Map { key }) => key.clone(),
             _ => String::new(),
@@ -232,8 +245,6 @@ fn read_value(bytes: &[u8]) -> Result<Value, ApiError> {
             &named(top),
             "nests deeper than 128 levels",
         ))
-    } else {
-        Err(ApiError::MalformedJson(message))
     }
 }
 
@@ -457,6 +468,7 @@ mod tests {
             r#"{"count": 1} x"#,
             r#"{"count": 1e400"#,
             &unclosed,
+            r#"{"count": 1, "count""#,
         ] {
             assert!(
                 matches!(
@@ -466,6 +478,16 @@ mod tests {
                 "{text}"
             );
         }
+    }
+
+    #[test]
+    fn a_number_too_large_beside_text_that_is_not_utf8_is_malformed() {
+        let mut body = br#"{"count": 1e400, "tokenType": ""#.to_vec();
+        body.extend_from_slice(&[0xFF, b'"', b'}']);
+        assert!(matches!(
+            parse_json::<Body>(&body),
+            Err(ApiError::MalformedJson(_))
+        ));
     }
 
     #[test]
