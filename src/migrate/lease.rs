@@ -6,7 +6,10 @@
 //! collection), so while a step runs a background task renews the lease every third of
 //! its length. Renewing only ever extends a lease that is still ours and not yet over: a
 //! holder that was paused past its lease (and perhaps taken over) learns it has lost it,
-//! and stops instead of recording work another instance may be redoing. A renewal the
+//! and stops instead of recording work another instance may be redoing. Every time on
+//! the lease is the database's (`$$NOW`), never an instance's: a waiter whose clock runs
+//! ahead must not take a live lease, nor a holder whose clock stepped back lose its own.
+//! A renewal the
 //! database failed to answer (an election, a dropped connection) says nothing of the
 //! lease, which is ours for two thirds of its length yet: it is tried again until the
 //! next renewal would be due, and only then given up.
@@ -15,6 +18,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use mongodb::bson::{DateTime, doc};
+use mongodb::options::ReturnDocument;
 use tokio::sync::oneshot;
 
 use super::MigrateError;
@@ -23,6 +27,8 @@ use crate::store::{Store, duplicate_key_index};
 const LOCK: &str = "_migrations_lock";
 /// How often a waiting instance tries to take the lease.
 const POLL: Duration = Duration::from_millis(200);
+/// How often a waiting instance says so, while the holder keeps it waiting.
+const WAITING_LOG_EVERY: Duration = Duration::from_secs(30);
 
 /// A lease this instance holds; `release` it when done (or let it run out).
 pub(super) struct Lease {
@@ -45,16 +51,29 @@ impl Lease {
             holder: uuid::Uuid::new_v4().to_string(),
             length,
         };
-        let mut renewed_at = tokio::time::Instant::now();
+        let started = tokio::time::Instant::now();
+        let mut renewed_at = started;
+        let mut logged_at = started;
         let mut seen_end = None;
         while !lease.try_take().await? {
-            let end = lease.held_until().await?;
-            if end > seen_end {
+            // A read that fails (an election) says nothing of the holder: the next may.
+            if let Ok(end) = lease.held_until().await
+                && end > seen_end
+            {
                 seen_end = end;
                 renewed_at = tokio::time::Instant::now();
             }
             if renewed_at.elapsed() > patience {
                 return Err(MigrateError::LockTimeout(patience));
+            }
+            // A holder may renew for as long as its step takes, a stuck one too: say
+            // who is waited for, so that an operator can tell.
+            if logged_at.elapsed() >= WAITING_LOG_EVERY {
+                logged_at = tokio::time::Instant::now();
+                tracing::info!(
+                    waited_secs = started.elapsed().as_secs(),
+                    "waiting for the migration lease, which another instance holds and renews"
+                );
             }
             tokio::time::sleep(POLL).await;
         }
@@ -71,21 +90,30 @@ impl Lease {
         Ok(lock.and_then(|lock| lock.get_datetime("expiresAt").ok().copied()))
     }
 
-    /// Takes the lease when it is free, expired or already ours. A duplicate key on `_id`
-    /// means another live holder has it.
+    /// Takes the lease when it is free, expired or already ours, in one upsert whose
+    /// pipeline leaves a live holder's lease as it is; says whether it is ours now. A
+    /// duplicate key on `_id` means another instance created it at the same moment.
     async fn try_take(&self) -> Result<bool, MigrateError> {
-        let now = DateTime::now();
+        let ours = doc! { "_id": "lock", "holder": &self.holder, "expiresAt": self.end() };
+        let takeable = doc! { "$or": [
+            { "$eq": [{ "$type": "$holder" }, "missing"] },
+            { "$eq": ["$holder", &self.holder] },
+            { "$lt": ["$expiresAt", "$$NOW"] },
+        ] };
         let result = self
             .store
             .collection(LOCK)
-            .update_one(
-                doc! { "_id": "lock", "$or": [ { "holder": &self.holder }, { "expiresAt": { "$lt": now } } ] },
-                doc! { "$set": { "holder": &self.holder, "expiresAt": self.end_from(now) } },
+            .find_one_and_update(
+                doc! { "_id": "lock" },
+                vec![doc! { "$replaceWith": {
+                    "$cond": { "if": takeable, "then": ours, "else": "$$ROOT" }
+                } }],
             )
             .upsert(true)
+            .return_document(ReturnDocument::After)
             .await;
         match result {
-            Ok(_) => Ok(true),
+            Ok(lock) => Ok(lock.is_some_and(|lock| lock.get_str("holder") == Ok(&self.holder))),
             Err(err) if duplicate_key_index(&err).is_some() => Ok(false),
             Err(err) => Err(err.into()),
         }
@@ -94,13 +122,16 @@ impl Lease {
     /// Extends the lease if it is still ours and not over; otherwise `LeaseLost` for
     /// `migration`. Called before anything is recorded, and by the renewal task.
     pub(super) async fn confirm(&self, migration: &str) -> Result<(), MigrateError> {
-        let now = DateTime::now();
         let renewed = self
             .store
             .collection(LOCK)
             .update_one(
-                doc! { "_id": "lock", "holder": &self.holder, "expiresAt": { "$gt": now } },
-                doc! { "$set": { "expiresAt": self.end_from(now) } },
+                doc! {
+                    "_id": "lock",
+                    "holder": &self.holder,
+                    "$expr": { "$gt": ["$expiresAt", "$$NOW"] },
+                },
+                vec![doc! { "$set": { "expiresAt": self.end() } }],
             )
             .await?;
         if renewed.matched_count == 1 {
@@ -169,9 +200,10 @@ impl Lease {
             .await;
     }
 
-    fn end_from(&self, now: DateTime) -> DateTime {
+    /// The end of a lease taken or renewed now, by the database's clock.
+    fn end(&self) -> mongodb::bson::Document {
         let length = i64::try_from(self.length.as_millis()).unwrap_or(i64::MAX);
-        DateTime::from_millis(now.timestamp_millis().saturating_add(length))
+        doc! { "$add": ["$$NOW", length] }
     }
 }
 
