@@ -192,24 +192,19 @@ impl Issuer {
             }
         };
         if existing.status == IssuanceStatus::Pending {
-            // Another checkout asked first, maybe with other parameters: it decides
-            // nothing (only the provider's success, or a trusted backend, says whose
-            // parameters are issued), so this request waits as well, answered with its
-            // own parameters — neither refused, which would let anyone hold a payment's
-            // checkout by asking first, nor told the first request's.
-            let issuance = if existing.params()? == request.params {
-                existing
-            } else {
-                // The payment's pending record, with this request's parameters: its id
-                // and dates, so that every answer to this request names the record a
-                // success will fulfil, and answers again alike.
-                let mut own = pending.with_id(existing.id);
-                own.created_at = existing.created_at;
-                own.payment_date = existing.payment_date;
-                own.expires_at = existing.expires_at;
-                own
-            };
-            return Ok(pending_answer(issuance));
+            // A checkout asked first (this one, or another, maybe with other parameters):
+            // it decides nothing (only the provider's success, or a trusted backend, says
+            // whose parameters are issued), so this request waits, answered with its own
+            // parameters — neither refused, which would let anyone hold a payment's
+            // checkout by asking first, nor told the first request's — and the pending
+            // record's id and dates, so that every answer names the record a success
+            // will fulfil, and answers again alike. The same for whoever asks, so that
+            // no field tells whether a guess of the first request's parameters was right.
+            let mut answer = pending.with_id(existing.id);
+            answer.created_at = existing.created_at;
+            answer.payment_date = existing.payment_date;
+            answer.expires_at = existing.expires_at;
+            return Ok(pending_answer(answer));
         }
         refuse_other_params(&existing.params()?, &request.params)?;
         Ok(IssueOutcome::Replayed(self.complete(existing).await?))

@@ -54,40 +54,58 @@ impl Lease {
         let started = tokio::time::Instant::now();
         let mut renewed_at = started;
         let mut logged_at = started;
-        let mut seen_end = None;
-        while !lease.try_take().await? {
-            // A read that fails (an election) says nothing of the holder: the next may.
-            if let Ok(end) = lease.held_until().await
-                && end > seen_end
+        let mut seen = None;
+        loop {
+            // A command that fails (an election) says nothing of the holder: the next may.
+            // While the database fails, its failure is what a wait that runs out reports,
+            // rather than a holder that stopped renewing.
+            let failing = match lease.try_take().await {
+                Ok(true) => return Ok(lease),
+                Ok(false) => None,
+                Err(MigrateError::Store(err)) => {
+                    tracing::warn!(error = %err, "cannot ask for the migration lease yet; trying again");
+                    Some(err)
+                }
+                Err(other) => return Err(other),
+            };
+            if let Ok(held) = lease.holder().await
+                && held.as_ref().map(|(_, end)| end) > seen.as_ref().map(|(_, end)| end)
             {
-                seen_end = end;
+                seen = held;
                 renewed_at = tokio::time::Instant::now();
             }
             if renewed_at.elapsed() > patience {
-                return Err(MigrateError::LockTimeout(patience));
+                return Err(
+                    failing.map_or(MigrateError::LockTimeout(patience), MigrateError::Store)
+                );
             }
             // A holder may renew for as long as its step takes, a stuck one too: say
-            // who is waited for, so that an operator can tell.
+            // whom this instance waits for, so that an operator can tell.
             if logged_at.elapsed() >= WAITING_LOG_EVERY {
                 logged_at = tokio::time::Instant::now();
                 tracing::info!(
+                    holder = seen.as_ref().map(|(holder, _)| holder.as_str()),
                     waited_secs = started.elapsed().as_secs(),
                     "waiting for the migration lease, which another instance holds and renews"
                 );
             }
             tokio::time::sleep(POLL).await;
         }
-        Ok(lease)
     }
 
-    /// When the current holder's lease ends, as it last renewed it (`None`: no holder).
-    async fn held_until(&self) -> Result<Option<DateTime>, MigrateError> {
+    /// The current holder, and when its lease ends as it last renewed it (`None`: no
+    /// holder).
+    async fn holder(&self) -> Result<Option<(String, DateTime)>, MigrateError> {
         let lock = self
             .store
             .collection(LOCK)
             .find_one(doc! { "_id": "lock" })
             .await?;
-        Ok(lock.and_then(|lock| lock.get_datetime("expiresAt").ok().copied()))
+        Ok(lock.and_then(|lock| {
+            let holder = lock.get_str("holder").ok()?.to_owned();
+            let end = *lock.get_datetime("expiresAt").ok()?;
+            Some((holder, end))
+        }))
     }
 
     /// Takes the lease when it is free, expired or already ours, in one upsert whose
@@ -189,6 +207,11 @@ impl Lease {
                 other => return other,
             }
         }
+    }
+
+    /// This holder's id, as the lease names it (and a waiter's log).
+    pub(super) fn holder_id(&self) -> &str {
+        &self.holder
     }
 
     /// Gives the lease up at once; if this fails the lease simply runs out.

@@ -129,7 +129,7 @@ async fn apply_pending(
             report.already_applied.push(migration.id);
             continue;
         }
-        tracing::info!(migration = %migration.id, "applying migration");
+        tracing::info!(migration = %migration.id, holder = lease.holder_id(), "applying migration");
         for step in &migration.steps {
             let work = async {
                 match step {

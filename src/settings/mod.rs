@@ -100,10 +100,12 @@ impl Environment {
                 .bytes()
                 .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-');
         let folded = name.trim().to_ascii_lowercase();
-        let looks_like_production = folded
-            .split(['-', '_', '.', ' '])
-            .any(|word| word.starts_with("prod") || word.starts_with("prd") || word == "live")
-            || strsim::levenshtein(&folded, "production") <= 2;
+        let words: Vec<&str> = folded.split(['-', '_', '.', ' ']).collect();
+        // `pre-prod`, `non-prod`: a word that says the next is not production.
+        let looks_like_production = words.iter().enumerate().any(|(i, word)| {
+            let negated = i > 0 && matches!(words[i - 1], "pre" | "non");
+            !negated && (word.starts_with("prod") || word.starts_with("prd") || *word == "live")
+        }) || strsim::levenshtein(&folded, "production") <= 2;
         match name {
             "development" => Ok(Self::Development),
             "production" => Ok(Self::Production),
@@ -695,8 +697,17 @@ mod tests {
             Environment::parse("staging-2").unwrap(),
             Environment::Named("staging-2".to_owned())
         );
-        // Words that merely contain the letters are other names.
-        for other in ["delivery", "test", "reproduce"] {
+        // Words that merely contain the letters, or say it is not production, are other
+        // names.
+        for other in [
+            "delivery",
+            "test",
+            "reproduce",
+            "pre-prod",
+            "non-prod",
+            "pre-production",
+            "preprod",
+        ] {
             assert!(Environment::parse(other).is_ok(), "{other}");
         }
         for near in [

@@ -279,6 +279,12 @@ async fn checkout_keys_never_see_the_recorded_values_of_a_conflict() {
     // Answered again alike, naming the payment's one pending record.
     let again = json(app.issue(REQUEST_KEY, &rival).await).await;
     assert_eq!(again, waiting);
+    // A right guess of the first request's parameters is answered as a wrong one: with
+    // the request's own fields (here its mode), nothing of the first request's.
+    let mut guess = issuance_body("pi_pending", 1);
+    guess["mode"] = json!("atomic");
+    let guessed = json(app.issue(REQUEST_KEY, &guess).await).await;
+    assert_eq!(guessed["issuance"]["mode"], "atomic", "{guessed}");
     let pending = record(&app, "pi_pending").await.unwrap();
     assert_eq!(
         waiting["issuance"]["id"],

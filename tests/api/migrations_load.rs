@@ -154,6 +154,32 @@ async fn a_renewal_the_database_fails_is_tried_again_and_the_lease_kept() {
     );
 }
 
+/// A waiting migrator whose try for the lease the database fails (an election's error,
+/// the driver's retry failing too) waits on, and finds the work done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_whose_try_the_database_fails_waits_on() {
+    let fresh = FreshDb::new().await;
+    seed_slow(&fresh).await;
+    let holder = fresh.store().await;
+    let app_name = unique_app_name();
+    let waiter = connect_store(&mongo_uri_named(&app_name), fresh.name()).await;
+    let turn = FailPointTurn::take().await;
+    let first =
+        tokio::spawn(async move { apply(&holder, vec![slow_migration("9005_slow")], LEASE).await });
+    wait_until_step_runs(&fresh).await;
+    let lock = format!("{}._migrations_lock", fresh.name());
+    let failpoint = turn
+        .set_on(&app_name, &["findAndModify"], &lock, Fault::error(91), 2)
+        .await;
+    let second = apply(&waiter, vec![slow_migration("9005_slow")], LEASE)
+        .await
+        .expect("a try the database failed is tried again");
+    assert_eq!(second.already_applied, ["9005_slow"]);
+    let first = first.await.unwrap().expect("the holder is not disturbed");
+    assert_eq!(first.applied, ["9005_slow"]);
+    assert_eq!(failpoint.off().await, 2, "the try failed, and its retry");
+}
+
 #[tokio::test]
 async fn a_lost_lease_records_nothing_and_stops_with_a_clear_error() {
     // Taken over by another instance, and simply run out (its holder was paused).

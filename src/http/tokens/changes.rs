@@ -142,7 +142,7 @@ async fn apply(
     attempt: Option<Arc<Attempt>>,
 ) -> Result<Response, ApiError> {
     let attempt = attempt.as_deref();
-    let gate = match condition {
+    let gate = match &condition {
         None => Gate::Retry,
         Some(condition) => match condition.sole_version() {
             Some(version) => Gate::IfMatch(version),
@@ -156,15 +156,7 @@ async fn apply(
                     && !own_change_retried
                 {
                     record_version_rejection(&transition);
-                    // As for a lone tag below: one the token has not reached may pass
-                    // later, so it is not kept, for a key that may read the version.
-                    let conflict = version_conflict(principal, &current);
-                    if condition.names_a_version_above(current.version)
-                        && principal.has(Scope::Read)
-                    {
-                        return Ok(transient(conflict));
-                    }
-                    return Err(conflict);
+                    return stale(principal, condition, &current);
                 }
                 Gate::IfMatch(current.version)
             }
@@ -196,16 +188,9 @@ async fn apply(
             Ok(response)
         }
         TransitionOutcome::NotFound => Err(not_found()),
-        // A version the token has not reached, as read: the client saw a later one (a
-        // new primary may not show it yet), so the same request may pass later: not
-        // kept. An older one stays stale: kept. Only for a key that may read the version
-        // anyway: whether the answer is kept shows on a retry, and a key that may not
-        // would learn the version by trying tags.
-        TransitionOutcome::VersionConflict(token) => match gate {
-            Gate::IfMatch(expected) if expected > token.version && principal.has(Scope::Read) => {
-                Ok(transient(version_conflict(principal, &token)))
-            }
-            _ => Err(version_conflict(principal, &token)),
+        TransitionOutcome::VersionConflict(token) => match &condition {
+            Some(condition) => stale(principal, condition, &token),
+            None => Err(version_conflict(principal, &token)),
         },
         TransitionOutcome::StateConflict(token) => Err(ApiError::StateConflict {
             detail: format!(
@@ -222,6 +207,24 @@ async fn apply(
             status: Some(token.status),
         })),
         TransitionOutcome::TakenOver => Err(ApiError::RequestInProgress),
+    }
+}
+
+/// The answer to `condition`, which `token` does not meet. A tag naming a version the
+/// token has not reached, as read: the client saw a later one (a new primary may not show
+/// it yet), so the same request may pass later: not kept. Only older ones: stale for
+/// good, kept. Only for a key that may read the version anyway: whether the answer is
+/// kept shows on a retry, and a key that may not would learn the version by trying tags.
+fn stale(
+    principal: &Principal,
+    condition: &IfMatch,
+    token: &TokenDoc,
+) -> Result<Response, ApiError> {
+    let conflict = version_conflict(principal, token);
+    if condition.names_a_version_above(token.version) && principal.has(Scope::Read) {
+        Ok(transient(conflict))
+    } else {
+        Err(conflict)
     }
 }
 
