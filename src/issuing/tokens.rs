@@ -88,7 +88,9 @@ pub enum Gate {
 #[derive(Debug)]
 pub enum TransitionOutcome {
     Applied(TokenDoc),
-    /// Already in the requested end state (revoking a revoked token); nothing written.
+    /// Already in the requested end state (revoking a revoked token, transferring a token
+    /// to its owner), or the caller's own change retried under its first attempt's
+    /// `If-Match`; nothing written.
     AlreadyDone(TokenDoc),
     /// The token's state forbids the transition.
     StateConflict(TokenDoc),
@@ -127,10 +129,11 @@ pub(super) fn redeemed_fields(reference: Option<&str>, by: &Actor, now: DateTime
     set
 }
 
-/// The state machine: only an active token changes; revoking a revoked one, or
-/// transferring a token to the `owner` it has, is a no-op, but for a token a withdrawal revoked (`withdrawn`: its last author is a provider):
-/// the revoke then makes `by` its author, so that money coming back, which makes active
-/// again only what the provider revoked, leaves it revoked. Every write names its author
+/// The state machine: only an active token changes; transferring a token to the `owner`
+/// it has is a no-op, and so is revoking a revoked one, but for a token a withdrawal
+/// revoked (`withdrawn`: its last author is a provider): the revoke then makes `by` its
+/// author, so that money coming back, which makes active again only what the provider
+/// revoked, leaves it revoked. Every write names its author
 /// (`lastChangedBy`).
 fn decide(
     status: TokenStatus,
