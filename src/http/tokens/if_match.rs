@@ -148,12 +148,8 @@ mod tests {
 
     #[test]
     fn only_tags_all_older_than_the_token_can_be_a_retry() {
-        let older = |value: &str, version| {
-            parsed(value)
-                .unwrap()
-                .unwrap()
-                .names_only_older_than(version)
-        };
+        let condition = |value: &str| parsed(value).unwrap().unwrap();
+        let older = |value: &str, version| condition(value).names_only_older_than(version);
         assert!(older("\"0\"", 1));
         assert!(older("\"0\", W/\"1\"", 2));
         assert!(
@@ -167,12 +163,7 @@ mod tests {
             "weak alone: no first attempt matched it"
         );
         assert!(!older("*", 1), "`*` names no version");
-        let above = |value: &str, version| {
-            parsed(value)
-                .unwrap()
-                .unwrap()
-                .names_a_version_above(version)
-        };
+        let above = |value: &str, version| condition(value).names_a_version_above(version);
         assert!(above("\"0\", \"5\"", 1));
         assert!(!above("\"0\", W/\"5\"", 1), "a weak tag never matches");
         assert!(!above("*", 1));

@@ -120,31 +120,13 @@ async fn a_revoke_or_transfer_retried_with_its_if_match_is_answered_as_the_first
     let response = post(&app, ADMIN_KEY, &revoke, None, Some("\"0\", \"5\""), None).await;
     assert_problem(response, 412, "version_conflict").await;
     // Under an Idempotency-Key the answer is kept like any other, and replayed.
-    let keyed = seen(
-        post(
-            &app,
-            ADMIN_KEY,
-            &revoke,
-            Some("k-revoke-again"),
-            Some("\"0\""),
-            None,
-        )
-        .await,
-    )
-    .await;
+    let revoke_keyed = || async {
+        let key = Some("k-revoke-again");
+        seen(post(&app, ADMIN_KEY, &revoke, key, Some("\"0\""), None).await).await
+    };
+    let keyed = revoke_keyed().await;
     assert_eq!((keyed.status, keyed.replayed), (200, false));
-    let replayed = seen(
-        post(
-            &app,
-            ADMIN_KEY,
-            &revoke,
-            Some("k-revoke-again"),
-            Some("\"0\""),
-            None,
-        )
-        .await,
-    )
-    .await;
+    let replayed = revoke_keyed().await;
     assert_eq!((replayed.status, replayed.replayed), (200, true));
     assert_eq!(replayed.body, keyed.body);
     assert_eq!(app.stored_token(revoked).await, stored.0, "nothing written");
