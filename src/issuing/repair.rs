@@ -11,7 +11,7 @@ use mongodb::bson::DateTime;
 
 use super::{IssueError, Issuer, Settlement};
 use crate::domain::PaymentKey;
-use crate::store::StoreError;
+use crate::store::{LeaseAttempt, StoreError};
 use crate::telemetry::metric;
 
 /// How long a repairer holds a record before another may take it.
@@ -40,19 +40,32 @@ impl Issuer {
         let mut report = RepairReport::default();
         let created_before =
             DateTime::from_millis(DateTime::now().timestamp_millis() - min_age.as_millis() as i64);
+        // Records the database would not lease this sweep: still leasable, they would
+        // come first again and again, and the records behind them never.
+        let mut refused = Vec::new();
         for _ in 0..MAX_PER_SWEEP {
-            let Some(leased) = self
+            let Some(attempt) = self
                 .store
-                .lease_unfinished_record(created_before, LEASE)
+                .lease_unfinished_record(created_before, LEASE, &refused)
                 .await?
             else {
                 break;
             };
-            let record = match leased {
-                Ok(record) => record,
-                Err(err) => {
+            let record = match attempt {
+                LeaseAttempt::Leased(record) => record,
+                LeaseAttempt::Unreadable(err) => {
                     report.failed += 1;
                     failed("", "cannot read an unfinished issuance", &err);
+                    continue;
+                }
+                LeaseAttempt::Refused { id, error } => {
+                    report.failed += 1;
+                    failed(
+                        &format!("record {id}"),
+                        "cannot lease an unfinished issuance",
+                        &error,
+                    );
+                    refused.push(id);
                     continue;
                 }
             };
@@ -185,7 +198,7 @@ impl Issuer {
 }
 
 /// Logs and counts a repair that failed for one record or payment alone (`payment`, its
-/// key, empty when unknown).
+/// key, or the record's `_id` when the key is not read yet; empty when unknown).
 fn failed(payment: &str, what: &'static str, err: &StoreError) {
     metrics::counter!(metric::REPAIRS_TOTAL, "outcome" => "failed").increment(1);
     tracing::error!(%payment, error = %err, "{what}");

@@ -5,7 +5,7 @@
 //! it unless the payment has one, and hands back the one that exists.
 
 use futures::TryStreamExt;
-use mongodb::bson::{DateTime, Document, doc, oid::ObjectId};
+use mongodb::bson::{Bson, DateTime, Document, doc, oid::ObjectId};
 use mongodb::options::ReturnDocument;
 
 use super::documents::{IssuanceDoc, TokenSummary, from_document, token_summary_projection};
@@ -14,6 +14,24 @@ use super::filters::{issuance_filter, payment_tokens_filter};
 use super::placeholder::{Existing, records_only};
 use super::{ISSUANCES, Store, TOKENS};
 use crate::domain::{IssuanceStatus, PaymentKey};
+
+/// What one try to lease an unfinished record came to (`Store::lease_unfinished_record`).
+#[derive(Debug)]
+pub enum LeaseAttempt {
+    /// Leased to this repairer until the lease runs out.
+    Leased(IssuanceDoc),
+    /// Leased, but the stored document is not a readable record (a field of another
+    /// type, written by hand or by another tool). It stays leased, so the sweep's next
+    /// try takes another record.
+    Unreadable(StoreError),
+    /// The database refused the lease's write for this record alone (a validator, say)
+    /// and answers the others: nothing was written, so the record is still leasable.
+    Refused {
+        /// The record's `_id`, for the sweep to pass over.
+        id: Bson,
+        error: StoreError,
+    },
+}
 
 impl Store {
     /// Inserts `record` unless its payment's place is taken; returns what takes it if so
@@ -154,14 +172,15 @@ impl Store {
     /// targeted `findOneAndUpdate` per candidate that repeats every condition, so two
     /// repairers that found the same candidate still cannot both lease it.
     ///
-    /// The leased record comes back as read: a document that is not a readable record (a
-    /// field of another type, written by hand or by another tool) is `Err` inside, and
-    /// stays leased, so that the sweep passes it by and takes the next one.
+    /// Records whose `_id` is in `passing_over` are not candidates: the sweep names there
+    /// the ones whose lease the database refused (`LeaseAttempt::Refused`), which stay
+    /// leasable and would otherwise come first again. `None`: no record is leasable.
     pub async fn lease_unfinished_record(
         &self,
         created_before: DateTime,
         lease: std::time::Duration,
-    ) -> Result<Option<Result<IssuanceDoc, StoreError>>, StoreError> {
+        passing_over: &[Bson],
+    ) -> Result<Option<LeaseAttempt>, StoreError> {
         /// Candidates per attempt: enough that repairers racing for the oldest record
         /// each find another, few enough to read nothing much.
         const CANDIDATES: i64 = 8;
@@ -170,6 +189,7 @@ impl Store {
         let leasable = doc! {
             "status": IssuanceStatus::Issuing.as_str(),
             "createdAt": { "$lt": created_before },
+            "_id": { "$nin": passing_over },
             "$or": [
                 { "repairLeaseUntil": { "$exists": false } },
                 { "repairLeaseUntil": { "$lt": now } },
@@ -195,9 +215,20 @@ impl Store {
                 .collection(ISSUANCES)
                 .find_one_and_update(targeted, doc! { "$set": { "repairLeaseUntil": until } })
                 .return_document(ReturnDocument::After)
-                .await?;
-            if let Some(leased) = leased {
-                return Ok(Some(from_document(leased)));
+                .await;
+            match leased.map_err(StoreError::from) {
+                Ok(Some(leased)) => {
+                    return Ok(Some(match from_document(leased) {
+                        Ok(record) => LeaseAttempt::Leased(record),
+                        Err(error) => LeaseAttempt::Unreadable(error),
+                    }));
+                }
+                Ok(None) => {}
+                Err(err @ StoreError::Unavailable(_)) => return Err(err),
+                Err(error) => {
+                    let id = candidate.get("_id").cloned().unwrap_or(Bson::Null);
+                    return Ok(Some(LeaseAttempt::Refused { id, error }));
+                }
             }
         }
         Ok(None)

@@ -48,6 +48,7 @@ pub use idempotency::{
     AnswerInTransaction, Claimed, HeldRecord, IDEMPOTENCY_KEYS, IdempotencyClaim, IdempotencyDoc,
     StoredAnswer, StoredHeader,
 };
+pub use issuance::LeaseAttempt;
 pub use payments::{PAYMENTS, PaymentDoc, ProjectionGate, TokenParamsDoc};
 pub use placeholder::{Existing, PLACEHOLDER_LIFETIME};
 pub use redemptions::{

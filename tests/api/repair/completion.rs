@@ -170,3 +170,59 @@ async fn two_instances_repairing_at_once_write_each_token_once() {
     );
     drop(second);
 }
+
+/// An unfinished record the database refuses to lease (here a validator refuses the
+/// lease's write for it alone, every time) is the oldest, so every sweep meets it first:
+/// it is counted failed and passed over, and the records behind it are repaired all the
+/// same.
+#[tokio::test]
+async fn a_record_the_database_will_not_lease_does_not_keep_the_others_unrepaired() {
+    let app = spawn_app_with(FAST_REPAIR).await;
+    let failed_before = repairs(&app, "failed").await;
+    seed(
+        &app.db,
+        issuing_record(
+            "pi_unleasable",
+            ObjectId::new(),
+            3,
+            ago(Duration::from_secs(7200)),
+        ),
+        0..1,
+    )
+    .await;
+    app.db
+        .run_command(doc! {
+            "collMod": "issuances",
+            "validator": { "$or": [
+                { "paymentIntentId": { "$ne": "pi_unleasable" } },
+                { "repairLeaseUntil": { "$exists": false } },
+            ] },
+        })
+        .await
+        .unwrap();
+    let behind = seed(
+        &app.db,
+        issuing_record(
+            "pi_behind",
+            ObjectId::new(),
+            4,
+            ago(Duration::from_secs(3600)),
+        ),
+        0..2,
+    )
+    .await;
+
+    let started = Instant::now();
+    while record_of(&app.db, &behind.payment).await.get_str("status") != Ok("issued") {
+        assert!(
+            started.elapsed() < REPAIR_WITHIN,
+            "the record behind the unleasable one was not repaired within {REPAIR_WITHIN:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_completed(&app.db, &behind).await;
+    let stuck = record_of(&app.db, "pi_unleasable").await;
+    assert_eq!(stuck.get_str("status"), Ok("issuing"), "{stuck}");
+    assert!(!stuck.contains_key("repairLeaseUntil"), "{stuck}");
+    assert!(repairs(&app, "failed").await > failed_before);
+}
