@@ -192,6 +192,12 @@ fn status_and_payment<'a>(
             (PaymentStatus::Refunded, id("payment_intent"))
         }
         "charge.dispute.created" => return Err("a dispute whose funds were not withdrawn"),
+        // A dispute lost after a partial refund gives back what the cardholder had been
+        // refunded already (Stripe's "partially won"): money the customer keeps through
+        // the refund, so it stands for no token. Only a dispute won gives back its amount.
+        "charge.dispute.funds_reinstated" if text(object, "status") != Some("won") => {
+            return Err("funds reinstated by a dispute not won");
+        }
         // Money coming back moves no state: the reversal is recorded and the money
         // decides (the status is the one a standing payment has).
         "charge.dispute.funds_reinstated"
@@ -240,7 +246,8 @@ fn reversal(
 ) -> Result<Option<Reversal>, &'static str> {
     let object_id = text(object, "id").unwrap_or_default();
     Ok(match kind {
-        // A dispute won gives back what its withdrawal took (the Dispute's `amount`).
+        // A dispute won gives back what its withdrawal took (the Dispute's `amount`;
+        // `status_and_payment` ignores one not won).
         "charge.dispute.funds_reinstated" => {
             let reinstated = amount.take().ok_or("dispute without amount")?;
             let dispute = format!("dispute:{object_id}");
@@ -757,9 +764,18 @@ mod tests {
                 ParsedEvent::Payment(event) => Some(event),
                 ParsedEvent::Ignored { .. } => None,
             };
-        let won = parse(json!({"id": "evt_6", "type": "charge.dispute.funds_reinstated", "created": 3,
-            "data": {"object": {"id": "du_1", "charge": "ch_1", "payment_intent": "pi_1", "amount": 300}}}))
-        .unwrap();
+        let reinstated = |status: Value| {
+            parse(
+                json!({"id": "evt_6", "type": "charge.dispute.funds_reinstated", "created": 3,
+                "data": {"object": {"id": "du_1", "charge": "ch_1", "payment_intent": "pi_1",
+                "amount": 300, "status": status}}}),
+            )
+        };
+        // Lost (after a partial refund): what comes back was refunded already.
+        for not_won in [json!("lost"), Value::Null] {
+            assert!(reinstated(not_won).is_none());
+        }
+        let won = reinstated(json!("won")).unwrap();
         assert_eq!(
             won.amount, None,
             "the dispute's amount is not the payment's"

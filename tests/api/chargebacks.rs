@@ -125,3 +125,75 @@ async fn a_dispute_of_the_whole_amount_refunds_the_payment() {
         "refunded"
     );
 }
+
+/// A dispute of the whole payment after a partial refund, then lost: Stripe gives back
+/// only what the cardholder had been refunded already (`funds_reinstated`, the Dispute
+/// `lost`, Stripe's "partially won"), money the customer keeps through the refund. No
+/// token comes back: the merchant kept nothing. Won, the whole disputed amount comes
+/// back, and so do the tokens the refund left.
+#[tokio::test]
+async fn a_dispute_lost_after_a_partial_refund_gives_no_token_back() {
+    let app = app().await;
+    for (payment, outcome, active) in [
+        ("pi_lost", "lost", vec![]),
+        ("pi_won", "won", vec![0, 1, 2, 3, 4, 5, 6]),
+    ] {
+        let receipt = stripe(
+            &app,
+            &intent_event(
+                &format!("evt_paid_{payment}"),
+                "succeeded",
+                payment,
+                1_780_000_000,
+                "10",
+            ),
+        )
+        .await;
+        assert_eq!(receipt["outcome"], "issued", "{receipt}");
+        stripe(
+            &app,
+            &partial_refund_event(
+                &format!("evt_r_{payment}"),
+                payment,
+                1_780_000_100,
+                1000,
+                300,
+            ),
+        )
+        .await;
+        stripe(
+            &app,
+            &dispute(
+                &format!("evt_d_{payment}"),
+                &format!("du_{payment}"),
+                payment,
+                1000,
+            ),
+        )
+        .await;
+        assert!(app.active_indexes(payment).await.is_empty());
+
+        let mut reinstated = dispute(
+            &format!("evt_back_{payment}"),
+            &format!("du_{payment}"),
+            payment,
+            1000,
+        );
+        reinstated["type"] = json!("charge.dispute.funds_reinstated");
+        reinstated["created"] = json!(1_780_000_900);
+        reinstated["data"]["object"]["status"] = json!(outcome);
+        stripe(&app, &reinstated).await;
+
+        assert_eq!(app.active_indexes(payment).await, active, "{payment}");
+        let expected = if active.is_empty() {
+            "refunded"
+        } else {
+            "succeeded"
+        };
+        assert_eq!(
+            stored(&app, payment).await.get_str("status"),
+            Ok(expected),
+            "{payment}"
+        );
+    }
+}

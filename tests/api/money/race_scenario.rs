@@ -196,7 +196,8 @@ impl Scenario {
                 },
                 serde_json::json!({ "id": format!("du_{}", self.payment), "object": "dispute",
                     "amount": amount, "charge": "ch_1", "currency": "eur",
-                    "payment_intent": self.payment }),
+                    "payment_intent": self.payment,
+                    "status": if action == Action::DisputeWon { "won" } else { "needs_response" } }),
             ),
             other => panic!("no reversal event for {other:?}"),
         };
