@@ -55,24 +55,40 @@ impl Lease {
         let mut renewed_at = started;
         let mut logged_at = started;
         let mut seen = None;
+        // Whether the database has answered this instance yet. A try and the read of the
+        // holder after it both failing before it ever has is a database that is not
+        // there (a wrong address, a set not started): the start ends at once, saying
+        // so. The patience is for a holder at work, and a database that answered before.
+        let mut answered = false;
         loop {
             // A command that fails (an election) says nothing of the holder: the next may.
             // While the database fails, its failure is what a wait that runs out reports,
             // rather than a holder that stopped renewing.
             let failing = match lease.try_take().await {
                 Ok(true) => return Ok(lease),
-                Ok(false) => None,
-                Err(MigrateError::Store(err)) => {
-                    tracing::warn!(error = %err, "cannot ask for the migration lease yet; trying again");
-                    Some(err)
+                Ok(false) => {
+                    answered = true;
+                    None
                 }
+                Err(MigrateError::Store(err)) => Some(err),
                 Err(other) => return Err(other),
             };
-            if let Ok(held) = lease.holder().await
-                && held.as_ref().map(|(_, end)| end) > seen.as_ref().map(|(_, end)| end)
-            {
-                seen = held;
-                renewed_at = tokio::time::Instant::now();
+            match lease.holder().await {
+                Ok(held) => {
+                    answered = true;
+                    if held.as_ref().map(|(_, end)| end) > seen.as_ref().map(|(_, end)| end) {
+                        seen = held;
+                        renewed_at = tokio::time::Instant::now();
+                    }
+                }
+                Err(_) => {
+                    if let Some(err) = failing.as_ref().filter(|_| !answered) {
+                        return Err(MigrateError::Store(err.clone()));
+                    }
+                }
+            }
+            if let Some(err) = &failing {
+                tracing::warn!(error = %err, "cannot ask for the migration lease yet; trying again");
             }
             if renewed_at.elapsed() > patience {
                 return Err(
