@@ -44,6 +44,8 @@ pub struct AppState {
     pub providers: Arc<Providers>,
     pub rate_limits: Arc<rate_limit::RateLimits>,
     pub max_quantity: u32,
+    /// `webhooks.body_limit_bytes`: the webhook route's own body limit.
+    pub webhook_body_limit: usize,
     /// `server.trusted_proxies`: whose `X-Forwarded-For` names the client address.
     pub trusted_proxies: Arc<[ipnet::IpNet]>,
     pub metrics: metrics_exporter_prometheus::PrometheusHandle,
@@ -57,6 +59,7 @@ impl AppState {
             providers: Arc::new(providers),
             rate_limits: Arc::new(rate_limit::RateLimits::new(&settings.rate_limit)),
             max_quantity: settings.issuance.max_quantity,
+            webhook_body_limit: settings.webhooks.body_limit_bytes,
             trusted_proxies: settings.server.trusted_proxies.clone().into(),
             metrics: crate::telemetry::metrics_handle(),
         }
@@ -105,7 +108,7 @@ fn route_table(state: Option<&AppState>, metrics_here: bool) -> OpenApiRouter<Ap
         ))
         .routes(routes!(redemptions::get_redemption))
         .routes(routes!(payments::get_payment))
-        .routes(routes!(webhooks::receive_webhook))
+        .routes(webhooks::route(state))
         .routes(routes!(ops::healthz))
         .routes(routes!(ops::readyz))
         .routes(routes!(problem_types::problem_type));

@@ -4,14 +4,16 @@
 //! event, including duplicates and events tokenmint ignores, so providers stop retrying.
 
 use axum::body::Bytes;
-use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, State};
 use axum::http::header::CONTENT_TYPE;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use tracing::Instrument;
 use utoipa::ToSchema;
+use utoipa_axum::router::{UtoipaMethodRouter, UtoipaMethodRouterExt};
+use utoipa_axum::routes;
 
 use super::AppState;
 use super::error::ApiError;
@@ -74,7 +76,7 @@ pub struct WebhookReceipt {
         (status = 400, description = "Signed, but not an event"),
         (status = 401, description = "`basic_auth_invalid` (the provider's HTTP Basic credentials are configured and missing or wrong; checked first), `signature_missing`, `signature_invalid` or `signature_timestamp_out_of_tolerance`"),
         (status = 404, description = "Unknown provider"),
-        (status = 413, description = "Body too large"),
+        (status = 413, description = "Body over `webhooks.body_limit_bytes`"),
         (status = 429, description = "`rate_limited`: too many deliveries for this provider, or too many failed signature checks from this address; see Retry-After",
             headers(("Retry-After" = String, description = "Seconds to wait"))),
         (status = 503, description = "`database_unavailable` or `request_timeout`: retry later"),
@@ -102,6 +104,17 @@ pub async fn receive_webhook(
             ApiError::MalformedJson(malformed.0)
         })?;
     apply(&state, provider, delivery).await
+}
+
+/// The webhook route, reading bodies up to `webhooks.body_limit_bytes` rather than the
+/// `server.body_limit_bytes` of every other route (this layer is the inner one, so its
+/// limit is the one the body extractor sees). `state` is `None` for the document alone.
+pub fn route(state: Option<&AppState>) -> UtoipaMethodRouter<AppState> {
+    let route = routes!(receive_webhook);
+    match state {
+        Some(state) => route.layer(DefaultBodyLimit::max(state.webhook_body_limit)),
+        None => route,
+    }
 }
 
 /// The answer to a body that could not be read: too large, or cut off.

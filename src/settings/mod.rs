@@ -437,6 +437,11 @@ impl std::fmt::Display for WebhookScheme {
 #[serde(deny_unknown_fields)]
 pub struct WebhookSettings {
     pub retention_days: u32,
+    /// The largest body `POST /v1/webhooks/{provider}` reads, apart from
+    /// `server.body_limit_bytes`: a provider's event is not a client's request (a
+    /// Stripe dispute carries its evidence text, up to 150,000 characters), and one
+    /// refused 413 is refused on every redelivery, its money never applied.
+    pub body_limit_bytes: usize,
 }
 
 /// `Idempotency-Key`s of token actions and redemptions.

@@ -54,6 +54,10 @@ impl Settings {
                 u64::from(self.webhooks.retention_days),
             ),
             (
+                "webhooks.body_limit_bytes",
+                self.webhooks.body_limit_bytes as u64,
+            ),
+            (
                 "issuance.pending_ttl_days",
                 u64::from(self.issuance.pending_ttl_days),
             ),

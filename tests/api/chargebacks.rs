@@ -197,3 +197,40 @@ async fn a_dispute_lost_after_a_partial_refund_gives_no_token_back() {
         );
     }
 }
+
+/// A dispute carries its evidence text (up to 150,000 characters at Stripe), past the
+/// 64 KiB a client's request may send: the webhook route reads up to
+/// `webhooks.body_limit_bytes`, so the chargeback is applied rather than refused 413 on
+/// every redelivery. Past that limit it is 413 and nothing is recorded, and the client
+/// routes keep their own limit.
+#[tokio::test]
+async fn a_dispute_carrying_its_evidence_is_read_past_a_requests_limit() {
+    let app = app().await;
+    paid(&app, "pi_1", "4").await;
+    let with_evidence = |event_id: &str, characters: usize| {
+        let mut event = dispute(event_id, "du_1", "pi_1", 250);
+        event["data"]["object"]["evidence"] =
+            json!({ "uncategorized_text": "x".repeat(characters) });
+        event
+    };
+
+    let too_large = with_evidence("evt_huge", 600_000);
+    let answer = deliver_stripe(&app, &too_large).await;
+    assert_eq!(answer.status(), 413);
+    assert_eq!(
+        app.count("webhook_events", doc! {}).await,
+        1,
+        "the success alone"
+    );
+    assert_eq!(app.active_indexes("pi_1").await, vec![0, 1, 2, 3]);
+
+    let event = with_evidence("evt_d", 150_000);
+    assert!(event.to_string().len() > 65_536);
+    let receipt = stripe(&app, &event).await;
+    assert_eq!(receipt["tokensRevoked"], 1, "{receipt}");
+    assert_eq!(app.active_indexes("pi_1").await, vec![0, 1, 2]);
+
+    let request = json!({ "paymentIntentId": "p".repeat(100_000) }).to_string();
+    let refused = app.issue_raw("application/json", request).await;
+    assert_eq!(refused.status(), 413);
+}
