@@ -29,6 +29,11 @@ const LOCK: &str = "_migrations_lock";
 const POLL: Duration = Duration::from_millis(200);
 /// How often a waiting instance says so, while the holder keeps it waiting.
 const WAITING_LOG_EVERY: Duration = Duration::from_secs(30);
+/// How long a start waits for a database that has never answered it: longer than an
+/// election (about 12 s with MongoDB's defaults), so that an instance started while the
+/// set elects waits for the new primary; short, so that a wrong address or a set not
+/// started is told within seconds rather than after `patience`.
+const UNANSWERED_PATIENCE: Duration = Duration::from_secs(20);
 
 /// A lease this instance holds; `release` it when done (or let it run out).
 pub(super) struct Lease {
@@ -55,10 +60,9 @@ impl Lease {
         let mut renewed_at = started;
         let mut logged_at = started;
         let mut seen = None;
-        // Whether the database has answered this instance yet. A try and the read of the
-        // holder after it both failing before it ever has is a database that is not
-        // there (a wrong address, a set not started): the start ends at once, saying
-        // so. The patience is for a holder at work, and a database that answered before.
+        // Whether the database has answered this instance yet. Until it has, its
+        // failures are waited for `UNANSWERED_PATIENCE` only: `patience` is for a holder
+        // at work, and a database that answered before (an election while waiting).
         let mut answered = false;
         loop {
             // A command that fails (an election) says nothing of the holder: the next may.
@@ -73,27 +77,25 @@ impl Lease {
                 Err(MigrateError::Store(err)) => Some(err),
                 Err(other) => return Err(other),
             };
-            match lease.holder().await {
-                Ok(held) => {
-                    answered = true;
-                    if held.as_ref().map(|(_, end)| end) > seen.as_ref().map(|(_, end)| end) {
-                        seen = held;
-                        renewed_at = tokio::time::Instant::now();
-                    }
-                }
-                Err(_) => {
-                    if let Some(err) = failing.as_ref().filter(|_| !answered) {
-                        return Err(MigrateError::Store(err.clone()));
-                    }
+            if let Ok(held) = lease.holder().await {
+                answered = true;
+                if held.as_ref().map(|(_, end)| end) > seen.as_ref().map(|(_, end)| end) {
+                    seen = held;
+                    renewed_at = tokio::time::Instant::now();
                 }
             }
-            if let Some(err) = &failing {
-                tracing::warn!(error = %err, "cannot ask for the migration lease yet; trying again");
-            }
-            if renewed_at.elapsed() > patience {
+            let out_of_patience = if answered {
+                renewed_at.elapsed() > patience
+            } else {
+                started.elapsed() > UNANSWERED_PATIENCE.min(patience)
+            };
+            if out_of_patience {
                 return Err(
                     failing.map_or(MigrateError::LockTimeout(patience), MigrateError::Store)
                 );
+            }
+            if let Some(err) = &failing {
+                tracing::warn!(error = %err, "cannot ask for the migration lease yet; trying again");
             }
             // A holder may renew for as long as its step takes, a stuck one too: say
             // whom this instance waits for, so that an operator can tell.

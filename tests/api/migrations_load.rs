@@ -180,6 +180,38 @@ async fn a_waiter_whose_try_the_database_fails_waits_on() {
     assert_eq!(failpoint.off().await, 2, "the try failed, and its retry");
 }
 
+/// A start while the set elects: its first try for the lease and the read of the holder
+/// both fail (no primary yet), before the database ever answered it. It waits for the
+/// new primary and migrates, rather than ending the start.
+#[tokio::test]
+async fn a_start_whose_first_tries_the_database_fails_waits_for_it() {
+    let fresh = FreshDb::new().await;
+    seed_slow(&fresh).await;
+    let app_name = unique_app_name();
+    let starting = connect_store(&mongo_uri_named(&app_name), fresh.name()).await;
+    let turn = FailPointTurn::take().await;
+    let lock = format!("{}._migrations_lock", fresh.name());
+    // Four: the driver retries each command once on this error.
+    let failpoint = turn
+        .set_on(
+            &app_name,
+            &["findAndModify", "find"],
+            &lock,
+            Fault::error(91),
+            4,
+        )
+        .await;
+    let applied = apply(&starting, vec![slow_migration("9006_slow")], LEASE)
+        .await
+        .expect("a database failing its first tries is waited for");
+    assert_eq!(applied.applied, ["9006_slow"]);
+    assert_eq!(
+        failpoint.off().await,
+        4,
+        "the try and the holder's read failed, each with its retry"
+    );
+}
+
 #[tokio::test]
 async fn a_lost_lease_records_nothing_and_stops_with_a_clear_error() {
     // Taken over by another instance, and simply run out (its holder was paused).
