@@ -68,6 +68,23 @@ pub(super) fn unavailable_code(code: i32) -> bool {
     NOT_PRIMARY_CODES.contains(&code) || UNREACHABLE_CODES.contains(&code)
 }
 
+/// Server codes refusing one document for what it is (DocumentValidationFailure,
+/// BSONObjectTooLarge): the same write of another document may pass.
+const DOCUMENT_REFUSED_CODES: [i32; 2] = [121, 10334];
+
+/// True when the server refused a write for the document it would write, not for
+/// anything every write shares (rights, disk, an outage): a command's error or a write
+/// error of one statement.
+pub(super) fn refuses_the_document(err: &Error) -> bool {
+    match err.kind.as_ref() {
+        ErrorKind::Command(cmd) => DOCUMENT_REFUSED_CODES.contains(&cmd.code),
+        ErrorKind::Write(WriteFailure::WriteError(write)) => {
+            DOCUMENT_REFUSED_CODES.contains(&write.code)
+        }
+        _ => false,
+    }
+}
+
 /// True when the error means MongoDB is (perhaps briefly) unreachable or electing.
 pub fn is_unavailable(err: &Error) -> bool {
     match err.kind.as_ref() {

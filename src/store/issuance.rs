@@ -9,7 +9,7 @@ use mongodb::bson::{Bson, DateTime, Document, doc, oid::ObjectId};
 use mongodb::options::ReturnDocument;
 
 use super::documents::{IssuanceDoc, TokenSummary, from_document, token_summary_projection};
-use super::error::{ISSUANCES_PAYMENT_INDEX, StoreError};
+use super::error::{ISSUANCES_PAYMENT_INDEX, StoreError, refuses_the_document};
 use super::filters::{issuance_filter, payment_tokens_filter};
 use super::placeholder::{Existing, records_only};
 use super::{ISSUANCES, Store, TOKENS};
@@ -24,8 +24,9 @@ pub enum LeaseAttempt {
     /// type, written by hand or by another tool). It stays leased, so the sweep's next
     /// try takes another record.
     Unreadable(StoreError),
-    /// The database refused the lease's write for this record alone (a validator, say)
-    /// and answers the others: nothing was written, so the record is still leasable.
+    /// The database refused the lease's write for this record alone, for what the
+    /// record would become (a validator, say): nothing was written, so the record is
+    /// still leasable. An error every lease would meet is the call's `Err` instead.
     Refused {
         /// The record's `_id`, for the sweep to pass over.
         id: Bson,
@@ -216,7 +217,7 @@ impl Store {
                 .find_one_and_update(targeted, doc! { "$set": { "repairLeaseUntil": until } })
                 .return_document(ReturnDocument::After)
                 .await;
-            match leased.map_err(StoreError::from) {
+            match leased {
                 Ok(Some(leased)) => {
                     return Ok(Some(match from_document(leased) {
                         Ok(record) => LeaseAttempt::Leased(record),
@@ -224,11 +225,15 @@ impl Store {
                     }));
                 }
                 Ok(None) => {}
-                Err(err @ StoreError::Unavailable(_)) => return Err(err),
-                Err(error) => {
+                // This record alone: the others may still be leased.
+                Err(err) if refuses_the_document(&err) => {
                     let id = candidate.get("_id").cloned().unwrap_or(Bson::Null);
+                    let error = StoreError::from(err);
                     return Ok(Some(LeaseAttempt::Refused { id, error }));
                 }
+                // Anything every lease would meet (an outage, rights, disk) ends the
+                // sweep, as one failure rather than one per record.
+                Err(err) => return Err(err.into()),
             }
         }
         Ok(None)
