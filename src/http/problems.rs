@@ -80,7 +80,7 @@ problem_codes! {
     VersionConflict = "version_conflict", PRECONDITION_FAILED, "Version conflict",
         "`If-Match` does not match the token's current version. Comparison is strong (RFC 9110 §8.8.3.2): a weak tag such as `W/\"3\"` never matches. For a key that may read tokens, `currentVersion` and `currentStatus` say where the token is; re-read it, decide again, and retry with its new ETag. A key that may only change tokens is told neither (it would learn any token's state by sending a wrong tag); it retries without `If-Match`. A revoke or transfer retried by the key whose first attempt made that very change, under that attempt's (older) tag, is not refused but answered 200.";
     PayloadTooLarge = "payload_too_large", PAYLOAD_TOO_LARGE, "Payload too large",
-        "The request body exceeds the configured limit (`server.body_limit_bytes`).";
+        "The request body exceeds the configured limit (`server.body_limit_bytes`; for a provider's event, `webhooks.body_limit_bytes`).";
     UnsupportedMediaType = "unsupported_media_type", UNSUPPORTED_MEDIA_TYPE, "Unsupported media type",
         "The request has a body that is not `Content-Type: application/json` (or another `application/*+json`).";
     ValidationFailed = "validation_failed", UNPROCESSABLE_ENTITY, "Validation failed",

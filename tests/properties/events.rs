@@ -26,10 +26,12 @@ fn stripe_event() -> impl Strategy<Value = Value> {
         field(any::<bool>().prop_map(Value::from)),
         field(tokenmint_metadata("")),
         field(any::<i64>().prop_map(Value::from)),
+        // A dispute's outcome: only one won gives its funds back as tokens.
+        field(prop_oneof![Just("won"), Just("lost")].prop_map(Value::from)),
     )
-        .prop_map(|(id, refunded, metadata, created)| {
+        .prop_map(|(id, refunded, metadata, created, status)| {
             json!({"id": id, "payment_intent": id, "refunded": refunded, "metadata": metadata,
-                   "created": created, "amount": created, "currency": "eur"})
+                   "created": created, "amount": created, "currency": "eur", "status": status})
         });
     // Unix seconds, mostly plausible, with the edges a version computation can trip on.
     let created = prop_oneof![
