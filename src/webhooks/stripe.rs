@@ -148,8 +148,7 @@ fn version_releases_as_refund(event: &StripeEvent) -> bool {
         .is_none_or(|version| version < RELEASE_WITHOUT_REFUND)
 }
 
-/// What a PaymentIntent's success, or its cancellation after a capture in part, left
-/// uncaptured (`amount_received` below `amount`): it
+/// What a PaymentIntent's success left uncaptured (`amount_received` below `amount`): it
 /// succeeds once its last capture is made (a single one, or the final one of several),
 /// and the rest is released to the cardholder, whatever the event's API version: a
 /// capture made since 2025-03-31 reports no Refund for it, and one made before also
@@ -157,12 +156,7 @@ fn version_releases_as_refund(event: &StripeEvent) -> bool {
 /// (`Refund::release`), so that it counts once.
 fn uncaptured(event: &StripeEvent, payment_id: Option<&str>) -> Option<Refund> {
     let object = &event.data.object;
-    let ends_a_capture = match event.event_type.as_str() {
-        "payment_intent.succeeded" => true,
-        "payment_intent.canceled" => captured_in_part(object),
-        _ => false,
-    };
-    if !ends_a_capture {
+    if event.event_type != "payment_intent.succeeded" {
         return None;
     }
     let released = number(object, "amount")? - number(object, "amount_received")?;
@@ -187,11 +181,6 @@ fn status_and_payment<'a>(
         "payment_intent.processing" => (PaymentStatus::Processing, id("id")),
         "payment_intent.succeeded" => (PaymentStatus::Succeeded, id("id")),
         "payment_intent.payment_failed" => (PaymentStatus::Failed, id("id")),
-        // Captured in part, then canceled (the rest released): what was captured
-        // (`amount_received`) is the merchant's, and stands as a capture in part does.
-        "payment_intent.canceled" if captured_in_part(object) => {
-            (PaymentStatus::Succeeded, id("id"))
-        }
         "payment_intent.canceled" => (PaymentStatus::Canceled, id("id")),
         "charge.refunded" | "charge.dispute.funds_withdrawn" => {
             (PaymentStatus::Refunded, id("payment_intent"))
@@ -411,12 +400,6 @@ fn session_status(
         ("checkout.session.expired", _) => Ok(PaymentStatus::Canceled),
         _ => Err("unhandled event type"),
     }
-}
-
-/// Whether a PaymentIntent received part of its amount: a capture in part, of which a
-/// cancellation releases only the rest.
-fn captured_in_part(intent: &Map<String, Value>) -> bool {
-    number(intent, "amount_received").is_some_and(|received| received > 0)
 }
 
 /// Whether a Dispute's funds were withdrawn: its `balance_transactions` list one.

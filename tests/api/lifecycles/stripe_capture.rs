@@ -124,36 +124,6 @@ async fn a_checkout_issued_before_a_capture_in_part_gives_back_what_was_not_capt
     assert_eq!(states(&app, "pi_cap_first").await, half());
 }
 
-/// A PaymentIntent captured in part (several captures, the last not final) and then
-/// canceled: the cancellation releases only the rest, and `amount_received` is the
-/// merchant's. Its tokens stand for what was captured, not revoked as for a payment
-/// never captured; and the tokens of one canceled before any capture are all revoked.
-#[tokio::test]
-async fn a_payment_canceled_after_a_capture_in_part_stands_for_the_capture() {
-    let app = app().await;
-    for (payment, received, expected) in [
-        ("pi_cancel_part", 500, half()),
-        ("pi_cancel_none", 0, indexed_statuses(&["revoked"; 4])),
-    ] {
-        let issued = app.issue(WRITER_KEY, &issuance_body(payment, 4)).await;
-        assert_eq!(issued.status(), 201);
-        let mut canceled = captured(&format!("evt_cancel_{payment}"), payment, received);
-        canceled["type"] = "payment_intent.canceled".into();
-        canceled["data"]["object"]["status"] = "canceled".into();
-        deliver(&app, &canceled).await;
-        assert_eq!(states(&app, payment).await, expected, "{payment}");
-        let stored = app
-            .find_stored("payments", doc! { "paymentIntentId": payment })
-            .await;
-        let status = if received > 0 {
-            "succeeded"
-        } else {
-            "canceled"
-        };
-        assert_eq!(stored.get_str("status"), Ok(status), "{stored}");
-    }
-}
-
 #[tokio::test]
 async fn a_success_captured_whole_takes_nothing_back() {
     let app = app().await;
