@@ -22,7 +22,7 @@ use mongodb::options::ReturnDocument;
 use tokio::sync::oneshot;
 
 use super::MigrateError;
-use crate::store::{Store, duplicate_key_index};
+use crate::store::{Store, StoreError, duplicate_key_index};
 
 const LOCK: &str = "_migrations_lock";
 /// How often a waiting instance tries to take the lease.
@@ -74,7 +74,9 @@ impl Lease {
                     answered = true;
                     None
                 }
-                Err(MigrateError::Store(err)) => Some(err),
+                // Unavailable: an election, or a database not there yet. Anything else
+                // (refused credentials, say) is not waited through.
+                Err(MigrateError::Store(err @ StoreError::Unavailable(_))) => Some(err),
                 Err(other) => return Err(other),
             };
             if let Ok(held) = lease.holder().await {
