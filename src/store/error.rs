@@ -69,8 +69,9 @@ pub(super) fn unavailable_code(code: i32) -> bool {
 }
 
 /// Server codes refusing one document for what it is (DocumentValidationFailure,
-/// BSONObjectTooLarge): the same write of another document may pass.
-const DOCUMENT_REFUSED_CODES: [i32; 2] = [121, 10334];
+/// BSONObjectTooLarge, an update whose result would pass 16 MiB): the same write of
+/// another document may pass.
+const DOCUMENT_REFUSED_CODES: [i32; 3] = [121, 10334, 17419];
 
 /// True when the server refused a write for the document it would write, not for
 /// anything every write shares (rights, disk, an outage): a command's error or a write

@@ -26,8 +26,18 @@ fn stripe_event() -> impl Strategy<Value = Value> {
         field(any::<bool>().prop_map(Value::from)),
         field(tokenmint_metadata("")),
         field(any::<i64>().prop_map(Value::from)),
-        // A dispute's outcome: only one won gives its funds back as tokens.
-        field(prop_oneof![Just("won"), Just("lost")].prop_map(Value::from)),
+        // A dispute's outcome (only one won gives its funds back as tokens), or a
+        // refund's (only one failed or canceled gives its amount back).
+        field(
+            prop_oneof![
+                Just("won"),
+                Just("lost"),
+                Just("failed"),
+                Just("canceled"),
+                Just("succeeded")
+            ]
+            .prop_map(Value::from),
+        ),
     )
         .prop_map(|(id, refunded, metadata, created, status)| {
             json!({"id": id, "payment_intent": id, "refunded": refunded, "metadata": metadata,
