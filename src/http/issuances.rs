@@ -14,7 +14,7 @@ use utoipa::ToSchema;
 
 use super::AppState;
 use super::auth::Principal;
-use super::error::ApiError;
+use super::error::{ApiError, UNKNOWN_PROVIDER};
 use super::extract::{JsonBody, PathParams};
 use super::idempotency::IDEMPOTENT_REPLAYED;
 use super::middleware::WaitAllowance;
@@ -67,15 +67,22 @@ pub struct IssuanceRequest {
 
 impl IssuanceRequest {
     /// Validates every field, reporting all bad ones together with `errors` (the body's
-    /// unknown fields).
+    /// unknown fields); `may_name` says which providers the caller may name.
     fn into_domain(
         self,
         mut errors: FieldErrors,
         max_quantity: u32,
         default_mode: IssuanceMode,
         requested_by: Actor,
+        may_name: impl Fn(&Provider) -> bool,
     ) -> Result<NewIssuance, ApiError> {
         let provider = errors.required_text("provider", self.provider.as_ref(), Provider::parse);
+        if provider
+            .as_ref()
+            .is_some_and(|provider| !may_name(provider))
+        {
+            errors.push("provider", UNKNOWN_PROVIDER);
+        }
         let account_id = errors
             .optional_text("accountId", self.account_id.as_ref(), AccountId::parse)
             .map(Option::unwrap_or_default);
@@ -302,6 +309,7 @@ pub async fn create_issuance(
         state.max_quantity,
         state.issuer.default_mode(),
         Actor::api_key(&principal.key_id),
+        |provider| state.issuer.may_name_provider(caller, provider),
     )?;
     principal.require_account(&request.key)?;
     // The wait, once the issuer holds the request (its key and body accepted, a place

@@ -55,11 +55,7 @@ impl Issuer {
         &self,
         request: &NewIssuance,
     ) -> Result<IssueOutcome, IssueError> {
-        if !self
-            .config
-            .providers
-            .contains(request.key.provider.as_str())
-        {
+        if !self.may_name_provider(Caller::Checkout, &request.key.provider) {
             return Err(IssueError::UnknownProvider);
         }
         let payment = self.store.find_payment(&request.key).await?;

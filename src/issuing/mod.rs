@@ -43,7 +43,7 @@ pub use standing::{Settlement, entitlement};
 pub use tokens::{Gate, Transition, TransitionOutcome};
 pub use waiting::{FulfilmentWatch, Waited, WaitingConfig, longest_wait};
 
-use crate::domain::{IssuanceMode, Mismatch, PaymentStatus, TokenPrices};
+use crate::domain::{IssuanceMode, Mismatch, PaymentStatus, Provider, TokenPrices};
 use crate::store::{IssuanceDoc, Store, StoreError, TokenSummary};
 
 /// The rules' tunables, taken from `Settings`.
@@ -193,6 +193,14 @@ impl Issuer {
 
     pub fn default_mode(&self) -> IssuanceMode {
         self.config.default_mode
+    }
+
+    /// Whether `caller` may name `provider`: a checkout key only a configured one (its
+    /// pending request could never be fulfilled otherwise), a trusted backend any. Asked
+    /// while the body is validated, so that the refusal is listed with the body's other
+    /// bad fields, and again before a checkout's request is recorded.
+    pub fn may_name_provider(&self, caller: Caller, provider: &Provider) -> bool {
+        caller == Caller::Trusted || self.config.providers.contains(provider.as_str())
     }
 
     /// A payment's issuance record and its tokens, if it has a record. A batch's record

@@ -174,3 +174,19 @@ pub fn is_full_set(ids: &TokenIds, quantity: i64) -> bool {
             .enumerate()
             .all(|(i, (index, id))| *index == i as i64 && !id.is_empty())
 }
+
+/// The `field`s of a 422 answer's `errors`.
+pub fn error_fields(problem: &Value) -> Vec<String> {
+    problem["errors"]
+        .as_array()
+        .unwrap_or_else(|| panic!("errors listed: {problem}"))
+        .iter()
+        .map(|e| {
+            assert!(
+                e["message"].as_str().is_some_and(|m| !m.is_empty()),
+                "every error has a message: {problem}"
+            );
+            e["field"].as_str().unwrap().to_owned()
+        })
+        .collect()
+}

@@ -50,6 +50,20 @@ async fn checkout_keys_may_only_name_a_configured_provider() {
     let errors = refused["errors"].as_array().unwrap();
     assert_eq!(errors.len(), 1, "{refused}");
     assert_eq!(errors[0]["field"], "provider", "{refused}");
+    // Listed with the body's other bad fields, not in a second 422 once they are mended.
+    let mut also_bad = body.clone();
+    also_bad["quantity"] = json!(0);
+    let refused = assert_problem(
+        app.issue(REQUEST_KEY, &also_bad).await,
+        422,
+        "validation_failed",
+    )
+    .await;
+    assert_eq!(
+        error_fields(&refused),
+        ["provider", "quantity"],
+        "{refused}"
+    );
     assert_eq!(app.count("issuances", doc! {}).await, 0);
     assert_eq!(app.count("tokens", doc! {}).await, 0);
 

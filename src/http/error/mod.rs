@@ -29,6 +29,9 @@ pub const API_KEY_REALM: &str = "tokenmint";
 /// case whose challenge says `error="invalid_token"` (RFC 6750 §3.1).
 pub const UNKNOWN_API_KEY: &str = "Unknown API key.";
 
+/// The field error of a provider a checkout key may not name (not configured here).
+pub const UNKNOWN_PROVIDER: &str = "is not a configured payment provider";
+
 /// The challenge of a webhook signature failure: deliveries are authenticated by the
 /// provider's signature over the raw body (Stripe-Signature or Standard Webhooks), not by
 /// an API key.
@@ -348,9 +351,7 @@ impl From<IssueError> for ApiError {
                 detail: detail.to_owned(),
                 status: None,
             },
-            IssueError::UnknownProvider => {
-                Self::validation("provider", "is not a configured payment provider")
-            }
+            IssueError::UnknownProvider => Self::validation("provider", UNKNOWN_PROVIDER),
             IssueError::Store(err) => err.into(),
         }
     }

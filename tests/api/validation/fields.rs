@@ -5,7 +5,7 @@
 use mongodb::bson::doc;
 use serde_json::{Value, json};
 
-use super::{assert_nothing_written, error_fields, with};
+use super::{assert_nothing_written, with};
 use crate::helpers::*;
 
 /// A valid body without `field`.

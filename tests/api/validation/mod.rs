@@ -26,19 +26,3 @@ async fn assert_nothing_written(app: &TestApp) {
         "no issuance written"
     );
 }
-
-/// The `field`s of a 422 answer's `errors`.
-fn error_fields(problem: &Value) -> Vec<String> {
-    problem["errors"]
-        .as_array()
-        .unwrap_or_else(|| panic!("errors listed: {problem}"))
-        .iter()
-        .map(|e| {
-            assert!(
-                e["message"].as_str().is_some_and(|m| !m.is_empty()),
-                "every error has a message: {problem}"
-            );
-            e["field"].as_str().unwrap().to_owned()
-        })
-        .collect()
-}
