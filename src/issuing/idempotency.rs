@@ -23,10 +23,10 @@
 //! runs the action for the first time), or the commit carried the answer (the retry
 //! replays it). An attempt whose lease was taken over finds the record held by another
 //! attempt inside its transaction and aborts: its write never commits. Answers that
-//! write nothing (a 404, a 409 `state_conflict`, a 412, a replay by `reference`) are
-//! kept after the action: a re-run of those finds the same state, since a spent token
-//! stays spent and versions only grow (a 412 naming a version the token has not reached
-//! yet is not kept: a re-run could find it reached). On a deployment without transactions
+//! write nothing (a 409 `state_conflict`, a 412, a replay by `reference`) are kept
+//! after the action: a re-run of those finds the same state, since a spent token stays
+//! spent and versions only grow (a 412 naming a version the token has not reached yet is
+//! not kept: a re-run could find it reached; nor is a 404: the token may be found). On a deployment without transactions
 //! (a standalone server) the answer is kept after the write instead, which a crash in
 //! between can lose.
 //!
@@ -54,12 +54,14 @@ use crate::store::{
 };
 
 /// Answers that refuse the request before its action could run (400 malformed, 403
-/// scope, 413 too large, 415 not JSON, 422 invalid, 428 no `If-Match`, 429 rate
-/// limited). They are not kept: nothing happened, so the corrected request may reuse the
-/// key (payment APIs save no result for a request that failed validation either). The
-/// action's own refusals (404, 409, 412) are kept: they are what happened to it, unless
-/// they are `Finality::Transient`.
-const REFUSED_BEFORE_THE_ACTION: [u16; 7] = [400, 403, 413, 415, 422, 428, 429];
+/// scope, 404 no such token, 413 too large, 415 not JSON, 422 invalid, 428 no
+/// `If-Match`, 429 rate limited). They are not kept: nothing happened, so the corrected
+/// request may reuse the key (payment APIs save no result for a request that failed
+/// validation either). A 404 may also be a read that is behind: a new primary's majority
+/// without a token a 201 named yet; kept, it would answer every retry 404 for
+/// `retention`. The action's own refusals (409, 412) are kept: they are what happened to
+/// it, unless they are `Finality::Transient`.
+const REFUSED_BEFORE_THE_ACTION: [u16; 8] = [400, 403, 404, 413, 415, 422, 428, 429];
 
 /// Unconfirmed claims taken back at once, at most (`Issuer::take_back_unconfirmed_claim`).
 const MAX_TAKE_BACKS: usize = 16;
@@ -357,11 +359,11 @@ mod tests {
     fn what_happened_is_kept_and_what_may_change_is_not() {
         use Finality::{Final, Transient};
         // What the action did or refused for good: kept.
-        for status in [200, 201, 404, 409, 412] {
+        for status in [200, 201, 409, 412] {
             assert!(is_kept(status, Final), "{status}");
         }
         // Refused before the action, said nothing (5xx), or a refusal a retry may pass.
-        for status in [400, 403, 413, 415, 422, 428, 429, 500, 503] {
+        for status in [400, 403, 404, 413, 415, 422, 428, 429, 500, 503] {
             assert!(!is_kept(status, Final), "{status}");
         }
         for status in [200, 409] {

@@ -590,3 +590,32 @@ async fn a_key_that_looks_like_an_operator_is_stored_as_written() {
         .await;
     assert_eq!(stored.get_str("path").unwrap(), path);
 }
+
+/// A 404 is not kept: nothing was done, and the token may be there for the retry. A
+/// read behind a failover (a new primary's majority that does not have a token a 201
+/// named yet) answers 404 for a token that exists; kept, every retry with the key would
+/// answer 404 for a day. Here the token is taken out of the database for the first
+/// attempt and put back before the retry, which redeems it.
+#[tokio::test]
+async fn a_404_is_not_kept_and_the_retry_finds_the_token() {
+    let app = spawn_app().await;
+    let id = app.issue_tokens("pi_key_404", 1).await.remove(0);
+    let stored = app.stored_token(&id).await;
+    let tokens = app.db.collection::<mongodb::bson::Document>("tokens");
+    tokens
+        .delete_one(doc! { "_id": stored.get("_id").unwrap().clone() })
+        .await
+        .unwrap();
+
+    let first = redeem_keyed(&app, ADMIN_KEY, &id, "found-later").await;
+    assert_eq!(first.status, 404);
+    assert_eq!(app.count("idempotency_keys", doc! {}).await, 0, "not kept");
+
+    tokens.insert_one(&stored).await.unwrap();
+    let retry = redeem_keyed(&app, ADMIN_KEY, &id, "found-later").await;
+    assert_eq!((retry.status, retry.replayed), (200, false));
+    assert_eq!(token_status(&app, &id).await, "redeemed");
+    let again = redeem_keyed(&app, ADMIN_KEY, &id, "found-later").await;
+    assert_eq!((again.status, again.replayed), (200, true));
+    assert_eq!(again.body, retry.body);
+}
