@@ -618,4 +618,17 @@ async fn a_404_is_not_kept_and_the_retry_finds_the_token() {
     let again = redeem_keyed(&app, ADMIN_KEY, &id, "found-later").await;
     assert_eq!((again.status, again.replayed), (200, true));
     assert_eq!(again.body, retry.body);
+
+    // A token of an account the key may not see is 404 as well, and not kept either:
+    // the key is free for the key's own token.
+    let mut other = issuance_body("pi_key_404_theirs", 1);
+    other["accountId"] = json!("acct_2");
+    let theirs = token_ids(&json(app.issue(ADMIN_KEY, &other).await).await).remove(0);
+    let hidden = redeem_keyed(&app, ACCOUNT1_KEY, &theirs, "scoped").await;
+    assert_eq!(hidden.status, 404);
+    assert_eq!(key_records(&app, "acct1").await.len(), 0, "not kept");
+    assert_eq!(token_status(&app, &theirs).await, "active");
+    let mine = app.issue_tokens("pi_key_404_mine", 1).await.remove(0);
+    let own = redeem_keyed(&app, ACCOUNT1_KEY, &mine, "scoped").await;
+    assert_eq!((own.status, own.replayed), (200, false));
 }
