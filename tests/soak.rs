@@ -48,14 +48,27 @@ fn sample(pid: u32) -> (u64, usize) {
     (rss, fds)
 }
 
+/// The answers each action may get; any other is a failure.
+fn expected(action: &str, status: u16) -> bool {
+    match action {
+        "issue" => status == 200 || status == 201,
+        "conflict" => status == 409 || status == 201,
+        "redeem" => status == 200 || status == 409,
+        "webhook" => status == 200,
+        _ => false,
+    }
+}
+
 /// One client's loop: picks an action by a counter (deterministic mix), records statuses.
 async fn client(
     id: usize,
     base: String,
     stop: Arc<AtomicBool>,
     statuses: Arc<Mutex<BTreeMap<(String, u16), u64>>>,
+    unexpected: Arc<Mutex<Vec<String>>>,
 ) {
     let http = reqwest::Client::new();
+    let started = Instant::now();
     let mut n = 0u64;
     while !stop.load(Ordering::Relaxed) {
         n += 1;
@@ -139,7 +152,29 @@ async fn client(
                 ("webhook", last.unwrap())
             }
         };
-        let status = response.map(|r| r.status().as_u16()).unwrap_or(0);
+        let status = match response {
+            Ok(answer) => {
+                let status = answer.status().as_u16();
+                if !expected(action, status) {
+                    // What the problem says, for the failure's message: a status alone
+                    // does not tell which of a 503's causes it was.
+                    let problem = answer.text().await.unwrap_or_default();
+                    let at = started.elapsed().as_secs_f64();
+                    unexpected
+                        .lock()
+                        .await
+                        .push(format!("t={at:.1}s {action} {status}: {problem}"));
+                }
+                status
+            }
+            Err(err) => {
+                unexpected
+                    .lock()
+                    .await
+                    .push(format!("{action}: no answer: {err}"));
+                0
+            }
+        };
         *statuses
             .lock()
             .await
@@ -161,8 +196,17 @@ async fn mixed_traffic_for_minutes_without_errors_or_growth() {
     let base = service.base.clone();
     let stop = Arc::new(AtomicBool::new(false));
     let statuses = Arc::new(Mutex::new(BTreeMap::new()));
+    let unexpected = Arc::new(Mutex::new(Vec::new()));
     let clients: Vec<_> = (0..CLIENTS)
-        .map(|id| tokio::spawn(client(id, base.clone(), stop.clone(), statuses.clone())))
+        .map(|id| {
+            tokio::spawn(client(
+                id,
+                base.clone(),
+                stop.clone(),
+                statuses.clone(),
+                unexpected.clone(),
+            ))
+        })
         .collect();
 
     let started = Instant::now();
@@ -184,18 +228,13 @@ async fn mixed_traffic_for_minutes_without_errors_or_growth() {
 
     let statuses = statuses.lock().await.clone();
     println!("answers by (action, status): {statuses:?}");
-    let expected = |action: &str, status: u16| match action {
-        "issue" => status == 200 || status == 201,
-        "conflict" => status == 409 || status == 201,
-        "redeem" => status == 200 || status == 409,
-        "webhook" => status == 200,
-        _ => false,
-    };
-    let unexpected: Vec<_> = statuses
-        .iter()
-        .filter(|((a, s), _)| !expected(a, *s))
-        .collect();
-    assert!(unexpected.is_empty(), "unexpected answers: {unexpected:?}");
+    let unexpected = unexpected.lock().await.clone();
+    assert!(
+        unexpected.is_empty(),
+        "unexpected answers:\n{}\nthe service's last log lines:\n{}",
+        unexpected.join("\n"),
+        service.recent_log()
+    );
     let total: u64 = statuses.values().sum();
     println!("{total} requests in {seconds} s");
 

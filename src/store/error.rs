@@ -126,7 +126,7 @@ pub(super) fn write_concern_unconfirmed(code: i32) -> bool {
 pub(super) const HELD_PATIENCE: std::time::Duration = std::time::Duration::from_millis(1000);
 
 /// MaxTimeMSExpired: the server stopped a command that ran past its `maxTimeMS`.
-const MAX_TIME_EXPIRED: i32 = 50;
+pub(super) const MAX_TIME_EXPIRED: i32 = 50;
 
 /// True when the server stopped the command at its `maxTimeMS`.
 pub(super) fn ran_out_of_time(err: &Error) -> bool {

@@ -9,7 +9,7 @@
 //! answers its record inside its own transaction (`answer_in_session`), so the action
 //! and its answer commit together or not at all.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use mongodb::ClientSession;
 use mongodb::bson::{Binary, Bson, DateTime, Document, doc, oid::ObjectId};
@@ -19,9 +19,11 @@ use serde::{Deserialize, Serialize};
 
 use super::Store;
 use super::atomic::commit_with_retry;
+use super::documents::from_document;
 use super::durability::durable_writes;
 use super::error::{HELD_PATIENCE, StoreError, duplicate_key_index, ran_out_of_time};
 use super::indexes::IDEMPOTENCY_KEY_INDEX;
+use super::majority::{Unconfirmed, unconfirmed_find_and_modify};
 
 /// The collection's name.
 pub const IDEMPOTENCY_KEYS: &str = "idempotency_keys";
@@ -151,6 +153,7 @@ impl Store {
                 }
             }
         }];
+        let since = Instant::now();
         let found = self
             .idempotency_keys()
             .find_one_and_update(doc! { "keyId": claim.key_id, "key": claim.key }, pipeline)
@@ -167,7 +170,20 @@ impl Store {
                 Ok(Claimed::Raced)
             }
             Err(err) if ran_out_of_time(&err) => Ok(Claimed::Held),
-            Err(err) => Err(err.into()),
+            Err(err) => match unconfirmed_find_and_modify(&err) {
+                Some(Unconfirmed::Wrote(written)) => {
+                    let record: IdempotencyDoc = from_document(written.clone())?;
+                    if record.attempt != claim.attempt {
+                        return Ok(Claimed::Existing(Box::new(record)));
+                    }
+                    self.await_majority(IDEMPOTENCY_KEYS, &written, since)
+                        .await?;
+                    Ok(Claimed::Fresh)
+                }
+                // An upsert matches or inserts; a reply that says otherwise: look again.
+                Some(Unconfirmed::Nothing) => Ok(Claimed::Raced),
+                None => Err(err.into()),
+            },
         }
     }
 
@@ -181,6 +197,7 @@ impl Store {
         existing: &IdempotencyDoc,
         claim: &IdempotencyClaim<'_>,
     ) -> Result<bool, StoreError> {
+        let since = Instant::now();
         let taken = self
             .idempotency_keys()
             .find_one_and_update(
@@ -201,12 +218,21 @@ impl Store {
                     "expiresAt": from_now(claim.retention),
                 } }],
             )
+            .return_document(ReturnDocument::After)
             .max_time(HELD_PATIENCE)
             .await;
         match taken {
             Ok(taken) => Ok(taken.is_some()),
             Err(err) if ran_out_of_time(&err) => Ok(false),
-            Err(err) => Err(err.into()),
+            Err(err) => match unconfirmed_find_and_modify(&err) {
+                Some(Unconfirmed::Wrote(written)) => {
+                    self.await_majority(IDEMPOTENCY_KEYS, &written, since)
+                        .await?;
+                    Ok(true)
+                }
+                Some(Unconfirmed::Nothing) => Ok(false),
+                None => Err(err.into()),
+            },
         }
     }
 

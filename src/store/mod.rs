@@ -15,6 +15,7 @@ mod filters;
 mod idempotency;
 mod indexes;
 mod issuance;
+mod majority;
 mod payments;
 mod placeholder;
 mod redemptions;

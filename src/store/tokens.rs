@@ -3,6 +3,8 @@
 //! What to write, and what to do when the gate says no, is `issuing`'s to decide. A write
 //! under an `Idempotency-Key` commits with its answer, in one transaction.
 
+use std::time::Instant;
+
 use futures::TryStreamExt;
 use mongodb::ClientSession;
 use mongodb::bson::{Document, doc, oid::ObjectId};
@@ -12,6 +14,7 @@ use super::documents::{TokenDoc, from_document};
 use super::durability::{abort_quietly, start_snapshot_transaction};
 use super::error::{HELD_PATIENCE, is_transient_transaction_error, ran_out_of_time};
 use super::idempotency::AnswerInTransaction;
+use super::majority::{Unconfirmed, unconfirmed_find_and_modify};
 use super::{Store, StoreError, TOKENS};
 use crate::domain::{AccountGrant, AccountId, Owner, TokenId, TokenStatus, TokenType};
 
@@ -77,6 +80,7 @@ impl Store {
         current: &TokenDoc,
         set: Document,
     ) -> Result<GatedWrite<TokenDoc>, StoreError> {
+        let since = Instant::now();
         let written = self
             .collection(TOKENS)
             .find_one_and_update(gate(current), gated_update(set))
@@ -87,7 +91,14 @@ impl Store {
             Ok(Some(token)) => Ok(GatedWrite::Written(from_document(token)?)),
             Ok(None) => Ok(GatedWrite::Stale),
             Err(err) if ran_out_of_time(&err) => Ok(GatedWrite::Conflict),
-            Err(err) => Err(err.into()),
+            Err(err) => match unconfirmed_find_and_modify(&err) {
+                Some(Unconfirmed::Nothing) => Ok(GatedWrite::Stale),
+                Some(Unconfirmed::Wrote(token)) => {
+                    self.await_majority(TOKENS, &token, since).await?;
+                    Ok(GatedWrite::Written(from_document(token)?))
+                }
+                None => Err(err.into()),
+            },
         }
     }
 

@@ -27,14 +27,16 @@
 //! while the majority lags 503 (not 412 for the version its own first attempt made),
 //! then a replay.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use mongodb::Collection;
 use mongodb::Database;
+use mongodb::bson::oid::ObjectId;
 use mongodb::bson::{Document, doc};
 use reqwest::RequestBuilder;
 use serde_json::{Value, json};
 use tokenmint_test_support::{
-    ADMIN_KEY, OWNER, indexed_token_ids, issuance_body, no_change_stream_during,
+    ADMIN_KEY, OWNER, indexed_token_ids, issuance_body, no_change_stream_during, stored_int,
 };
 
 use super::load::stock_tokens;
@@ -190,6 +192,7 @@ pub(super) async fn scenario() {
     another_reference_waits_for_the_majority(&lag).await;
     atomic_issuance_waits_for_the_majority(&lag).await;
     token_redeem_waits_for_the_majority(&lag).await;
+    token_write_outwaits_a_majority_behind_for_seconds(&lag, &tokens).await;
     redeemer.stop().await;
     app.stop().await;
 }
@@ -284,4 +287,86 @@ async fn token_redeem_waits_for_the_majority(lag: &Lag) {
         "{}",
         replayed.1
     );
+}
+
+/// A redeem of one token on the patient instance, without and with an `Idempotency-Key`,
+/// while the majority is 3 s behind: its writes bound their wait for a document another
+/// transaction holds (1 s), and that bound must not cut their wait for the majority
+/// short. 200 once the majority has the redeem, not 503 while it applied; the token
+/// redeemed once; the keyed one's retry replays it.
+async fn token_write_outwaits_a_majority_behind_for_seconds(
+    lag: &Lag,
+    tokens: &Collection<Document>,
+) {
+    const BEHIND: Duration = Duration::from_secs(3);
+    for (payment, key) in [
+        ("pi_majority_plain", None),
+        ("pi_majority_keyed", Some("lag-keyed-redeem")),
+    ] {
+        let mut body = issuance_body(payment, 1);
+        body["tokenType"] = json!("lagplain");
+        let (status, issued) = answer(lag.post(&lag.app, "/v1/issuances", &body)).await;
+        assert_eq!(status, 201, "{issued}");
+        let id = indexed_token_ids(&issued).remove(0).1;
+        let redeem = || {
+            let request = lag
+                .http
+                .post(format!("{}/v1/tokens/{id}/redeem", lag.app))
+                .bearer_auth(ADMIN_KEY);
+            match key {
+                Some(key) => request.header("Idempotency-Key", key),
+                None => request,
+            }
+        };
+        lag.snapshotting("alwaysOn").await;
+        let admin = lag.admin.clone();
+        let nudge = tokens.clone_with_type::<Document>();
+        let catch_up = tokio::spawn(async move {
+            tokio::time::sleep(BEHIND).await;
+            admin
+                .run_command(doc! { "configureFailPoint": "disableSnapshotting", "mode": "off" })
+                .await
+                .expect("failpoint off");
+            // The snapshot moves on at the next majority write: one now, as traffic would
+            // make it, rather than the server's idle no-op ten seconds later.
+            nudge
+                .update_one(
+                    doc! { "_id": "majority-nudge" },
+                    doc! { "$inc": { "n": 1 } },
+                )
+                .upsert(true)
+                .await
+                .expect("a write moves the majority's snapshot on");
+        });
+        let started = Instant::now();
+        let (status, answered) = answer(redeem()).await;
+        let waited = started.elapsed();
+        catch_up.await.unwrap();
+        eprintln!("failover[majority-lag] {payment}: answered {status} after {waited:?}");
+        assert_eq!(
+            (status, &answered["status"]),
+            (200, &json!("redeemed")),
+            "{payment}: {answered}"
+        );
+        assert!(
+            waited >= BEHIND - Duration::from_millis(500),
+            "{payment}: answered after {waited:?}, before the majority had it"
+        );
+        let stored = tokens
+            .find_one(doc! { "_id": ObjectId::parse_str(&id).unwrap() })
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(stored.get_str("status").unwrap(), "redeemed", "{payment}");
+        assert_eq!(
+            stored_int(&stored, "_version"),
+            Some(1),
+            "{payment}: redeemed once"
+        );
+        if key.is_some() {
+            let replayed = redeem().send().await.unwrap();
+            assert_eq!(replayed.status(), 200, "{payment}: the retry");
+            assert_eq!(replayed.headers()["idempotent-replayed"], "true");
+        }
+    }
 }

@@ -152,6 +152,34 @@ async fn a_take_over_that_applied_but_failed_is_taken_back_for_the_retry() {
     the_retry_runs_once_the_key_is_free(&app, &id, "over").await;
 }
 
+/// A take-over of a key whose holder's lease ended applies, but its time limit (1 s, for
+/// a record a transaction holds) runs out while it waits for the majority (the write
+/// concern error `MaxTimeMSExpired`): the take-over goes on waiting for the majority
+/// rather than answer 503, and the action runs once, in this attempt.
+#[tokio::test]
+async fn a_take_over_out_of_time_waiting_for_the_majority_runs_the_action() {
+    let name = unique_app_name();
+    let app = spawn_app_named(&name, "").await;
+    let id = app
+        .issue_tokens("pi_rerun_take_over_late", 1)
+        .await
+        .remove(0);
+    insert_transfer_record(&app, &id, "late", -1_000).await;
+    // The claim (the record's first findAndModify) finds the record; the take-over, the
+    // second, runs out of time.
+    let records = format!("{}.idempotency_keys", app.db_name);
+    let out_of_time = Fault::WriteConcernError { code: 50 };
+    let failpoint =
+        FailPoint::after_first_on(&name, &["findAndModify"], &records, out_of_time).await;
+    let first = transfer_keyed(&app, &id, "late").await;
+    assert_eq!(failpoint.off().await, 1, "the take-over ran out of time");
+    assert_eq!((first.status, first.replayed), (200, false), "{first:?}");
+    assert_transferred_once(&app, &id, "run by the attempt that took the key over").await;
+    let retry = transfer_keyed(&app, &id, "late").await;
+    assert!(retry.replayed);
+    assert_eq!((retry.status, &retry.body), (first.status, &first.body));
+}
+
 /// The commit applies but answers an error, so the first attempt answers 5xx: its
 /// answer committed with the action, and every retry — `If-Match: *` and an exact one
 /// alike, which a re-run would re-apply or refuse with 412 — gets it.

@@ -277,6 +277,53 @@ async fn the_readme_redeem_walkthrough_answers_as_documented() {
     assert_eq!(version_of(&db), 1);
 }
 
+/// A redeem whose write applied on the primary but whose time limit (1 s, set so that a
+/// token another transaction holds is not waited for until the server ends that
+/// transaction) ran out while it waited for the majority: the write concern error
+/// `MaxTimeMSExpired` a majority a second behind makes. That limit is not the patience
+/// for durability: the redeem goes on waiting for the majority and is answered 200 once
+/// the majority shows it, redeemed once. Without a key (its token write), and with an
+/// `Idempotency-Key` (its record's claim, bound the same way), whose retry replays it.
+#[tokio::test]
+async fn a_write_out_of_time_waiting_for_the_majority_is_answered_once_durable() {
+    const OUT_OF_TIME: Fault = Fault::WriteConcernError { code: 50 };
+    let name = unique_app_name();
+    let app = spawn_app_named(&name, "").await;
+    let ids = app.issue_tokens("pi_out_of_time", 2).await;
+
+    let tokens = format!("{}.tokens", app.db_name);
+    let failpoint = FailPoint::set_on(&name, &["findAndModify"], &tokens, OUT_OF_TIME, 1).await;
+    let plain = change(&app, ADMIN_KEY, &ids[0], "redeem", None, None).await;
+    assert_eq!(
+        failpoint.off().await,
+        1,
+        "the redeem's write ran out of time"
+    );
+    assert_eq!(plain.status(), 200, "{}", plain.text().await.unwrap());
+    let db = app.stored_token(&ids[0]).await;
+    assert_eq!(db.get_str("status").unwrap(), "redeemed");
+    assert_eq!(version_of(&db), 1, "redeemed once");
+
+    let records = format!("{}.idempotency_keys", app.db_name);
+    let keyed = || {
+        app.http
+            .post(format!("{}/v1/tokens/{}/redeem", app.address, ids[1]))
+            .bearer_auth(ADMIN_KEY)
+            .header("Idempotency-Key", "out-of-time")
+            .send()
+    };
+    let failpoint = FailPoint::set_on(&name, &["findAndModify"], &records, OUT_OF_TIME, 1).await;
+    let first = keyed().await.unwrap();
+    assert_eq!(failpoint.off().await, 1, "the key's claim ran out of time");
+    assert_eq!(first.status(), 200, "{}", first.text().await.unwrap());
+    let retry = keyed().await.unwrap();
+    assert_eq!(retry.status(), 200);
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    let db = app.stored_token(&ids[1]).await;
+    assert_eq!(db.get_str("status").unwrap(), "redeemed");
+    assert_eq!(version_of(&db), 1, "redeemed once");
+}
+
 /// A redeem with its `reference` that applied but whose majority did not confirm it in
 /// time (a write concern error, as a URI's `wtimeoutMS` makes of lagging secondaries):
 /// 503 `database_unavailable`, and the retry, at the same `If-Match`, replays it (200,
