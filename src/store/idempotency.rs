@@ -171,13 +171,17 @@ impl Store {
             }
             Err(err) if ran_out_of_time(&err) => Ok(Claimed::Held),
             Err(err) => match unconfirmed_find_and_modify(&err) {
+                // Either this claim's record or one it left as it was: the primary's
+                // either way, and the latter perhaps an answer the majority does not
+                // have yet (a commit still waiting for it), which must not be replayed
+                // before it does.
                 Some(Unconfirmed::Wrote(written)) => {
-                    let record: IdempotencyDoc = from_document(written.clone())?;
+                    self.await_majority(IDEMPOTENCY_KEYS, &written, since)
+                        .await?;
+                    let record: IdempotencyDoc = from_document(written)?;
                     if record.attempt != claim.attempt {
                         return Ok(Claimed::Existing(Box::new(record)));
                     }
-                    self.await_majority(IDEMPOTENCY_KEYS, &written, since)
-                        .await?;
                     Ok(Claimed::Fresh)
                 }
                 // An upsert matches or inserts; a reply that says otherwise: look again.

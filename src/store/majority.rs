@@ -18,7 +18,9 @@ use super::error::MAX_TIME_EXPIRED;
 use super::{Store, StoreError};
 
 /// What a `findAndModify` whose time ran out while it waited for the majority did on the
-/// primary, as its reply tells.
+/// primary, as its reply tells. A `findAndModify` that changes nothing waits for the
+/// majority too (up to the primary's latest write), and its reply is `Wrote` as well,
+/// with the document as the primary has it.
 pub(super) enum Unconfirmed {
     /// Its filter matched nothing: nothing was written, nothing waits for durability.
     Nothing,
@@ -55,9 +57,11 @@ impl Store {
     /// Until then the majority shows it as it was before, or not at all (an insert).
     /// Unavailable once the URI's `wtimeoutMS` has passed since `since`, as the driver's
     /// own wait would end. Without `wtimeoutMS` it waits as long as its caller does (a
-    /// request's timeout), as every other write waits for the majority: a write a
-    /// failover rolled back, or changed again before the majority had it, is then
-    /// answered as unavailable, and a retry tells what became of it.
+    /// request's timeout), as every other write waits for the majority. A write a
+    /// failover rolled back is never shown; nor is one changed again on the primary
+    /// before the majority showed it (a refund revoking the token just redeemed): both
+    /// end at that bound, unavailable or timed out (503), and a retry tells what became
+    /// of them.
     pub(super) async fn await_majority(
         &self,
         collection: &str,

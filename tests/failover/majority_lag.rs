@@ -54,6 +54,9 @@ struct Lag {
     app: String,
     /// An instance whose writes give up waiting for the majority after 2 s.
     impatient: String,
+    /// A collection of the database no case reads, for a write that moves the majority
+    /// snapshot on.
+    nudge: Collection<Document>,
 }
 
 impl Lag {
@@ -85,6 +88,28 @@ impl Lag {
         );
         self.snapshotting("off").await;
         (first, retry)
+    }
+
+    /// Holds the majority snapshot back now, and lets it catch up `behind` from now, in
+    /// the background.
+    async fn behind_for(&self, behind: Duration) -> tokio::task::JoinHandle<()> {
+        self.snapshotting("alwaysOn").await;
+        let admin = self.admin.clone();
+        let nudge = self.nudge.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(behind).await;
+            admin
+                .run_command(doc! { "configureFailPoint": "disableSnapshotting", "mode": "off" })
+                .await
+                .expect("failpoint off");
+            // The snapshot moves on at the next majority write: one now, as traffic would
+            // make it, rather than the server's idle no-op ten seconds later.
+            nudge
+                .update_one(doc! { "_id": "nudge" }, doc! { "$inc": { "n": 1 } })
+                .upsert(true)
+                .await
+                .expect("a write moves the majority's snapshot on");
+        })
     }
 
     async fn snapshotting(&self, mode: &str) {
@@ -152,6 +177,9 @@ pub(super) async fn scenario() {
         admin: set.clients()[primary].database("admin"),
         app: app.address.clone(),
         impatient: redeemer.address.clone(),
+        nudge: set.clients()[primary]
+            .database(database)
+            .collection("majority_nudge"),
     };
     let tokens = set.clients()[primary]
         .database(database)
@@ -193,6 +221,7 @@ pub(super) async fn scenario() {
     atomic_issuance_waits_for_the_majority(&lag).await;
     token_redeem_waits_for_the_majority(&lag).await;
     token_write_outwaits_a_majority_behind_for_seconds(&lag, &tokens).await;
+    an_answer_the_majority_lacks_is_not_replayed(&lag, &tokens).await;
     redeemer.stop().await;
     app.stop().await;
 }
@@ -318,26 +347,7 @@ async fn token_write_outwaits_a_majority_behind_for_seconds(
                 None => request,
             }
         };
-        lag.snapshotting("alwaysOn").await;
-        let admin = lag.admin.clone();
-        let nudge = tokens.clone_with_type::<Document>();
-        let catch_up = tokio::spawn(async move {
-            tokio::time::sleep(BEHIND).await;
-            admin
-                .run_command(doc! { "configureFailPoint": "disableSnapshotting", "mode": "off" })
-                .await
-                .expect("failpoint off");
-            // The snapshot moves on at the next majority write: one now, as traffic would
-            // make it, rather than the server's idle no-op ten seconds later.
-            nudge
-                .update_one(
-                    doc! { "_id": "majority-nudge" },
-                    doc! { "$inc": { "n": 1 } },
-                )
-                .upsert(true)
-                .await
-                .expect("a write moves the majority's snapshot on");
-        });
+        let catch_up = lag.behind_for(BEHIND).await;
         let started = Instant::now();
         let (status, answered) = answer(redeem()).await;
         let waited = started.elapsed();
@@ -369,4 +379,63 @@ async fn token_write_outwaits_a_majority_behind_for_seconds(
             assert_eq!(replayed.headers()["idempotent-replayed"], "true");
         }
     }
+}
+
+/// A key's answer on the primary that the majority does not have yet (as a commit still
+/// waiting for the majority leaves it): the key's retry finds that answered record, and
+/// its claim, which changes nothing, runs out of time waiting for the majority all the
+/// same. It must not replay an answer a failover could still roll back, only once the
+/// majority has it. The record is a copy, under another key, of a keyed redeem's answered
+/// record, written on the primary alone (`w: 1`) while the majority is held back.
+async fn an_answer_the_majority_lacks_is_not_replayed(lag: &Lag, tokens: &Collection<Document>) {
+    const BEHIND: Duration = Duration::from_secs(3);
+    let mut body = issuance_body("pi_majority_replay", 1);
+    body["tokenType"] = json!("lagreplay");
+    let (status, issued) = answer(lag.post(&lag.app, "/v1/issuances", &body)).await;
+    assert_eq!(status, 201, "{issued}");
+    let id = indexed_token_ids(&issued).remove(0).1;
+    let redeem = |key: &str| {
+        lag.http
+            .post(format!("{}/v1/tokens/{id}/redeem", lag.app))
+            .bearer_auth(ADMIN_KEY)
+            .header("Idempotency-Key", key)
+    };
+    let redeemed = redeem("lag-replay").send().await.unwrap();
+    assert_eq!(redeemed.status(), 200);
+    let records = tokens
+        .client()
+        .database(&tokens.namespace().db)
+        .collection::<Document>("idempotency_keys");
+    let mut copy = records
+        .find_one(doc! { "key": "lag-replay" })
+        .await
+        .unwrap()
+        .expect("the key's record");
+    copy.insert("_id", ObjectId::new());
+    copy.insert("key", "lag-replay-copy");
+
+    let catch_up = lag.behind_for(BEHIND).await;
+    let started = Instant::now();
+    records
+        .insert_one(copy)
+        .write_concern(
+            mongodb::options::WriteConcern::builder()
+                .w(mongodb::options::Acknowledgment::Nodes(1))
+                .build(),
+        )
+        .await
+        .expect("the primary takes the copy");
+    let retry = redeem("lag-replay-copy").send().await.unwrap();
+    let waited = started.elapsed();
+    catch_up.await.unwrap();
+    eprintln!(
+        "failover[majority-lag] replay: answered {} after {waited:?}",
+        retry.status()
+    );
+    assert_eq!(retry.status(), 200);
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    assert!(
+        waited >= BEHIND - Duration::from_millis(500),
+        "replayed after {waited:?}, before the majority had the answer"
+    );
 }
