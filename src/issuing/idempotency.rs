@@ -209,7 +209,8 @@ impl Issuer {
                 Claimed::Existing(existing) => *existing,
                 Claimed::Raced => continue,
                 // An attempt's transaction holds the record: it is committing, or died
-                // mid-commit and the server has yet to end it. Either way, not yet.
+                // mid-commit and the server has yet to end it. Or the majority is behind
+                // on another attempt's unanswered record. Either way, not yet.
                 Claimed::Held => return Ok(Begun::InProgress),
             };
             let another_request = existing.method != request.method

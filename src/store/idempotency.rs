@@ -105,7 +105,9 @@ pub enum Claimed {
     /// Another claim of the key inserted its record at the same moment: look again.
     Raced,
     /// A transaction still open holds the record (an attempt committing its answer, or
-    /// one whose instance died before its commit): its outcome is not known yet.
+    /// one whose instance died before its commit), or another attempt's unanswered
+    /// record is the primary's and perhaps not yet the majority's: its outcome is not
+    /// known yet.
     Held,
 }
 
@@ -171,18 +173,26 @@ impl Store {
             }
             Err(err) if ran_out_of_time(&err) => Ok(Claimed::Held),
             Err(err) => match unconfirmed_find_and_modify(&err) {
-                // Either this claim's record or one it left as it was: the primary's
-                // either way, and the latter perhaps an answer the majority does not
-                // have yet (a commit still waiting for it), which must not be replayed
-                // before it does.
+                // This claim's record, or one it left as it was, as the primary has it.
                 Some(Unconfirmed::Wrote(written)) => {
-                    self.await_majority(IDEMPOTENCY_KEYS, &written, since)
-                        .await?;
-                    let record: IdempotencyDoc = from_document(written)?;
-                    if record.attempt != claim.attempt {
+                    let record: IdempotencyDoc = from_document(written.clone())?;
+                    if record.attempt == claim.attempt {
+                        self.await_majority(IDEMPOTENCY_KEYS, &written, since)
+                            .await?;
+                        return Ok(Claimed::Fresh);
+                    }
+                    // Another attempt's answer, perhaps one the majority does not have
+                    // yet (its commit still waiting for it): replayed only once it does.
+                    // An answer never changes, so the majority shows it as it is here.
+                    if record.answer.is_some() {
+                        self.await_majority(IDEMPOTENCY_KEYS, &written, since)
+                            .await?;
                         return Ok(Claimed::Existing(Box::new(record)));
                     }
-                    Ok(Claimed::Fresh)
+                    // Another attempt's unanswered record, which its holder may answer or
+                    // release meanwhile: nothing to wait for, and nothing to decide on
+                    // (a take-over, a key reused) from what the majority may not have.
+                    Ok(Claimed::Held)
                 }
                 // An upsert matches or inserts; a reply that says otherwise: look again.
                 Some(Unconfirmed::Nothing) => Ok(Claimed::Raced),

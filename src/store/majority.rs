@@ -11,7 +11,7 @@
 
 use std::time::{Duration, Instant};
 
-use mongodb::bson::Document;
+use mongodb::bson::{Bson, Document};
 use mongodb::error::{Error, ErrorKind, WriteFailure};
 
 use super::error::MAX_TIME_EXPIRED;
@@ -58,10 +58,9 @@ impl Store {
     /// Unavailable once the URI's `wtimeoutMS` has passed since `since`, as the driver's
     /// own wait would end. Without `wtimeoutMS` it waits as long as its caller does (a
     /// request's timeout), as every other write waits for the majority. A write a
-    /// failover rolled back is never shown; nor is one changed again on the primary
-    /// before the majority showed it (a refund revoking the token just redeemed): both
-    /// end at that bound, unavailable or timed out (503), and a retry tells what became
-    /// of them.
+    /// failover rolled back is never shown, and ends at that bound (503); one the
+    /// majority shows a later `_version` of ends at once, unavailable. Either way a
+    /// retry tells what became of it.
     pub(super) async fn await_majority(
         &self,
         collection: &str,
@@ -86,6 +85,19 @@ impl Store {
             if shown.as_ref() == Some(written) {
                 return Ok(());
             }
+            // A versioned document the majority shows past this write's version was
+            // changed again on the primary before the majority showed this write (a
+            // refund revoking the token just transferred): it will never show it, and
+            // a later version proves nothing (a failover may have rolled this write
+            // back). The retry reads what became of it.
+            if let (Some(written_version), Some(shown_version)) =
+                (version(written), shown.as_ref().and_then(version))
+                && shown_version > written_version
+            {
+                return Err(StoreError::unavailable(
+                    "the document changed again before the majority showed this write",
+                ));
+            }
             if deadline.is_some_and(|deadline| Instant::now() + pause >= deadline) {
                 return Err(StoreError::unavailable(
                     "a write applied on the primary was not the majority's in time",
@@ -94,5 +106,14 @@ impl Store {
             tokio::time::sleep(pause).await;
             pause = (pause * 2).min(LOOK_AGAIN_AT_MOST);
         }
+    }
+}
+
+/// A document's `_version`, whichever integer type it is stored as.
+fn version(document: &Document) -> Option<i64> {
+    match document.get("_version")? {
+        Bson::Int32(version) => Some(i64::from(*version)),
+        Bson::Int64(version) => Some(*version),
+        _ => None,
     }
 }

@@ -36,7 +36,8 @@ use mongodb::bson::{Document, doc};
 use reqwest::RequestBuilder;
 use serde_json::{Value, json};
 use tokenmint_test_support::{
-    ADMIN_KEY, OWNER, indexed_token_ids, issuance_body, no_change_stream_during, stored_int,
+    ADMIN_KEY, OTHER_OWNER, OWNER, indexed_token_ids, issuance_body, no_change_stream_during,
+    stored_int,
 };
 
 use super::load::stock_tokens;
@@ -222,6 +223,8 @@ pub(super) async fn scenario() {
     token_redeem_waits_for_the_majority(&lag).await;
     token_write_outwaits_a_majority_behind_for_seconds(&lag, &tokens).await;
     an_answer_the_majority_lacks_is_not_replayed(&lag, &tokens).await;
+    a_retry_while_its_first_attempt_waits_is_told_it_runs(&lag).await;
+    a_write_changed_again_before_the_majority_had_it_ends_at_once(&lag).await;
     redeemer.stop().await;
     app.stop().await;
 }
@@ -437,5 +440,100 @@ async fn an_answer_the_majority_lacks_is_not_replayed(lag: &Lag, tokens: &Collec
     assert!(
         waited >= BEHIND - Duration::from_millis(500),
         "replayed after {waited:?}, before the majority had the answer"
+    );
+}
+
+/// A keyed redeem whose claim waits for a majority 3 s behind, and its retry 0.3 s later:
+/// the retry's claim finds the first attempt's record unanswered (the primary's, perhaps
+/// not the majority's, and about to change) and is told 409 `request_in_progress` once
+/// its own second is up, rather than wait for a state of that record the majority may
+/// never show. The first attempt redeems.
+async fn a_retry_while_its_first_attempt_waits_is_told_it_runs(lag: &Lag) {
+    const BEHIND: Duration = Duration::from_secs(3);
+    let mut body = issuance_body("pi_majority_running", 1);
+    body["tokenType"] = json!("lagrunning");
+    let (status, issued) = answer(lag.post(&lag.app, "/v1/issuances", &body)).await;
+    assert_eq!(status, 201, "{issued}");
+    let id = indexed_token_ids(&issued).remove(0).1;
+    let redeem = || {
+        lag.http
+            .post(format!("{}/v1/tokens/{id}/redeem", lag.app))
+            .bearer_auth(ADMIN_KEY)
+            .header("Idempotency-Key", "lag-running")
+            .send()
+    };
+    let catch_up = lag.behind_for(BEHIND).await;
+    let first = tokio::spawn(redeem());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let started = Instant::now();
+    let retry = redeem().await.unwrap();
+    let waited = started.elapsed();
+    let retry_status = retry.status();
+    let problem: Value = retry.json().await.unwrap();
+    let first = first.await.unwrap().unwrap();
+    catch_up.await.unwrap();
+    eprintln!(
+        "failover[majority-lag] running: retry answered {retry_status} after {waited:?}, first {}",
+        first.status()
+    );
+    assert_eq!(
+        (retry_status.as_u16(), problem["code"].as_str()),
+        (409, Some("request_in_progress")),
+        "{problem}"
+    );
+    assert!(
+        waited < BEHIND - Duration::from_millis(500),
+        "the retry waited {waited:?} on a record it could not decide on"
+    );
+    assert_eq!(first.status(), 200);
+}
+
+/// A transfer whose write waits for a majority 4 s behind, and a redemption (on the
+/// impatient instance, whose transaction reads the primary's latest) that spends the
+/// transferred token on the primary meanwhile: the majority then shows the token past
+/// the transfer's version, never as the transfer left it. The transfer is answered 503
+/// `database_unavailable` as soon as the majority shows that, not held to its request's
+/// timeout.
+async fn a_write_changed_again_before_the_majority_had_it_ends_at_once(lag: &Lag) {
+    const BEHIND: Duration = Duration::from_secs(4);
+    let token_type = "lagsuperseded";
+    let mut body = issuance_body("pi_majority_superseded", 1);
+    body["tokenType"] = json!(token_type);
+    let (status, issued) = answer(lag.post(&lag.app, "/v1/issuances", &body)).await;
+    assert_eq!(status, 201, "{issued}");
+    let id = indexed_token_ids(&issued).remove(0).1;
+    let transfer = lag
+        .post(
+            &lag.app,
+            &format!("/v1/tokens/{id}/transfer"),
+            &json!({ "newOwner": OTHER_OWNER }),
+        )
+        .header("If-Match", "\"0\"");
+    let catch_up = lag.behind_for(BEHIND).await;
+    let started = Instant::now();
+    let transferred = tokio::spawn(answer(transfer));
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let spend = json!({
+        "owner": OTHER_OWNER, "tokenType": token_type, "quantity": 1, "reference": token_type,
+    });
+    let spent = answer(lag.post(&lag.impatient, "/v1/redemptions", &spend)).await;
+    let spent_at = started.elapsed();
+    let transferred = transferred.await.unwrap();
+    let waited = started.elapsed();
+    catch_up.await.unwrap();
+    eprintln!(
+        "failover[majority-lag] superseded: transfer answered {} after {waited:?}; the spend {} after {spent_at:?}",
+        transferred.0, spent.0
+    );
+    // A spend answered 2xx is the majority's: never before the majority caught up.
+    assert!(
+        !(200..300).contains(&spent.0) || spent_at >= BEHIND,
+        "the spend answered {} after {spent_at:?}, before the majority had it",
+        spent.0
+    );
+    assert_unavailable(&transferred, "the transfer the majority never showed");
+    assert!(
+        waited < BEHIND + Duration::from_secs(3),
+        "the transfer was held {waited:?}, past the majority showing the later version"
     );
 }
