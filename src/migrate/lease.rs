@@ -26,14 +26,14 @@ use crate::store::{Store, StoreError, duplicate_key_index};
 
 const LOCK: &str = "_migrations_lock";
 /// How often a waiting instance tries to take the lease.
-const POLL: Duration = Duration::from_millis(200);
+pub(super) const POLL: Duration = Duration::from_millis(200);
 /// How often a waiting instance says so, while the holder keeps it waiting.
 const WAITING_LOG_EVERY: Duration = Duration::from_secs(30);
 /// How long a start waits for a database that has never answered it: longer than an
 /// election (about 12 s with MongoDB's defaults), so that an instance started while the
 /// set elects waits for the new primary; short, so that a wrong address or a set not
 /// started is told within seconds rather than after `patience`.
-const UNANSWERED_PATIENCE: Duration = Duration::from_secs(20);
+pub(super) const UNANSWERED_PATIENCE: Duration = Duration::from_secs(20);
 
 /// A lease this instance holds; `release` it when done (or let it run out).
 pub(super) struct Lease {

@@ -11,7 +11,7 @@ use std::time::Duration;
 use futures::TryStreamExt;
 use mongodb::bson::{DateTime, Document, doc};
 
-use super::lease::Lease;
+use super::lease::{Lease, POLL, UNANSWERED_PATIENCE};
 use super::steps::{backfill, create_index, drop_index};
 use super::{DuplicateReport, Migration, Step, migrations};
 use crate::store::{Store, StoreError, duplicate_key_index};
@@ -112,9 +112,23 @@ pub async fn pending(store: &Store) -> Result<Vec<String>, MigrateError> {
         .collect())
 }
 
-/// Fails when an applied migration's file was edited since.
+/// Fails when an applied migration's file was edited since. A database that does not
+/// answer (a start while the set elects) is waited for as a start that migrates waits
+/// for it (`UNANSWERED_PATIENCE`), then its unavailability is the error.
 pub async fn verify_applied(store: &Store) -> Result<(), MigrateError> {
-    verify(store, &migrations()?).await.map(|_| ())
+    let all = migrations()?;
+    let started = tokio::time::Instant::now();
+    loop {
+        match verify(store, &all).await {
+            Err(MigrateError::Store(err @ StoreError::Unavailable(_)))
+                if started.elapsed() < UNANSWERED_PATIENCE =>
+            {
+                tracing::warn!(error = %err, "cannot read the applied migrations yet; trying again");
+                tokio::time::sleep(POLL).await;
+            }
+            outcome => return outcome.map(|_| ()),
+        }
+    }
 }
 
 async fn apply_pending(

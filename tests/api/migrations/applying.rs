@@ -8,6 +8,7 @@ use tokenmint::migrate::{
 };
 
 use super::{FreshDb, all, token};
+use crate::helpers::{FailPoint, Fault, connect_store, mongo_uri_named, unique_app_name};
 
 /// The text of migration file `id` in `migrations/`.
 fn migration_file(id: &str) -> String {
@@ -236,4 +237,23 @@ async fn a_dry_run_lists_and_writes_nothing() {
     let report = run(&store, true).await.unwrap();
     assert!(report.applied.is_empty());
     assert_eq!(report.already_applied, all());
+}
+
+/// A start that may not migrate (`migrations.apply_on_startup = false`) while the set
+/// elects: its read of the applied migrations fails (no primary yet) before the database
+/// ever answered it. It waits for the new primary and checks them, rather than ending the
+/// start.
+#[tokio::test]
+async fn a_check_of_applied_migrations_waits_for_a_database_failing_its_first_reads() {
+    let fresh = FreshDb::new().await;
+    run(&fresh.store().await, false).await.unwrap();
+    let app_name = unique_app_name();
+    let starting = connect_store(&mongo_uri_named(&app_name), fresh.name()).await;
+    let applied = format!("{}._migrations", fresh.name());
+    // Four: the driver retries each read once on this error; two reads fail.
+    let failpoint = FailPoint::set_on(&app_name, &["find"], &applied, Fault::error(91), 4).await;
+    verify_applied(&starting)
+        .await
+        .expect("a database failing its first reads is waited for");
+    assert_eq!(failpoint.off().await, 4, "the first reads failed");
 }
