@@ -77,7 +77,9 @@ impl Store {
             .map(|wtimeout| since + wtimeout);
         let mut pause = Duration::from_millis(10);
         loop {
-            // Reads are pinned to the majority: this shows the write once it is durable.
+            // Reads are pinned to the majority: this shows the write once it is durable. A
+            // read the database cannot answer (an election, an outage) ends the wait as
+            // unavailable: an outage fails fast, and the retry finds what became of it.
             let shown = self
                 .collection(collection)
                 .find_one(mongodb::bson::doc! { "_id": id })

@@ -462,9 +462,23 @@ async fn a_retry_while_its_first_attempt_waits_is_told_it_runs(lag: &Lag) {
             .header("Idempotency-Key", "lag-running")
             .send()
     };
+    let records = lag
+        .nudge
+        .client()
+        .database(&lag.nudge.namespace().db)
+        .collection::<Document>("idempotency_keys");
     let catch_up = lag.behind_for(BEHIND).await;
     let first = tokio::spawn(redeem());
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The first attempt's claim on the primary (this client reads it locally) before the
+    // retry's.
+    while records
+        .find_one(doc! { "key": "lag-running" })
+        .await
+        .unwrap()
+        .is_none()
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let started = Instant::now();
     let retry = redeem().await.unwrap();
     let waited = started.elapsed();
@@ -532,8 +546,10 @@ async fn a_write_changed_again_before_the_majority_had_it_ends_at_once(lag: &Lag
         spent.0
     );
     assert_unavailable(&transferred, "the transfer the majority never showed");
+    // Not before the majority showed the spend (the 1 s bound on a held token is not the
+    // end of the wait), not long after it.
     assert!(
-        waited < BEHIND + Duration::from_secs(3),
-        "the transfer was held {waited:?}, past the majority showing the later version"
+        waited >= BEHIND - Duration::from_millis(500) && waited < BEHIND + Duration::from_secs(3),
+        "the transfer was answered after {waited:?}, not when the majority showed the later version"
     );
 }
