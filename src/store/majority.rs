@@ -67,6 +67,13 @@ impl Store {
         written: &Document,
         since: Instant,
     ) -> Result<(), StoreError> {
+        // A standalone's majority read shows a write before its journal has it: there
+        // nothing but the write's own wait for the journal, which ran out, says durable.
+        if !self.supports_transactions().await? {
+            return Err(StoreError::unavailable(
+                "a standalone's write was not journaled in time",
+            ));
+        }
         let id = written
             .get("_id")
             .ok_or_else(|| StoreError::Internal("a written document without _id".into()))?;

@@ -207,3 +207,104 @@ async fn a_batch_has_the_primary_alone_acknowledge_its_records_and_tokens_then_m
         "{marks:?} before {tokens:?}"
     );
 }
+
+/// A standalone mongod on a port of its own, killed with the test.
+struct Standalone {
+    child: std::process::Child,
+    uri: String,
+    data_dir: std::path::PathBuf,
+}
+
+impl Standalone {
+    async fn start(app_name: &str) -> Standalone {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let data_dir = target_dir().join("tmp").join(format!("standalone-{port}"));
+        let _ = std::fs::remove_dir_all(&data_dir);
+        std::fs::create_dir_all(&data_dir).unwrap();
+        let mut command = std::process::Command::new(mongod_binary());
+        command
+            .args(["--port", &port.to_string(), "--bind_ip", "127.0.0.1"])
+            .arg("--dbpath")
+            .arg(&data_dir)
+            .args(["--setParameter", "enableTestCommands=1"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+        tokenmint::embedded::die_with_parent(&mut command, libc::SIGKILL);
+        let standalone = Standalone {
+            child: command.spawn().expect("mongod starts"),
+            uri: format!("mongodb://127.0.0.1:{port}/?appName={app_name}"),
+            data_dir,
+        };
+        let client = mongodb::Client::with_uri_str(&standalone.uri)
+            .await
+            .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while client
+            .database("admin")
+            .run_command(doc! { "ping": 1 })
+            .await
+            .is_err()
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the standalone answers"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        standalone
+    }
+}
+
+impl Drop for Standalone {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.data_dir);
+    }
+}
+
+/// On a standalone, a redeem whose time limit (1 s, for a token another writer holds)
+/// ran out while it waited for the journal applied in memory: a read shows it before the
+/// journal has it, so nothing but that wait could have said it is durable. 503, as before
+/// (on a replica set the wait goes on until the majority shows the write).
+#[tokio::test]
+async fn on_a_standalone_a_write_out_of_time_waiting_for_its_journal_is_unavailable() {
+    let app_name = unique_app_name();
+    let standalone = Standalone::start(&app_name).await;
+    let db = format!("tokenmint_test_{}", uuid::Uuid::new_v4().simple());
+    let app = spawn_app_from(&test_settings_at(&standalone.uri, &db, "")).await;
+    let id = app.issue_tokens("pi_standalone_journal", 1).await.remove(0);
+    let admin = mongodb::Client::with_uri_str(&standalone.uri)
+        .await
+        .unwrap()
+        .database("admin");
+    admin
+        .run_command(doc! {
+            "configureFailPoint": "failCommand",
+            "mode": { "times": 1 },
+            "data": {
+                "failCommands": ["findAndModify"],
+                "appName": &app_name,
+                "writeConcernError": { "code": 50, "errmsg": "failpoint: journal wait ran out" },
+            },
+        })
+        .await
+        .unwrap();
+    let redeemed = app
+        .http
+        .post(format!("{}/v1/tokens/{id}/redeem", app.address))
+        .bearer_auth(ADMIN_KEY)
+        .send()
+        .await
+        .unwrap();
+    assert_problem(redeemed, 503, "database_unavailable").await;
+    assert_eq!(
+        app.stored_token(&id).await.get_str("status").unwrap(),
+        "redeemed",
+        "the write applied in memory"
+    );
+}
