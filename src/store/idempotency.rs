@@ -184,10 +184,14 @@ impl Store {
                     // Another attempt's answer, perhaps one the majority does not have
                     // yet (its commit still waiting for it): replayed only once it does.
                     // An answer never changes, so the majority shows it as it is here.
+                    // Not shown in time, it is still settling: the other attempt's
+                    // (nothing of this one's to take back).
                     if record.answer.is_some() {
-                        self.await_majority(IDEMPOTENCY_KEYS, &written, since)
-                            .await?;
-                        return Ok(Claimed::Existing(Box::new(record)));
+                        return match self.await_majority(IDEMPOTENCY_KEYS, &written, since).await {
+                            Ok(()) => Ok(Claimed::Existing(Box::new(record))),
+                            Err(StoreError::Unavailable(_)) => Ok(Claimed::Held),
+                            Err(other) => Err(other),
+                        };
                     }
                     // Another attempt's unanswered record, which its holder may answer or
                     // release meanwhile: nothing to wait for, and nothing to decide on

@@ -388,10 +388,12 @@ async fn token_write_outwaits_a_majority_behind_for_seconds(
 /// waiting for the majority leaves it): the key's retry finds that answered record, and
 /// its claim, which changes nothing, runs out of time waiting for the majority all the
 /// same. It must not replay an answer a failover could still roll back, only once the
-/// majority has it. The record is a copy, under another key, of a keyed redeem's answered
-/// record, written on the primary alone (`w: 1`) while the majority is held back.
+/// majority has it; one whose wait ends first (the impatient instance's `wtimeoutMS`) is
+/// told 409 `request_in_progress`. The record is a copy, under another key, of a keyed
+/// redeem's answered record, written on the primary alone (`w: 1`) while the majority is
+/// held back.
 async fn an_answer_the_majority_lacks_is_not_replayed(lag: &Lag, tokens: &Collection<Document>) {
-    const BEHIND: Duration = Duration::from_secs(3);
+    const BEHIND: Duration = Duration::from_secs(4);
     let mut body = issuance_body("pi_majority_replay", 1);
     body["tokenType"] = json!("lagreplay");
     let (status, issued) = answer(lag.post(&lag.app, "/v1/issuances", &body)).await;
@@ -428,6 +430,23 @@ async fn an_answer_the_majority_lacks_is_not_replayed(lag: &Lag, tokens: &Collec
         )
         .await
         .expect("the primary takes the copy");
+    // An instance whose wait for the majority ends first (its `wtimeoutMS`): the answer
+    // is still settling, the key's retry is told so.
+    let impatient = lag
+        .http
+        .post(format!("{}/v1/tokens/{id}/redeem", lag.impatient))
+        .bearer_auth(ADMIN_KEY)
+        .header("Idempotency-Key", "lag-replay-copy")
+        .send()
+        .await
+        .unwrap();
+    let impatient_status = impatient.status().as_u16();
+    let problem: Value = impatient.json().await.unwrap();
+    assert_eq!(
+        (impatient_status, problem["code"].as_str()),
+        (409, Some("request_in_progress")),
+        "{problem}"
+    );
     let retry = redeem("lag-replay-copy").send().await.unwrap();
     let waited = started.elapsed();
     catch_up.await.unwrap();
