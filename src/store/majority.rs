@@ -11,10 +11,11 @@
 
 use std::time::{Duration, Instant};
 
-use mongodb::bson::{Bson, Document};
+use mongodb::bson::Document;
 use mongodb::error::{Error, ErrorKind, WriteFailure};
 
 use super::error::MAX_TIME_EXPIRED;
+use super::token_bulk::bson_integer;
 use super::{Store, StoreError};
 
 /// What a `findAndModify` whose time ran out while it waited for the majority did on the
@@ -38,7 +39,7 @@ pub(super) fn unconfirmed_find_and_modify(err: &Error) -> Option<Unconfirmed> {
     }
     let reply = err.server_response()?.to_document().ok()?;
     let matched = reply.get_document("lastErrorObject").ok()?.get("n")?;
-    if matched.as_i32().map(i64::from).or_else(|| matched.as_i64()) == Some(0) {
+    if bson_integer(matched) == Some(0) {
         return Some(Unconfirmed::Nothing);
     }
     reply
@@ -99,6 +100,7 @@ impl Store {
             // refund revoking the token just transferred): it will never show it, and
             // a later version proves nothing (a failover may have rolled this write
             // back). The retry reads what became of it.
+            let version = |document: &Document| document.get("_version").and_then(bson_integer);
             if let (Some(written_version), Some(shown_version)) =
                 (version(written), shown.as_ref().and_then(version))
                 && shown_version > written_version
@@ -115,14 +117,5 @@ impl Store {
             tokio::time::sleep(pause).await;
             pause = (pause * 2).min(LOOK_AGAIN_AT_MOST);
         }
-    }
-}
-
-/// A document's `_version`, whichever integer type it is stored as.
-fn version(document: &Document) -> Option<i64> {
-    match document.get("_version")? {
-        Bson::Int32(version) => Some(i64::from(*version)),
-        Bson::Int64(version) => Some(*version),
-        _ => None,
     }
 }

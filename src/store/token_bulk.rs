@@ -127,7 +127,8 @@ pub fn upserted_ids(reply: &Document) -> Result<Vec<(i64, ObjectId)>, StoreError
         .collect()
 }
 
-fn bson_integer(value: &Bson) -> Option<i64> {
+/// An integer a reply or a document holds, whichever width the server chose.
+pub(super) fn bson_integer(value: &Bson) -> Option<i64> {
     match value {
         Bson::Int32(v) => Some(i64::from(*v)),
         Bson::Int64(v) => Some(*v),
