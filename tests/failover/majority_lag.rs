@@ -91,6 +91,23 @@ impl Lag {
         (first, retry)
     }
 
+    /// Issues one token of `token_type` for `payment` on the patient instance: its id.
+    async fn issue_one(&self, payment: &str, token_type: &str) -> String {
+        let mut body = issuance_body(payment, 1);
+        body["tokenType"] = json!(token_type);
+        let (status, issued) = answer(self.post(&self.app, "/v1/issuances", &body)).await;
+        assert_eq!(status, 201, "{issued}");
+        indexed_token_ids(&issued).remove(0).1
+    }
+
+    /// A redeem of token `id` on the instance at `base`, without a body, under `key`.
+    fn redeem_keyed(&self, base: &str, id: &str, key: &str) -> RequestBuilder {
+        self.http
+            .post(format!("{base}/v1/tokens/{id}/redeem"))
+            .bearer_auth(ADMIN_KEY)
+            .header("Idempotency-Key", key)
+    }
+
     /// Holds the majority snapshot back now, and lets it catch up `behind` from now, in
     /// the background.
     async fn behind_for(&self, behind: Duration) -> tokio::task::JoinHandle<()> {
@@ -297,11 +314,7 @@ async fn atomic_issuance_waits_for_the_majority(lag: &Lag) {
 /// active and its gated write misses the version its own first attempt made: 503, not
 /// 412; once the majority has it, a replay (200), the token redeemed once.
 async fn token_redeem_waits_for_the_majority(lag: &Lag) {
-    let mut body = issuance_body("pi_majority_redeem", 1);
-    body["tokenType"] = json!("lagredeem");
-    let (status, issued) = answer(lag.post(&lag.app, "/v1/issuances", &body)).await;
-    assert_eq!(status, 201, "{issued}");
-    let id = indexed_token_ids(&issued).remove(0).1;
+    let id = lag.issue_one("pi_majority_redeem", "lagredeem").await;
     let reference = json!({ "reference": "lagredeem" });
     let redeem = |base: &str| {
         lag.post(base, &format!("/v1/tokens/{id}/redeem"), &reference)
@@ -335,20 +348,13 @@ async fn token_write_outwaits_a_majority_behind_for_seconds(
         ("pi_majority_plain", None),
         ("pi_majority_keyed", Some("lag-keyed-redeem")),
     ] {
-        let mut body = issuance_body(payment, 1);
-        body["tokenType"] = json!("lagplain");
-        let (status, issued) = answer(lag.post(&lag.app, "/v1/issuances", &body)).await;
-        assert_eq!(status, 201, "{issued}");
-        let id = indexed_token_ids(&issued).remove(0).1;
-        let redeem = || {
-            let request = lag
+        let id = lag.issue_one(payment, "lagplain").await;
+        let redeem = || match key {
+            Some(key) => lag.redeem_keyed(&lag.app, &id, key),
+            None => lag
                 .http
                 .post(format!("{}/v1/tokens/{id}/redeem", lag.app))
-                .bearer_auth(ADMIN_KEY);
-            match key {
-                Some(key) => request.header("Idempotency-Key", key),
-                None => request,
-            }
+                .bearer_auth(ADMIN_KEY),
         };
         let catch_up = lag.behind_for(BEHIND).await;
         let started = Instant::now();
@@ -394,17 +400,8 @@ async fn token_write_outwaits_a_majority_behind_for_seconds(
 /// held back.
 async fn an_answer_the_majority_lacks_is_not_replayed(lag: &Lag, tokens: &Collection<Document>) {
     const BEHIND: Duration = Duration::from_secs(4);
-    let mut body = issuance_body("pi_majority_replay", 1);
-    body["tokenType"] = json!("lagreplay");
-    let (status, issued) = answer(lag.post(&lag.app, "/v1/issuances", &body)).await;
-    assert_eq!(status, 201, "{issued}");
-    let id = indexed_token_ids(&issued).remove(0).1;
-    let redeem = |key: &str| {
-        lag.http
-            .post(format!("{}/v1/tokens/{id}/redeem", lag.app))
-            .bearer_auth(ADMIN_KEY)
-            .header("Idempotency-Key", key)
-    };
+    let id = lag.issue_one("pi_majority_replay", "lagreplay").await;
+    let redeem = |key: &str| lag.redeem_keyed(&lag.app, &id, key);
     let redeemed = redeem("lag-replay").send().await.unwrap();
     assert_eq!(redeemed.status(), 200);
     let records = tokens
@@ -433,10 +430,7 @@ async fn an_answer_the_majority_lacks_is_not_replayed(lag: &Lag, tokens: &Collec
     // An instance whose wait for the majority ends first (its `wtimeoutMS`): the answer
     // is still settling, the key's retry is told so.
     let impatient = lag
-        .http
-        .post(format!("{}/v1/tokens/{id}/redeem", lag.impatient))
-        .bearer_auth(ADMIN_KEY)
-        .header("Idempotency-Key", "lag-replay-copy")
+        .redeem_keyed(&lag.impatient, &id, "lag-replay-copy")
         .send()
         .await
         .unwrap();
@@ -469,18 +463,8 @@ async fn an_answer_the_majority_lacks_is_not_replayed(lag: &Lag, tokens: &Collec
 /// never show. The first attempt redeems.
 async fn a_retry_while_its_first_attempt_waits_is_told_it_runs(lag: &Lag) {
     const BEHIND: Duration = Duration::from_secs(3);
-    let mut body = issuance_body("pi_majority_running", 1);
-    body["tokenType"] = json!("lagrunning");
-    let (status, issued) = answer(lag.post(&lag.app, "/v1/issuances", &body)).await;
-    assert_eq!(status, 201, "{issued}");
-    let id = indexed_token_ids(&issued).remove(0).1;
-    let redeem = || {
-        lag.http
-            .post(format!("{}/v1/tokens/{id}/redeem", lag.app))
-            .bearer_auth(ADMIN_KEY)
-            .header("Idempotency-Key", "lag-running")
-            .send()
-    };
+    let id = lag.issue_one("pi_majority_running", "lagrunning").await;
+    let redeem = || lag.redeem_keyed(&lag.app, &id, "lag-running").send();
     let records = lag
         .nudge
         .client()
@@ -530,11 +514,7 @@ async fn a_retry_while_its_first_attempt_waits_is_told_it_runs(lag: &Lag) {
 async fn a_write_changed_again_before_the_majority_had_it_ends_at_once(lag: &Lag) {
     const BEHIND: Duration = Duration::from_secs(4);
     let token_type = "lagsuperseded";
-    let mut body = issuance_body("pi_majority_superseded", 1);
-    body["tokenType"] = json!(token_type);
-    let (status, issued) = answer(lag.post(&lag.app, "/v1/issuances", &body)).await;
-    assert_eq!(status, 201, "{issued}");
-    let id = indexed_token_ids(&issued).remove(0).1;
+    let id = lag.issue_one("pi_majority_superseded", token_type).await;
     let transfer = lag
         .post(
             &lag.app,
