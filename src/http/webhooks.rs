@@ -5,7 +5,7 @@
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, State};
+use axum::extract::{DefaultBodyLimit, FromRequest, Request, State};
 use axum::http::header::CONTENT_TYPE;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -87,13 +87,19 @@ pub async fn receive_webhook(
     client: ClientAddress,
     PathParams(provider): PathParams<String>,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    request: Request,
 ) -> Result<Response, ApiError> {
-    let body = body.map_err(unreadable)?;
     let config = configured(&state, &provider)?;
     let provider = config.name.as_str();
+    admit(&state, config, client, &headers)?;
+    // Read only now: a caller who names no configured provider, or lacks its
+    // credentials, never makes the service buffer a body (the connection is closed after
+    // the refusal instead). The body limit is the route's, as for any `Bytes`.
+    let body = Bytes::from_request(request, &state)
+        .await
+        .map_err(unreadable)?;
     let signature_headers = signature_headers(&headers);
-    authenticate(&state, config, client, &headers, &signature_headers, &body)?;
+    verify(&state, config, client, &signature_headers, &body)?;
     // Only after the signature: only the provider's own deliveries may spend its
     // allowance, so unsigned noise cannot delay its events.
     state.rate_limits.check_provider(provider)?;
@@ -151,26 +157,34 @@ fn text<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     headers.get(name).and_then(|v| v.to_str().ok())
 }
 
-/// Checks that the delivery is the provider's: its Basic credentials, when it has them,
-/// then its signature over the raw body. Each refusal is also counted against the client
-/// address's allowance of failed checks (a guess at the password is one), which may
-/// answer 429 instead.
-fn authenticate(
+/// Checks the provider's Basic credentials, when it has them: before the body is read
+/// and before any HMAC work (they cost a hash to check, the batch's signatures a parse).
+/// A refusal is also counted against the client address's allowance of failed checks (a
+/// guess at the password is one), which may answer 429 instead.
+fn admit(
     state: &AppState,
     config: &ProviderConfig,
     client: ClientAddress,
     headers: &HeaderMap,
+) -> Result<(), ApiError> {
+    if !config.admits(text(headers, "authorization")) {
+        count(config.name.as_str(), "credentials_rejected");
+        state.rate_limits.check_failed_signature(client)?;
+        return Err(ApiError::WebhookCredentials);
+    }
+    Ok(())
+}
+
+/// Checks the provider's signature over the raw body, counted against the client
+/// address's allowance of failed checks as [`admit`] does.
+fn verify(
+    state: &AppState,
+    config: &ProviderConfig,
+    client: ClientAddress,
     signature_headers: &SignatureHeaders<'_>,
     body: &[u8],
 ) -> Result<(), ApiError> {
     let provider = config.name.as_str();
-    // The credentials before any HMAC work: they cost a hash to check, the batch's
-    // signatures a parse.
-    if !config.admits(text(headers, "authorization")) {
-        count(provider, "credentials_rejected");
-        state.rate_limits.check_failed_signature(client)?;
-        return Err(ApiError::WebhookCredentials);
-    }
     let now = chrono::Utc::now().timestamp();
     let verified = tracing::info_span!("webhook.verify", provider)
         .in_scope(|| config.verify(signature_headers, body, now));

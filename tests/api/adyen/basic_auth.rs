@@ -90,3 +90,49 @@ async fn the_right_credentials_are_accepted() {
     assert_problem(answer, 401, "signature_invalid").await;
     assert_eq!(app.count("webhook_events", doc! {}).await, 2);
 }
+
+/// Neither an unknown provider nor a delivery without the provider's credentials costs
+/// the service a read of its body: the answer comes while the body is still unsent (the
+/// connection is closed after it), so a caller who knows no secret cannot make each
+/// instance buffer `webhooks.body_limit_bytes` per connection.
+#[tokio::test]
+async fn a_delivery_refused_before_its_body_is_answered_without_reading_it() {
+    let app = spawn_app_with(&config()).await;
+    let wrong = basic(USER, "wrong");
+    for (path, authorization, expected) in [
+        ("/v1/webhooks/paypal", None, "404"),
+        ("/v1/webhooks/adyen", None, "401"),
+        ("/v1/webhooks/adyen", Some(wrong.as_str()), "401"),
+    ] {
+        let status = status_before_the_body(&app, path, authorization).await;
+        assert_eq!(status.split(' ').nth(1), Some(expected), "{path}: {status}");
+    }
+    assert_eq!(app.count("webhook_events", doc! {}).await, 0);
+}
+
+/// Sends a POST's head announcing a 100,000-byte body, and none of the body; the status
+/// line of the answer, or a panic when the answer and the connection's close do not come
+/// within 5 s.
+async fn status_before_the_body(app: &TestApp, path: &str, authorization: Option<&str>) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let host = app.address.trim_start_matches("http://");
+    let mut stream = tokio::net::TcpStream::connect(host).await.unwrap();
+    let authorization = authorization
+        .map(|value| format!("Authorization: {value}\r\n"))
+        .unwrap_or_default();
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: {host}\r\n{authorization}\
+         Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n"
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        stream.read_to_end(&mut answer),
+    )
+    .await
+    .expect("an answer, and the connection closed, before the body is sent")
+    .unwrap();
+    let answer = String::from_utf8_lossy(&answer).into_owned();
+    answer.lines().next().unwrap_or_default().to_owned()
+}
