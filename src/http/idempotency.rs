@@ -123,14 +123,14 @@ async fn run(
             .collect(),
         body: body.to_vec(),
     };
-    // The action is done whatever happens to its record: answer it. A record left
-    // unanswered is taken over by a retry once its lease ends.
+    // An answer the key could not keep is not given: its retry would run the action again.
     if let Err(err) = state
         .issuer
         .finish_idempotent(&attempt, &answer, finality)
         .await
     {
         tracing::warn!(error = %err, "could not keep the answer of an idempotency key");
+        return Err(err.into());
     }
     Ok(Response::from_parts(parts, Body::from(body)))
 }

@@ -63,7 +63,7 @@ use crate::store::{
 /// it, unless they are `Finality::Transient`.
 const REFUSED_BEFORE_THE_ACTION: [u16; 8] = [400, 403, 404, 413, 415, 422, 428, 429];
 
-/// Unconfirmed claims taken back at once, at most (`Issuer::take_back_unconfirmed_claim`).
+/// Held records taken back at once, at most (`Issuer::take_back_held_record`).
 const MAX_TAKE_BACKS: usize = 16;
 static TAKING_BACK: Semaphore = Semaphore::const_new(MAX_TAKE_BACKS);
 
@@ -200,7 +200,7 @@ impl Issuer {
             let claimed = match self.store.claim_idempotency_record(&claim).await {
                 Ok(claimed) => claimed,
                 Err(err) => {
-                    self.take_back_unconfirmed_claim(&err, held(claim.id));
+                    self.take_back_held_record(&err, held(claim.id));
                     return Err(err);
                 }
             };
@@ -241,7 +241,7 @@ impl Issuer {
             {
                 Ok(taken_over) => taken_over,
                 Err(err) => {
-                    self.take_back_unconfirmed_claim(&err, held(existing.id));
+                    self.take_back_held_record(&err, held(existing.id));
                     return Err(err);
                 }
             };
@@ -260,16 +260,17 @@ impl Issuer {
         Ok(Begun::InProgress)
     }
 
-    /// After a claim or a take-over of `record` that failed with `err`: when the database
-    /// was unavailable the write may stand although unconfirmed (a write concern error
-    /// comes after the write), and left there it would answer the key's retries 409
-    /// `request_in_progress` until its lease ends, for an attempt that never ran. It is
-    /// deleted if it still names this attempt and has no answer, in the background so that
-    /// the 503 is not held up by a second wait for the same majority. The delete waits
+    /// After a write of `held` that failed with `err` (a claim, a take-over, or the
+    /// keeping of an answer not given): when the database was unavailable the claim may
+    /// stand although unconfirmed (a write concern error comes after the write), and
+    /// left there it would answer the key's retries 409 `request_in_progress` until its
+    /// lease ends, for an attempt whose answer no client heard. It is deleted if it
+    /// still names this attempt and has no answer, in the background so that the 503 is
+    /// not held up by a second wait for the same majority. The delete waits
     /// for the majority at most `HELD_PATIENCE` (`release_idempotency_record`), and at
     /// most `MAX_TAKE_BACKS` run at once, so an outage of the majority cannot fill the
     /// connection pool with them; a claim not taken back is ended by its lease.
-    fn take_back_unconfirmed_claim(&self, err: &StoreError, held: HeldRecord) {
+    fn take_back_held_record(&self, err: &StoreError, held: HeldRecord) {
         if !matches!(err, StoreError::Unavailable(_)) {
             return;
         }
@@ -293,6 +294,14 @@ impl Issuer {
     /// (nothing is known of what happened, so a retry must run the action again), a
     /// refusal of the request itself (`REFUSED_BEFORE_THE_ACTION`) or a transient one.
     /// Nothing to do when the answer committed with the action, or the key was taken over.
+    ///
+    /// `Err`: an answer to keep that could not be kept. It must not be given: it wrote
+    /// nothing (an action that writes commits its answer with it), so its retry runs the
+    /// action again, and may find otherwise (a token a withdrawal revoked, active again
+    /// once the money came back). The caller answers the error instead (503 when the
+    /// database was unavailable, and the key is then taken back in the background).
+    /// A release that fails leaves the record to its lease: the answer is not kept
+    /// either way.
     pub async fn finish_idempotent(
         &self,
         attempt: &Attempt,
@@ -303,16 +312,26 @@ impl Issuer {
             return Ok(());
         }
         if !is_kept(answer.status, finality) {
-            return self.store.release_idempotency_record(&attempt.held).await;
+            if let Err(err) = self.store.release_idempotency_record(&attempt.held).await {
+                tracing::warn!(error = %err, "could not release an idempotency key; its lease will end it");
+            }
+            return Ok(());
         }
         let stored = StoredAnswer::from(answer);
-        if !self
+        match self
             .store
             .store_idempotent_answer(attempt.held.id, attempt.held.attempt, &stored)
-            .await?
+            .await
         {
+            Ok(true) => {}
             // Held past its lease and taken over: the attempt that took over answers.
-            tracing::warn!("an idempotency key's lease ended before its answer was stored");
+            Ok(false) => {
+                tracing::warn!("an idempotency key's lease ended before its answer was stored");
+            }
+            Err(err) => {
+                self.take_back_held_record(&err, attempt.held.clone());
+                return Err(err);
+            }
         }
         Ok(())
     }
