@@ -116,6 +116,9 @@ pub struct Money {
     /// much was taken back (also the sum of the withdrawals as recorded, which never
     /// exceeds it otherwise; but for a release two of them name, which it counts twice).
     pub recorded_total: Option<i64>,
+    /// What the captures of a payment captured in part add up to, below `amount` (the
+    /// authorisation): what a withdrawal of the whole payment took (`with_uncaptured`).
+    pub captured: Option<i64>,
 }
 
 impl Money {
@@ -153,10 +156,11 @@ impl Money {
         uncaptured.min(in_refunds)
     }
 
-    /// What one withdrawal counts for.
+    /// What one withdrawal counts for: one of the whole payment, at least what the
+    /// payment's captures took (its amount, when captured whole).
     fn counted(&self, withdrawal: &Withdrawal) -> i64 {
-        match (withdrawal.full, self.amount) {
-            (true, Some(amount)) => withdrawal.amount.max(amount),
+        match (withdrawal.full, self.captured.or(self.amount)) {
+            (true, Some(whole)) => withdrawal.amount.max(whole),
             _ => withdrawal.amount,
         }
     }
@@ -280,7 +284,9 @@ impl Money {
     /// for, as it does for money that came back. A refund or chargeback of the whole
     /// payment took what was captured (at least its own amount), not the authorisation,
     /// whose rest is counted once, here: otherwise money coming back would give back
-    /// too little. Without captures, or captured for all of it, the money is unchanged.
+    /// too little. Such a withdrawal keeps its own amount, which says what a chargeback
+    /// named: reversed for all of that, it is undone whole. Without captures, or captured
+    /// for all of it, the money is unchanged.
     pub fn with_uncaptured(
         mut self,
         payment: &str,
@@ -291,10 +297,7 @@ impl Money {
         let Some(authorised) = authorised.filter(|a| !captures.is_empty() && captured < *a) else {
             return self;
         };
-        for withdrawal in self.withdrawals.iter_mut().filter(|w| w.full) {
-            withdrawal.full = false;
-            withdrawal.amount = withdrawal.amount.max(captured);
-        }
+        self.captured = Some(captured);
         self.withdrawals.push(Withdrawal {
             id: format!("{UNCAPTURED_KIND}{payment}"),
             amount: authorised - captured,
@@ -482,6 +485,7 @@ mod tests {
                 withdrawals: vec![total.clone()],
                 reversals: vec![reversal],
                 recorded_total: None,
+                captured: None,
             }
             .withdrawn()
         };
@@ -499,6 +503,7 @@ mod tests {
             withdrawals: vec![w("charge:ch", 500, false)],
             reversals: vec![failed(Some(15))],
             recorded_total: None,
+            captured: None,
         };
         assert_eq!(unreported.withdrawn(), 0);
     }
@@ -513,6 +518,7 @@ mod tests {
             withdrawals,
             reversals,
             recorded_total: None,
+            captured: None,
         };
         let refund = || w("adjustment:r", 700, false);
         let chargeback = |id: &str| w(&format!("chargeback:{id}"), 300, true);
@@ -546,6 +552,7 @@ mod tests {
             withdrawals,
             reversals,
             recorded_total: None,
+            captured: None,
         };
         let cases: Vec<(Money, i64)> = vec![
             (money(vec![], vec![]), 0),
@@ -659,6 +666,7 @@ mod tests {
             withdrawals: vec![w("refund:a", withdrawn, false)],
             reversals: vec![r("refund:a", back, Some("refund:a"))],
             recorded_total: None,
+            captured: None,
         };
         let keep = |keep, reason| Entitlement::Keep { keep, reason };
         let cases = [
@@ -803,6 +811,7 @@ mod tests {
                 withdrawals,
                 reversals,
                 recorded_total: None,
+                captured: None,
             }
             .with_uncaptured("psp_1", Some(1000), captures);
             let status = if money.leaves_some() {
@@ -831,12 +840,19 @@ mod tests {
         let chargeback = vec![w("chargeback:c", 600, true)];
         let reversed = vec![r("chargeback:c", 300, Some("chargeback:c"))];
         assert_eq!(keep(&[600], chargeback, reversed), 3);
+        // One that named less than was captured takes it all, and reversed for all it
+        // named is undone whole.
+        let chargeback = || vec![w("chargeback:c", 400, true)];
+        assert_eq!(keep(&[600], chargeback(), vec![]), 0);
+        let reversed = vec![r("chargeback:c", 400, Some("chargeback:c"))];
+        assert_eq!(keep(&[600], chargeback(), reversed), 6);
         // No authorisation known (a capture before it), or no capture yet: as recorded.
         let plain = Money {
             amount: Some(600),
             withdrawals: vec![],
             reversals: vec![],
             recorded_total: None,
+            captured: None,
         };
         assert_eq!(plain.clone().with_uncaptured("psp_1", None, &[600]), plain);
         assert_eq!(

@@ -246,6 +246,7 @@ impl PaymentDoc {
                 })
                 .collect(),
             recorded_total: self.amount_refunded,
+            captured: None,
         }
         .with_uncaptured(&self.payment_intent_id, self.authorised_amount, &captures)
     }

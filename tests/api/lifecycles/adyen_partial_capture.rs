@@ -167,7 +167,8 @@ async fn a_later_capture_brings_back_the_tokens_it_pays_for() {
 }
 
 /// A withdrawal of the whole payment after a capture in part took back what was
-/// captured, not the authorised amount: money that comes back brings back its share.
+/// captured, not the authorised amount: money that comes back brings back its share, and
+/// a chargeback reversed for all it named itself is undone whole.
 #[tokio::test]
 async fn a_whole_withdrawal_after_a_capture_in_part_takes_back_only_what_was_captured() {
     let app = spawn_app_with(&adyen_manual()).await;
@@ -175,11 +176,14 @@ async fn a_whole_withdrawal_after_a_capture_in_part_takes_back_only_what_was_cap
         item["eventDate"] = json!(date);
         item
     };
-    for (payment, withdrawal, reversal, kept) in [
+    for (payment, withdrawal, withdrawn, reversal, given_back, kept) in [
         // Refunded whole, then the refund failed: the 600 captured stand again.
-        ("PSP_R", "CANCEL_OR_REFUND", "REFUND_FAILED", 6),
+        ("PSP_R", "CANCEL_OR_REFUND", 600, "REFUND_FAILED", 600, 6),
         // Charged back whole, then half of it reversed: 300 of the 600 stand.
-        ("PSP_C", "CHARGEBACK", "CHARGEBACK_REVERSED", 3),
+        ("PSP_C", "CHARGEBACK", 600, "CHARGEBACK_REVERSED", 300, 3),
+        // A chargeback of 400 takes the whole payment (Adyen's are read so); reversed
+        // for its 400, it is undone whole: the 600 captured stand again.
+        ("PSP_B", "CHARGEBACK", 400, "CHARGEBACK_REVERSED", 400, 6),
     ] {
         send(&app, &[authorisation(payment, 10)]).await;
         send(
@@ -196,14 +200,13 @@ async fn a_whole_withdrawal_after_a_capture_in_part_takes_back_only_what_was_cap
         send(
             &app,
             &[at(
-                modification(withdrawal, &psp, payment, 600),
+                modification(withdrawal, &psp, payment, withdrawn),
                 "2026-11-30T17:00:00Z",
             )],
         )
         .await;
         assert!(app.active_indexes(payment).await.is_empty(), "{payment}");
         assert_eq!(payment_status(&app, payment).await.0, "refunded");
-        let given_back = if kept == 6 { 600 } else { 300 };
         send(
             &app,
             &[at(
