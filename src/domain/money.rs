@@ -17,6 +17,11 @@ pub const CHARGEBACK_KIND: &str = "chargeback:";
 /// authorisation (`uncaptured:…`, followed by the payment's id).
 pub const UNCAPTURED_KIND: &str = "uncaptured:";
 
+/// The kind that starts the withdrawal id of a payment whose failure came after its
+/// refund (`failure:…`, followed by the payment's id): the money never came in, and
+/// nothing gives it back.
+pub const FAILURE_KIND: &str = "failure:";
+
 /// One withdrawal among a payment's refunds, as recorded: a refund, chargeback or
 /// dispute, under its own id.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -118,7 +118,7 @@ pub struct CapturedPart {
 pub struct Refund {
     /// Names this refund among the payment's refunds, with its kind so that ids of two
     /// kinds never collide: `refund:…`, `adjustment:…`, `dispute:…`, `charge:…`,
-    /// `uncaptured:…`.
+    /// `uncaptured:…`, `failure:…`.
     pub id: String,
     /// Minor units this refund gives back (a Stripe charge: its refunds so far); `None`
     /// when the provider names none, which can only be read as everything.

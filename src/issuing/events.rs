@@ -33,7 +33,9 @@
 
 use super::standing::{stands_again, takes_back, withdrawn_whole};
 use super::{IssueError, IssueOutcome, Issuer, Settlement};
-use crate::domain::{EventOutcome, ParsedEvent, PaymentEvent, PaymentStatus, Reversal};
+use crate::domain::{
+    EventOutcome, FAILURE_KIND, ParsedEvent, PaymentEvent, PaymentStatus, Refund, Reversal,
+};
 use crate::store::{PaymentDoc, ProjectionGate, StoreError, retry};
 use crate::telemetry::{Bounded, metric};
 
@@ -139,7 +141,26 @@ impl Issuer {
             // Nothing else of the payment changed, so there are no other effects to
             // derive (settling again could only write a placeholder for an event that did
             // nothing); but money it reports taken back is taken back all the same.
-            if event.uncaptured.is_some() {
+            let state = if fails_after_refund(event, &state) {
+                // Refunded is terminal, but the failure says the money never came in (a
+                // capture the scheme rejected after the refund was accepted): recorded
+                // as a withdrawal of the whole payment that nothing reverses, so the
+                // refund's own failure later gives nothing back. Only a newer failure:
+                // an older one (a declined attempt before the success) says nothing of
+                // the money the success brought.
+                let recorded = self
+                    .store
+                    .record_refund(&event.key, &failure_withdrawal(event), 0, event.amount)
+                    .await?;
+                // A reversal may have made the payment stand between the read and now.
+                Some(
+                    self.status_by_money(event, recorded, Withdraws::Whole)
+                        .await?,
+                )
+            } else {
+                event.uncaptured.is_some().then_some(state)
+            };
+            if let Some(state) = state {
                 let record = self.store.hold_place(&event.key).await?;
                 let settlement = self
                     .settle_recorded(&event.key, record.as_ref(), Some(&state))
@@ -483,6 +504,26 @@ fn held_back(
             format!("the payment's token parameters were fixed by event {fixed_by}; this event names others"),
         )
     })
+}
+
+/// Whether `event` is a failure newer than the refund that made the payment `state`
+/// refunded: terminal, it cannot move the payment, and is held back.
+fn fails_after_refund(event: &PaymentEvent, state: &PaymentDoc) -> bool {
+    event.status == PaymentStatus::Failed
+        && state.status == PaymentStatus::Refunded
+        && state.version < event.version
+}
+
+/// The withdrawal a failure after a refund stands for: the whole payment, under one id
+/// per payment (`failure:…`; a second failure is the same money).
+fn failure_withdrawal(event: &PaymentEvent) -> Refund {
+    Refund {
+        id: format!("{FAILURE_KIND}{}", event.key.payment_intent_id),
+        amount: None,
+        full: Some(true),
+        reported_at: None,
+        release: None,
+    }
 }
 
 fn add_settlement(outcome: &mut EventOutcome, settlement: Settlement) {

@@ -289,3 +289,44 @@ fn capture_is_an_adyen_setting_and_only_auto_or_manual() {
     let err = refused(&format!("{ADYEN}capture = \"later\"\n"));
     assert!(err.contains("capture"), "{err}");
 }
+
+/// A capture that failed after the payment was refunded (the refund accepted, then the
+/// scheme rejected the capture) cannot move a refunded payment, but it says the money
+/// never came in: the refund's failure that follows gives nothing back, and no token
+/// stands again for a payment nobody paid.
+#[tokio::test]
+async fn a_capture_failed_after_a_refund_keeps_the_refunds_failure_from_reviving_the_tokens() {
+    let app = spawn_app_with(ADYEN).await;
+    send(&app, &[authorisation("PSP_G", 10)]).await;
+    assert_eq!(app.active_indexes("PSP_G").await.len(), 10);
+    send(
+        &app,
+        &[at("REFUND", "REF_G", "PSP_G", "2026-11-30T12:00:00Z")],
+    )
+    .await;
+    assert!(app.active_indexes("PSP_G").await.is_empty());
+    send(
+        &app,
+        &[at(
+            "CAPTURE_FAILED",
+            "CAP_G",
+            "PSP_G",
+            "2026-12-01T08:00:00Z",
+        )],
+    )
+    .await;
+    assert_eq!(outcome(&app, "CAPTURE_FAILED:CAP_G:true").await, "terminal");
+    send(
+        &app,
+        &[at(
+            "REFUND_FAILED",
+            "REF_G",
+            "PSP_G",
+            "2026-12-02T08:00:00Z",
+        )],
+    )
+    .await;
+    assert!(app.active_indexes("PSP_G").await.is_empty());
+    assert_eq!(payment_status(&app, "PSP_G").await.0, "refunded");
+    assert!(app.store().await.verify().await.unwrap().is_clean());
+}
