@@ -442,15 +442,16 @@ fn moves_from(status: PaymentStatus) -> &'static [PaymentStatus] {
 /// The conditions under which `event` changes nothing, for the projection to execute.
 /// Only a success (or an authorisation a capture will turn into one) fixes the payment's
 /// parameters, with the first valid metadata it names.
-/// A withdrawal (canceled, refunded) is never held back for its metadata: taking tokens
-/// back must not depend on what else an event carries; its metadata is simply not used.
+/// A withdrawal (canceled, refunded) or a failure is never held back for its metadata:
+/// taking tokens back must not depend on what else an event carries; its metadata is
+/// simply not used.
 fn gate(event: &PaymentEvent) -> ProjectionGate<'static> {
     ProjectionGate {
         moves_from: moves_from(event.status),
         fixes_params: event.fixes_params(),
         bound_to_fixed_params: !matches!(
             event.status,
-            PaymentStatus::Canceled | PaymentStatus::Refunded
+            PaymentStatus::Canceled | PaymentStatus::Refunded | PaymentStatus::Failed
         ),
         // Where the customer may write the metadata (Paddle), a checkout may change
         // between attempts: its success says what was paid for what, over a declined

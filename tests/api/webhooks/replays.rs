@@ -145,3 +145,32 @@ async fn a_failed_payment_keeps_no_token_and_its_retry_makes_them_active_again()
         1
     );
 }
+
+/// A failure takes every token back whatever metadata it carries, as a refund or a
+/// cancellation does: one that names other parameters than the success that fixed them,
+/// or only some of them, is not held back for it.
+#[tokio::test]
+async fn a_failure_naming_other_metadata_still_takes_the_tokens_back() {
+    let app = app().await;
+    send_acme(&app, "msg_ok", &acme_event("succeeded", "pay_m", 1)).await;
+    assert_eq!(app.active_indexes("pay_m").await, vec![0, 1]);
+    for (id, version, metadata) in [
+        ("msg_f1", 2, serde_json::json!({ "owner": OWNER })),
+        (
+            "msg_f2",
+            3,
+            serde_json::json!({ "owner": OWNER, "tokenType": "gold", "quantity": 5 }),
+        ),
+    ] {
+        let mut failure = acme_event("failed", "pay_m", version);
+        failure["data"] = serde_json::json!({ "paymentIntentId": "pay_m", "version": version });
+        for (field, value) in metadata.as_object().unwrap() {
+            failure["data"][field] = value.clone();
+        }
+        let receipt = json(send_acme(&app, id, &failure).await).await;
+        assert_ne!(receipt["outcome"], "metadata_conflict", "{receipt}");
+        assert!(app.active_indexes("pay_m").await.is_empty(), "{id}");
+        assert_eq!(payment_status(&app, "pay_m").await.0, "failed");
+    }
+    assert!(app.store().await.verify().await.unwrap().is_clean());
+}
