@@ -300,8 +300,9 @@ impl Issuer {
     /// action again, and may find otherwise (a token a withdrawal revoked, active again
     /// once the money came back). The caller answers the error instead (503 when the
     /// database was unavailable, and the key is then taken back in the background).
-    /// A release that fails leaves the record to its lease: the answer is not kept
-    /// either way.
+    /// On a standalone, where nothing commits an answer with its write, the action may
+    /// have written: its answer is given, and the record left to its lease. A release
+    /// that fails leaves the record to its lease too: the answer is not kept either way.
     pub async fn finish_idempotent(
         &self,
         attempt: &Attempt,
@@ -329,8 +330,11 @@ impl Issuer {
                 tracing::warn!("an idempotency key's lease ended before its answer was stored");
             }
             Err(err) => {
-                self.take_back_held_record(&err, attempt.held.clone());
-                return Err(err);
+                if self.store.supports_transactions().await? {
+                    self.take_back_held_record(&err, attempt.held.clone());
+                    return Err(err);
+                }
+                tracing::warn!(error = %err, "could not keep the answer of an idempotency key; its lease will end it");
             }
         }
         Ok(())

@@ -308,3 +308,46 @@ async fn on_a_standalone_a_write_out_of_time_waiting_for_its_journal_is_unavaila
         "the write applied in memory"
     );
 }
+
+/// On a standalone the answer to a keyed action is kept after its write (there is no
+/// transaction to commit them together): when keeping it fails, the action has written
+/// all the same, so its answer is given, not replaced by the database's error, and the
+/// key's retry (once its record is free) finds the token as the first attempt left it.
+#[tokio::test]
+async fn on_a_standalone_a_keyed_redeem_whose_answer_could_not_be_kept_is_still_answered() {
+    let app_name = unique_app_name();
+    let standalone = Standalone::start(&app_name).await;
+    let db = format!("tokenmint_test_{}", uuid::Uuid::new_v4().simple());
+    let app = spawn_app_from(&test_settings_at(&standalone.uri, &db, "")).await;
+    let id = app.issue_tokens("pi_standalone_keyed", 1).await.remove(0);
+    let admin = mongodb::Client::with_uri_str(&standalone.uri)
+        .await
+        .unwrap()
+        .database("admin");
+    admin
+        .run_command(doc! {
+            "configureFailPoint": "failCommand",
+            "mode": { "times": 1 },
+            "data": {
+                "failCommands": ["update"],
+                "namespace": format!("{db}.idempotency_keys"),
+                "appName": &app_name,
+                "errorCode": 91,
+            },
+        })
+        .await
+        .unwrap();
+    let redeemed = app
+        .http
+        .post(format!("{}/v1/tokens/{id}/redeem", app.address))
+        .bearer_auth(ADMIN_KEY)
+        .header("idempotency-key", "k-standalone")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(redeemed.status(), 200);
+    assert_eq!(
+        app.stored_token(&id).await.get_str("status").unwrap(),
+        "redeemed"
+    );
+}

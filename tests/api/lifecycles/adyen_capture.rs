@@ -293,40 +293,64 @@ fn capture_is_an_adyen_setting_and_only_auto_or_manual() {
 /// A capture that failed after the payment was refunded (the refund accepted, then the
 /// scheme rejected the capture) cannot move a refunded payment, but it says the money
 /// never came in: the refund's failure that follows gives nothing back, and no token
-/// stands again for a payment nobody paid.
+/// stands again for a payment nobody paid. The same whichever of the two is delivered
+/// first, and when both carry the same second.
 #[tokio::test]
 async fn a_capture_failed_after_a_refund_keeps_the_refunds_failure_from_reviving_the_tokens() {
     let app = spawn_app_with(ADYEN).await;
-    send(&app, &[authorisation("PSP_G", 10)]).await;
-    assert_eq!(app.active_indexes("PSP_G").await.len(), 10);
-    send(
-        &app,
-        &[at("REFUND", "REF_G", "PSP_G", "2026-11-30T12:00:00Z")],
-    )
-    .await;
-    assert!(app.active_indexes("PSP_G").await.is_empty());
-    send(
-        &app,
-        &[at(
-            "CAPTURE_FAILED",
-            "CAP_G",
+    const REFUNDED_AT: &str = "2026-11-30T12:00:00Z";
+    const FAILED_AT: &str = "2026-12-01T08:00:00Z";
+    for (payment, first, second) in [
+        (
             "PSP_G",
-            "2026-12-01T08:00:00Z",
-        )],
-    )
-    .await;
-    assert_eq!(outcome(&app, "CAPTURE_FAILED:CAP_G:true").await, "terminal");
-    send(
-        &app,
-        &[at(
-            "REFUND_FAILED",
-            "REF_G",
-            "PSP_G",
-            "2026-12-02T08:00:00Z",
-        )],
-    )
-    .await;
-    assert!(app.active_indexes("PSP_G").await.is_empty());
-    assert_eq!(payment_status(&app, "PSP_G").await.0, "refunded");
+            ("REFUND", REFUNDED_AT),
+            ("CAPTURE_FAILED", FAILED_AT),
+        ),
+        (
+            "PSP_H",
+            ("CAPTURE_FAILED", FAILED_AT),
+            ("REFUND", REFUNDED_AT),
+        ),
+        (
+            "PSP_I",
+            ("REFUND", REFUNDED_AT),
+            ("CAPTURE_FAILED", REFUNDED_AT),
+        ),
+        (
+            "PSP_J",
+            ("CAPTURE_FAILED", REFUNDED_AT),
+            ("REFUND", REFUNDED_AT),
+        ),
+    ] {
+        send(&app, &[authorisation(payment, 10)]).await;
+        assert_eq!(app.active_indexes(payment).await.len(), 10);
+        let item = |(code, date): (&str, &str)| {
+            let psp = if code == "REFUND" { "REF_" } else { "CAP_" };
+            at(code, &format!("{psp}{payment}"), payment, date)
+        };
+        send(&app, &[item(first)]).await;
+        send(&app, &[item(second)]).await;
+        assert!(app.active_indexes(payment).await.is_empty(), "{payment}");
+        send(
+            &app,
+            &[at(
+                "REFUND_FAILED",
+                &format!("REF_{payment}"),
+                payment,
+                "2026-12-02T08:00:00Z",
+            )],
+        )
+        .await;
+        assert!(app.active_indexes(payment).await.is_empty(), "{payment}");
+        assert_ne!(
+            payment_status(&app, payment).await.0,
+            "succeeded",
+            "{payment}"
+        );
+    }
+    assert_eq!(
+        outcome(&app, "CAPTURE_FAILED:CAP_PSP_G:true").await,
+        "terminal"
+    );
     assert!(app.store().await.verify().await.unwrap().is_clean());
 }

@@ -174,3 +174,23 @@ async fn a_failure_naming_other_metadata_still_takes_the_tokens_back() {
     }
     assert!(app.store().await.verify().await.unwrap().is_clean());
 }
+
+/// A failure after a refund stands for the whole payment even where the payment's amount
+/// is unknown (a sender that names none): money coming back for the refund does not
+/// make the tokens stand again.
+#[tokio::test]
+async fn a_failure_after_a_refund_of_a_payment_of_unknown_amount_keeps_it_withdrawn() {
+    let app = app().await;
+    send_acme(&app, "msg_s", &acme_event("succeeded", "pay_u", 1)).await;
+    assert_eq!(app.active_indexes("pay_u").await, vec![0, 1]);
+    let mut refunded = acme_event("refunded", "pay_u", 2);
+    refunded["data"]["amountRefunded"] = serde_json::json!(500);
+    send_acme(&app, "msg_r", &refunded).await;
+    assert!(app.active_indexes("pay_u").await.is_empty());
+    send_acme(&app, "msg_f", &acme_event("failed", "pay_u", 3)).await;
+    let mut reinstated = acme_event("reinstated", "pay_u", 4);
+    reinstated["data"]["amountReinstated"] = serde_json::json!(500);
+    send_acme(&app, "msg_b", &reinstated).await;
+    assert!(app.active_indexes("pay_u").await.is_empty());
+    assert_ne!(payment_status(&app, "pay_u").await.0, "succeeded");
+}
