@@ -28,8 +28,8 @@ pub use issuance::{
     IssuanceMode, IssuanceParams, IssuanceStatus, Mismatch, NewIssuance, PaymentKey,
 };
 pub use money::{
-    Entitlement, FAILURE_KIND, Money, RecordedRelease, ReleaseReport, Reversal, RevocationReason,
-    ShareTaken, UNCAPTURED_KIND, Withdrawal, entitlement, share_taken,
+    Entitlement, Money, RecordedRelease, ReleaseReport, Reversal, RevocationReason, ShareTaken,
+    UNCAPTURED_KIND, Withdrawal, entitlement, share_taken,
 };
 pub use owner::Owner;
 pub use packs::{PaidItem, TokenPacks, TokensBought};

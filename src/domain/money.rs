@@ -17,11 +17,6 @@ pub const CHARGEBACK_KIND: &str = "chargeback:";
 /// authorisation (`uncaptured:…`, followed by the payment's id).
 pub const UNCAPTURED_KIND: &str = "uncaptured:";
 
-/// The kind that starts the withdrawal id of a payment whose failure came after its
-/// refund (`failure:…`, followed by the payment's id): the money never came in, and
-/// nothing gives it back.
-pub const FAILURE_KIND: &str = "failure:";
-
 /// One withdrawal among a payment's refunds, as recorded: a refund, chargeback or
 /// dispute, under its own id.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -271,21 +266,9 @@ impl Money {
                 .is_none_or(|amount| gross >= amount || !called_full)
     }
 
-    /// Whether a failure after a refund is recorded among the withdrawals (`failure:…`).
-    pub fn failed_after_refund(&self) -> bool {
-        self.withdrawals
-            .iter()
-            .any(|w| w.id.starts_with(FAILURE_KIND))
-    }
-
     /// Whether less than the whole payment is withdrawn now: some is left, or, the
-    /// amount unknown, nothing is withdrawn at all. Never once a failure after a refund
-    /// is recorded (`failure:…`): that money never came in, whatever the amounts say
-    /// (with the amount unknown, they cannot say it).
+    /// amount unknown, nothing is withdrawn at all.
     pub fn leaves_some(&self) -> bool {
-        if self.failed_after_refund() {
-            return false;
-        }
         match self.amount {
             Some(amount) if amount > 0 => self.withdrawn() < amount,
             _ => self.withdrawn() == 0,
@@ -425,10 +408,6 @@ pub fn share_taken(quantity: i64, kept: i64, redeemed: &[i64]) -> ShareTaken {
 /// unknown amount is of unknown proportion, which can only be read as all of it.
 pub fn entitlement(status: PaymentStatus, money: &Money, quantity: i64) -> Entitlement {
     let none = |reason| Entitlement::Keep { keep: 0, reason };
-    // A failure after a refund: the money never came in, whatever came back since.
-    if money.failed_after_refund() {
-        return none(RevocationReason::Failed);
-    }
     match status {
         PaymentStatus::Canceled => return none(RevocationReason::Canceled),
         // Only reachable with tokens when the money failed after a success (Adyen's
@@ -819,25 +798,6 @@ mod tests {
         // A charge whose refunds do not hold it: both count.
         let refunds_only = w("charge:ch_1", 100, false);
         assert_eq!(money(vec![uncaptured, refunds_only]).withdrawn(), 700);
-    }
-
-    #[test]
-    fn a_failure_after_a_refund_leaves_nothing_standing_whatever_came_back() {
-        let failure = || w(&format!("{FAILURE_KIND}pay_1"), 0, true);
-        for amount in [Some(1000), None] {
-            let money = Money {
-                amount,
-                withdrawals: vec![w("total", 500, false), failure()],
-                reversals: vec![r("total", 500, Some("total"))],
-                recorded_total: None,
-                captured: None,
-            };
-            assert!(money.failed_after_refund());
-            assert!(!money.leaves_some(), "{amount:?}");
-            for status in [PaymentStatus::Refunded, PaymentStatus::Succeeded] {
-                assert_eq!(entitlement(status, &money, 10).kept(10), 0, "{amount:?}");
-            }
-        }
     }
 
     #[test]

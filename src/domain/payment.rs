@@ -67,7 +67,9 @@ pub struct PaymentEvent {
     /// What a success left uncaptured of its amount (a Stripe PaymentIntent captured in
     /// part: `amount_received` below `amount`, the rest released to the cardholder), as a
     /// withdrawal of its own (`uncaptured:` kind): the payment stands only for what was
-    /// captured, as if that part had been refunded. `None` for other events.
+    /// captured, as if that part had been refunded. Or what a capture the card scheme
+    /// rejected never took (Adyen's `CAPTURE_FAILED`, `capture_failed:` kind). Recorded
+    /// whatever else becomes of the event. `None` for other events.
     pub uncaptured: Option<Refund>,
     /// An authorisation the provider will capture later (Adyen under manual capture): not
     /// the payment's success, but the event whose parameters the capture issues, so its
@@ -118,7 +120,7 @@ pub struct CapturedPart {
 pub struct Refund {
     /// Names this refund among the payment's refunds, with its kind so that ids of two
     /// kinds never collide: `refund:…`, `adjustment:…`, `dispute:…`, `charge:…`,
-    /// `uncaptured:…`, `failure:…`.
+    /// `uncaptured:…`, `capture_failed:…`.
     pub id: String,
     /// Minor units this refund gives back (a Stripe charge: its refunds so far); `None`
     /// when the provider names none, which can only be read as everything.

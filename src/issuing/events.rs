@@ -33,9 +33,7 @@
 
 use super::standing::{stands_again, takes_back, withdrawn_whole};
 use super::{IssueError, IssueOutcome, Issuer, Settlement};
-use crate::domain::{
-    EventOutcome, FAILURE_KIND, ParsedEvent, PaymentEvent, PaymentStatus, Refund, Reversal,
-};
+use crate::domain::{EventOutcome, ParsedEvent, PaymentEvent, PaymentStatus, Reversal};
 use crate::store::{PaymentDoc, ProjectionGate, StoreError, retry};
 use crate::telemetry::{Bounded, metric};
 
@@ -136,26 +134,12 @@ impl Issuer {
         }
         let gate = gate(event);
         let state = self.store.project_payment(event, gate).await?;
-        // Refunded is terminal, but a failure no older than the refund says the money
-        // never came in (a capture the scheme rejected after the refund was accepted):
-        // recorded as a withdrawal of the whole payment that nothing reverses, so the
-        // refund's own failure later gives nothing back. An older failure (a declined
-        // attempt before the success) says nothing of the money the success brought.
-        let failed_after_refund = fails_after_refund(event, &state);
-        let state = if failed_after_refund {
-            let recorded = self.record_failure_after_refund(event).await?;
-            // A reversal may have made the payment stand between the read and now.
-            self.status_by_money(event, recorded, Withdraws::Whole)
-                .await?
-        } else {
-            state
-        };
         if let Some(mut refused) = held_back(event, &gate, &state) {
             tracing::warn!(payment = %Bounded(event.key.payment_intent_id.as_str()), event = %Bounded(&event.event_id), outcome = %refused.outcome, "provider event held back");
             // Nothing else of the payment changed, so there are no other effects to
             // derive (settling again could only write a placeholder for an event that did
             // nothing); but money it reports taken back is taken back all the same.
-            if event.uncaptured.is_some() || failed_after_refund {
+            if event.uncaptured.is_some() {
                 let record = self.store.hold_place(&event.key).await?;
                 let settlement = self
                     .settle_recorded(&event.key, record.as_ref(), Some(&state))
@@ -313,17 +297,6 @@ impl Issuer {
             let Some(to) = decide(&state) else {
                 return Ok(state);
             };
-            // A failed payment refunded by its money: the refund is no newer than the
-            // failure (the projection would have moved it), so the failure came after
-            // it, and says, once the status no longer does, that the money never came
-            // in (`fails_after_refund`).
-            if to == PaymentStatus::Refunded
-                && state.status == PaymentStatus::Failed
-                && !state.money().failed_after_refund()
-            {
-                state = self.record_failure_after_refund(event).await?;
-                continue;
-            }
             match self.store.move_status(&state, to, event).await? {
                 Some(now) if now.status == to => return Ok(now),
                 Some(now) => state = now,
@@ -339,24 +312,6 @@ impl Issuer {
                 "the payment kept changing while its status was moved by its money".to_owned(),
             )),
         }
-    }
-
-    /// Records the withdrawal a failure after a refund stands for: the whole payment,
-    /// under one id per payment (`failure:…`; a second failure is the same money).
-    async fn record_failure_after_refund(
-        &self,
-        event: &PaymentEvent,
-    ) -> Result<PaymentDoc, StoreError> {
-        let failure = Refund {
-            id: format!("{FAILURE_KIND}{}", event.key.payment_intent_id),
-            amount: None,
-            full: Some(true),
-            reported_at: None,
-            release: None,
-        };
-        self.store
-            .record_refund(&event.key, &failure, 0, None)
-            .await
     }
 
     /// The effects the payment's state calls for.
@@ -529,15 +484,6 @@ fn held_back(
             format!("the payment's token parameters were fixed by event {fixed_by}; this event names others"),
         )
     })
-}
-
-/// Whether `event` is a failure no older than the refund that made the payment `state`
-/// refunded (of the same version, the two cannot be told apart: the failure is taken
-/// as the later). A failure cannot move a refunded payment.
-fn fails_after_refund(event: &PaymentEvent, state: &PaymentDoc) -> bool {
-    event.status == PaymentStatus::Failed
-        && state.status == PaymentStatus::Refunded
-        && state.version <= event.version
 }
 
 fn add_settlement(outcome: &mut EventOutcome, settlement: Settlement) {

@@ -256,6 +256,12 @@ fn parse_item(
             since: None,
         })
     };
+    // The card scheme rejected a capture: the money it was to take never came, a
+    // withdrawal of its own (the capture's amount; all of the payment when it names
+    // none). Money, not only a status: a refund's failure later gives back the refund,
+    // never this, in whatever order the three arrive.
+    let uncaptured = (code == "CAPTURE_FAILED")
+        .then(|| refund("capture_failed", value.is_none().then_some(true)));
     let manual = capture == Capture::Manual;
     let (status, payment, refund) = match (code.as_str(), succeeded) {
         ("AUTHORISATION", true) if manual => (PaymentStatus::Processing, &psp, None),
@@ -365,7 +371,7 @@ fn parse_item(
             id: format!("capture:{psp}"),
             amount,
         }),
-        uncaptured: None,
+        uncaptured,
         authorises_capture: authorised && status == PaymentStatus::Processing,
         // Only the authorisation carries `metadata.*`, unsigned: a replay of it (its
         // dedupe record expired) is the only way any other metadata could arrive.

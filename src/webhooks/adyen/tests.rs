@@ -413,6 +413,19 @@ fn the_capture_setting_decides_which_item_is_the_success() {
     );
     assert_eq!(failed.capture, None);
     assert_eq!(failed.status, PaymentStatus::Failed);
+    // The money the capture was to take never came: a withdrawal of its own.
+    let never_taken = failed
+        .uncaptured
+        .expect("a failed capture withdraws its amount");
+    assert_eq!(
+        (
+            never_taken.id.as_str(),
+            never_taken.amount,
+            never_taken.full
+        ),
+        ("capture_failed:C1", Some(1130), None)
+    );
+    assert_eq!(capture.uncaptured, None);
     assert!(
         failed.version > capture.version,
         "a later failed capture outranks its capture"

@@ -290,37 +290,26 @@ fn capture_is_an_adyen_setting_and_only_auto_or_manual() {
     assert!(err.contains("capture"), "{err}");
 }
 
-/// A capture that failed after the payment was refunded (the refund accepted, then the
-/// scheme rejected the capture) cannot move a refunded payment, but it says the money
-/// never came in: the refund's failure that follows gives nothing back, and no token
-/// stands again for a payment nobody paid. The same whichever of the two is delivered
-/// first, and when both carry the same second.
+/// A capture the scheme rejected is money that never came in, recorded as such whatever
+/// the payment's status (a refunded payment's held back, `terminal`): the refund's
+/// failure that follows gives back the refund, not the capture, and no token stands
+/// again for a payment nobody paid. The same whichever of the two is dated first or
+/// delivered first, and when both carry the same second.
 #[tokio::test]
 async fn a_capture_failed_after_a_refund_keeps_the_refunds_failure_from_reviving_the_tokens() {
     let app = spawn_app_with(ADYEN).await;
-    const REFUNDED_AT: &str = "2026-11-30T12:00:00Z";
-    const FAILED_AT: &str = "2026-12-01T08:00:00Z";
+    const EARLIER: &str = "2026-11-30T12:00:00Z";
+    const LATER: &str = "2026-12-01T08:00:00Z";
     for (payment, first, second) in [
-        (
-            "PSP_G",
-            ("REFUND", REFUNDED_AT),
-            ("CAPTURE_FAILED", FAILED_AT),
-        ),
-        (
-            "PSP_H",
-            ("CAPTURE_FAILED", FAILED_AT),
-            ("REFUND", REFUNDED_AT),
-        ),
-        (
-            "PSP_I",
-            ("REFUND", REFUNDED_AT),
-            ("CAPTURE_FAILED", REFUNDED_AT),
-        ),
-        (
-            "PSP_J",
-            ("CAPTURE_FAILED", REFUNDED_AT),
-            ("REFUND", REFUNDED_AT),
-        ),
+        // The refund first, the capture's failure after it: dated so, or delivered so.
+        ("PSP_G", ("REFUND", EARLIER), ("CAPTURE_FAILED", LATER)),
+        ("PSP_H", ("CAPTURE_FAILED", LATER), ("REFUND", EARLIER)),
+        // The capture's failure first.
+        ("PSP_K", ("CAPTURE_FAILED", EARLIER), ("REFUND", LATER)),
+        ("PSP_L", ("REFUND", LATER), ("CAPTURE_FAILED", EARLIER)),
+        // The same second.
+        ("PSP_I", ("REFUND", EARLIER), ("CAPTURE_FAILED", EARLIER)),
+        ("PSP_J", ("CAPTURE_FAILED", EARLIER), ("REFUND", EARLIER)),
     ] {
         send(&app, &[authorisation(payment, 10)]).await;
         assert_eq!(app.active_indexes(payment).await.len(), 10);

@@ -175,22 +175,38 @@ async fn a_failure_naming_other_metadata_still_takes_the_tokens_back() {
     assert!(app.store().await.verify().await.unwrap().is_clean());
 }
 
-/// A failure after a refund stands for the whole payment even where the payment's amount
-/// is unknown (a sender that names none): money coming back for the refund does not
-/// make the tokens stand again.
+/// A Standard Webhooks failure is a status, not money: after a refund that failed, the
+/// payment's failure and its retried success leave the same tokens whichever order the
+/// failure and the refund's failure arrive in (the failure, held back while the payment
+/// is refunded, leaves nothing behind that the retry would have to undo).
 #[tokio::test]
-async fn a_failure_after_a_refund_of_a_payment_of_unknown_amount_keeps_it_withdrawn() {
+async fn a_retry_after_a_failure_issues_whichever_order_the_money_came_back_in() {
     let app = app().await;
-    send_acme(&app, "msg_s", &acme_event("succeeded", "pay_u", 1)).await;
-    assert_eq!(app.active_indexes("pay_u").await, vec![0, 1]);
-    let mut refunded = acme_event("refunded", "pay_u", 2);
-    refunded["data"]["amountRefunded"] = serde_json::json!(500);
-    send_acme(&app, "msg_r", &refunded).await;
-    assert!(app.active_indexes("pay_u").await.is_empty());
-    send_acme(&app, "msg_f", &acme_event("failed", "pay_u", 3)).await;
-    let mut reinstated = acme_event("reinstated", "pay_u", 4);
-    reinstated["data"]["amountReinstated"] = serde_json::json!(500);
-    send_acme(&app, "msg_b", &reinstated).await;
-    assert!(app.active_indexes("pay_u").await.is_empty());
-    assert_ne!(payment_status(&app, "pay_u").await.0, "succeeded");
+    let event = |payment: &str, kind: &str, version: i64, field: Option<&str>| {
+        let mut event = acme_event(kind, payment, version);
+        event["data"]["amount"] = serde_json::json!(1000);
+        if let Some(field) = field {
+            event["data"][field] = serde_json::json!(1000);
+        }
+        event
+    };
+    for (payment, reinstated_before_the_failure) in [("pay_in_order", true), ("pay_late", false)] {
+        let paid = event(payment, "succeeded", 1, None);
+        let refunded = event(payment, "refunded", 2, Some("amountRefunded"));
+        let reinstated = event(payment, "reinstated", 3, Some("amountReinstated"));
+        let failed = event(payment, "failed", 4, None);
+        let retried = event(payment, "succeeded", 5, None);
+        let order = if reinstated_before_the_failure {
+            [paid, refunded, reinstated, failed, retried]
+        } else {
+            [paid, refunded, failed, reinstated, retried]
+        };
+        for (i, body) in order.iter().enumerate() {
+            let id = format!("msg_{payment}_{i}");
+            assert_eq!(send_acme(&app, &id, body).await.status(), 200, "{id}");
+        }
+        assert_eq!(app.active_indexes(payment).await, vec![0, 1], "{payment}");
+        assert_eq!(payment_status(&app, payment).await.0, "succeeded");
+    }
+    assert!(app.store().await.verify().await.unwrap().is_clean());
 }
