@@ -361,8 +361,11 @@ fn parse_item(
             .and_then(|data| tokenmint_params(data, "metadata.", max_quantity)),
         payment_date: authorised.then(|| date.to_utc()),
         // A refund's, chargeback's or reversal's amount is its own, not the payment's; a
-        // capture's is its part of the payment (`capture`).
-        amount: value.filter(|_| refund.is_none() && reversal.is_none() && !captures),
+        // capture's is its part of the payment (`capture`), and a failed capture's the
+        // part it never took (`uncaptured`).
+        amount: value.filter(|_| {
+            refund.is_none() && reversal.is_none() && !captures && uncaptured.is_none()
+        }),
         currency: Some(field(item, "currency"))
             .filter(|c| !c.is_empty() && refund.is_none() && reversal.is_none()),
         refund,

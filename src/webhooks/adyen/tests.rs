@@ -426,6 +426,10 @@ fn the_capture_setting_decides_which_item_is_the_success() {
         ("capture_failed:C1", Some(1130), None)
     );
     assert_eq!(capture.uncaptured, None);
+    assert_eq!(
+        failed.amount, None,
+        "the part never taken, not the payment's amount"
+    );
     assert!(
         failed.version > capture.version,
         "a later failed capture outranks its capture"

@@ -561,3 +561,59 @@ async fn a_cancellation_of_the_rest_whose_record_fails_keeps_the_captured_share_
     send(&app, &[cancel]).await;
     assert_the_captured_share_stands(&app, "PSP_E").await;
 }
+
+/// A failed capture of one part is that part's money never taken, not the payment's
+/// amount: the payment stays measured against what was authorised, and once a refund
+/// and its failure have moved it on, the parts that did arrive stand, whichever order
+/// the failed part's CAPTURE and CAPTURE_FAILED were delivered in.
+#[tokio::test]
+async fn a_failed_part_is_its_own_money_whichever_order_its_capture_arrives_in() {
+    let app = spawn_app_with(&adyen_manual()).await;
+    let at = |mut item: Value, date: &str| {
+        item["eventDate"] = json!(date);
+        item
+    };
+    for (payment, failure_first) in [("PSP_O1", false), ("PSP_O2", true)] {
+        send(&app, &[authorisation(payment, 10)]).await;
+        let part = |psp: &str, value: i64| {
+            adyen_capture(
+                &format!("{psp}_{payment}"),
+                payment,
+                value,
+                "2026-11-30T15:00:00Z",
+            )
+        };
+        send(&app, &[part("CAP_A", 600)]).await;
+        let failed = at(
+            modification("CAPTURE_FAILED", &format!("CAP_B_{payment}"), payment, 400),
+            "2026-12-01T08:00:00Z",
+        );
+        if failure_first {
+            send(&app, std::slice::from_ref(&failed)).await;
+            send(&app, &[part("CAP_B", 400)]).await;
+        } else {
+            send(&app, &[part("CAP_B", 400)]).await;
+            send(&app, std::slice::from_ref(&failed)).await;
+        }
+        let stored = app
+            .find_stored("payments", doc! { "paymentIntentId": payment })
+            .await;
+        assert_eq!(stored_int(&stored, "amount"), Some(1000), "{stored}");
+        assert!(app.active_indexes(payment).await.is_empty(), "{payment}");
+        let refund = |code: &str, date: &str| {
+            at(
+                modification(code, &format!("REF_{payment}"), payment, 600),
+                date,
+            )
+        };
+        send(&app, &[refund("REFUND", "2026-12-02T08:00:00Z")]).await;
+        send(&app, &[refund("REFUND_FAILED", "2026-12-03T08:00:00Z")]).await;
+        assert_eq!(
+            app.active_indexes(payment).await,
+            (0..6).collect::<Vec<i64>>(),
+            "{payment}"
+        );
+        assert_eq!(payment_status(&app, payment).await.0, "succeeded");
+    }
+    assert!(app.store().await.verify().await.unwrap().is_clean());
+}
