@@ -122,10 +122,11 @@ impl Issuer {
             }
             return Ok(outcome);
         }
-        // A success captured in part stands only for what was captured: the rest is
-        // recorded as taken back first, under its own id (a replay counts once), whatever
-        // else the event carries, so that no state without it is ever derived from this
-        // success (the issuance it starts writes that share revoked).
+        // Money an event reports never taken is recorded as taken back first, under its
+        // own id (a replay counts once), whatever else the event carries or becomes of
+        // it: what a success captured in part left (so that no state without it is ever
+        // derived from this success: the issuance it starts writes that share revoked),
+        // or what a capture the scheme rejected was to take.
         if let Some(released) = &event.uncaptured {
             let amount = released.amount.unwrap_or(0);
             self.store

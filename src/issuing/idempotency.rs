@@ -275,16 +275,14 @@ impl Issuer {
             return;
         }
         let Ok(permit) = TAKING_BACK.try_acquire() else {
-            tracing::warn!(
-                "too many unconfirmed idempotency claims to take back; their leases will end them"
-            );
+            tracing::warn!("too many idempotency records to take back; their leases will end them");
             return;
         };
         let store = self.store.clone();
         let taking_back = async move {
             let _permit = permit;
             if let Err(err) = store.release_idempotency_record(&held).await {
-                tracing::warn!(error = %err, "an unconfirmed idempotency claim could not be taken back; its lease will end it");
+                tracing::warn!(error = %err, "an idempotency record could not be taken back; its lease will end it");
             }
         };
         tokio::spawn(taking_back.instrument(tracing::Span::current()));
@@ -330,7 +328,8 @@ impl Issuer {
                 tracing::warn!("an idempotency key's lease ended before its answer was stored");
             }
             Err(err) => {
-                if self.store.supports_transactions().await? {
+                // Not knowing: the safer side, an answer not given.
+                if self.store.supports_transactions().await.unwrap_or(true) {
                     self.take_back_held_record(&err, attempt.held.clone());
                     return Err(err);
                 }

@@ -152,25 +152,25 @@ async fn a_failed_payment_keeps_no_token_and_its_retry_makes_them_active_again()
 #[tokio::test]
 async fn a_failure_naming_other_metadata_still_takes_the_tokens_back() {
     let app = app().await;
-    send_acme(&app, "msg_ok", &acme_event("succeeded", "pay_m", 1)).await;
-    assert_eq!(app.active_indexes("pay_m").await, vec![0, 1]);
-    for (id, version, metadata) in [
-        ("msg_f1", 2, serde_json::json!({ "owner": OWNER })),
+    for (payment, metadata) in [
+        ("pay_m1", serde_json::json!({ "owner": OWNER })),
         (
-            "msg_f2",
-            3,
+            "pay_m2",
             serde_json::json!({ "owner": OWNER, "tokenType": "gold", "quantity": 5 }),
         ),
     ] {
-        let mut failure = acme_event("failed", "pay_m", version);
-        failure["data"] = serde_json::json!({ "paymentIntentId": "pay_m", "version": version });
+        let paid = acme_event("succeeded", payment, 1);
+        send_acme(&app, &format!("msg_ok_{payment}"), &paid).await;
+        assert_eq!(app.active_indexes(payment).await, vec![0, 1]);
+        let mut failure = acme_event("failed", payment, 2);
+        failure["data"] = serde_json::json!({ "paymentIntentId": payment, "version": 2 });
         for (field, value) in metadata.as_object().unwrap() {
             failure["data"][field] = value.clone();
         }
-        let receipt = json(send_acme(&app, id, &failure).await).await;
+        let receipt = json(send_acme(&app, &format!("msg_f_{payment}"), &failure).await).await;
         assert_ne!(receipt["outcome"], "metadata_conflict", "{receipt}");
-        assert!(app.active_indexes("pay_m").await.is_empty(), "{id}");
-        assert_eq!(payment_status(&app, "pay_m").await.0, "failed");
+        assert!(app.active_indexes(payment).await.is_empty(), "{payment}");
+        assert_eq!(payment_status(&app, payment).await.0, "failed");
     }
     assert!(app.store().await.verify().await.unwrap().is_clean());
 }
