@@ -267,43 +267,83 @@ impl Drop for Standalone {
     }
 }
 
+/// An app on a standalone of its own, and one token it issued.
+struct OnStandalone {
+    // Dropped before the server it drops its database on.
+    app: TestApp,
+    standalone: Standalone,
+    app_name: String,
+    db: String,
+    id: String,
+}
+
+impl OnStandalone {
+    async fn with_token(payment: &str) -> OnStandalone {
+        let app_name = unique_app_name();
+        let standalone = Standalone::start(&app_name).await;
+        let db = format!("tokenmint_test_{}", uuid::Uuid::new_v4().simple());
+        let app = spawn_app_from(&test_settings_at(&standalone.uri, &db, "")).await;
+        let id = app.issue_tokens(payment, 1).await.remove(0);
+        OnStandalone {
+            app,
+            standalone,
+            app_name,
+            db,
+            id,
+        }
+    }
+
+    /// Makes the next of the app's commands that `fault` names fail as it says, once
+    /// (`failCommand`; `fault` without `appName`, which this adds).
+    async fn fail_once(&self, mut fault: Document) {
+        fault.insert("appName", &self.app_name);
+        mongodb::Client::with_uri_str(&self.standalone.uri)
+            .await
+            .unwrap()
+            .database("admin")
+            .run_command(doc! {
+                "configureFailPoint": "failCommand",
+                "mode": { "times": 1 },
+                "data": fault,
+            })
+            .await
+            .unwrap();
+    }
+
+    /// Redeems the token, with `idempotency_key` when given.
+    async fn redeem(&self, idempotency_key: Option<&str>) -> reqwest::Response {
+        let mut request = self
+            .app
+            .http
+            .post(format!("{}/v1/tokens/{}/redeem", self.app.address, self.id))
+            .bearer_auth(ADMIN_KEY);
+        if let Some(key) = idempotency_key {
+            request = request.header("idempotency-key", key);
+        }
+        request.send().await.unwrap()
+    }
+
+    async fn token_status(&self) -> String {
+        let token = self.app.stored_token(&self.id).await;
+        token.get_str("status").unwrap().to_owned()
+    }
+}
+
 /// On a standalone, a redeem whose time limit (1 s, for a token another writer holds)
 /// ran out while it waited for the journal applied in memory: a read shows it before the
 /// journal has it, so nothing but that wait could have said it is durable. 503, as before
 /// (on a replica set the wait goes on until the majority shows the write).
 #[tokio::test]
 async fn on_a_standalone_a_write_out_of_time_waiting_for_its_journal_is_unavailable() {
-    let app_name = unique_app_name();
-    let standalone = Standalone::start(&app_name).await;
-    let db = format!("tokenmint_test_{}", uuid::Uuid::new_v4().simple());
-    let app = spawn_app_from(&test_settings_at(&standalone.uri, &db, "")).await;
-    let id = app.issue_tokens("pi_standalone_journal", 1).await.remove(0);
-    let admin = mongodb::Client::with_uri_str(&standalone.uri)
-        .await
-        .unwrap()
-        .database("admin");
-    admin
-        .run_command(doc! {
-            "configureFailPoint": "failCommand",
-            "mode": { "times": 1 },
-            "data": {
-                "failCommands": ["findAndModify"],
-                "appName": &app_name,
-                "writeConcernError": { "code": 50, "errmsg": "failpoint: journal wait ran out" },
-            },
-        })
-        .await
-        .unwrap();
-    let redeemed = app
-        .http
-        .post(format!("{}/v1/tokens/{id}/redeem", app.address))
-        .bearer_auth(ADMIN_KEY)
-        .send()
-        .await
-        .unwrap();
-    assert_problem(redeemed, 503, "database_unavailable").await;
+    let on = OnStandalone::with_token("pi_standalone_journal").await;
+    on.fail_once(doc! {
+        "failCommands": ["findAndModify"],
+        "writeConcernError": { "code": 50, "errmsg": "failpoint: journal wait ran out" },
+    })
+    .await;
+    assert_problem(on.redeem(None).await, 503, "database_unavailable").await;
     assert_eq!(
-        app.stored_token(&id).await.get_str("status").unwrap(),
+        on.token_status().await,
         "redeemed",
         "the write applied in memory"
     );
@@ -315,42 +355,17 @@ async fn on_a_standalone_a_write_out_of_time_waiting_for_its_journal_is_unavaila
 /// on a replica set replaces an answer that wrote nothing).
 #[tokio::test]
 async fn on_a_standalone_a_keyed_redeem_whose_answer_could_not_be_kept_is_still_answered() {
-    let app_name = unique_app_name();
-    let standalone = Standalone::start(&app_name).await;
-    let db = format!("tokenmint_test_{}", uuid::Uuid::new_v4().simple());
-    let app = spawn_app_from(&test_settings_at(&standalone.uri, &db, "")).await;
-    let id = app.issue_tokens("pi_standalone_keyed", 1).await.remove(0);
-    let admin = mongodb::Client::with_uri_str(&standalone.uri)
-        .await
-        .unwrap()
-        .database("admin");
-    admin
-        .run_command(doc! {
-            "configureFailPoint": "failCommand",
-            "mode": { "times": 1 },
-            "data": {
-                "failCommands": ["update"],
-                "namespace": format!("{db}.idempotency_keys"),
-                "appName": &app_name,
-                "errorCode": 91,
-            },
-        })
-        .await
-        .unwrap();
-    let redeemed = app
-        .http
-        .post(format!("{}/v1/tokens/{id}/redeem", app.address))
-        .bearer_auth(ADMIN_KEY)
-        .header("idempotency-key", "k-standalone")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(redeemed.status(), 200);
-    assert_eq!(
-        app.stored_token(&id).await.get_str("status").unwrap(),
-        "redeemed"
-    );
-    let record = app
+    let on = OnStandalone::with_token("pi_standalone_keyed").await;
+    on.fail_once(doc! {
+        "failCommands": ["update"],
+        "namespace": format!("{}.idempotency_keys", on.db),
+        "errorCode": 91,
+    })
+    .await;
+    assert_eq!(on.redeem(Some("k-standalone")).await.status(), 200);
+    assert_eq!(on.token_status().await, "redeemed");
+    let record = on
+        .app
         .find_stored("idempotency_keys", doc! { "key": "k-standalone" })
         .await;
     assert!(

@@ -14,20 +14,27 @@ async fn stripe(app: &TestApp, event: &Value) {
     assert_eq!(deliver_stripe(app, event).await.status(), 200);
 }
 
+/// Pays `payment` (4 tokens) and withdraws a dispute of half of it: token 3 is revoked
+/// by the money. The payment's token ids.
+async fn paid_then_disputed(app: &TestApp, payment: &str) -> Vec<String> {
+    stripe(
+        app,
+        &intent_event("evt_paid", "succeeded", payment, PAID_AT, "4"),
+    )
+    .await;
+    let ids = app.stored_token_ids(payment).await;
+    stripe(
+        app,
+        &dispute("evt_dw", "funds_withdrawn", payment, 500, PAID_AT + 10),
+    )
+    .await;
+    ids
+}
+
 #[tokio::test]
 async fn a_refusal_on_a_token_the_money_took_back_is_kept_when_the_money_comes_back() {
     let app = spawn_app_with(PROVIDERS).await;
-    stripe(
-        &app,
-        &intent_event("evt_paid", "succeeded", "pi_back", PAID_AT, "4"),
-    )
-    .await;
-    let ids = app.stored_token_ids("pi_back").await;
-    stripe(
-        &app,
-        &dispute("evt_dw", "funds_withdrawn", "pi_back", 500, PAID_AT + 10),
-    )
-    .await;
+    let ids = paid_then_disputed(&app, "pi_back").await;
     let refused = redeem_keyed(&app, ADMIN_KEY, &ids[3], "k-back").await;
     assert_eq!((refused.status, refused.replayed), (409, false));
 
@@ -59,17 +66,7 @@ async fn a_refusal_on_a_token_the_money_took_back_is_kept_when_the_money_comes_b
 async fn a_refusal_whose_keeping_failed_is_answered_503_and_the_retry_runs_the_action() {
     let name = unique_app_name();
     let app = spawn_app_named(&name, PROVIDERS).await;
-    stripe(
-        &app,
-        &intent_event("evt_paid", "succeeded", "pi_lost", PAID_AT, "4"),
-    )
-    .await;
-    let ids = app.stored_token_ids("pi_lost").await;
-    stripe(
-        &app,
-        &dispute("evt_dw", "funds_withdrawn", "pi_lost", 500, PAID_AT + 10),
-    )
-    .await;
+    let ids = paid_then_disputed(&app, "pi_lost").await;
     let revoked = app.stored_token(&ids[3]).await;
     // Keeping the answer is the flow's only `update` of a key record (the claim is a
     // findAndModify); 91 is retried once by the driver, so it fails twice.

@@ -343,3 +343,73 @@ async fn a_capture_failed_after_a_refund_keeps_the_refunds_failure_from_reviving
     );
     assert!(app.store().await.verify().await.unwrap().is_clean());
 }
+
+/// The failed capture's money is written first, then the payment's projection: when the
+/// projection fails after the money was written, the item is answered with an error,
+/// Adyen delivers it again, and the redelivery counts the money once. The refund's
+/// failure after it still revives nothing.
+#[tokio::test]
+async fn a_failed_capture_whose_projection_fails_after_its_money_is_written_converges() {
+    let name = unique_app_name();
+    let app = spawn_app_named(&name, ADYEN).await;
+    send(&app, &[authorisation("PSP_W", 10)]).await;
+    send(
+        &app,
+        &[at("REFUND", "REF_W", "PSP_W", "2026-11-30T12:00:00Z")],
+    )
+    .await;
+    let failed = at("CAPTURE_FAILED", "CAP_W", "PSP_W", "2026-12-01T08:00:00Z");
+    let payments = format!("{}.payments", app.db_name);
+    // The money's record is the item's first findAndModify on `payments`, the
+    // projection its second.
+    let failpoint =
+        FailPoint::after_first_on(&name, &["findAndModify"], &payments, Fault::error(2)).await;
+    let answer = post_batch(&app, signed_batch(std::slice::from_ref(&failed), ADYEN_NEW)).await;
+    assert!(failpoint.off().await >= 1, "the projection failed");
+    assert_ne!(
+        answer.status(),
+        200,
+        "unanswered, so Adyen delivers it again"
+    );
+    let refunds = |payment: mongodb::bson::Document| {
+        payment
+            .get_array("refunds")
+            .unwrap()
+            .iter()
+            .map(|refund| {
+                refund
+                    .as_document()
+                    .unwrap()
+                    .get_str("id")
+                    .unwrap()
+                    .to_owned()
+            })
+            .collect::<Vec<_>>()
+    };
+    let stored = app
+        .find_stored("payments", doc! { "paymentIntentId": "PSP_W" })
+        .await;
+    assert_eq!(refunds(stored), ["refund:REF_W", "capture_failed:CAP_W"]);
+
+    send(&app, &[failed]).await;
+    send(
+        &app,
+        &[at(
+            "REFUND_FAILED",
+            "REF_W",
+            "PSP_W",
+            "2026-12-02T08:00:00Z",
+        )],
+    )
+    .await;
+    let stored = app
+        .find_stored("payments", doc! { "paymentIntentId": "PSP_W" })
+        .await;
+    assert_eq!(
+        stored_int(&stored, "amountRefunded"),
+        Some(2000),
+        "counted once"
+    );
+    assert!(app.active_indexes("PSP_W").await.is_empty());
+    assert!(app.store().await.verify().await.unwrap().is_clean());
+}

@@ -49,6 +49,12 @@ async fn report_after_setting(
     store.verify().await.unwrap()
 }
 
+/// `item` dated `date` (its `eventDate`).
+fn dated(mut item: Value, date: &str) -> Value {
+    item["eventDate"] = json!(date);
+    item
+}
+
 fn partly_refunded(indexes: std::ops::Range<i64>) -> Vec<(i64, String)> {
     indexes.map(|i| (i, "partial_refund".to_owned())).collect()
 }
@@ -172,10 +178,6 @@ async fn a_later_capture_brings_back_the_tokens_it_pays_for() {
 #[tokio::test]
 async fn a_whole_withdrawal_after_a_capture_in_part_takes_back_only_what_was_captured() {
     let app = spawn_app_with(&adyen_manual()).await;
-    let at = |mut item: Value, date: &str| {
-        item["eventDate"] = json!(date);
-        item
-    };
     for (payment, withdrawal, withdrawn, reversal, given_back, kept) in [
         // Refunded whole, then the refund failed: the 600 captured stand again.
         ("PSP_R", "CANCEL_OR_REFUND", 600, "REFUND_FAILED", 600, 6),
@@ -199,7 +201,7 @@ async fn a_whole_withdrawal_after_a_capture_in_part_takes_back_only_what_was_cap
         let psp = format!("W_{payment}");
         send(
             &app,
-            &[at(
+            &[dated(
                 modification(withdrawal, &psp, payment, withdrawn),
                 "2026-11-30T17:00:00Z",
             )],
@@ -209,7 +211,7 @@ async fn a_whole_withdrawal_after_a_capture_in_part_takes_back_only_what_was_cap
         assert_eq!(payment_status(&app, payment).await.0, "refunded");
         send(
             &app,
-            &[at(
+            &[dated(
                 modification(reversal, &psp, payment, given_back),
                 "2026-11-30T18:00:00Z",
             )],
@@ -569,10 +571,6 @@ async fn a_cancellation_of_the_rest_whose_record_fails_keeps_the_captured_share_
 #[tokio::test]
 async fn a_failed_part_is_its_own_money_whichever_order_its_capture_arrives_in() {
     let app = spawn_app_with(&adyen_manual()).await;
-    let at = |mut item: Value, date: &str| {
-        item["eventDate"] = json!(date);
-        item
-    };
     for (payment, failure_first) in [("PSP_O1", false), ("PSP_O2", true)] {
         send(&app, &[authorisation(payment, 10)]).await;
         let part = |psp: &str, value: i64| {
@@ -584,7 +582,7 @@ async fn a_failed_part_is_its_own_money_whichever_order_its_capture_arrives_in()
             )
         };
         send(&app, &[part("CAP_A", 600)]).await;
-        let failed = at(
+        let failed = dated(
             modification("CAPTURE_FAILED", &format!("CAP_B_{payment}"), payment, 400),
             "2026-12-01T08:00:00Z",
         );
@@ -601,7 +599,7 @@ async fn a_failed_part_is_its_own_money_whichever_order_its_capture_arrives_in()
         assert_eq!(stored_int(&stored, "amount"), Some(1000), "{stored}");
         assert!(app.active_indexes(payment).await.is_empty(), "{payment}");
         let refund = |code: &str, date: &str| {
-            at(
+            dated(
                 modification(code, &format!("REF_{payment}"), payment, 600),
                 date,
             )
