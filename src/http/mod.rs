@@ -49,6 +49,8 @@ pub struct AppState {
     /// `server.trusted_proxies`: whose `X-Forwarded-For` names the client address.
     pub trusted_proxies: Arc<[ipnet::IpNet]>,
     pub metrics: metrics_exporter_prometheus::PrometheusHandle,
+    /// `/readyz`'s last look at the database, shared by every call.
+    pub(crate) readiness: Arc<ops::ReadinessCheck>,
 }
 
 impl AppState {
@@ -62,6 +64,7 @@ impl AppState {
             webhook_body_limit: settings.webhooks.body_limit_bytes,
             trusted_proxies: settings.server.trusted_proxies.clone().into(),
             metrics: crate::telemetry::metrics_handle(),
+            readiness: Arc::default(),
         }
     }
 }

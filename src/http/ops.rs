@@ -1,6 +1,8 @@
 //! Operations endpoints: liveness, readiness, Prometheus metrics. No authentication:
 //! they reveal nothing about payments or tokens.
 
+use std::time::{Duration, Instant};
+
 use axum::Extension;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
@@ -10,6 +12,56 @@ use utoipa::ToSchema;
 
 use super::AppState;
 use crate::server::ShuttingDown;
+use crate::store::Store;
+
+/// How long a check that found the database ready answers for. `/readyz` needs no key,
+/// so anyone can call it as often as they like: a ready service's database sees at most
+/// one check a second however often it is called, where a prober polling every few
+/// seconds sees every check fresh.
+const READY_FRESH_FOR: Duration = Duration::from_secs(1);
+
+/// The last readiness check of the database, and when it ended. One check runs at a
+/// time: calls that arrive while it runs wait for it and share its answer, so a burst of
+/// calls never becomes a burst of commands on the connection pool requests use. A "not
+/// ready" is never kept for calls after it: the next call checks again, so a database
+/// back from an outage is seen at once.
+#[derive(Debug, Default)]
+pub struct ReadinessCheck(tokio::sync::Mutex<Option<(Instant, Option<String>)>>);
+
+impl ReadinessCheck {
+    /// Why the database is not ready to serve (`None`: ready): the answer of a check that
+    /// ended after this call arrived, or of one that found it ready less than
+    /// [`READY_FRESH_FOR`] ago, else of a new one.
+    async fn reason(&self, store: &Store) -> Option<String> {
+        let arrived = Instant::now();
+        let mut last = self.0.lock().await;
+        if let Some((ended, reason)) = last.as_ref()
+            && (*ended >= arrived || (reason.is_none() && ended.elapsed() < READY_FRESH_FOR))
+        {
+            return reason.clone();
+        }
+        let reason = database_not_ready(store).await;
+        *last = Some((Instant::now(), reason.clone()));
+        reason
+    }
+}
+
+/// Why the database is not ready: it does not answer, it does not take writes, or a
+/// migration is pending.
+async fn database_not_ready(store: &Store) -> Option<String> {
+    let writable = store.accepts_writes().await;
+    // The gauge says whether MongoDB answers; what it answered is readiness' own.
+    crate::telemetry::record_database_up(writable.is_ok());
+    match writable {
+        Err(_) => Some("database unreachable".to_owned()),
+        Ok(false) => Some("database not writable: not a primary".to_owned()),
+        Ok(true) => match crate::migrate::pending(store).await {
+            Ok(pending) if pending.is_empty() => None,
+            Ok(pending) => Some(format!("migrations pending: {}", pending.join(", "))),
+            Err(_) => Some("cannot read applied migrations".to_owned()),
+        },
+    }
+}
 
 /// Liveness and readiness answers.
 #[derive(Debug, Serialize, ToSchema)]
@@ -32,7 +84,9 @@ pub async fn healthz() -> axum::Json<Health> {
 }
 
 /// Readiness: not shutting down, MongoDB answers as a server that takes writes (a
-/// primary, a standalone or a mongos), and every migration is applied.
+/// primary, a standalone or a mongos), and every migration is applied. The database's
+/// part is checked one call at a time, and while it is ready at most once a second
+/// ([`ReadinessCheck`]); shutting down is seen at once.
 #[utoipa::path(get, path = "/readyz", tag = "operations",
     responses(
         (status = 200, description = "Ready to serve", body = Health),
@@ -47,18 +101,7 @@ pub async fn readyz(
     let reason = if stopping() {
         Some("shutting down".to_owned())
     } else {
-        let writable = state.issuer.store().accepts_writes().await;
-        // The gauge says whether MongoDB answers; what it answered is readiness' own.
-        crate::telemetry::record_database_up(writable.is_ok());
-        let reason = match writable {
-            Err(_) => Some("database unreachable".to_owned()),
-            Ok(false) => Some("database not writable: not a primary".to_owned()),
-            Ok(true) => match crate::migrate::pending(state.issuer.store()).await {
-                Ok(pending) if pending.is_empty() => None,
-                Ok(pending) => Some(format!("migrations pending: {}", pending.join(", "))),
-                Err(_) => Some("cannot read applied migrations".to_owned()),
-            },
-        };
+        let reason = state.readiness.reason(state.issuer.store()).await;
         // The checks take a while when the database is slow: shutdown may have begun.
         reason.or_else(|| stopping().then(|| "shutting down".to_owned()))
     };

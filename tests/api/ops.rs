@@ -342,3 +342,49 @@ async fn requests_for_no_route_are_counted_as_unmatched() {
     );
     assert!(!metrics.contains("zz-scan-"), "the raw path became a label");
 }
+
+/// `/readyz` needs no key, so anyone may call it in bursts: while the service is ready,
+/// a burst costs the database one check a second, not one per call.
+#[tokio::test]
+async fn a_burst_of_readiness_calls_costs_the_database_one_check_a_second() {
+    let name = unique_app_name();
+    let app = spawn_app_named(&name, "").await;
+    // Holds each read of the applied migations (one per check) up for 1 ms, to count them.
+    let migrations = format!("{}._migrations", app.db_name);
+    let counter =
+        FailPoint::always_on(&name, &["find"], &migrations, Fault::Block { millis: 1 }).await;
+    let started = std::time::Instant::now();
+    let calls = (0..50).map(|_| async {
+        let response = app.http.get(app.url("/readyz")).send().await.unwrap();
+        response.status().as_u16()
+    });
+    let statuses = futures::future::join_all(calls).await;
+    let took = started.elapsed();
+    let checks = counter.off().await;
+    assert!(statuses.iter().all(|&status| status == 200), "{statuses:?}");
+    // One check per second begun, and the one a call at a second's edge may start.
+    let allowed = took.as_secs() as i64 + 2;
+    assert!(
+        (1..=allowed).contains(&checks),
+        "{checks} checks of the database for 50 calls in {took:?}"
+    );
+}
+
+/// A "not ready" is never kept: the call after it checks again, so a database back from
+/// a fault is seen at once.
+#[tokio::test]
+async fn a_readiness_check_that_failed_is_not_repeated_to_the_next_call() {
+    let name = unique_app_name();
+    let app = spawn_app_named(&name, "").await;
+    let migrations = format!("{}._migrations", app.db_name);
+    let fault = FailPoint::set_on(&name, &["find"], &migrations, Fault::error(2), 1).await;
+    let response = app.http.get(app.url("/readyz")).send().await.unwrap();
+    assert_eq!(response.status(), 503);
+    assert_eq!(
+        json(response).await["reason"],
+        "cannot read applied migrations"
+    );
+    assert_eq!(fault.off().await, 1);
+    let response = app.http.get(app.url("/readyz")).send().await.unwrap();
+    assert_eq!(response.status(), 200);
+}
