@@ -400,6 +400,26 @@ impl Issuer {
         };
         let key = record.key()?;
         let mut tokens = self.store.payment_tokens(&key).await?;
+        // A token past the quantity was written for another record of this payment: one
+        // a failover rolled back after its tokens had reached the new primary. Such tokens
+        // are not this record's set, and answering them would issue more than it asks:
+        // refused, for an operator (`verify` reports them as a wrong token set).
+        if tokens
+            .iter()
+            .any(|token| token.token_index >= i64::from(record.quantity))
+        {
+            tracing::error!(
+                payment = %crate::telemetry::Bounded(&record.payment_intent_id),
+                issuance = %record.id,
+                quantity = record.quantity,
+                "the payment has tokens past its record's quantity, written for a record that is gone; \
+                 not answered from them"
+            );
+            return Err(StoreError::Internal(
+                "the payment has tokens past its record's quantity".to_owned(),
+            )
+            .into());
+        }
         let mut created = 0;
         if tokens.len() < record.quantity as usize {
             // Completed with the recorded parameters (paymentDate included), not a retry's,

@@ -126,6 +126,40 @@ async fn a_set_whose_record_vanished_is_not_answered_when_its_mark_fails() {
     assert_eq!(stored.get_str("status"), Ok("issued"), "{stored}");
 }
 
+#[tokio::test]
+async fn tokens_left_by_a_record_that_is_gone_are_never_answered_to_a_smaller_request() {
+    // A failover that rolls a batch's record back after its tokens reached the new
+    // primary leaves the tokens without a record; deleting the record stands in for it.
+    let app = spawn_app_with("[repair]\nenabled = false\n").await;
+    let payment = "pi_tokens_outlived_record";
+    assert_eq!(
+        app.issue(WRITER_KEY, &issuance_body(payment, 4))
+            .await
+            .status(),
+        201
+    );
+    let record = doc! { "paymentIntentId": payment };
+    let removed = app
+        .db
+        .collection::<Document>("issuances")
+        .delete_many(record.clone())
+        .await
+        .unwrap();
+    assert_eq!(removed.deleted_count, 1);
+
+    // A request for 2 runs into the 4 left behind: it must not be answered with them.
+    for _ in 0..2 {
+        let answer = app.issue(WRITER_KEY, &issuance_body(payment, 2)).await;
+        let problem = assert_problem(answer, 500, "internal_error").await;
+        assert!(!problem.to_string().contains("tokenIndex"), "{problem}");
+    }
+    assert_eq!(stored_ids(&app, payment).await.len(), 4);
+    let stored = app.find_stored("issuances", record).await;
+    assert_eq!(stored.get_str("status"), Ok("issuing"), "{stored}");
+    let report = app.store().await.verify().await.unwrap();
+    assert_eq!(report.wrong_token_sets.count, 1, "{report}");
+}
+
 /// An open transaction holding the key of a payment's first token, and what it holds up.
 struct HeldTokens {
     _client: Client,
