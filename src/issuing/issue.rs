@@ -406,7 +406,7 @@ impl Issuer {
         // refused, for an operator (`verify` reports them as a wrong token set).
         if tokens
             .iter()
-            .any(|token| token.token_index >= i64::from(record.quantity))
+            .any(|token| token.token_index >= record.quantity)
         {
             tracing::error!(
                 payment = %crate::telemetry::Bounded(&record.payment_intent_id),
