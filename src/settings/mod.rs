@@ -176,7 +176,12 @@ fn per_core_when_zero<'de, D: serde::Deserializer<'de>>(
 
 /// A list of networks, each a CIDR (`10.0.0.0/8`, `2001:db8::/32`) or a single address
 /// (its /32 or /128); an entry that is neither is refused naming its index, not its text
-/// (the message must quote nothing an operator wrote, or `errors` drops it).
+/// (the message must quote nothing an operator wrote, or `errors` drops it). Address bits
+/// past the prefix are dropped (`10.1.2.3/16` is `10.1.0.0/16`). An entry wider than a
+/// proxy network can be (an IPv4 prefix shorter than /8, an IPv6 one shorter than /16)
+/// is refused: every client of a trusted network names its own address, and takes a
+/// fresh allowance with each request, and `0.0.0.0/1` with `128.0.0.0/1`, or the typo
+/// `10.1.2.3/1`, would trust the whole Internet or half of it.
 fn networks<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Vec<IpNet>, D::Error> {
     let entries = Vec::<String>::deserialize(deserializer)?;
     entries
@@ -184,27 +189,24 @@ fn networks<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Vec<IpN
         .enumerate()
         .map(|(i, entry)| {
             let entry = entry.trim();
-            entry
-                .parse::<IpNet>()
-                .map(|net| net.trunc())
-                .or_else(|_| entry.parse::<std::net::IpAddr>().map(IpNet::from))
-                .map_err(|_| {
-                    serde::de::Error::custom(format!(
-                        "entry {i} is not a CIDR (address/prefix length) nor an IP address"
-                    ))
-                })
-                .map(ipv4_when_mapped)
-                .and_then(|net| {
-                    // Trusting every address lets every client name its own address,
-                    // and take a fresh allowance with each request.
-                    if net.prefix_len() == 0 {
-                        Err(serde::de::Error::custom(format!(
-                            "entry {i} trusts every address (prefix length 0): list the proxies' networks"
-                        )))
-                    } else {
-                        Ok(net)
-                    }
-                })
+            let refused = |why: &str| serde::de::Error::custom(format!("entry {i} {why}"));
+            let net = match entry.parse::<IpNet>() {
+                Ok(net) => net.trunc(),
+                Err(_) => entry.parse::<std::net::IpAddr>().map(IpNet::from).map_err(|_| {
+                    refused("is not a CIDR (address/prefix length) nor an IP address")
+                })?,
+            };
+            let net = ipv4_when_mapped(net);
+            let narrowest_refused = match net {
+                IpNet::V4(_) => 8,
+                IpNet::V6(_) => 16,
+            };
+            if net.prefix_len() < narrowest_refused {
+                return Err(refused(&format!(
+                    "trusts too wide a network (a prefix length under {narrowest_refused}): list the proxies' networks"
+                )));
+            }
+            Ok(net)
         })
         .collect()
 }
@@ -432,6 +434,11 @@ impl std::fmt::Display for WebhookScheme {
         })
     }
 }
+
+/// The longest `webhooks.retention_days`: the dedupe records' TTL index holds it in
+/// seconds, and MongoDB refuses a TTL above 2^31 - 1 seconds (some 68 years). Refused at
+/// load, naming the key, rather than by the index build at start.
+pub const MAX_RETENTION_DAYS: u32 = i32::MAX as u32 / 86_400;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -3,7 +3,8 @@
 
 use super::errors::invalid;
 use super::{
-    MAX_BATCHES_IN_FLIGHT, MAX_QUANTITY, ProviderSettings, Settings, SettingsError, WebhookScheme,
+    MAX_BATCHES_IN_FLIGHT, MAX_QUANTITY, MAX_RETENTION_DAYS, ProviderSettings, Settings,
+    SettingsError, WebhookScheme,
 };
 use crate::domain::Provider;
 
@@ -87,6 +88,15 @@ impl Settings {
                  still see a refund that raced an issuance)",
             ));
         }
+        if self.webhooks.retention_days > MAX_RETENTION_DAYS {
+            return Err(invalid(
+                "webhooks.retention_days",
+                format!(
+                    "must be at most {MAX_RETENTION_DAYS}: MongoDB keeps a TTL index of at most \
+                     2^31 - 1 seconds"
+                ),
+            ));
+        }
         if !(2..=MAX_BATCHES_IN_FLIGHT).contains(&self.issuance.max_batches_in_flight) {
             return Err(invalid(
                 "issuance.max_batches_in_flight",
@@ -162,6 +172,14 @@ impl Settings {
                 return Err(invalid(
                     format!("{at}.scopes"),
                     "must name at least one scope",
+                ));
+            }
+            // An empty list would let the key see nothing, so every request it makes would
+            // be refused or find nothing, and nothing at start would say why.
+            if key.accounts.as_ref().is_some_and(Vec::is_empty) {
+                return Err(invalid(
+                    format!("{at}.accounts"),
+                    "must list at least one account (leave it out for every account)",
                 ));
             }
         }
@@ -494,10 +512,25 @@ mod tests {
             assert!(err.contains("entry 1 is not a CIDR"), "{err}");
             assert!(!err.contains(bad), "{bad:?} echoed in {err}");
         }
-        for everyone in ["0.0.0.0/0", "::/0"] {
-            let list = format!(r#"["{everyone}"]"#);
-            let err = refused(&[&proxies(&list)], "`server.trusted_proxies`", &[]);
-            assert!(err.contains("entry 0 trusts every address"), "{err}");
+        for (too_wide, shortest) in [
+            (r#"["0.0.0.0/0"]"#, 8),
+            (r#"["::/0"]"#, 16),
+            (r#"["10.0.0.0/8", "0.0.0.0/1", "128.0.0.0/1"]"#, 8),
+            (r#"["10.1.2.3/1"]"#, 8),
+            (r#"["10.0.0.0/7"]"#, 8),
+            (r#"["2001:db8::/15"]"#, 16),
+            (r#"["::ffff:10.0.0.0/103"]"#, 8),
+        ] {
+            let err = refused(&[&proxies(too_wide)], "`server.trusted_proxies`", &[]);
+            assert!(
+                err.contains(&format!(
+                    "trusts too wide a network (a prefix length under {shortest})"
+                )),
+                "{too_wide}: {err}"
+            );
+        }
+        for narrowest_allowed in [r#"["10.0.0.0/8"]"#, r#"["2001::/16"]"#] {
+            Settings::with_overrides(&[&proxies(narrowest_allowed)]).expect(narrowest_allowed);
         }
     }
 
@@ -603,6 +636,26 @@ mod tests {
             &["S3cret"],
         );
         assert!(err.contains("provider/account"), "{err}");
+    }
+
+    #[test]
+    fn an_empty_account_list_is_refused() {
+        let key = format!(
+            "[[auth.keys]]\nid = \"a\"\nsha256 = \"{}\"\nscopes = [\"read\"]\naccounts = []",
+            "a".repeat(64)
+        );
+        let err = Settings::with_overrides(&[&key]).unwrap_err().to_string();
+        assert!(err.contains("auth.keys[0].accounts"), "{err}");
+    }
+
+    #[test]
+    fn a_retention_longer_than_a_ttl_index_holds_is_refused() {
+        let retention = |days: u32| format!("[webhooks]\nretention_days = {days}");
+        Settings::with_overrides(&[&retention(MAX_RETENTION_DAYS)]).expect("the longest");
+        let err = Settings::with_overrides(&[&retention(MAX_RETENTION_DAYS + 1)])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("webhooks.retention_days"), "{err}");
     }
 
     #[test]

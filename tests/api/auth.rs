@@ -159,6 +159,30 @@ async fn a_start_without_migrations_refuses_a_shorter_webhook_retention() {
     assert_eq!(response.status(), 200);
 }
 
+/// The longest retention the settings allow is a TTL index the database builds, and one
+/// day more is one it refuses: the bound is the database's own.
+#[tokio::test]
+async fn the_longest_webhook_retention_is_the_longest_ttl_the_database_keeps() {
+    use tokenmint::settings::MAX_RETENTION_DAYS;
+    let scratch = ScratchDatabase::create("tm_retention_max").await;
+    assert!(
+        scratch
+            .store()
+            .ensure_webhook_retention(MAX_RETENTION_DAYS + 1)
+            .await
+            .is_err()
+    );
+    scratch
+        .store()
+        .ensure_webhook_retention(MAX_RETENTION_DAYS)
+        .await
+        .unwrap();
+    assert_eq!(
+        scratch.store().webhook_retention_days().await.unwrap(),
+        Some(u64::from(MAX_RETENTION_DAYS))
+    );
+}
+
 #[tokio::test]
 async fn keys_without_an_issuance_scope_cannot_issue() {
     // A read-only key holds neither issuances:write nor issuances:request. (A checkout key
