@@ -84,9 +84,9 @@ pub async fn healthz() -> axum::Json<Health> {
 }
 
 /// Readiness: not shutting down, MongoDB answers as a server that takes writes (a
-/// primary, a standalone or a mongos), and every migration is applied. The database's
-/// part is checked one call at a time, and while it is ready at most once a second
-/// ([`ReadinessCheck`]); shutting down is seen at once.
+/// primary, a standalone or a mongos), and every migration is applied. The database is
+/// checked one call at a time, and a ready answer stands for a second; shutting down is
+/// seen at once.
 #[utoipa::path(get, path = "/readyz", tag = "operations",
     responses(
         (status = 200, description = "Ready to serve", body = Health),

@@ -9,6 +9,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue};
 use axum::response::Response;
 use serde::Deserialize;
+use serde_json::Value;
 use utoipa::ToSchema;
 
 use super::if_match::{IfMatch, if_match};
@@ -27,13 +28,17 @@ use crate::telemetry::metric;
 /// Longest accepted redemption reference or revocation reason.
 const MAX_NOTE_LEN: usize = 256;
 
+// The bodies' fields are read as any JSON value and judged by the handler: a value of
+// the wrong type is then one bad field among the request's others (the path's token id
+// included), where serde would refuse the body alone.
+
 /// Optional body of a redeem.
 #[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RedeemRequest {
     /// The caller's reference for the redemption (order id, gate scan…), up to 256 chars.
-    #[schema(max_length = 256)]
-    pub reference: Option<String>,
+    #[schema(value_type = Option<String>, max_length = 256)]
+    pub reference: Option<Value>,
 }
 
 /// Optional body of a revoke.
@@ -41,8 +46,8 @@ pub struct RedeemRequest {
 #[serde(deny_unknown_fields)]
 pub struct RevokeRequest {
     /// Why the token is revoked, up to 256 chars.
-    #[schema(max_length = 256)]
-    pub reason: Option<String>,
+    #[schema(value_type = Option<String>, max_length = 256)]
+    pub reason: Option<Value>,
 }
 
 /// Body of a transfer.
@@ -51,17 +56,15 @@ pub struct RevokeRequest {
 pub struct TransferRequest {
     /// The new owner: 24-hex ObjectId.
     #[schema(value_type = String, required = true, example = "65f1a0c2b3d4e5f601234568")]
-    pub new_owner: Option<String>,
+    pub new_owner: Option<Value>,
 }
 
-/// `value` if it is short enough, else the error recorded in `errors` (and `None`).
-fn note(errors: &mut FieldErrors, field: &str, value: Option<String>) -> Option<String> {
-    match value {
-        Some(text) if text.chars().count() > MAX_NOTE_LEN => {
-            errors.push(field, format!("must be at most {MAX_NOTE_LEN} characters"));
-            None
-        }
-        other => other,
+/// A note (a reference or a reason): a string of at most [`MAX_NOTE_LEN`] characters.
+fn note(text: &str) -> Result<String, String> {
+    if text.chars().count() > MAX_NOTE_LEN {
+        Err(format!("must be at most {MAX_NOTE_LEN} characters"))
+    } else {
+        Ok(text.to_owned())
     }
 }
 
@@ -107,14 +110,14 @@ impl<'a> NotedChange<'a> {
         self,
         mut errors: FieldErrors,
         field: &str,
-        value: Option<String>,
+        value: Option<Value>,
         transition: impl FnOnce(Option<String>) -> Transition,
     ) -> Result<Response, ApiError> {
         let id = errors.check("tokenId", TokenId::parse(self.token_id));
-        let value = note(&mut errors, field, value);
+        let value = errors.optional_text(field, value.as_ref(), note);
         errors.finish().map_err(ApiError::Validation)?;
-        // Unreachable: a bad id recorded an error above.
-        let id = id.ok_or(ApiError::Internal)?;
+        // Unreachable: a bad id or note recorded an error above.
+        let (id, value) = id.zip(value).ok_or(ApiError::Internal)?;
         let condition = if_match(self.headers)?;
         apply(
             self.state,
@@ -375,7 +378,7 @@ pub async fn transfer_token(
     let attempt = attempt.map(|Extension(attempt)| attempt);
     let JsonBody(body, mut errors) = body?;
     let id = errors.check("tokenId", TokenId::parse(&token_id));
-    let new_owner = errors.required("newOwner", body.new_owner.as_deref().map(Owner::parse));
+    let new_owner = errors.required_text("newOwner", body.new_owner.as_ref(), Owner::parse);
     errors.finish().map_err(ApiError::Validation)?;
     // Unreachable: a bad id, or a missing or bad owner, recorded an error above.
     let (id, new_owner) = id.zip(new_owner).ok_or(ApiError::Internal)?;

@@ -163,6 +163,21 @@ async fn bad_requests_to_state_changes() {
     .await;
     let transfer = assert_problem(transfer, 422, "validation_failed").await;
     assert_eq!(fields(transfer), ["tokenId", "newOwner"]);
+    // A value of the wrong JSON type is one bad field among the others too.
+    for (action, body, field) in [
+        ("redeem", json!({"reference": 5}), "reference"),
+        ("revoke", json!({"reason": false}), "reason"),
+        ("transfer", json!({"newOwner": 5}), "newOwner"),
+    ] {
+        let path = format!("/v1/tokens/xyz/{action}");
+        let answer = post(&app, ADMIN_KEY, &path, None, Some(body)).await;
+        let problem = assert_problem(answer, 422, "validation_failed").await;
+        assert_eq!(
+            problem["errors"][1]["message"], "must be a string",
+            "{problem}"
+        );
+        assert_eq!(fields(problem), ["tokenId", field], "{action}");
+    }
     assert_problem(
         post(&app, READER_KEY, &path, None, None).await,
         403,
