@@ -37,6 +37,11 @@ impl Target {
         }
     }
 
+    /// The URI the request goes to.
+    fn uri(&self) -> String {
+        format!("http://{}{}", self.host, self.path)
+    }
+
     /// Parses `http://host[:port][/path]` (no TLS: the check runs beside the service).
     pub fn parse(url: &str) -> anyhow::Result<Self> {
         let rest = url
@@ -61,10 +66,18 @@ impl Target {
             }
             None => format!("{authority}:80"),
         };
-        Ok(Self {
+        let target = Self {
             host,
             path: path.to_owned(),
-        })
+        };
+        // What the request is built from must be a URI (no space in the path, a host
+        // that is one): a URL that is not one is the caller's mistake, said now, never
+        // a "not ready" the request's failure would look like.
+        target
+            .uri()
+            .parse::<axum::http::Uri>()
+            .with_context(|| format!("--url is not a valid URL: {url}"))?;
+        Ok(target)
     }
 }
 
@@ -80,7 +93,7 @@ pub async fn check(target: &Target) -> bool {
 /// The status code of `GET path`; the body is not read.
 async fn status(target: &Target) -> anyhow::Result<u16> {
     let client = Client::builder(TokioExecutor::new()).build_http::<Body>();
-    let request = Request::get(format!("http://{}{}", target.host, target.path))
+    let request = Request::get(target.uri())
         .header(header::USER_AGENT, "tokenmint-healthcheck")
         .body(Body::empty())?;
     let response = client.request(request).await?;
@@ -117,5 +130,7 @@ mod tests {
         assert!(Target::parse("https://x/readyz").is_err());
         assert!(Target::parse("http://x:notaport/").is_err());
         assert!(Target::parse("http:///readyz").is_err());
+        assert!(Target::parse("http://127.0.0.1:8080/re adyz").is_err());
+        assert!(Target::parse("http://local host/").is_err());
     }
 }

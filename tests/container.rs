@@ -109,8 +109,10 @@ async fn healthcheck_exits_0_when_ready_and_1_when_unreachable() {
     );
 
     // A URL it cannot use is a usage error (2), not "not ready".
-    let bad = healthcheck(&["--url", "https://127.0.0.1/readyz"], &[]);
-    assert_eq!(bad.status.code(), Some(2), "{}", described(&bad));
+    for url in ["https://127.0.0.1/readyz", "http://127.0.0.1:1/re adyz"] {
+        let bad = healthcheck(&["--url", url], &[]);
+        assert_eq!(bad.status.code(), Some(2), "{url}: {}", described(&bad));
+    }
     drop(service);
 }
 
