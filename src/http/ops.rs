@@ -20,6 +20,12 @@ use crate::store::Store;
 /// seconds sees every check fresh.
 const READY_FRESH_FOR: Duration = Duration::from_secs(1);
 
+/// The longest a readiness check may take: calls behind it wait for it, so a check stuck
+/// on a connection that no longer answers must not hold them for a request's timeout.
+/// Longer than the default server selection timeout (1.5 s), so an unreachable database
+/// is told as such; a probe's own timeout is often a second.
+const CHECK_AT_MOST: Duration = Duration::from_secs(2);
+
 /// The last readiness check of the database, and when it ended. One check runs at a
 /// time: calls that arrive while it runs wait for it and share its answer, so a burst of
 /// calls never becomes a burst of commands on the connection pool requests use. A "not
@@ -40,7 +46,9 @@ impl ReadinessCheck {
         {
             return reason.clone();
         }
-        let reason = database_not_ready(store).await;
+        let reason = tokio::time::timeout(CHECK_AT_MOST, database_not_ready(store))
+            .await
+            .unwrap_or_else(|_| Some("database did not answer in time".to_owned()));
         *last = Some((Instant::now(), reason.clone()));
         reason
     }

@@ -400,23 +400,29 @@ impl Issuer {
         };
         let key = record.key()?;
         let mut tokens = self.store.payment_tokens(&key).await?;
-        // A token past the quantity was written for another record of this payment: one
-        // a failover rolled back after its tokens had reached the new primary. Such tokens
-        // are not this record's set, and answering them would issue more than it asks:
-        // refused, for an operator (`verify` reports them as a wrong token set).
-        if tokens
+        // Tokens written for another record of this payment, one a failover rolled back
+        // after they had reached the new primary, are not this record's set: answering
+        // them would issue more than it asks (a token past its quantity), or another
+        // owner's or type's tokens. Refused, for an operator (`verify` reports them). A
+        // token past the quantity shows in the read above; the others take a read of
+        // their own, made only before a set is completed or first answered (an issued,
+        // complete set was checked when it was).
+        let foreign = tokens
             .iter()
             .any(|token| token.token_index >= record.quantity)
-        {
+            || (!tokens.is_empty()
+                && (record.status != IssuanceStatus::Issued
+                    || tokens.len() < record.quantity as usize)
+                && self.store.has_foreign_tokens(&record).await?);
+        if foreign {
             tracing::error!(
                 payment = %crate::telemetry::Bounded(&record.payment_intent_id),
                 issuance = %record.id,
-                quantity = record.quantity,
-                "the payment has tokens past its record's quantity, written for a record that is gone; \
+                "the payment has tokens that are not its record's, written for a record that is gone; \
                  not answered from them"
             );
             return Err(StoreError::Internal(
-                "the payment has tokens past its record's quantity".to_owned(),
+                "the payment has tokens that are not its record's".to_owned(),
             )
             .into());
         }

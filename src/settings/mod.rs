@@ -178,10 +178,11 @@ fn per_core_when_zero<'de, D: serde::Deserializer<'de>>(
 /// (its /32 or /128); an entry that is neither is refused naming its index, not its text
 /// (the message must quote nothing an operator wrote, or `errors` drops it). Address bits
 /// past the prefix are dropped (`10.1.2.3/16` is `10.1.0.0/16`). An entry wider than a
-/// proxy network can be (an IPv4 prefix shorter than /8, an IPv6 one shorter than /16)
-/// is refused: every client of a trusted network names its own address, and takes a
-/// fresh allowance with each request, and `0.0.0.0/1` with `128.0.0.0/1`, or the typo
-/// `10.1.2.3/1`, would trust the whole Internet or half of it.
+/// proxy network can be (an IPv4 prefix shorter than /8, an IPv6 one shorter than /16,
+/// but for IPv6's private ranges, [`PRIVATE_IPV6`]) is refused: every client of a trusted
+/// network names its own address, and takes a fresh allowance with each request, and
+/// `0.0.0.0/1` with `128.0.0.0/1`, or the typo `10.1.2.3/1`, would trust the whole
+/// Internet or half of it.
 fn networks<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Vec<IpNet>, D::Error> {
     let entries = Vec::<String>::deserialize(deserializer)?;
     entries
@@ -201,7 +202,12 @@ fn networks<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Vec<IpN
                 IpNet::V4(_) => 8,
                 IpNet::V6(_) => 16,
             };
-            if net.prefix_len() < narrowest_refused {
+            let private = PRIVATE_IPV6.iter().any(|range| {
+                range
+                    .parse::<IpNet>()
+                    .is_ok_and(|range| range.contains(&net))
+            });
+            if net.prefix_len() < narrowest_refused && !private {
                 return Err(refused(&format!(
                     "trusts too wide a network (a prefix length under {narrowest_refused}): list the proxies' networks"
                 )));
@@ -210,6 +216,11 @@ fn networks<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Vec<IpN
         })
         .collect()
 }
+
+/// IPv6's ranges no packet from the Internet carries, trusted whole however wide (the
+/// "private networks" of a proxy list, as `10.0.0.0/8` is in IPv4): unique local
+/// addresses and link-local ones.
+const PRIVATE_IPV6: [&str; 2] = ["fc00::/7", "fe80::/10"];
 
 /// An IPv4-mapped IPv6 network (`::ffff:10.0.0.0/104`) as the IPv4 network it maps
 /// (`10.0.0.0/8`): peers and forwarded hops are compared as IPv4 once unmapped, so the

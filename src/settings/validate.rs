@@ -520,6 +520,8 @@ mod tests {
             (r#"["10.0.0.0/7"]"#, 8),
             (r#"["2001:db8::/15"]"#, 16),
             (r#"["::ffff:10.0.0.0/103"]"#, 8),
+            (r#"["fc00::/6"]"#, 16),
+            (r#"["fe80::/9"]"#, 16),
         ] {
             let err = refused(&[&proxies(too_wide)], "`server.trusted_proxies`", &[]);
             assert!(
@@ -529,7 +531,11 @@ mod tests {
                 "{too_wide}: {err}"
             );
         }
-        for narrowest_allowed in [r#"["10.0.0.0/8"]"#, r#"["2001::/16"]"#] {
+        for narrowest_allowed in [
+            r#"["10.0.0.0/8"]"#,
+            r#"["2001::/16"]"#,
+            r#"["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "fc00::/7", "fd00::/8", "fe80::/10"]"#,
+        ] {
             Settings::with_overrides(&[&proxies(narrowest_allowed)]).expect(narrowest_allowed);
         }
     }

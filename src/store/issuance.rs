@@ -254,6 +254,27 @@ impl Store {
             .await?;
         Ok(cursor.try_collect().await?)
     }
+
+    /// Whether the payment has a token that is not of `record`'s set: of another type,
+    /// or of another owner that no transfer gave it (`verify`'s foreign tokens). Such a
+    /// token was written for another record of the payment, one that is gone.
+    pub async fn has_foreign_tokens(&self, record: &IssuanceDoc) -> Result<bool, StoreError> {
+        let mut filter = payment_tokens_filter(&record.key()?);
+        filter.insert(
+            "$or",
+            vec![
+                doc! { "type": { "$ne": &record.token_type } },
+                doc! { "owner": { "$ne": record.owner }, "transferredAt": { "$exists": false } },
+            ],
+        );
+        let found = self
+            .db
+            .collection::<Document>(TOKENS)
+            .find_one(filter)
+            .projection(doc! { "_id": 1 })
+            .await?;
+        Ok(found.is_some())
+    }
 }
 
 /// The issuance record as a document to insert.

@@ -388,3 +388,36 @@ async fn a_readiness_check_that_failed_is_not_repeated_to_the_next_call() {
     let response = app.http.get(app.url("/readyz")).send().await.unwrap();
     assert_eq!(response.status(), 200);
 }
+
+/// A check stuck on the database (a connection that no longer answers) holds the calls
+/// behind it no longer than the check's bound: they are answered not ready together.
+#[tokio::test]
+async fn a_readiness_check_that_hangs_answers_the_calls_behind_it_within_its_bound() {
+    let name = unique_app_name();
+    let app = spawn_app_named(&name, "").await;
+    let migrations = format!("{}._migrations", app.db_name);
+    let hang = FailPoint::set_on(
+        &name,
+        &["find"],
+        &migrations,
+        Fault::Block { millis: 6_000 },
+        1,
+    )
+    .await;
+    let call = || async {
+        let response = app.http.get(app.url("/readyz")).send().await.unwrap();
+        (response.status().as_u16(), json(response).await)
+    };
+    let started = std::time::Instant::now();
+    let (first, second) = tokio::join!(call(), async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        call().await
+    });
+    let took = started.elapsed();
+    assert_eq!(hang.off().await, 1, "the check never reached the database");
+    for (status, body) in [first, second] {
+        assert_eq!(status, 503, "{body}");
+        assert_eq!(body["reason"], "database did not answer in time");
+    }
+    assert!(took < Duration::from_secs(4), "answered after {took:?}");
+}

@@ -39,6 +39,9 @@ async fn operator_commands_use_the_running_mongod_and_leave_it_running() {
         );
         assert_eq!(lock_pid(&data_dir), Some(pid), "{args:?} replaced mongod");
         assert!(alive(pid), "{args:?} stopped the service's mongod");
+        // A ready answer stands for a second: the probe must see a check made after the
+        // command.
+        tokio::time::sleep(Duration::from_millis(1_100)).await;
         assert_eq!(
             readyz(&http, &server).await,
             200,

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use mongodb::bson::{Document, doc};
 use mongodb::{Client, ClientSession};
+use serde_json::json;
 
 use crate::helpers::*;
 use crate::provider_events::*;
@@ -127,37 +128,40 @@ async fn a_set_whose_record_vanished_is_not_answered_when_its_mark_fails() {
 }
 
 #[tokio::test]
-async fn tokens_left_by_a_record_that_is_gone_are_never_answered_to_a_smaller_request() {
+async fn tokens_left_by_a_record_that_is_gone_are_never_answered_to_another_request() {
     // A failover that rolls a batch's record back after its tokens reached the new
     // primary leaves the tokens without a record; deleting the record stands in for it.
     let app = spawn_app_with("[repair]\nenabled = false\n").await;
-    let payment = "pi_tokens_outlived_record";
-    assert_eq!(
-        app.issue(WRITER_KEY, &issuance_body(payment, 4))
+    let fewer = issuance_body("pi_left_fewer", 2);
+    let mut other_owner = issuance_body("pi_left_owner", 4);
+    other_owner["owner"] = json!(OTHER_OWNER);
+    let mut other_type = issuance_body("pi_left_type", 4);
+    other_type["tokenType"] = json!("gold");
+    for later in [fewer, other_owner, other_type] {
+        let payment = later["paymentIntentId"].as_str().unwrap();
+        let first = app.issue(WRITER_KEY, &issuance_body(payment, 4)).await;
+        assert_eq!(first.status(), 201);
+        let record = doc! { "paymentIntentId": payment };
+        let removed = app
+            .db
+            .collection::<Document>("issuances")
+            .delete_many(record.clone())
             .await
-            .status(),
-        201
-    );
-    let record = doc! { "paymentIntentId": payment };
-    let removed = app
-        .db
-        .collection::<Document>("issuances")
-        .delete_many(record.clone())
-        .await
-        .unwrap();
-    assert_eq!(removed.deleted_count, 1);
+            .unwrap();
+        assert_eq!(removed.deleted_count, 1);
 
-    // A request for 2 runs into the 4 left behind: it must not be answered with them.
-    for _ in 0..2 {
-        let answer = app.issue(WRITER_KEY, &issuance_body(payment, 2)).await;
-        let problem = assert_problem(answer, 500, "internal_error").await;
-        assert!(!problem.to_string().contains("tokenIndex"), "{problem}");
+        // The later request runs into the 4 left behind: never answered with them.
+        for _ in 0..2 {
+            let answer = app.issue(WRITER_KEY, &later).await;
+            assert_problem(answer, 500, "internal_error").await;
+        }
+        assert_eq!(stored_ids(&app, payment).await.len(), 4, "{later}");
+        let stored = app.find_stored("issuances", record).await;
+        assert_eq!(stored.get_str("status"), Ok("issuing"), "{stored}");
     }
-    assert_eq!(stored_ids(&app, payment).await.len(), 4);
-    let stored = app.find_stored("issuances", record).await;
-    assert_eq!(stored.get_str("status"), Ok("issuing"), "{stored}");
     let report = app.store().await.verify().await.unwrap();
     assert_eq!(report.wrong_token_sets.count, 1, "{report}");
+    assert_eq!(report.foreign_tokens.count, 2, "{report}");
 }
 
 /// An open transaction holding the key of a payment's first token, and what it holds up.
