@@ -80,8 +80,15 @@ struct PaddleEvent {
     event_id: String,
     event_type: String,
     occurred_at: String,
+    #[serde(default)]
+    notification_id: Option<String>,
     data: Map<String, Value>,
 }
+
+/// How the ids of Paddle's webhook simulator begin: its events (`ntfsimevt_…`) and their
+/// notifications (`ntfsimntf_…`), where real ones are `evt_…` and `ntf_…`.
+const SIMULATED_EVENT: &str = "ntfsimevt_";
+const SIMULATED_NOTIFICATION: &str = "ntfsimntf_";
 
 /// Parses a Paddle event (`{event_id, event_type, occurred_at, data}`). Every payment is
 /// at account `default`; its id is the transaction id. A transaction's items are read
@@ -104,6 +111,18 @@ pub fn parse_paddle(
             reason: reason.to_owned(),
         })
     };
+    // The simulator signs with the destination's secret key whatever payload its user
+    // wrote, real transaction ids included: such an event proves no money moved, and it
+    // must neither issue tokens nor take real ones back. Only a destination that takes
+    // simulated traffic receives it.
+    let simulated = event.event_id.starts_with(SIMULATED_EVENT)
+        || event
+            .notification_id
+            .as_deref()
+            .is_some_and(|id| id.starts_with(SIMULATED_NOTIFICATION));
+    if simulated {
+        return ignored("a webhook simulator event: no money moved");
+    }
     let data = &event.data;
     let (status, payment_id, reverses) = match status_and_payment(&event.event_type, data) {
         Ok(reported) => reported,

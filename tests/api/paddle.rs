@@ -140,6 +140,32 @@ async fn a_completed_transaction_issues_its_custom_data_tokens() {
     );
 }
 
+/// Paddle's webhook simulator signs what its user wrote with the destination's key: a
+/// simulated success issues nothing, and a simulated chargeback naming a real
+/// transaction takes nothing back.
+#[tokio::test]
+async fn simulated_events_move_no_tokens() {
+    let app = app().await;
+    let simulated_success = completed("ntfsimevt_01jd00tmxmnjwedtm67q3rsasd", "txn_sim", 10);
+    let receipt = send(&app, &simulated_success).await;
+    assert_eq!(receipt["outcome"], "ignored", "{receipt}");
+    assert_eq!(app.count("tokens", doc! {}).await, 0);
+    assert_eq!(app.count("payments", doc! {}).await, 0);
+
+    assert_eq!(
+        send(&app, &completed("evt_real", "txn_real", 4)).await["outcome"],
+        "issued"
+    );
+    // An id of the real kind, sent as a simulation: its notification says so.
+    let mut simulated_chargeback = chargeback("evt_cb", "adj_cb", "txn_real", "full", 1000);
+    simulated_chargeback["notification_id"] = json!("ntfsimntf_01jd00tn1afm298jhrwvnhqh9a");
+    let receipt = send(&app, &simulated_chargeback).await;
+    assert_eq!(receipt["outcome"], "ignored", "{receipt}");
+    assert_eq!(app.active_indexes("txn_real").await, vec![0, 1, 2, 3]);
+    let stored = payment(&app, "txn_real").await;
+    assert_eq!(stored.get_str("status").unwrap(), "succeeded", "{stored}");
+}
+
 /// A customer can set a checkout's `custom_data` in the browser: with a price per token
 /// configured, a transaction issues only what its total pays for, and one naming more
 /// issues nothing and says why, as invalid metadata.
