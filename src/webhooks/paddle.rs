@@ -201,6 +201,17 @@ fn status_and_payment<'a>(
         "transaction.canceled" => (PaymentStatus::Canceled, id("id"), false),
         "adjustment.created" | "adjustment.updated" => {
             match money_moved(id("action"), id("status"))? {
+                // A refund of the tax alone (a business customer's VAT id added after
+                // the purchase): Paddle, the merchant of record, gives back tax it
+                // collected, and what the tokens were sold for stands.
+                Moved::Out
+                    if id("action") == Some("refund")
+                        && minor_units(data, &["totals", "subtotal"]) == Some(0) =>
+                {
+                    return Err(
+                        "a refund of tax alone: what the tokens were sold for stands".to_owned(),
+                    );
+                }
                 Moved::Out => (PaymentStatus::Refunded, id("transaction_id"), false),
                 // Money coming back moves no state: the money decides.
                 Moved::Back => (PaymentStatus::Succeeded, id("transaction_id"), true),

@@ -166,6 +166,31 @@ async fn simulated_events_move_no_tokens() {
     assert_eq!(stored.get_str("status").unwrap(), "succeeded", "{stored}");
 }
 
+/// A refund of the tax alone (Paddle gives back VAT it collected, for a business customer
+/// who added a VAT id) leaves what the tokens were sold for standing: no token is taken.
+#[tokio::test]
+async fn a_refund_of_the_tax_alone_takes_no_token_back() {
+    let app = spawn_app_with(&format!(
+        "{PADDLE}\n[issuance.token_prices.standard]\nEUR = 100\n"
+    ))
+    .await;
+    let mut paid = completed("evt_tax_paid", "txn_tax", 10);
+    paid["data"]["details"]["totals"] =
+        json!({ "subtotal": "1000", "tax": "200", "grand_total": "1200" });
+    assert_eq!(send(&app, &paid).await["outcome"], "issued");
+    let mut tax_back = refund("evt_tax_back", "adj_tax", "txn_tax", "partial", 200);
+    tax_back["data"]["totals"] = json!({ "subtotal": "0", "tax": "200", "total": "200" });
+    tax_back["data"]["items"] = json!([{ "item_id": "txnitm_1", "type": "tax", "amount": "200" }]);
+    let receipt = send(&app, &tax_back).await;
+    assert_eq!(receipt["outcome"], "ignored", "{receipt}");
+    assert_eq!(app.active_indexes("txn_tax").await.len(), 10);
+    // A refund of part of what was sold still takes its share.
+    let mut part_back = refund("evt_part_back", "adj_part", "txn_tax", "partial", 600);
+    part_back["data"]["totals"] = json!({ "subtotal": "500", "tax": "100", "total": "600" });
+    send(&app, &part_back).await;
+    assert_eq!(app.active_indexes("txn_tax").await.len(), 5);
+}
+
 /// A customer can set a checkout's `custom_data` in the browser: with a price per token
 /// configured, a transaction issues only what its total pays for, and one naming more
 /// issues nothing and says why, as invalid metadata.
