@@ -31,7 +31,7 @@
 //! The event is recorded in `webhook_events` only after its effects, so nothing the
 //! provider was told is done can be lost.
 
-use super::standing::{stands_again, status_beneath, takes_back, withdrawn_whole};
+use super::standing::{stands_again, takes_back, withdrawn_whole};
 use super::{IssueError, IssueOutcome, Issuer, Settlement};
 use crate::domain::{EventOutcome, ParsedEvent, PaymentEvent, PaymentStatus, Reversal};
 use crate::store::{PaymentDoc, ProjectionGate, StoreError, retry};
@@ -136,16 +136,6 @@ impl Issuer {
         let gate = gate(event);
         let state = self.store.project_payment(event, gate).await?;
         if let Some(mut refused) = held_back(event, &gate, &state) {
-            // A newer report a refund keeps from moving the payment is still the newest
-            // report: kept for when money comes back (`status_beneath`).
-            if state.status == PaymentStatus::Refunded
-                && event.status != PaymentStatus::Refunded
-                && event.version > state.version
-            {
-                self.store
-                    .record_overlaid_status(&event.key, event.status, event.version)
-                    .await?;
-            }
             tracing::warn!(payment = %Bounded(event.key.payment_intent_id.as_str()), event = %Bounded(&event.event_id), outcome = %refused.outcome, "provider event held back");
             // Nothing else of the payment changed, so there are no other effects to
             // derive (settling again could only write a placeholder for an event that did
@@ -297,7 +287,7 @@ impl Issuer {
     ) -> Result<PaymentDoc, StoreError> {
         let decide = |state: &PaymentDoc| {
             if stands_again(state) {
-                Some(status_beneath(state))
+                Some(PaymentStatus::Succeeded)
             } else if withdraws == Withdraws::Whole && withdrawn_whole(state) {
                 Some(PaymentStatus::Refunded)
             } else {
@@ -308,13 +298,6 @@ impl Issuer {
             let Some(to) = decide(&state) else {
                 return Ok(state);
             };
-            // A failure the refund's money overrides is the newest report: kept, so that
-            // money coming back makes the payment failed again, not paid.
-            if to == PaymentStatus::Refunded && state.status == PaymentStatus::Failed {
-                self.store
-                    .record_overlaid_status(&event.key, state.status, state.version)
-                    .await?;
-            }
             match self.store.move_status(&state, to, event).await? {
                 Some(now) if now.status == to => return Ok(now),
                 Some(now) => state = now,

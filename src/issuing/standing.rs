@@ -77,22 +77,10 @@ pub(super) fn withdrawn_whole(payment: &PaymentDoc) -> bool {
 }
 
 /// Whether money that came back makes a payment refunded by its withdrawals stand
-/// again: it then takes [`status_beneath`], and a success can be issued.
+/// again: it is then `succeeded` once more, and can be issued.
 pub(super) fn stands_again(payment: &PaymentDoc) -> bool {
     let money = payment.money();
     payment.status == PaymentStatus::Refunded && money.explains_refund() && money.leaves_some()
-}
-
-/// The status a payment refunded by its money takes once money comes back: the newest
-/// status report the refund overlaid (a failure or cancellation reported since, or
-/// before it and overridden by its money; a success retried), where that report is no
-/// older than the payment's own status; else `succeeded`. So the newest report decides
-/// whichever order a failure, a refund and the money coming back arrive in.
-pub(super) fn status_beneath(payment: &PaymentDoc) -> PaymentStatus {
-    match payment.overlaid {
-        Some(overlaid) if overlaid.version >= payment.version => overlaid.status,
-        _ => PaymentStatus::Succeeded,
-    }
 }
 
 /// The payment's state when it is refunded, canceled or failed: none of its tokens stand.

@@ -95,25 +95,12 @@ pub struct PaymentDoc {
     /// (`Store::move_status`) is moved only if the money is still as it was read.
     #[serde(default)]
     pub money_version: i64,
-    /// The newest status report a refund made the payment `refunded` over: one held back
-    /// because the payment was refunded, or the failure the refund's money overrode
-    /// (`Store::record_overlaid_status`). Money coming back makes that status the
-    /// payment's again, where it is no older than the payment's own.
-    #[serde(default)]
-    pub overlaid: Option<OverlaidStatus>,
     #[serde(default)]
     pub last_event_id: String,
     #[serde(default)]
     pub last_event_type: String,
     pub created_at: DateTime,
     pub updated_at: DateTime,
-}
-
-/// A status report a refund overlaid, and its version.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-pub struct OverlaidStatus {
-    pub status: PaymentStatus,
-    pub version: i64,
 }
 
 /// One entry of a payment's `refunds`.
@@ -831,35 +818,6 @@ impl Store {
             )
             .await?;
         self.find_payment(&key).await
-    }
-
-    /// Keeps `status`, reported at `version`, as the status a refund overlaid on `key`'s
-    /// payment, unless it keeps a newer one already: a replay changes nothing, and of
-    /// two reports the newer stays whatever order they came in.
-    pub async fn record_overlaid_status(
-        &self,
-        key: &PaymentKey,
-        status: PaymentStatus,
-        version: i64,
-    ) -> Result<(), StoreError> {
-        let mut filter = issuance_filter(key);
-        filter.insert(
-            "$or",
-            vec![
-                doc! { "overlaid": null },
-                doc! { "overlaid.version": { "$lt": version } },
-            ],
-        );
-        self.collection(PAYMENTS)
-            .update_one(
-                filter,
-                doc! { "$set": {
-                    "overlaid": { "status": status.as_str(), "version": version },
-                    "updatedAt": DateTime::now(),
-                } },
-            )
-            .await?;
-        Ok(())
     }
 
     /// Runs `pipeline` as an upsert on the payment's document; returns it as it now is.
