@@ -196,6 +196,7 @@ pub fn parse_standard(
         authorises_capture: false,
         sole_metadata: false,
         customer_metadata: false,
+        reports_in_order: true,
         bought: None,
     })))
 }

@@ -128,6 +128,7 @@ fn payment_event(
         authorises_capture: false,
         sole_metadata: false,
         customer_metadata: false,
+        reports_in_order: false,
         bought: None,
     })
 }
