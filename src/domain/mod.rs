@@ -29,7 +29,7 @@ pub use issuance::{
 };
 pub use money::{
     Entitlement, Money, RecordedRelease, ReleaseReport, Reversal, RevocationReason, ShareTaken,
-    UNCAPTURED_KIND, Withdrawal, entitlement, share_taken, status_for_money,
+    UNCAPTURED_KIND, Withdrawal, entitlement, share_taken,
 };
 pub use owner::Owner;
 pub use packs::{PaidItem, TokenPacks, TokensBought};

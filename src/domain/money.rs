@@ -399,30 +399,6 @@ pub fn share_taken(quantity: i64, kept: i64, redeemed: &[i64]) -> ShareTaken {
     }
 }
 
-/// The status the money rule reads a payment in: `status`, but for a payment `refunded`
-/// by withdrawals that money coming back leaves some of (it stands again) over which a
-/// failure or cancellation was kept at a version (`overlaid`) no older than its own:
-/// that report's status. It is what the status move that follows the money makes the
-/// payment (`status_beneath`), so that no settle made before that move, a sweep's or
-/// `verify`'s, brings back tokens the move takes away.
-pub fn status_for_money(
-    status: PaymentStatus,
-    version: i64,
-    overlaid: Option<(PaymentStatus, i64)>,
-    money: &Money,
-) -> PaymentStatus {
-    let stands_again =
-        status == PaymentStatus::Refunded && money.explains_refund() && money.leaves_some();
-    match overlaid {
-        Some((beneath @ (PaymentStatus::Failed | PaymentStatus::Canceled), at))
-            if stands_again && at >= version =>
-        {
-            beneath
-        }
-        _ => status,
-    }
-}
-
 /// The entitlement of a payment of `quantity` tokens in `status` with `money`.
 ///
 /// Canceled and failed payments keep nothing. A refunded one keeps nothing either,
@@ -883,46 +859,5 @@ mod tests {
             plain.clone().with_uncaptured("psp_1", Some(1000), &[]),
             plain
         );
-    }
-
-    #[test]
-    fn a_failure_kept_beneath_a_refund_decides_once_its_money_came_back() {
-        use PaymentStatus::{Canceled, Failed, Refunded, Succeeded};
-        let money = |back: i64| Money {
-            amount: Some(1000),
-            withdrawals: vec![w("total", 1000, false)],
-            reversals: vec![r("total", back, Some("total"))],
-            recorded_total: None,
-            captured: None,
-        };
-        let kept = |status, version| Some((status, version));
-        // Money back: the kept failure or cancellation, no older than the status, decides.
-        assert_eq!(
-            status_for_money(Refunded, 2, kept(Failed, 4), &money(1000)),
-            Failed
-        );
-        assert_eq!(
-            status_for_money(Refunded, 4, kept(Canceled, 4), &money(1000)),
-            Canceled
-        );
-        assert_eq!(
-            status_for_money(Refunded, 5, kept(Failed, 4), &money(1000)),
-            Refunded
-        );
-        // A kept success changes nothing the money does not already say.
-        assert_eq!(
-            status_for_money(Refunded, 2, kept(Succeeded, 5), &money(1000)),
-            Refunded
-        );
-        // No money back: the refund still holds it.
-        assert_eq!(
-            status_for_money(Refunded, 2, kept(Failed, 4), &money(0)),
-            Refunded
-        );
-        assert_eq!(
-            status_for_money(Succeeded, 2, kept(Failed, 4), &money(1000)),
-            Succeeded
-        );
-        assert_eq!(status_for_money(Refunded, 2, None, &money(1000)), Refunded);
     }
 }

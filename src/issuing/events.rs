@@ -136,7 +136,7 @@ impl Issuer {
         let gate = gate(event);
         let state = self.store.project_payment(event, gate).await?;
         if let Some(mut refused) = held_back(event, &gate, &state) {
-            if let Some(overlaid) = overlaid_by_refund(event, &gate, &state)
+            if let Some(overlaid) = overlaid_by_refund(event, &state)
                 && self
                     .store
                     .record_overlaid_status(&state, overlaid)
@@ -315,12 +315,9 @@ impl Issuer {
             // A failure the refund's money overrides is the newest report, where the
             // provider numbers its reports in order: kept, so that money coming back makes
             // the payment failed again, not paid.
-            // Only a failure newer than the refund: one of the refund's own version is
-            // neither held back from it nor kept, in the other delivery order.
             if to == PaymentStatus::Refunded
                 && state.status == PaymentStatus::Failed
                 && event.reports_in_order
-                && state.version > event.version
             {
                 let failure = OverlaidStatus {
                     status: state.status,
@@ -511,16 +508,6 @@ fn held_back(
             "the payment was captured in part: a cancellation releases only the rest, withdrawn already",
         ));
     }
-    metadata_conflict(event, gate, state)
-}
-
-/// The refusal of an event that names other token parameters than the ones a success
-/// fixed, where the event is bound to them (`ProjectionGate::bound_to_fixed_params`).
-fn metadata_conflict(
-    event: &PaymentEvent,
-    gate: &ProjectionGate<'_>,
-    state: &PaymentDoc,
-) -> Option<EventOutcome> {
     let fixed_by = state.token_params_fixed_by.as_deref()?;
     let named = event.token_params.as_ref()?;
     let fixed = state.token_params.as_ref().and_then(|p| p.params());
@@ -541,18 +528,11 @@ fn metadata_conflict(
 /// (`PaymentDoc::overlaid`): a failure, cancellation or success newer than the payment's
 /// status, from a provider that numbers its reports in order. A `processing` report is
 /// not kept: what a refund took was paid, and coming back it pays for the tokens.
-/// Nor is a success naming other token parameters than the fixed ones, which a standing
-/// payment would hold back as well.
-fn overlaid_by_refund(
-    event: &PaymentEvent,
-    gate: &ProjectionGate<'_>,
-    state: &PaymentDoc,
-) -> Option<OverlaidStatus> {
-    let decides = match event.status {
-        PaymentStatus::Failed | PaymentStatus::Canceled => true,
-        PaymentStatus::Succeeded => metadata_conflict(event, gate, state).is_none(),
-        PaymentStatus::Processing | PaymentStatus::Refunded => false,
-    };
+fn overlaid_by_refund(event: &PaymentEvent, state: &PaymentDoc) -> Option<OverlaidStatus> {
+    let decides = matches!(
+        event.status,
+        PaymentStatus::Failed | PaymentStatus::Canceled | PaymentStatus::Succeeded
+    );
     (event.reports_in_order
         && decides
         && state.status == PaymentStatus::Refunded

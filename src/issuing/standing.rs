@@ -30,7 +30,7 @@ use super::Issuer;
 /// rule, `domain::entitlement`); a payment tokenmint knows nothing of stands.
 pub fn entitlement(payment: Option<&PaymentDoc>, quantity: i64) -> Entitlement {
     payment.map_or(Entitlement::All, |p| {
-        domain::entitlement(p.status_for_money(), &p.money(), quantity)
+        domain::entitlement(p.status, &p.money(), quantity)
     })
 }
 

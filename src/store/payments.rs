@@ -224,12 +224,6 @@ fn status_before_any_event() -> PaymentStatus {
 }
 
 impl PaymentDoc {
-    /// The status the money rule reads this payment in (`domain::status_for_money`).
-    pub fn status_for_money(&self) -> PaymentStatus {
-        let overlaid = self.overlaid.map(|o| (o.status, o.version));
-        crate::domain::status_for_money(self.status, self.version, overlaid, &self.money())
-    }
-
     /// The payment's unique key, as stored (validated when it was written).
     pub fn key(&self) -> Result<PaymentKey, StoreError> {
         super::documents::stored_key(&self.provider, &self.account_id, &self.payment_intent_id)

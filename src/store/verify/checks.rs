@@ -113,8 +113,7 @@ impl Store {
                 .and_then(|q| q.as_i64().or(q.as_i32().map(i64::from)))
                 .unwrap_or(0);
             let settled = record.and_then(|r| r.get_str("status").ok()) == Some("issued");
-            let keep =
-                entitlement(payment.status_for_money(), &payment.money(), quantity).kept(quantity);
+            let keep = entitlement(payment.status, &payment.money(), quantity).kept(quantity);
             let by = format!("provider:{}", payment.provider);
             let tokens: Vec<&Document> = row
                 .get_array("tokens")
