@@ -84,14 +84,6 @@ pub struct PaymentEvent {
     /// Paddle.js sets in the browser): where prices are configured, a token type it names
     /// must have one (`TokenPrices::unpaid`), and only what a success fixed is issued.
     pub customer_metadata: bool,
-    /// The provider numbers its status reports itself, in the order it made them, and
-    /// signs the number (a Standard Webhooks `version`): a failure, cancellation or
-    /// success newer than a refund is the payment's newest word even while the refund
-    /// holds it `refunded`, and money coming back restores it (`PaymentDoc::overlaid`).
-    /// Other providers' ranks and dates do not order such a report against a refund
-    /// (Stripe, Paddle), or are not signed (Adyen's `eventDate`), and their failures
-    /// that matter are money (Adyen's `CAPTURE_FAILED`).
-    pub reports_in_order: bool,
     /// The tokens the payment's items bought, where the provider maps its prices to
     /// token packs (Paddle's `token_packs`): the metadata may name no more than these
     /// (`TokensBought::short_of`). `None` where it maps none, or the event reports no

@@ -31,10 +31,10 @@
 //! The event is recorded in `webhook_events` only after its effects, so nothing the
 //! provider was told is done can be lost.
 
-use super::standing::{stands_again, status_beneath, takes_back, withdrawn_whole};
+use super::standing::{stands_again, takes_back, withdrawn_whole};
 use super::{IssueError, IssueOutcome, Issuer, Settlement};
 use crate::domain::{EventOutcome, ParsedEvent, PaymentEvent, PaymentStatus, Reversal};
-use crate::store::{OverlaidStatus, PaymentDoc, ProjectionGate, StoreError, retry};
+use crate::store::{PaymentDoc, ProjectionGate, StoreError, retry};
 use crate::telemetry::{Bounded, metric};
 
 /// What the event being applied withdraws, as its caller judged it: a refund read as
@@ -136,20 +136,6 @@ impl Issuer {
         let gate = gate(event);
         let state = self.store.project_payment(event, gate).await?;
         if let Some(mut refused) = held_back(event, &gate, &state) {
-            if let Some(overlaid) = overlaid_by_refund(event, &state)
-                && self
-                    .store
-                    .record_overlaid_status(&state, overlaid)
-                    .await?
-                    .is_none()
-            {
-                // The payment changed since it was read (money came back, say): this
-                // delivery fails, and its redelivery is projected on the payment as it is
-                // then, where it may move it.
-                return Err(StoreError::unavailable(
-                    "the payment changed while a report held back from its refund was kept",
-                ));
-            }
             tracing::warn!(payment = %Bounded(event.key.payment_intent_id.as_str()), event = %Bounded(&event.event_id), outcome = %refused.outcome, "provider event held back");
             // Nothing else of the payment changed, so there are no other effects to
             // derive (settling again could only write a placeholder for an event that did
@@ -301,41 +287,18 @@ impl Issuer {
     ) -> Result<PaymentDoc, StoreError> {
         let decide = |state: &PaymentDoc| {
             if stands_again(state) {
-                Some(status_beneath(state))
+                Some(PaymentStatus::Succeeded)
             } else if withdraws == Withdraws::Whole && withdrawn_whole(state) {
-                Some((PaymentStatus::Refunded, None))
+                Some(PaymentStatus::Refunded)
             } else {
                 None
             }
         };
         for _ in 0..retry::PAYMENT_STATUS.max_attempts {
-            let Some((to, version)) = decide(&state) else {
+            let Some(to) = decide(&state) else {
                 return Ok(state);
             };
-            // A failure the refund's money overrides is the newest report, where the
-            // provider numbers its reports in order: kept, so that money coming back makes
-            // the payment failed again, not paid.
-            if to == PaymentStatus::Refunded
-                && state.status == PaymentStatus::Failed
-                && event.reports_in_order
-            {
-                let failure = OverlaidStatus {
-                    status: state.status,
-                    version: state.version,
-                };
-                match self.store.record_overlaid_status(&state, failure).await? {
-                    Some(kept) => state = kept,
-                    // Changed since read: decided again on the payment as it now is.
-                    None => match self.store.find_payment(&event.key).await? {
-                        Some(now) => {
-                            state = now;
-                            continue;
-                        }
-                        None => return Ok(state),
-                    },
-                }
-            }
-            match self.store.move_status(&state, to, version, event).await? {
+            match self.store.move_status(&state, to, event).await? {
                 Some(now) if now.status == to => return Ok(now),
                 Some(now) => state = now,
                 None => return Ok(state),
@@ -522,25 +485,6 @@ fn held_back(
             format!("the payment's token parameters were fixed by event {fixed_by}; this event names others"),
         )
     })
-}
-
-/// The report `event` is, to keep beneath the refund that holds the payment `refunded`
-/// (`PaymentDoc::overlaid`): a failure, cancellation or success newer than the payment's
-/// status, from a provider that numbers its reports in order. A `processing` report is
-/// not kept: what a refund took was paid, and coming back it pays for the tokens.
-fn overlaid_by_refund(event: &PaymentEvent, state: &PaymentDoc) -> Option<OverlaidStatus> {
-    let decides = matches!(
-        event.status,
-        PaymentStatus::Failed | PaymentStatus::Canceled | PaymentStatus::Succeeded
-    );
-    (event.reports_in_order
-        && decides
-        && state.status == PaymentStatus::Refunded
-        && event.version > state.version)
-        .then_some(OverlaidStatus {
-            status: event.status,
-            version: event.version,
-        })
 }
 
 fn add_settlement(outcome: &mut EventOutcome, settlement: Settlement) {

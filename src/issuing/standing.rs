@@ -77,28 +77,10 @@ pub(super) fn withdrawn_whole(payment: &PaymentDoc) -> bool {
 }
 
 /// Whether money that came back makes a payment refunded by its withdrawals stand
-/// again: it then takes [`status_beneath`] (`succeeded`, unless a newer report was
-/// overlaid), and a success can be issued.
+/// again: it is then `succeeded` once more, and can be issued.
 pub(super) fn stands_again(payment: &PaymentDoc) -> bool {
     let money = payment.money();
     payment.status == PaymentStatus::Refunded && money.explains_refund() && money.leaves_some()
-}
-
-/// The status a payment refunded by its money takes once money comes back, with the
-/// version to take with it: the newest status report the refund overlaid (a failure or
-/// cancellation reported since, or before it and overridden by its money; a success
-/// retried), at its own version, where that report is no older than the payment's
-/// status; else `succeeded`, the version staying. So, for a provider that numbers its
-/// reports in order (`PaymentEvent::reports_in_order`), the newest report decides
-/// whichever order a failure, a refund and the money coming back arrive in, and an
-/// older report delivered after stays older.
-pub(super) fn status_beneath(payment: &PaymentDoc) -> (PaymentStatus, Option<i64>) {
-    match payment.overlaid {
-        Some(overlaid) if overlaid.version >= payment.version => {
-            (overlaid.status, Some(overlaid.version))
-        }
-        _ => (PaymentStatus::Succeeded, None),
-    }
 }
 
 /// The payment's state when it is refunded, canceled or failed: none of its tokens stand.

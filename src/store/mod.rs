@@ -50,7 +50,7 @@ pub use idempotency::{
     StoredAnswer, StoredHeader,
 };
 pub use issuance::LeaseAttempt;
-pub use payments::{OverlaidStatus, PAYMENTS, PaymentDoc, ProjectionGate, TokenParamsDoc};
+pub use payments::{PAYMENTS, PaymentDoc, ProjectionGate, TokenParamsDoc};
 pub use placeholder::{Existing, PLACEHOLDER_LIFETIME};
 pub use redemptions::{
     REDEMPTIONS, Redeemed, RedemptionAttempt, RedemptionDoc, Spend, SpendPlan, Spendable,

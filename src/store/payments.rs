@@ -95,26 +95,12 @@ pub struct PaymentDoc {
     /// (`Store::move_status`) is moved only if the money is still as it was read.
     #[serde(default)]
     pub money_version: i64,
-    /// The newest status report a refund made the payment `refunded` over, for a
-    /// provider that numbers its reports in order (`PaymentEvent::reports_in_order`): one
-    /// held back because the payment was refunded, or the failure the refund's money
-    /// overrode (`Store::record_overlaid_status`). Money coming back makes that status,
-    /// and its version, the payment's again, where it is no older than the payment's own.
-    #[serde(default)]
-    pub overlaid: Option<OverlaidStatus>,
     #[serde(default)]
     pub last_event_id: String,
     #[serde(default)]
     pub last_event_type: String,
     pub created_at: DateTime,
     pub updated_at: DateTime,
-}
-
-/// A status report a refund overlaid, and its version.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-pub struct OverlaidStatus {
-    pub status: PaymentStatus,
-    pub version: i64,
 }
 
 /// One entry of a payment's `refunds`.
@@ -351,14 +337,6 @@ pub(super) fn token_index(token: &Document) -> Option<i64> {
 /// operator — event contents come from outside.
 fn literal(value: impl Into<Bson>) -> Document {
     doc! { "$literal": value.into() }
-}
-
-/// `overlaid` as `record_overlaid_status` writes it (its fields in that order, which a
-/// document's equality compares), or null.
-fn overlaid_document(overlaid: Option<OverlaidStatus>) -> Bson {
-    overlaid.map_or(Bson::Null, |o| {
-        Bson::Document(doc! { "status": o.status.as_str(), "version": o.version })
-    })
 }
 
 /// Whether the stored payment's parameters are fixed (`tokenParamsFixedBy` is set).
@@ -816,68 +794,30 @@ impl Store {
     }
 
     /// Moves `read` (the payment as read) from its status to `to` if it is still at
-    /// that status, version, money (`moneyVersion`) and overlaid status: an event
-    /// projected or money recorded meanwhile wins, and the caller decides again on the
-    /// state returned. The version stays, so an older event still loses to it, unless
-    /// `to` is a report's own status (`version`: a status a refund overlaid, restored
-    /// with the version it was reported at). `event` is recorded as the last. Returns the
-    /// payment as it now is.
+    /// that status, version and money (`moneyVersion`): an event projected or money
+    /// recorded meanwhile wins, and the caller decides again on the state returned. The
+    /// version stays, so an older event still loses to it, and `event` is recorded as
+    /// the last. Returns the payment as it now is.
     pub async fn move_status(
         &self,
         read: &PaymentDoc,
         to: PaymentStatus,
-        version: Option<i64>,
         event: &PaymentEvent,
     ) -> Result<Option<PaymentDoc>, StoreError> {
         let key = read.key()?;
         let filter = as_read(read)?;
-        let mut set = doc! {
-            "status": to.as_str(),
-            "lastEventId": event.event_id.as_str(),
-            "lastEventType": event.event_type.as_str(),
-            "updatedAt": DateTime::now(),
-        };
-        if let Some(version) = version {
-            set.insert("version", version);
-        }
         self.collection(PAYMENTS)
-            .update_one(filter, doc! { "$set": set })
-            .await?;
-        self.find_payment(&key).await
-    }
-
-    /// Keeps `overlaid` as the status a refund overlaid on the payment `read`, unless it
-    /// keeps one at least as new already (a replay changes nothing, and of two reports
-    /// the newer stays whatever order they came in). Written only while the payment is
-    /// as read, status, version, money and overlaid status alike (`as_read`), so it never
-    /// lands beside a status a concurrent event moved meanwhile; and a status move gated
-    /// on an older read misses it. Returns the payment as it now is, or `None` when it
-    /// changed since `read` (nothing written: the caller decides again).
-    pub async fn record_overlaid_status(
-        &self,
-        read: &PaymentDoc,
-        overlaid: OverlaidStatus,
-    ) -> Result<Option<PaymentDoc>, StoreError> {
-        if read
-            .overlaid
-            .is_some_and(|kept| kept.version >= overlaid.version)
-        {
-            return Ok(Some(read.clone()));
-        }
-        let written = self
-            .collection(PAYMENTS)
             .update_one(
-                as_read(read)?,
+                filter,
                 doc! { "$set": {
-                    "overlaid": overlaid_document(Some(overlaid)),
+                    "status": to.as_str(),
+                    "lastEventId": event.event_id.as_str(),
+                    "lastEventType": event.event_type.as_str(),
                     "updatedAt": DateTime::now(),
                 } },
             )
             .await?;
-        Ok((written.matched_count == 1).then(|| PaymentDoc {
-            overlaid: Some(overlaid),
-            ..read.clone()
-        }))
+        self.find_payment(&key).await
     }
 
     /// Runs `pipeline` as an upsert on the payment's document; returns it as it now is.
@@ -1128,7 +1068,6 @@ fn as_read(read: &PaymentDoc) -> Result<Document, StoreError> {
             ] },
             { "$eq": [ { "$ifNull": ["$version", 0_i64] }, literal(read.version) ] },
             { "$eq": [ { "$ifNull": ["$moneyVersion", 0_i64] }, literal(read.money_version) ] },
-            { "$eq": [ { "$ifNull": ["$overlaid", Bson::Null] }, literal(overlaid_document(read.overlaid)) ] },
         ] },
     );
     Ok(filter)

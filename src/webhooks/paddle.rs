@@ -163,7 +163,6 @@ pub fn parse_paddle(
         authorises_capture: false,
         sole_metadata: false,
         customer_metadata: WebhookScheme::Paddle.customer_writes_metadata(),
-        reports_in_order: false,
         bought: (!packs.is_empty() && event.event_type.starts_with("transaction."))
             .then(|| bought(data, packs)),
     })))

@@ -196,7 +196,6 @@ pub fn parse_standard(
         authorises_capture: false,
         sole_metadata: false,
         customer_metadata: false,
-        reports_in_order: true,
         bought: None,
     })))
 }

@@ -128,7 +128,6 @@ fn payment_event(
         authorises_capture: false,
         sole_metadata: false,
         customer_metadata: false,
-        reports_in_order: false,
         bought: None,
     })
 }

@@ -380,7 +380,6 @@ fn parse_item(
         // dedupe record expired) is the only way any other metadata could arrive.
         sole_metadata: authorised,
         customer_metadata: false,
-        reports_in_order: false,
         bought: None,
     }))
 }
