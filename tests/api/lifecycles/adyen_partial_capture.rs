@@ -615,3 +615,51 @@ async fn a_failed_part_is_its_own_money_whichever_order_its_capture_arrives_in()
     }
     assert!(app.store().await.verify().await.unwrap().is_clean());
 }
+
+/// Guards of what a refund's failure restores: a cancellation of the rest held back after
+/// the refund, or the failed capture of one part (its money recorded), leaves the parts
+/// that were captured standing once the refund fails. A report held back from a refunded
+/// payment leaves no status behind; one that did would make both `canceled` or `failed`.
+#[tokio::test]
+async fn a_refunds_failure_restores_the_captured_parts_whatever_adyen_reported_after_the_refund() {
+    let app = spawn_app_with(&adyen_manual()).await;
+    // A cancellation of the rest, dated after the refund of what was captured.
+    captured_six_of_ten(&app, "PSP_RC").await;
+    let refund = modification("CANCEL_OR_REFUND", "W_RC", "PSP_RC", 600);
+    send(&app, &[dated(refund, "2026-11-30T15:30:00Z")]).await;
+    send(&app, &[cancellation_of_the_rest("PSP_RC")]).await;
+    let failed = modification("REFUND_FAILED", "W_RC", "PSP_RC", 600);
+    send(&app, &[dated(failed, "2026-11-30T18:00:00Z")]).await;
+    assert_eq!(payment_status(&app, "PSP_RC").await.0, "succeeded");
+    assert_eq!(
+        app.active_indexes("PSP_RC").await,
+        (0..6).collect::<Vec<i64>>()
+    );
+
+    // The failed capture of one part, dated after a refund of both.
+    send(&app, &[authorisation("PSP_RF", 10)]).await;
+    for (capture, value) in [("CAP_A_RF", 600), ("CAP_B_RF", 400)] {
+        send(
+            &app,
+            &[adyen_capture(
+                capture,
+                "PSP_RF",
+                value,
+                "2026-11-30T15:00:00Z",
+            )],
+        )
+        .await;
+    }
+    let refund = modification("CANCEL_OR_REFUND", "W_RF", "PSP_RF", 1000);
+    send(&app, &[dated(refund, "2026-11-30T20:00:00Z")]).await;
+    let part_failed = modification("CAPTURE_FAILED", "CAP_B_RF", "PSP_RF", 400);
+    send(&app, &[dated(part_failed, "2026-12-01T08:00:00Z")]).await;
+    let failed = modification("REFUND_FAILED", "W_RF", "PSP_RF", 1000);
+    send(&app, &[dated(failed, "2026-12-03T08:00:00Z")]).await;
+    assert_eq!(
+        app.active_indexes("PSP_RF").await,
+        (0..6).collect::<Vec<i64>>()
+    );
+    assert_eq!(payment_status(&app, "PSP_RF").await.0, "succeeded");
+    assert!(app.store().await.verify().await.unwrap().is_clean());
+}
