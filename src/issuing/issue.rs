@@ -399,21 +399,17 @@ impl Issuer {
             record
         };
         let key = record.key()?;
-        let mut tokens = self.store.payment_tokens(&key).await?;
+        let held = self.store.payment_tokens_held(&key).await?;
         // Tokens written for another record of this payment, one a failover rolled back
         // after they had reached the new primary, are not this record's set: answering
         // them would issue more than it asks (a token past its quantity), or another
-        // owner's or type's tokens. Refused, for an operator (`verify` reports them). A
-        // token past the quantity shows in the read above; the others take a read of
-        // their own, made only before a set is completed or first answered (an issued,
-        // complete set was checked when it was).
-        let foreign = tokens
-            .iter()
-            .any(|token| token.token_index >= record.quantity)
-            || (!tokens.is_empty()
-                && (record.status != IssuanceStatus::Issued
-                    || tokens.len() < record.quantity as usize)
-                && self.store.has_foreign_tokens(&record).await?);
+        // owner's or type's tokens (`verify`'s foreign tokens: a transfer alone gives a
+        // token another owner). Refused, for an operator (`verify` reports them).
+        let foreign = held.iter().any(|(token, holder)| {
+            token.token_index >= record.quantity
+                || holder.token_type != record.token_type
+                || (holder.owner != Some(record.owner) && !holder.transferred)
+        });
         if foreign {
             tracing::error!(
                 payment = %crate::telemetry::Bounded(&record.payment_intent_id),
@@ -426,6 +422,7 @@ impl Issuer {
             )
             .into());
         }
+        let mut tokens: Vec<TokenSummary> = held.into_iter().map(|(token, _)| token).collect();
         let mut created = 0;
         if tokens.len() < record.quantity as usize {
             // Completed with the recorded parameters (paymentDate included), not a retry's,

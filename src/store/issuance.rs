@@ -255,26 +255,43 @@ impl Store {
         Ok(cursor.try_collect().await?)
     }
 
-    /// Whether the payment has a token that is not of `record`'s set: of another type,
-    /// or of another owner that no transfer gave it (`verify`'s foreign tokens). Such a
-    /// token was written for another record of the payment, one that is gone.
-    pub async fn has_foreign_tokens(&self, record: &IssuanceDoc) -> Result<bool, StoreError> {
-        let mut filter = payment_tokens_filter(&record.key()?);
-        filter.insert(
-            "$or",
-            vec![
-                doc! { "type": { "$ne": &record.token_type } },
-                doc! { "owner": { "$ne": record.owner }, "transferredAt": { "$exists": false } },
-            ],
-        );
-        let found = self
+    /// The payment's tokens in tokenIndex order, as `payment_tokens` reads them, each
+    /// with whose it is (`TokenHolder`): in the same read, so that telling whether they
+    /// are a record's set costs no round trip.
+    pub async fn payment_tokens_held(
+        &self,
+        key: &PaymentKey,
+    ) -> Result<Vec<(TokenSummary, TokenHolder)>, StoreError> {
+        let mut projection = token_summary_projection();
+        projection.extend(doc! { "owner": 1, "type": 1, "transferredAt": 1 });
+        let cursor = self
             .db
             .collection::<Document>(TOKENS)
-            .find_one(filter)
-            .projection(doc! { "_id": 1 })
+            .find(payment_tokens_filter(key))
+            .projection(projection)
+            .sort(doc! { "tokenIndex": 1 })
             .await?;
-        Ok(found.is_some())
+        let rows: Vec<Document> = cursor.try_collect().await?;
+        rows.into_iter()
+            .map(|row| {
+                let holder = TokenHolder {
+                    owner: row.get_object_id("owner").ok(),
+                    token_type: row.get_str("type").unwrap_or_default().to_owned(),
+                    transferred: row.contains_key("transferredAt"),
+                };
+                Ok((from_document(row)?, holder))
+            })
+            .collect()
     }
+}
+
+/// Whose a token is, as stored: its owner, its type, and whether a transfer gave it that
+/// owner.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenHolder {
+    pub owner: Option<ObjectId>,
+    pub token_type: String,
+    pub transferred: bool,
 }
 
 /// The issuance record as a document to insert.

@@ -49,7 +49,7 @@ pub use idempotency::{
     AnswerInTransaction, Claimed, HeldRecord, IDEMPOTENCY_KEYS, IdempotencyClaim, IdempotencyDoc,
     StoredAnswer, StoredHeader,
 };
-pub use issuance::LeaseAttempt;
+pub use issuance::{LeaseAttempt, TokenHolder};
 pub use payments::{PAYMENTS, PaymentDoc, ProjectionGate, TokenParamsDoc};
 pub use placeholder::{Existing, PLACEHOLDER_LIFETIME};
 pub use redemptions::{
