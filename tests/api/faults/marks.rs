@@ -102,14 +102,7 @@ async fn a_set_whose_record_vanished_is_not_answered_when_its_mark_fails() {
     let payment = "pi_record_rolled_back";
     let turn = FailPointTurn::take().await;
     let (holder, issuance) = issue_with_tokens_held(&app, payment).await;
-    let record = doc! { "paymentIntentId": payment };
-    let removed = app
-        .db
-        .collection::<Document>("issuances")
-        .delete_many(record.clone())
-        .await
-        .unwrap();
-    assert_eq!(removed.deleted_count, 1);
+    let record = roll_back_the_record(&app, payment).await;
     let mark_fails = turn.set(&name, &["update"], Fault::error(91), 1).await;
     holder.abort().await;
 
@@ -141,14 +134,7 @@ async fn tokens_left_by_a_record_that_is_gone_are_never_answered_to_another_requ
         let payment = later["paymentIntentId"].as_str().unwrap();
         let first = app.issue(WRITER_KEY, &issuance_body(payment, 4)).await;
         assert_eq!(first.status(), 201);
-        let record = doc! { "paymentIntentId": payment };
-        let removed = app
-            .db
-            .collection::<Document>("issuances")
-            .delete_many(record.clone())
-            .await
-            .unwrap();
-        assert_eq!(removed.deleted_count, 1);
+        let record = roll_back_the_record(&app, payment).await;
 
         // The later request runs into the 4 left behind: never answered with them.
         for _ in 0..2 {
@@ -162,6 +148,20 @@ async fn tokens_left_by_a_record_that_is_gone_are_never_answered_to_another_requ
     let report = app.store().await.verify().await.unwrap();
     assert_eq!(report.wrong_token_sets.count, 1, "{report}");
     assert_eq!(report.foreign_tokens.count, 2, "{report}");
+}
+
+/// Deletes `payment`'s issuance record, as a failover that rolled back its `w:1` insert
+/// leaves it; returns the filter that finds it.
+async fn roll_back_the_record(app: &TestApp, payment: &str) -> Document {
+    let record = doc! { "paymentIntentId": payment };
+    let removed = app
+        .db
+        .collection::<Document>("issuances")
+        .delete_many(record.clone())
+        .await
+        .unwrap();
+    assert_eq!(removed.deleted_count, 1);
+    record
 }
 
 /// An open transaction holding the key of a payment's first token, and what it holds up.
