@@ -16,7 +16,8 @@ use crate::telemetry::metric;
 
 /// How long a repairer holds a record before another may take it.
 const LEASE: Duration = Duration::from_secs(60);
-/// At most this many records per sweep, so one sweep cannot run forever.
+/// At most this many records per background sweep, so one sweep cannot run forever
+/// (`verify --repair`, which an operator runs to finish everything, takes them all).
 const MAX_PER_SWEEP: usize = 1000;
 
 /// What a repair pass did.
@@ -35,15 +36,27 @@ pub struct RepairReport {
 }
 
 impl Issuer {
-    /// Finishes every `issuing` record created more than `min_age` ago.
+    /// Finishes the `issuing` records created more than `min_age` ago, at most
+    /// [`MAX_PER_SWEEP`] of them.
     pub async fn repair_unfinished(&self, min_age: Duration) -> Result<RepairReport, StoreError> {
+        self.finish_unfinished(min_age, MAX_PER_SWEEP).await
+    }
+
+    /// Finishes the `issuing` records created more than `min_age` ago, at most `limit`.
+    /// Each record tried is leased for [`LEASE`], so none comes up twice in one call,
+    /// and one that failed is left for the next, once the lease is over.
+    async fn finish_unfinished(
+        &self,
+        min_age: Duration,
+        limit: usize,
+    ) -> Result<RepairReport, StoreError> {
         let mut report = RepairReport::default();
         let created_before =
             DateTime::from_millis(DateTime::now().timestamp_millis() - min_age.as_millis() as i64);
         // Records the database would not lease this sweep: still leasable, they would
         // come first again and again, and the records behind them never.
         let mut refused = Vec::new();
-        for _ in 0..MAX_PER_SWEEP {
+        for _ in 0..limit {
             let Some(attempt) = self
                 .store
                 .lease_unfinished_record(created_before, LEASE, &refused)
@@ -110,7 +123,9 @@ impl Issuer {
     /// and the tokens of refunded or canceled payments settled.
     pub async fn repair_all(&self) -> Result<RepairReport, StoreError> {
         let reopened = self.store.reopen_short_sets().await?;
-        let mut report = self.repair_unfinished(Duration::ZERO).await?;
+        // Every record that was there when it began: records created since are not
+        // looked at, and each is leased when tried, so this ends.
+        let mut report = self.finish_unfinished(Duration::ZERO, usize::MAX).await?;
         report.records_reopened = reopened;
         for listed in self.store.payments_taking_back().await? {
             match self.settle_listed(listed).await? {

@@ -348,3 +348,26 @@ async fn verify_json_is_one_document_with_the_text_exit_codes() {
     assert_eq!(report["repair"]["failed"], 0, "{report}");
     assert_eq!(app.token_indexes("pi_json").await, vec![0, 1]);
 }
+
+#[tokio::test]
+async fn verify_repair_finishes_every_unfinished_record_however_many() {
+    // More than a background sweep takes at once (1,000): `--repair` finishes them all,
+    // as the contract says, not the first thousand.
+    const RECORDS: i64 = 1_001;
+    let app = spawn_app().await;
+    app.db
+        .collection::<Document>("issuances")
+        .insert_many((0..RECORDS).map(|i| record(&format!("pi_many_{i}"), 1, "issuing")))
+        .await
+        .unwrap();
+
+    let repaired = run_verify(&app, &["--repair", "--json"]).await;
+    let report = json_report(&repaired);
+    assert_eq!(repaired.status.code(), Some(0), "{report}");
+    assert_eq!(report["repair"]["recordsFinished"], RECORDS, "{report}");
+    assert_eq!(
+        app.count("issuances", doc! { "status": "issuing" }).await,
+        0
+    );
+    assert_eq!(app.count("tokens", doc! {}).await, RECORDS as u64);
+}
