@@ -363,28 +363,41 @@ async fn migrate(settings: &Settings, dry_run: bool) -> anyhow::Result<Finished>
     let (store, embedded) = connect(settings).await?;
     let days = settings.webhooks.retention_days;
     let result = async {
-        let report = crate::migrate::run(&store, dry_run).await?;
+        let report = match crate::migrate::run(&store, dry_run).await {
+            // Found, as `duplicates` finds them: the command ran, and this is its finding.
+            Err(err @ crate::migrate::MigrateError::Duplicates { .. }) => {
+                eprintln!("{err}");
+                return anyhow::Ok(None);
+            }
+            report => report?,
+        };
         // The TTL index of webhook_events follows a setting, not a file: kept in step here
         // as a start that applies migrations does.
         let kept = store.webhook_retention_days().await?;
         if !dry_run && kept != Some(u64::from(days)) {
             store.ensure_webhook_retention(days).await?;
         }
-        anyhow::Ok((report, kept))
+        anyhow::Ok(Some((report, kept)))
     }
     .await;
     if let Some(embedded) = embedded {
         embedded.stop().await;
     }
-    let (report, kept) = result?;
+    let Some((report, kept)) = result? else {
+        return Ok(Finished::Findings);
+    };
     let verb = if dry_run { "would apply" } else { "applied" };
     for id in &report.already_applied {
         println!("already applied  {id}");
     }
+    for index in &report.recreated {
+        let verb = if dry_run { "would rebuild" } else { "rebuilt" };
+        println!("{verb:<16} {index}");
+    }
     for id in &report.applied {
         println!("{verb:<16} {id}");
     }
-    if report.applied.is_empty() {
+    if report.applied.is_empty() && report.recreated.is_empty() {
         println!("nothing to apply");
     }
     if kept != Some(u64::from(days)) {
@@ -408,7 +421,7 @@ async fn duplicates(settings: &Settings, json: bool) -> anyhow::Result<Finished>
         embedded.stop().await;
     }
     let reports = result?;
-    let found: usize = reports.iter().map(|r| r.groups.len()).sum();
+    let found: i64 = reports.iter().map(|r| r.total).sum();
     if json {
         println!("{}", report::duplicates(&reports));
     } else {
@@ -451,7 +464,13 @@ async fn verify(settings: &Settings, repair: bool, json: bool) -> anyhow::Result
         } else {
             None
         };
-        Ok::<_, crate::store::StoreError>((repaired, store.verify().await?))
+        let mut report = store.verify().await?;
+        let missing = crate::migrate::missing_indexes(&store).await?;
+        report.missing_indexes = crate::store::Finding {
+            count: missing.len() as u64,
+            samples: missing,
+        };
+        anyhow::Ok((repaired, report))
     }
     .await;
     if let Some(embedded) = embedded {

@@ -30,6 +30,7 @@ pub(super) fn verify(report: &VerifyReport, repair: Option<&RepairReport>) -> Va
             "unrestoredTokens": finding(&report.unrestored_tokens),
             "unreadablePayments": finding(&report.unreadable_payments),
             "incompleteRedemptions": finding(&report.incomplete_redemptions),
+            "missingIndexes": finding(&report.missing_indexes),
         },
         "repair": repair.map(|r| json!({
             "recordsFinished": r.records_finished,
@@ -44,7 +45,7 @@ pub(super) fn verify(report: &VerifyReport, repair: Option<&RepairReport>) -> Va
 /// `duplicates --json`: every unique index checked, each with its groups (the shared key
 /// and a few `_id`s in MongoDB relaxed Extended JSON, so an ObjectId is `{"$oid": …}`).
 pub(super) fn duplicates(reports: &[DuplicateReport]) -> Value {
-    let groups: usize = reports.iter().map(|r| r.groups.len()).sum();
+    let groups: i64 = reports.iter().map(|r| r.total).sum();
     let indexes: Vec<Value> = reports
         .iter()
         .map(|report| {
@@ -68,6 +69,7 @@ pub(super) fn duplicates(reports: &[DuplicateReport]) -> Value {
                 "collection": report.collection,
                 "index": report.index,
                 "groups": groups,
+                "total": report.total,
             })
         })
         .collect();

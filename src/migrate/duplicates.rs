@@ -26,18 +26,23 @@ pub struct DuplicateGroup {
 pub struct DuplicateReport {
     pub collection: String,
     pub index: String,
+    /// The largest groups, at most `REPORT_LIMIT` of them.
     pub groups: Vec<DuplicateGroup>,
+    /// How many groups there are in all.
+    pub total: i64,
 }
 
 impl fmt::Display for DuplicateReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(
+        write!(
             f,
-            "{} group(s) of duplicates block unique index {} on {}:",
-            self.groups.len(),
-            self.index,
-            self.collection
+            "{} group(s) of duplicates block unique index {} on {}",
+            self.total, self.index, self.collection
         )?;
+        if self.total > self.groups.len() as i64 {
+            write!(f, "; the {} largest", self.groups.len())?;
+        }
+        writeln!(f, ":")?;
         for group in &self.groups {
             let ids: Vec<String> = group.sample_ids.iter().map(|id| id.to_string()).collect();
             writeln!(
@@ -61,9 +66,15 @@ pub async fn find_duplicates(
     index: &IndexStep,
 ) -> Result<DuplicateReport, StoreError> {
     // Group on each key field; field paths like `origin.provider` become `$origin.provider`.
+    // A unique index keys a missing field as null, so missing and null are one value here
+    // too (`$ifNull`); grouped on the bare path, a missing field would leave its key out
+    // and two documents the index refuses together would stand in different groups.
     let mut group_id = Document::new();
     for (i, field) in index.keys.keys().enumerate() {
-        group_id.insert(format!("k{i}"), format!("${field}"));
+        group_id.insert(
+            format!("k{i}"),
+            doc! { "$ifNull": [format!("${field}"), Bson::Null] },
+        );
     }
     let mut pipeline = Vec::new();
     if let Some(partial) = &index.partial_filter_expression {
@@ -72,15 +83,36 @@ pub async fn find_duplicates(
     pipeline.extend([
         doc! { "$group": { "_id": group_id, "count": { "$sum": 1 }, "ids": { "$push": "$_id" } } },
         doc! { "$match": { "count": { "$gt": 1 } } },
-        doc! { "$sort": { "count": -1 } },
-        doc! { "$limit": REPORT_LIMIT },
+        // The facet's answer is one document: a few ids a group, not all of them.
+        doc! { "$project": { "count": 1, "ids": { "$slice": ["$ids", IDS_PER_GROUP as i32] } } },
+        doc! { "$facet": {
+            "largest": [{ "$sort": { "count": -1 } }, { "$limit": REPORT_LIMIT }],
+            "all": [{ "$count": "groups" }],
+        } },
     ]);
     let cursor = store
         .collection(&index.collection)
         .aggregate(pipeline)
         .allow_disk_use(true)
         .await?;
-    let rows: Vec<Document> = cursor.try_collect().await?;
+    let faceted: Vec<Document> = cursor.try_collect().await?;
+    let faceted = faceted.into_iter().next().unwrap_or_default();
+    let total = faceted
+        .get_array("all")
+        .ok()
+        .and_then(|all| all.first())
+        .and_then(Bson::as_document)
+        .and_then(|all| {
+            all.get_i32("groups")
+                .map(i64::from)
+                .or_else(|_| all.get_i64("groups"))
+                .ok()
+        })
+        .unwrap_or(0);
+    let rows: Vec<Document> = faceted
+        .get_array("largest")
+        .map(|rows| rows.iter().filter_map(Bson::as_document).cloned().collect())
+        .unwrap_or_default();
     let field_names: Vec<&String> = index.keys.keys().collect();
     let groups = rows
         .into_iter()
@@ -117,5 +149,6 @@ pub async fn find_duplicates(
         collection: index.collection.clone(),
         index: index.name.clone(),
         groups,
+        total,
     })
 }

@@ -8,6 +8,7 @@
 //! made redundant: every write to its collection pays for each index it keeps).
 
 mod duplicates;
+mod kept;
 mod lease;
 mod runner;
 mod steps;
@@ -17,7 +18,10 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
 pub use duplicates::{DuplicateGroup, DuplicateReport, find_duplicates};
-pub use runner::{LeaseTiming, MigrateError, MigrationReport, apply, pending, run, verify_applied};
+pub use runner::{
+    LeaseTiming, MigrateError, MigrationReport, apply, missing_indexes, pending, run,
+    verify_applied,
+};
 
 /// The migration files, in order. A test checks this list against `migrations/`.
 const FILES: &[(&str, &str)] = &[

@@ -11,6 +11,7 @@ use std::time::Duration;
 use futures::TryStreamExt;
 use mongodb::bson::{DateTime, Document, doc};
 
+use super::kept::{KeptIndex, missing};
 use super::lease::{Lease, POLL, UNANSWERED_PATIENCE};
 use super::steps::{backfill, create_index, drop_index};
 use super::{DuplicateReport, Migration, Step, migrations};
@@ -52,6 +53,11 @@ pub enum MigrateError {
     },
     #[error("migration {id} cannot create a unique index:\n{report}")]
     Duplicates { id: String, report: DuplicateReport },
+    #[error(
+        "indexes that applied migrations built are missing: {}; run `tokenmint migrate` to build them again",
+        .0.join(", ")
+    )]
+    IndexesMissing(Vec<String>),
     #[error("another instance has held the migration lock for over {0:?} without renewing it")]
     LockTimeout(Duration),
     #[error(
@@ -74,17 +80,35 @@ impl From<mongodb::error::Error> for MigrateError {
 pub struct MigrationReport {
     pub applied: Vec<String>,
     pub already_applied: Vec<String>,
+    /// Indexes of applied migrations the database had lost, built again (`kept.rs`), each
+    /// as `collection.name (migration)`.
+    pub recreated: Vec<String>,
 }
 
-/// Applies every pending embedded migration, or with `dry_run` only lists them. Always
-/// verifies the checksums of applied ones.
+/// Applies every pending embedded migration, after building again any index an applied
+/// one built that the database lost; or with `dry_run` only lists both. Always verifies
+/// the checksums of applied ones.
 pub async fn run(store: &Store, dry_run: bool) -> Result<MigrationReport, MigrateError> {
     let all = migrations()?;
     if dry_run {
         let applied = verify(store, &all).await?;
-        return Ok(split(all, &applied));
+        let lost = missing(store, &all, &applied).await?;
+        let recreated = lost.iter().map(KeptIndex::describe).collect();
+        return Ok(MigrationReport {
+            recreated,
+            ..split(all, &applied)
+        });
     }
     apply(store, all, STANDARD_LEASE).await
+}
+
+/// The indexes applied migrations built that the database lacks, each as
+/// `collection.name (migration)` (`verify` reports them).
+pub async fn missing_indexes(store: &Store) -> Result<Vec<String>, MigrateError> {
+    let all = migrations()?;
+    let applied = applied_checksums(store).await?;
+    let lost = missing(store, &all, &applied).await?;
+    Ok(lost.iter().map(KeptIndex::describe).collect())
 }
 
 /// Applies the pending ones of `all`, in order, under a lease timed by `lease`: what
@@ -112,13 +136,15 @@ pub async fn pending(store: &Store) -> Result<Vec<String>, MigrateError> {
         .collect())
 }
 
-/// Fails when an applied migration's file was edited since. A database that does not
-/// answer (a start while the set elects) is waited for as a start that migrates waits
-/// for it (`UNANSWERED_PATIENCE`), then its unavailability is the error.
+/// Fails when an applied migration's file was edited since, or when an index one built is
+/// missing (a start that may not change the schema cannot build it again, and must not
+/// serve without it). A database that does not answer (a start while the set elects) is
+/// waited for as a start that migrates waits for it (`UNANSWERED_PATIENCE`), then its
+/// unavailability is the error.
 pub async fn verify_applied(store: &Store) -> Result<(), MigrateError> {
     let all = migrations()?;
     let started = tokio::time::Instant::now();
-    loop {
+    let applied = loop {
         match verify(store, &all).await {
             Err(MigrateError::Store(err @ StoreError::Unavailable(_)))
                 if started.elapsed() < UNANSWERED_PATIENCE =>
@@ -126,8 +152,16 @@ pub async fn verify_applied(store: &Store) -> Result<(), MigrateError> {
                 tracing::warn!(error = %err, "cannot read the applied migrations yet; trying again");
                 tokio::time::sleep(POLL).await;
             }
-            outcome => return outcome.map(|_| ()),
+            outcome => break outcome?,
         }
+    };
+    let lost = missing(store, &all, &applied).await?;
+    if lost.is_empty() {
+        Ok(())
+    } else {
+        Err(MigrateError::IndexesMissing(
+            lost.iter().map(KeptIndex::describe).collect(),
+        ))
     }
 }
 
@@ -138,6 +172,12 @@ async fn apply_pending(
 ) -> Result<MigrationReport, MigrateError> {
     let applied = verify(store, &all).await?;
     let mut report = MigrationReport::default();
+    for lost in missing(store, &all, &applied).await? {
+        tracing::warn!(index = %lost.describe(), holder = lease.holder_id(), "building again an index an applied migration built");
+        let work = create_index(store, lost.migration, lost.index);
+        lease.while_held(lost.migration, work).await??;
+        report.recreated.push(lost.describe());
+    }
     for migration in all {
         if applied.contains_key(&migration.id) {
             report.already_applied.push(migration.id);
@@ -202,6 +242,7 @@ fn split(all: Vec<Migration>, applied: &HashMap<String, String>) -> MigrationRep
     MigrationReport {
         applied: todo.into_iter().map(|m| m.id).collect(),
         already_applied: done.into_iter().map(|m| m.id).collect(),
+        recreated: Vec::new(),
     }
 }
 

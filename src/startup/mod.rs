@@ -392,6 +392,9 @@ async fn prepare_database(settings: &Settings, store: &Store) -> anyhow::Result<
         if !report.applied.is_empty() {
             tracing::info!(applied = ?report.applied, "migrations applied");
         }
+        if !report.recreated.is_empty() {
+            tracing::warn!(rebuilt = ?report.recreated, "indexes of applied migrations were missing, and are built again");
+        }
         store.ensure_webhook_retention(retention_days).await?;
     } else {
         crate::migrate::verify_applied(store).await?;

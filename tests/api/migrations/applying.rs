@@ -4,7 +4,7 @@
 
 use mongodb::bson::{DateTime, doc};
 use tokenmint::migrate::{
-    MigrateError, TOKEN_PAYMENT_INDEX_KEYS, parse, pending, run, verify_applied,
+    MigrateError, TOKEN_PAYMENT_INDEX_KEYS, missing_indexes, parse, pending, run, verify_applied,
 };
 
 use super::{FreshDb, all, token};
@@ -256,4 +256,83 @@ async fn a_check_of_applied_migrations_waits_for_a_database_failing_its_first_re
         .await
         .expect("a database failing its first reads is waited for");
     assert_eq!(failpoint.off().await, 4, "the first reads failed");
+}
+
+#[tokio::test]
+async fn indexes_lost_after_their_migration_are_found_and_built_again() {
+    // A restore that left the indexes behind, or an index dropped by hand: `_migrations`
+    // still lists the migrations, and nothing else would guard the payment's unique key.
+    let fresh = FreshDb::new().await;
+    let store = fresh.store().await;
+    run(&store, false).await.unwrap();
+    fresh
+        .collection("tokens")
+        .drop_index("uniq_token_payment_index")
+        .await
+        .unwrap();
+    fresh.collection("redemptions").drop().await.unwrap();
+    let lost = vec![
+        "tokens.uniq_token_payment_index (0001_tokens_unique_payment_index)".to_owned(),
+        "redemptions.uniq_redemption_reference (0012_redemptions_unique_reference)".to_owned(),
+    ];
+    assert_eq!(missing_indexes(&store).await.unwrap(), lost);
+
+    // A start that may not change the schema refuses, naming them.
+    let err = verify_applied(&store).await.unwrap_err();
+    assert!(matches!(err, MigrateError::IndexesMissing(_)), "{err:?}");
+    let text = err.to_string();
+    assert!(
+        text.contains("uniq_token_payment_index") && text.contains("tokenmint migrate"),
+        "{text}"
+    );
+
+    // A dry run says it would build them again, and builds nothing.
+    let dry = run(&store, true).await.unwrap();
+    assert_eq!(dry.recreated, lost);
+    assert_eq!(missing_indexes(&store).await.unwrap(), lost);
+
+    // A duplicate written while the index was gone blocks its build with the report.
+    fresh
+        .collection("tokens")
+        .insert_many([token("pi_lost", 0), token("pi_lost", 0)])
+        .await
+        .unwrap();
+    let err = run(&store, false).await.unwrap_err();
+    let MigrateError::Duplicates { id, report } = err else {
+        panic!("expected Duplicates, got {err:?}")
+    };
+    assert_eq!(id, "0001_tokens_unique_payment_index");
+    assert_eq!(report.total, 1, "{report}");
+    fresh
+        .collection("tokens")
+        .delete_one(doc! { "_id": report.groups[0].sample_ids[0].clone() })
+        .await
+        .unwrap();
+
+    // Resolved, a run (`migrate`, or a start that applies migrations) builds them again.
+    let report = run(&store, false).await.unwrap();
+    assert_eq!(report.recreated, lost);
+    assert!(report.applied.is_empty(), "{:?}", report.applied);
+    assert!(
+        fresh
+            .indexes("tokens")
+            .await
+            .contains(&("uniq_token_payment_index".to_owned(), true))
+    );
+    assert!(
+        fresh
+            .indexes("redemptions")
+            .await
+            .contains(&("uniq_redemption_reference".to_owned(), true))
+    );
+    assert!(missing_indexes(&store).await.unwrap().is_empty());
+    verify_applied(&store).await.unwrap();
+    // An index a later migration dropped is not missing, and is not built again.
+    assert!(
+        !fresh
+            .indexes("tokens")
+            .await
+            .iter()
+            .any(|(name, _)| name == "tokens_owner_type_status")
+    );
 }

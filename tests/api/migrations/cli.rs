@@ -77,6 +77,34 @@ async fn cli_migrate_and_duplicates() {
     assert_eq!(report["clean"], true, "{report}");
     assert_eq!(report["groups"], 0, "{report}");
     assert_eq!(fresh.applied().await, rows, "duplicates changes nothing");
+
+    // An index lost after its migration: `verify` finds it, `migrate` builds it again.
+    fresh
+        .collection("payments")
+        .drop_index("uniq_payment")
+        .await
+        .unwrap();
+    let (ok, out, err) = tokenmint(fresh.name(), &["verify", "--json"]).await;
+    assert!(
+        !ok,
+        "a missing index is a finding\nstdout: {out}\nstderr: {err}"
+    );
+    let report: serde_json::Value = serde_json::from_str(&out).expect("one JSON document");
+    let missing = &report["findings"]["missingIndexes"];
+    assert_eq!(missing["count"], 1, "{report}");
+    assert_eq!(
+        missing["samples"][0], "payments.uniq_payment (0006_payments_unique_payment)",
+        "{report}"
+    );
+    let (ok, out, err) = tokenmint(fresh.name(), &["migrate"]).await;
+    assert!(ok, "stdout: {out}\nstderr: {err}");
+    assert!(
+        out.contains("rebuilt          payments.uniq_payment"),
+        "{out}"
+    );
+    let (ok, out, err) = tokenmint(fresh.name(), &["verify"]).await;
+    assert!(ok, "stdout: {out}\nstderr: {err}");
+    assert_eq!(fresh.applied().await, rows, "nothing recorded anew");
 }
 
 #[tokio::test]
@@ -125,8 +153,17 @@ async fn cli_reports_duplicates_and_refuses_to_migrate() {
     assert_eq!(ids.len(), 2, "{report}");
     assert!(ids.iter().all(|id| id["$oid"].is_string()), "{report}");
 
-    let (ok, out, err) = tokenmint(fresh.name(), &["migrate"]).await;
-    assert!(!ok, "stdout: {out}\nstderr: {err}");
+    // Duplicates found, as `duplicates` reports them: exit 1, not 2 (it could run).
+    let output = run_command(&mongo_uri(), fresh.name(), &["migrate"], &[]).await;
+    let (out, err) = (
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr),
+    );
+    assert_eq!(
+        output.status.code(),
+        Some(1),
+        "stdout: {out}\nstderr: {err}"
+    );
     assert!(err.contains("pi_cli_dup"), "{err}");
     assert!(!err.contains("E11000"), "{err}");
     assert!(fresh.applied().await.is_empty());

@@ -137,3 +137,60 @@ async fn backfill_gives_every_token_a_version() {
     );
     assert_eq!(fresh.count("tokens", doc! {}).await, TOKENS as u64 + 1);
 }
+
+#[tokio::test]
+async fn a_field_missing_and_the_same_field_null_are_one_duplicate_key() {
+    // A unique index keys a missing field as null: these two collide, so the report that
+    // stands in for the index build must group them, or it finds nothing and the build
+    // then fails with the database's own error.
+    let fresh = FreshDb::new().await;
+    let store = fresh.store().await;
+    let mut missing = token("pi_null", 0);
+    missing.remove("tokenIndex");
+    let mut null = token("pi_null", 0);
+    null.insert("tokenIndex", Bson::Null);
+    fresh
+        .collection("tokens")
+        .insert_many([missing, null])
+        .await
+        .unwrap();
+
+    let err = run(&store, false).await.unwrap_err();
+    let MigrateError::Duplicates { report, .. } = err else {
+        panic!("expected Duplicates, got {err:?}")
+    };
+    assert_eq!(report.groups.len(), 1, "{report}");
+    assert_eq!(report.groups[0].count, 2, "{report}");
+    assert_eq!(report.groups[0].key.get("tokenIndex"), Some(&Bson::Null));
+    assert!(fresh.applied().await.is_empty());
+}
+
+#[tokio::test]
+async fn a_report_lists_the_largest_groups_and_counts_them_all() {
+    let fresh = FreshDb::new().await;
+    let store = fresh.store().await;
+    let groups = 23;
+    let tokens: Vec<Document> = (0..groups)
+        .flat_map(|g| {
+            [
+                token(&format!("pi_many_{g}"), 0),
+                token(&format!("pi_many_{g}"), 0),
+            ]
+        })
+        .collect();
+    fresh
+        .collection("tokens")
+        .insert_many(tokens)
+        .await
+        .unwrap();
+
+    let err = run(&store, false).await.unwrap_err();
+    let MigrateError::Duplicates { report, .. } = err else {
+        panic!("expected Duplicates, got {err:?}")
+    };
+    assert_eq!(report.groups.len(), 20, "a report lists twenty: {report}");
+    assert_eq!(report.total, groups, "{report}");
+    let text = report.to_string();
+    assert!(text.starts_with("23 group(s) of duplicates"), "{text}");
+    assert!(text.contains("the 20 largest"), "{text}");
+}
