@@ -308,6 +308,7 @@ async fn verify_json_is_one_document_with_the_text_exit_codes() {
         "unrestoredTokens",
         "unreadablePayments",
         "incompleteRedemptions",
+        "missingIndexes",
     ];
     let findings = report["findings"].as_object().unwrap();
     let mut names: Vec<&str> = findings.keys().map(String::as_str).collect();
