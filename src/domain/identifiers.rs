@@ -112,6 +112,15 @@ impl<'de> serde::Deserialize<'de> for Provider {
     }
 }
 
+/// A configured account (`providers.<name>.accounts`) is an `AccountId` from the start;
+/// one outside the alphabet is refused with the rule, quoting nothing of it.
+impl<'de> serde::Deserialize<'de> for AccountId {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let account = String::deserialize(deserializer)?;
+        Self::parse(&account).map_err(serde::de::Error::custom)
+    }
+}
+
 /// Configured providers are looked up by the name a request path carries.
 impl std::borrow::Borrow<str> for Provider {
     fn borrow(&self) -> &str {

@@ -27,7 +27,9 @@ use ipnet::IpNet;
 use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
 
-use crate::domain::{AccountGrant, IssuanceMode, Provider, Scope, TokenPacks, TokenPrices};
+use crate::domain::{
+    AccountGrant, AccountId, IssuanceMode, Provider, Scope, TokenPacks, TokenPrices,
+};
 pub use errors::SettingsError;
 use errors::load_error;
 #[cfg(test)]
@@ -389,6 +391,12 @@ pub struct ProviderSettings {
     /// When an Adyen payment is paid (scheme `adyen` only; unset is `auto`).
     #[serde(default)]
     pub capture: Option<Capture>,
+    /// The accounts whose events count: `default` stands for the provider's own (events
+    /// that name no account). Unset, every account's. One secret may sign many accounts'
+    /// events alike (a Stripe Connect endpoint signs every connected account's), and an
+    /// account's holder can make payments there at will: this says whose payments issue.
+    #[serde(default)]
+    pub accounts: Option<Vec<AccountId>>,
     /// The tokens each of the provider's prices sells (scheme `paddle` only,
     /// `[providers.<name>.token_packs.<price id>]`): where any is configured, a
     /// transaction issues no more than its items bought.

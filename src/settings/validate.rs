@@ -251,6 +251,13 @@ impl Settings {
                     ),
                 ));
             }
+            // An empty list would ignore every event, and nothing at start would say why.
+            if provider.accounts.as_ref().is_some_and(Vec::is_empty) {
+                return Err(invalid(
+                    format!("{at}.accounts"),
+                    "must list at least one account (`default` for the provider's own; leave it out for every account)",
+                ));
+            }
             if provider.capture.is_some() && provider.scheme != WebhookScheme::Adyen {
                 return Err(invalid(
                     format!("{at}.capture"),
@@ -389,6 +396,7 @@ fn check_origin(origin: &str) -> Result<(), &'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::domain::AccountId;
     use crate::settings::errors::tests::refused;
 
     #[test]
@@ -642,6 +650,35 @@ mod tests {
             &["S3cret"],
         );
         assert!(err.contains("provider/account"), "{err}");
+    }
+
+    #[test]
+    fn a_providers_accounts_are_account_ids_and_at_least_one() {
+        let stripe = |accounts: &str| {
+            format!(
+                "[providers.stripe]\nscheme = \"stripe\"\nsecrets = [\"whsec_1\"]\naccounts = {accounts}"
+            )
+        };
+        let settings =
+            Settings::with_overrides(&[&stripe(r#"["default", "acct_1"]"#)]).expect("accounts");
+        let accounts = settings.providers.values().next().unwrap().accounts.clone();
+        assert_eq!(
+            accounts,
+            Some(vec![
+                AccountId::parse("default").unwrap(),
+                AccountId::parse("acct_1").unwrap()
+            ])
+        );
+        let err = refused(
+            &[&stripe(r#"["acct 1"]"#)],
+            "`providers.stripe.accounts[0]`",
+            &["acct 1"],
+        );
+        assert!(err.contains(AccountId::RULE), "{err}");
+        let err = Settings::with_overrides(&[&stripe("[]")])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("providers.stripe.accounts"), "{err}");
     }
 
     #[test]

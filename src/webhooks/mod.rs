@@ -23,7 +23,7 @@ pub use signature::{SignatureError, SignatureHeaders, Verification, sign_standar
 pub use standard::parse_standard;
 pub use stripe::parse_stripe;
 
-use crate::domain::{ParsedEvent, Provider, TokenPacks};
+use crate::domain::{AccountId, ParsedEvent, Provider, TokenPacks};
 use crate::settings::{Capture, ProviderSettings, SettingsError, WebhookScheme};
 
 /// One configured provider.
@@ -40,6 +40,8 @@ pub struct ProviderConfig {
     capture: Capture,
     /// The tokens each of the provider's prices sells (Paddle).
     token_packs: TokenPacks,
+    /// The accounts whose events count; `None`: every account's.
+    accounts: Option<Vec<AccountId>>,
 }
 
 /// The configured providers, by name.
@@ -93,15 +95,31 @@ impl Delivery {
             Some(field) if !event.may_issue() => event.ignored_for_unsigned(field, reason),
             _ => event.ignored(reason),
         };
+        self.map(ignore)
+    }
+
+    /// The events of accounts other than `accounts` ignored, `account_not_allowed`.
+    fn within(self, accounts: &[AccountId]) -> Self {
+        self.map(|event| match &event {
+            ParsedEvent::Payment(payment) if !accounts.contains(&payment.key.account_id) => {
+                event.ignored(ACCOUNT_NOT_ALLOWED)
+            }
+            _ => event,
+        })
+    }
+
+    fn map(self, each: impl Fn(ParsedEvent) -> ParsedEvent) -> Self {
         match self {
-            Self::Single(event) => Self::Single(Box::new(ignore(*event))),
-            Self::Batch(events) => Self::Batch(events.into_iter().map(ignore).collect()),
+            Self::Single(event) => Self::Single(Box::new(each(*event))),
+            Self::Batch(events) => Self::Batch(events.into_iter().map(each).collect()),
         }
     }
 }
 
 /// Why the events of a delivery of the other mode than the provider's are ignored.
 pub const LIVEMODE_MISMATCH: &str = "livemode_mismatch";
+/// Why an event of an account the provider does not list (`accounts`) is ignored.
+pub const ACCOUNT_NOT_ALLOWED: &str = "account_not_allowed";
 
 /// A test delivery signed with a provider's secret: the headers to send, and the body
 /// (the one given, except for Adyen, whose signatures go inside it).
@@ -135,6 +153,7 @@ impl ProviderConfig {
             livemode: settings.livemode,
             capture: settings.capture.unwrap_or_default(),
             token_packs: settings.token_packs.clone(),
+            accounts: settings.accounts.clone(),
         })
     }
 
@@ -168,7 +187,24 @@ impl ProviderConfig {
     /// alike, a test payment must not mint tokens on a live endpoint. Such a delivery is
     /// the other mode's even when this mode cannot read it: a Stripe event that names
     /// itself (`id`, `type`) is then ignored too, rather than answered 400 and retried.
+    /// An event of an account the provider does not list is ignored,
+    /// `account_not_allowed`: its account is inside what the provider signs (Stripe's
+    /// `account`, Adyen's `merchantAccountCode`, Standard Webhooks' `accountId`).
     pub fn parse(
+        &self,
+        headers: &SignatureHeaders<'_>,
+        body: &[u8],
+        max_quantity: u32,
+    ) -> Result<Delivery, EventError> {
+        let delivery = self.parse_in_mode(headers, body, max_quantity)?;
+        Ok(match &self.accounts {
+            Some(accounts) => delivery.within(accounts),
+            None => delivery,
+        })
+    }
+
+    /// `parse`, but for the accounts.
+    fn parse_in_mode(
         &self,
         headers: &SignatureHeaders<'_>,
         body: &[u8],

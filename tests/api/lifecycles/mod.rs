@@ -1,8 +1,9 @@
 //! Payment lifecycles as teams run them: [`livemode`] (live and test events on one
-//! endpoint), [`stripe_checkout`] (Checkout Sessions beside PaymentIntents),
+//! endpoint), [`accounts`] (whose events count on an endpoint many accounts share), [`stripe_checkout`] (Checkout Sessions beside PaymentIntents),
 //! [`stripe_capture`], [`adyen_capture`] and [`adyen_partial_capture`] (manual capture). The bodies follow the providers' documented
 //! example payloads, trimmed to the fields tokenmint reads plus a few it must ignore.
 
+mod accounts;
 mod adyen_capture;
 mod adyen_partial_capture;
 mod livemode;
