@@ -158,7 +158,8 @@ impl Lease {
     }
 
     /// Extends the lease if it is still ours and not over; otherwise `LeaseLost` for
-    /// `migration`. Called before anything is recorded, and by the renewal task.
+    /// `migration`. Called before each migration's first step and before it is
+    /// recorded, and by the renewal task.
     pub(super) async fn confirm(&self, migration: &str) -> Result<(), MigrateError> {
         let renewed = self
             .store
@@ -215,16 +216,28 @@ impl Lease {
 
     /// One renewal, a third of the lease after the last: `confirm`, tried again while a
     /// failure is the database's (not a lease found lost) and another third has not
-    /// passed, so that the lease is still ours whenever it is renewed.
+    /// passed, so that the lease is still ours whenever it is renewed. A renewal the
+    /// database holds (a majority that does not come back) is given up at the same
+    /// point: past it the lease may have run out and been taken, and an answer that
+    /// comes later says nothing of the time between.
     async fn renew(&self, migration: &str) -> Result<(), MigrateError> {
         let due = tokio::time::Instant::now() + self.length / 3;
         loop {
-            match self.confirm(migration).await {
-                Err(MigrateError::Store(err)) if tokio::time::Instant::now() + POLL < due => {
+            match tokio::time::timeout_at(due, self.confirm(migration)).await {
+                Ok(Err(MigrateError::Store(err))) if tokio::time::Instant::now() + POLL < due => {
                     tracing::warn!(migration, error = %err, "cannot renew the migration lease yet; trying again");
                     tokio::time::sleep(POLL).await;
                 }
-                other => return other,
+                Ok(other) => return other,
+                Err(_) => {
+                    tracing::warn!(
+                        migration,
+                        "the database held the migration lease's renewal past the lease; giving it up"
+                    );
+                    return Err(MigrateError::LeaseLost {
+                        id: migration.to_owned(),
+                    });
+                }
             }
         }
     }

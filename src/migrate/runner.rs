@@ -183,6 +183,9 @@ async fn apply_pending(
             report.already_applied.push(migration.id);
             continue;
         }
+        // The lease may have run out while the last one was recorded (a majority slow
+        // to come back): no step runs on a lease not confirmed since.
+        lease.confirm(&migration.id).await?;
         tracing::info!(migration = %migration.id, holder = lease.holder_id(), "applying migration");
         for step in &migration.steps {
             let work = async {

@@ -256,6 +256,104 @@ async fn a_lost_lease_records_nothing_and_stops_with_a_clear_error() {
     }
 }
 
+/// A renewal the database holds (a majority that does not come back, a blocked
+/// connection) is given up when the lease can no longer be vouched for: the step stops
+/// then, not when the held renewal comes back long after another instance took over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_held_past_its_lease_stops_the_step() {
+    let fresh = FreshDb::new().await;
+    seed_slow(&fresh).await;
+    let app_name = unique_app_name();
+    let store = connect_store(&mongo_uri_named(&app_name), fresh.name()).await;
+    let turn = FailPointTurn::take().await;
+    let run =
+        tokio::spawn(async move { apply(&store, vec![slow_migration("9008_slow")], LEASE).await });
+    wait_until_step_runs(&fresh).await;
+    // The next renewal waits 8 s (the lease lasts 3): long past the step's own end.
+    let lock = format!("{}._migrations_lock", fresh.name());
+    let failpoint = turn
+        .set_on(
+            &app_name,
+            &["update"],
+            &lock,
+            Fault::Block { millis: 8_000 },
+            1,
+        )
+        .await;
+    let err = run
+        .await
+        .unwrap()
+        .expect_err("a migrator that cannot vouch for its lease must stop");
+    assert!(
+        matches!(&err, MigrateError::LeaseLost { id } if id == "9008_slow"),
+        "{err:?}"
+    );
+    assert!(
+        fresh.count("slow", doc! { "done": true }).await < SLOW_DOCS as u64,
+        "the step stopped when the renewal was held, not at its end"
+    );
+    assert!(fresh.applied().await.is_empty());
+    drop(failpoint);
+}
+
+/// A record held past the lease (its majority slow to come back) leaves the next
+/// migration to a migrator that may have lost the lease: it confirms the lease before
+/// that migration's first step, and stops without running it.
+#[tokio::test]
+async fn a_record_held_past_the_lease_runs_no_step_of_the_next_migration() {
+    let fresh = FreshDb::new().await;
+    let app_name = unique_app_name();
+    let store = connect_store(&mongo_uri_named(&app_name), fresh.name()).await;
+    let turn = FailPointTurn::take().await;
+    let index = |id: &str, name: &str| {
+        let text = format!(
+            r#"{{ "description": "an index", "steps": [ {{ "createIndex": {{
+                "collection": "held", "name": "{name}", "keys": {{ "{name}": 1 }} }} }} ] }}"#
+        );
+        parse(id, &text).unwrap()
+    };
+    let applied = format!("{}._migrations", fresh.name());
+    let failpoint = turn
+        .set_on(
+            &app_name,
+            &["insert"],
+            &applied,
+            Fault::Block { millis: 4_000 },
+            1,
+        )
+        .await;
+    let err = apply(
+        &store,
+        vec![index("9009_first", "first"), index("9010_second", "second")],
+        LEASE,
+    )
+    .await
+    .expect_err("the lease ran out while the first migration was recorded");
+    assert!(
+        matches!(&err, MigrateError::LeaseLost { id } if id == "9010_second"),
+        "{err:?}"
+    );
+    drop(failpoint);
+    let names: Vec<String> = fresh
+        .indexes("held")
+        .await
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    assert!(names.contains(&"first".to_owned()), "{names:?}");
+    assert!(
+        !names.contains(&"second".to_owned()),
+        "no step without the lease: {names:?}"
+    );
+    let recorded: Vec<String> = fresh
+        .applied()
+        .await
+        .iter()
+        .map(|row| row.get_str("_id").unwrap().to_owned())
+        .collect();
+    assert_eq!(recorded, ["9009_first"]);
+}
+
 #[tokio::test]
 async fn a_migration_recorded_meanwhile_is_checked_and_not_an_error() {
     for (checksum_matches, id) in [(true, "9003_slow"), (false, "9004_slow")] {

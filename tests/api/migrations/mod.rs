@@ -90,7 +90,7 @@ impl FreshDb {
     }
 
     /// (name, unique) of every index on `collection`.
-    async fn indexes(&self, collection: &str) -> Vec<(String, bool)> {
+    pub(crate) async fn indexes(&self, collection: &str) -> Vec<(String, bool)> {
         self.index_models(collection)
             .await
             .into_iter()
