@@ -188,14 +188,16 @@ impl ParsedEvent {
         }
     }
 
-    /// The same event, ignored for `reason`, which rests on `field`, a field its
-    /// signature does not cover: recorded as `{event id}#{field}`, apart from the
-    /// event's own id. Anyone holding a copy of the signed event can alter that field;
+    /// The same event, ignored for `reason`, recorded as `{event id}#{suffix}`, apart
+    /// from the event's own id, so that a later delivery under that id is still applied.
+    /// For a reason that rests on a field the signature does not cover (`suffix` names
+    /// it): anyone holding a copy of the signed event can alter that field, and
     /// recorded under the event's own id, such a copy would make the genuine delivery
-    /// that follows it a duplicate, and its effects would never be applied.
-    pub fn ignored_for_unsigned(self, field: &str, reason: &str) -> Self {
+    /// that follows it a duplicate, its effects never applied. For a reason that rests
+    /// on the settings (`account`): the provider's resend once they change is applied.
+    pub fn ignored_apart(self, suffix: &str, reason: &str) -> Self {
         Self::Ignored {
-            event_id: format!("{}#{field}", self.event_id()),
+            event_id: format!("{}#{suffix}", self.event_id()),
             event_type: self.event_type().to_owned(),
             reason: reason.to_owned(),
         }

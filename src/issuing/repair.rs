@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use mongodb::bson::DateTime;
+use mongodb::bson::{Bson, DateTime};
 
 use super::{IssueError, Issuer, Settlement};
 use crate::domain::PaymentKey;
@@ -43,8 +43,9 @@ impl Issuer {
     }
 
     /// Finishes the `issuing` records created more than `min_age` ago, at most `limit`.
-    /// Each record tried is leased for [`LEASE`], so none comes up twice in one call,
-    /// and one that failed is left for the next, once the lease is over.
+    /// A record tried and left `issuing` (refused, unreadable, failed, or its batch's)
+    /// is passed over for the rest of the call, so none is tried twice in one call and
+    /// the call ends; the next sweep tries it again, once its lease is over.
     async fn finish_unfinished(
         &self,
         min_age: Duration,
@@ -53,22 +54,28 @@ impl Issuer {
         let mut report = RepairReport::default();
         let created_before =
             DateTime::from_millis(DateTime::now().timestamp_millis() - min_age.as_millis() as i64);
-        // Records the database would not lease this sweep: still leasable, they would
-        // come first again and again, and the records behind them never.
-        let mut refused = Vec::new();
+        // Records tried and left `issuing`: leasable again (at once, or when the lease
+        // runs out), they would come first again and again, the oldest, and a call that
+        // lasts longer than a lease would never end.
+        let mut passed = Vec::new();
         for _ in 0..limit {
             let Some(attempt) = self
                 .store
-                .lease_unfinished_record(created_before, LEASE, &refused)
+                .lease_unfinished_record(created_before, LEASE, &passed)
                 .await?
             else {
                 break;
             };
             let record = match attempt {
                 LeaseAttempt::Leased(record) => record,
-                LeaseAttempt::Unreadable(err) => {
+                LeaseAttempt::Unreadable { id, error } => {
                     report.failed += 1;
-                    failed("", "cannot read an unfinished issuance", &err);
+                    failed(
+                        &format!("record {id}"),
+                        "cannot read an unfinished issuance",
+                        &error,
+                    );
+                    passed.push(id);
                     continue;
                 }
                 LeaseAttempt::Refused { id, error } => {
@@ -78,7 +85,7 @@ impl Issuer {
                         "cannot lease an unfinished issuance",
                         &error,
                     );
-                    refused.push(id);
+                    passed.push(id);
                     continue;
                 }
             };
@@ -87,7 +94,9 @@ impl Issuer {
             // and confirming one the batch's read is about to refuse would write tokens
             // for a refused request), confirmed once its batch stalled or died, and
             // skipped when the batch took it back meanwhile.
+            let id = Bson::ObjectId(record.id);
             let Some(record) = self.once_confirmed(record).await? else {
+                passed.push(id);
                 continue;
             };
             let payment = format!(
@@ -111,6 +120,7 @@ impl Issuer {
                 Err(IssueError::Store(err @ StoreError::Unavailable(_))) => return Err(err),
                 Err(err) => {
                     report.failed += 1;
+                    passed.push(id);
                     metrics::counter!(metric::REPAIRS_TOTAL, "outcome" => "failed").increment(1);
                     tracing::error!(%payment, error = %err, "cannot repair an unfinished issuance");
                 }

@@ -11,7 +11,7 @@ use std::time::Duration;
 use futures::TryStreamExt;
 use mongodb::bson::{DateTime, Document, doc};
 
-use super::kept::{KeptIndex, missing};
+use super::kept::{LostIndex, lost};
 use super::lease::{Lease, POLL, UNANSWERED_PATIENCE};
 use super::steps::{backfill, create_index, drop_index};
 use super::{DuplicateReport, Migration, Step, migrations};
@@ -54,15 +54,15 @@ pub enum MigrateError {
     #[error("migration {id} cannot create a unique index:\n{report}")]
     Duplicates { id: String, report: DuplicateReport },
     #[error(
-        "indexes that applied migrations built are missing: {}; run `tokenmint migrate` to build them again",
+        "indexes that applied migrations built are not there as built: {}; `tokenmint migrate` builds the missing ones again",
         .0.join(", ")
     )]
     IndexesMissing(Vec<String>),
     #[error("another instance has held the migration lock for over {0:?} without renewing it")]
     LockTimeout(Duration),
     #[error(
-        "lost the migration lease while applying {id} (it ran out, or another instance took it \
-         over): {id} was not recorded, and the next start applies it again"
+        "lost the migration lease during {id} (it ran out, or another instance took it \
+         over): {id} was not finished, and the next run does it again"
     )]
     LeaseLost { id: String },
     #[error(transparent)]
@@ -92,8 +92,9 @@ pub async fn run(store: &Store, dry_run: bool) -> Result<MigrationReport, Migrat
     let all = migrations()?;
     if dry_run {
         let applied = verify(store, &all).await?;
-        let lost = missing(store, &all, &applied).await?;
-        let recreated = lost.iter().map(KeptIndex::describe).collect();
+        let lost = lost(store, &all, &applied).await?;
+        refuse_unbuildable(&lost)?;
+        let recreated = lost.iter().map(LostIndex::describe).collect();
         return Ok(MigrationReport {
             recreated,
             ..split(all, &applied)
@@ -102,13 +103,29 @@ pub async fn run(store: &Store, dry_run: bool) -> Result<MigrationReport, Migrat
     apply(store, all, STANDARD_LEASE).await
 }
 
-/// The indexes applied migrations built that the database lacks, each as
-/// `collection.name (migration)` (`verify` reports them).
+/// The indexes applied migrations built that the database does not have as built, each
+/// as `collection.name (migration)`, with what to do when a run cannot build it again
+/// (`verify` reports them).
 pub async fn missing_indexes(store: &Store) -> Result<Vec<String>, MigrateError> {
     let all = migrations()?;
     let applied = applied_checksums(store).await?;
-    let lost = missing(store, &all, &applied).await?;
-    Ok(lost.iter().map(KeptIndex::describe).collect())
+    let lost = lost(store, &all, &applied).await?;
+    Ok(lost.iter().map(LostIndex::finding).collect())
+}
+
+/// A run stops before any work when an index is there in another shape: building it
+/// again would fail on its name or keys with the database's own error.
+fn refuse_unbuildable(lost: &[LostIndex<'_>]) -> Result<(), MigrateError> {
+    let unbuildable: Vec<String> = lost
+        .iter()
+        .filter(|lost| !lost.rebuildable())
+        .map(LostIndex::finding)
+        .collect();
+    if unbuildable.is_empty() {
+        Ok(())
+    } else {
+        Err(MigrateError::IndexesMissing(unbuildable))
+    }
 }
 
 /// Applies the pending ones of `all`, in order, under a lease timed by `lease`: what
@@ -155,12 +172,12 @@ pub async fn verify_applied(store: &Store) -> Result<(), MigrateError> {
             outcome => break outcome?,
         }
     };
-    let lost = missing(store, &all, &applied).await?;
+    let lost = lost(store, &all, &applied).await?;
     if lost.is_empty() {
         Ok(())
     } else {
         Err(MigrateError::IndexesMissing(
-            lost.iter().map(KeptIndex::describe).collect(),
+            lost.iter().map(LostIndex::finding).collect(),
         ))
     }
 }
@@ -172,10 +189,14 @@ async fn apply_pending(
 ) -> Result<MigrationReport, MigrateError> {
     let applied = verify(store, &all).await?;
     let mut report = MigrationReport::default();
-    for lost in missing(store, &all, &applied).await? {
+    let lost = lost(store, &all, &applied).await?;
+    refuse_unbuildable(&lost)?;
+    for lost in lost {
         tracing::warn!(index = %lost.describe(), holder = lease.holder_id(), "building again an index an applied migration built");
+        let what = lost.describe();
+        lease.confirm(&what).await?;
         let work = create_index(store, lost.migration, lost.index);
-        lease.while_held(lost.migration, work).await??;
+        lease.while_held(&what, work).await??;
         report.recreated.push(lost.describe());
     }
     for migration in all {
@@ -183,11 +204,12 @@ async fn apply_pending(
             report.already_applied.push(migration.id);
             continue;
         }
-        // The lease may have run out while the last one was recorded (a majority slow
-        // to come back): no step runs on a lease not confirmed since.
-        lease.confirm(&migration.id).await?;
         tracing::info!(migration = %migration.id, holder = lease.holder_id(), "applying migration");
         for step in &migration.steps {
+            // No step runs on a lease not confirmed just before it: the last step or
+            // record may have outlasted it (a majority slow to come back), and a step
+            // shorter than a renewal's period is never renewed while it runs.
+            lease.confirm(&migration.id).await?;
             let work = async {
                 match step {
                     Step::CreateIndex(index) => create_index(store, &migration.id, index).await,

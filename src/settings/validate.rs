@@ -251,13 +251,7 @@ impl Settings {
                     ),
                 ));
             }
-            // An empty list would ignore every event, and nothing at start would say why.
-            if provider.accounts.as_ref().is_some_and(Vec::is_empty) {
-                return Err(invalid(
-                    format!("{at}.accounts"),
-                    "must list at least one account (`default` for the provider's own; leave it out for every account)",
-                ));
-            }
+            self.validate_accounts(name, provider)?;
             if provider.capture.is_some() && provider.scheme != WebhookScheme::Adyen {
                 return Err(invalid(
                     format!("{at}.capture"),
@@ -300,6 +294,47 @@ impl Settings {
                     ),
                 ));
             }
+        }
+        Ok(())
+    }
+
+    /// A provider's `accounts`: a list that could let no event issue is refused, since
+    /// nothing at start would say why every success is ignored. Empty; on Paddle, whose
+    /// events all have the one account `default` (nothing to choose); holding `default`
+    /// on Adyen, whose items always name their merchant account.
+    fn validate_accounts(
+        &self,
+        name: &Provider,
+        provider: &ProviderSettings,
+    ) -> Result<(), SettingsError> {
+        let Some(accounts) = &provider.accounts else {
+            return Ok(());
+        };
+        let key = format!("providers.{name}.accounts");
+        let whose = format!("(provider `{name}`, scheme `{}`)", provider.scheme);
+        if accounts.is_empty() {
+            return Err(invalid(
+                key,
+                "must list at least one account (`default` for the provider's own; leave it out for every account)",
+            ));
+        }
+        if provider.scheme == WebhookScheme::Paddle {
+            return Err(invalid(
+                key,
+                format!(
+                    "{whose} is not for scheme `paddle`, whose events all have the one account `default`"
+                ),
+            ));
+        }
+        if provider.scheme == WebhookScheme::Adyen
+            && accounts.iter().any(|a| a.as_str() == "default")
+        {
+            return Err(invalid(
+                key,
+                format!(
+                    "{whose} lists `default`, which no Adyen item has: each names its merchant account (`merchantAccountCode`)"
+                ),
+            ));
         }
         Ok(())
     }
@@ -679,6 +714,18 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("providers.stripe.accounts"), "{err}");
+        // Lists that would let nothing issue: Paddle's events all have `default`, and
+        // no Adyen item has it.
+        let paddle = "[providers.paddle]\nscheme = \"paddle\"\nsecrets = [\"pdl_ntfset_1\"]\naccounts = [\"default\"]";
+        let err = Settings::with_overrides(&[paddle]).unwrap_err().to_string();
+        assert!(err.contains("providers.paddle.accounts"), "{err}");
+        let adyen = format!(
+            "[providers.adyen]\nscheme = \"adyen\"\nsecrets = [\"{}\"]\naccounts = [\"default\"]",
+            "AB".repeat(32)
+        );
+        let err = Settings::with_overrides(&[&adyen]).unwrap_err().to_string();
+        assert!(err.contains("providers.adyen.accounts"), "{err}");
+        assert!(err.contains("merchantAccountCode"), "{err}");
     }
 
     #[test]

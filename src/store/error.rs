@@ -164,6 +164,13 @@ pub fn is_write_conflict(err: &Error) -> bool {
     matches!(code, Some(WRITE_CONFLICT | LOCK_TIMEOUT))
 }
 
+/// Whether `err` says the collection does not exist (NamespaceNotFound): for a read of
+/// its indexes, none.
+pub fn is_namespace_not_found(err: &Error) -> bool {
+    const NAMESPACE_NOT_FOUND: i32 = 26;
+    matches!(err.kind.as_ref(), ErrorKind::Command(c) if c.code == NAMESPACE_NOT_FOUND)
+}
+
 /// The index named in a duplicate-key (E11000) error, if `err` is one.
 pub fn duplicate_key_index(err: &Error) -> Option<String> {
     let message = match err.kind.as_ref() {

@@ -21,9 +21,13 @@ pub enum LeaseAttempt {
     /// Leased to this repairer until the lease runs out.
     Leased(IssuanceDoc),
     /// Leased, but the stored document is not a readable record (a field of another
-    /// type, written by hand or by another tool). It stays leased, so the sweep's next
-    /// try takes another record.
-    Unreadable(StoreError),
+    /// type, written by hand or by another tool). It stays leased until the lease runs
+    /// out.
+    Unreadable {
+        /// The record's `_id`, for the sweep to pass over.
+        id: Bson,
+        error: StoreError,
+    },
     /// The database refused the lease's write for this record alone, for what the
     /// record would become (a validator, say): nothing was written, so the record is
     /// still leasable. An error every lease would meet is the call's `Err` instead.
@@ -174,8 +178,9 @@ impl Store {
     /// repairers that found the same candidate still cannot both lease it.
     ///
     /// Records whose `_id` is in `passing_over` are not candidates: the sweep names there
-    /// the ones whose lease the database refused (`LeaseAttempt::Refused`), which stay
-    /// leasable and would otherwise come first again. `None`: no record is leasable.
+    /// the ones it tried and left `issuing` (refused, unreadable, failed), which are, or
+    /// once their lease runs out become, leasable again and would otherwise come first
+    /// again, being the oldest. `None`: no record is leasable.
     pub async fn lease_unfinished_record(
         &self,
         created_before: DateTime,
@@ -219,9 +224,10 @@ impl Store {
                 .await;
             match leased {
                 Ok(Some(leased)) => {
+                    let id = leased.get("_id").cloned().unwrap_or(Bson::Null);
                     return Ok(Some(match from_document(leased) {
                         Ok(record) => LeaseAttempt::Leased(record),
-                        Err(error) => LeaseAttempt::Unreadable(error),
+                        Err(error) => LeaseAttempt::Unreadable { id, error },
                     }));
                 }
                 Ok(None) => {}

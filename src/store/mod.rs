@@ -43,7 +43,8 @@ pub use documents::{
 };
 pub use durability::ConnectError;
 pub use error::{
-    ISSUANCES_PAYMENT_INDEX, StoreError, TOKENS_PAYMENT_INDEX, duplicate_key_index, is_unavailable,
+    ISSUANCES_PAYMENT_INDEX, StoreError, TOKENS_PAYMENT_INDEX, duplicate_key_index,
+    is_namespace_not_found, is_unavailable,
 };
 pub use idempotency::{
     AnswerInTransaction, Claimed, HeldRecord, IDEMPOTENCY_KEYS, IdempotencyClaim, IdempotencyDoc,

@@ -75,11 +75,8 @@ impl Store {
         use futures::TryStreamExt;
         let indexes = match self.collection(WEBHOOK_EVENTS).list_indexes().await {
             Ok(indexes) => indexes,
-            // NamespaceNotFound: no collection, so no index either.
-            Err(err) if matches!(err.kind.as_ref(), mongodb::error::ErrorKind::Command(c) if c.code == 26) =>
-            {
-                return Ok(None);
-            }
+            // No collection, so no index either.
+            Err(err) if super::is_namespace_not_found(&err) => return Ok(None),
             Err(err) => return Err(err.into()),
         };
         let indexes: Vec<IndexModel> = indexes.try_collect().await?;

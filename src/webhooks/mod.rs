@@ -87,22 +87,29 @@ impl Delivery {
     /// `unsigned`, a field the signature does not cover, an event that may issue keeps
     /// its own id: a copy of an ignored success with the field altered back is then a
     /// duplicate, not a payment of the other mode issued. Any other (a withdrawal, money
-    /// coming back) is recorded apart ([`ParsedEvent::ignored_for_unsigned`]): a copy
+    /// coming back) is recorded apart ([`ParsedEvent::ignored_apart`]): a copy
     /// with the field altered must not make the genuine event a duplicate, and applied
     /// in the other mode it names a payment unknown there.
     fn ignored(self, reason: &str, unsigned: Option<&str>) -> Self {
         let ignore = |event: ParsedEvent| match unsigned {
-            Some(field) if !event.may_issue() => event.ignored_for_unsigned(field, reason),
+            Some(field) if !event.may_issue() => event.ignored_apart(field, reason),
             _ => event.ignored(reason),
         };
         self.map(ignore)
     }
 
-    /// The events of accounts other than `accounts` ignored, `account_not_allowed`.
+    /// The events of accounts other than `accounts` that may issue, ignored,
+    /// `account_not_allowed`, and recorded apart (`#account`): the provider's resend
+    /// once the account is listed is applied. A withdrawal or money coming back still
+    /// applies, whatever the account: a payment made while its account could issue
+    /// (or issued by a trusted key) keeps following its money, and an account's events
+    /// only ever move its own payments' tokens.
     fn within(self, accounts: &[AccountId]) -> Self {
         self.map(|event| match &event {
-            ParsedEvent::Payment(payment) if !accounts.contains(&payment.key.account_id) => {
-                event.ignored(ACCOUNT_NOT_ALLOWED)
+            ParsedEvent::Payment(payment)
+                if event.may_issue() && !accounts.contains(&payment.key.account_id) =>
+            {
+                event.ignored_apart("account", ACCOUNT_NOT_ALLOWED)
             }
             _ => event,
         })
@@ -187,24 +194,26 @@ impl ProviderConfig {
     /// alike, a test payment must not mint tokens on a live endpoint. Such a delivery is
     /// the other mode's even when this mode cannot read it: a Stripe event that names
     /// itself (`id`, `type`) is then ignored too, rather than answered 400 and retried.
-    /// An event of an account the provider does not list is ignored,
-    /// `account_not_allowed`: its account is inside what the provider signs (Stripe's
-    /// `account`, Adyen's `merchantAccountCode`, Standard Webhooks' `accountId`).
+    /// An event that may issue, of an account the provider does not list, is ignored,
+    /// `account_not_allowed` (`Delivery::within`): its account is inside what the
+    /// provider signs (Stripe's `account`, Adyen's `merchantAccountCode`, Standard
+    /// Webhooks' `accountId`).
     pub fn parse(
         &self,
         headers: &SignatureHeaders<'_>,
         body: &[u8],
         max_quantity: u32,
     ) -> Result<Delivery, EventError> {
-        let delivery = self.parse_in_mode(headers, body, max_quantity)?;
+        let delivery = self.parse_checking_mode(headers, body, max_quantity)?;
         Ok(match &self.accounts {
             Some(accounts) => delivery.within(accounts),
             None => delivery,
         })
     }
 
-    /// `parse`, but for the accounts.
-    fn parse_in_mode(
+    /// `parse` before the accounts are looked at: the events, those of the other mode
+    /// ignored (schemes that mark it).
+    fn parse_checking_mode(
         &self,
         headers: &SignatureHeaders<'_>,
         body: &[u8],

@@ -244,7 +244,7 @@ async fn a_lost_lease_records_nothing_and_stops_with_a_clear_error() {
         );
         let message = err.to_string();
         assert!(message.contains("lost the migration lease"), "{message}");
-        assert!(message.contains("9002_slow was not recorded"), "{message}");
+        assert!(message.contains("9002_slow was not finished"), "{message}");
         assert!(
             fresh.applied().await.is_empty(),
             "nothing recorded after {theft}"

@@ -341,7 +341,7 @@ fn parse_item(
     else {
         // `eventDate` is not signed: an item with it altered must not pass for the item.
         let reason = "eventDate is missing or not an ISO 8601 time";
-        return ignored(reason).ignored_for_unsigned("eventDate", reason);
+        return ignored(reason).ignored_apart("eventDate", reason);
     };
     // The token parameters and the payment's date are the authorisation's, also under
     // manual capture, where the payment keeps them until its CAPTURE.

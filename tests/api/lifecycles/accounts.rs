@@ -1,9 +1,11 @@
 //! `providers.<name>.accounts`: one secret may sign many accounts' events (a Stripe
 //! Connect endpoint signs every connected account's, and each account's holder makes
-//! payments there at will), so a provider may list whose events count. An event of
-//! another account is answered 200, recorded `ignored` with `detail:
-//! "account_not_allowed"`, and writes nothing; `default` stands for the provider's own.
+//! payments there at will), so a provider may list whose events may issue. An event of
+//! another account that may issue is answered 200, recorded `ignored` with `detail:
+//! "account_not_allowed"` apart from its own id (`#account`), and writes nothing;
+//! `default` stands for the provider's own. Withdrawals of any account still apply.
 
+use mongodb::bson::doc;
 use serde_json::{Value, json};
 
 use super::{nothing_written, receipt_outcome, recorded};
@@ -29,6 +31,8 @@ fn from(mut event: Value, account: Option<&str>) -> Value {
 
 const NOT_ALLOWED: (&str, Option<&str>) = ("ignored", Some("account_not_allowed"));
 
+/// `event` is ignored, `account_not_allowed`, recorded as `{id}#account` and not under
+/// its own id.
 async fn assert_not_allowed(app: &TestApp, event: &Value) {
     let receipt = json(deliver_stripe(app, event).await).await;
     let (outcome, detail) = receipt_outcome(&receipt);
@@ -37,12 +41,18 @@ async fn assert_not_allowed(app: &TestApp, event: &Value) {
         NOT_ALLOWED,
         "{receipt}"
     );
-    let (outcome, detail) = recorded(app, event["id"].as_str().unwrap()).await;
+    let id = event["id"].as_str().unwrap();
+    let (outcome, detail) = recorded(app, &format!("{id}#account")).await;
     assert_eq!((outcome.as_str(), detail.as_deref()), NOT_ALLOWED);
+    assert_eq!(
+        app.count("webhook_events", doc! { "eventId": id }).await,
+        0,
+        "the event's own id is left free for a resend once the account is listed"
+    );
 }
 
 #[tokio::test]
-async fn a_provider_limited_to_accounts_ignores_every_other_accounts_events() {
+async fn a_provider_limited_to_accounts_issues_for_no_other_account() {
     let app = spawn_app_with(&stripe_for(r#"["acct_mine"]"#)).await;
     let succeeded = |id: &str, payment: &str| intent_event(id, "succeeded", payment, now(), "2");
     // A connected account paying itself, and the platform's own payment: neither listed.
@@ -59,23 +69,42 @@ async fn a_provider_limited_to_accounts_ignores_every_other_accounts_events() {
     assert_eq!(receipt["outcome"], "issued", "{receipt}");
     assert_eq!(app.token_indexes("pi_x").await, vec![0, 1]);
 
-    // Another account's refund of a payment id it shares takes nothing back.
+    // Another account's refund of a payment id it shares is its own payment's: the
+    // listed account's tokens stay.
     let refund = from(
         refund_event("evt_refund_theirs", "pi_x", now()),
         Some("acct_theirs"),
     );
-    assert_not_allowed(&app, &refund).await;
+    let receipt = json(deliver_stripe(&app, &refund).await).await;
+    assert_ne!(receipt["detail"], "account_not_allowed", "{receipt}");
     assert_eq!(
         app.token_states("pi_x").await,
         vec![(0, "active".to_owned()), (1, "active".to_owned())]
     );
-    // The listed account's own refund does.
-    let refund = from(
-        refund_event("evt_refund_mine", "pi_x", now()),
-        Some("acct_mine"),
+}
+
+/// An account left out keeps its money rule: a payment it made while it could issue (here
+/// by a trusted key) gives its tokens back when refunded.
+#[tokio::test]
+async fn an_account_left_out_still_loses_its_tokens_to_a_refund() {
+    let app = spawn_app_with(&stripe_for(r#"["acct_mine"]"#)).await;
+    assert_eq!(
+        app.issue(WRITER_KEY, &issuance_body("pi_before", 2))
+            .await
+            .status(),
+        201
+    );
+    let refund = refund_event("evt_refund_before", "pi_before", now());
+    assert_eq!(
+        refund["account"], "acct_1",
+        "the issuance's account, not listed"
     );
     let receipt = json(deliver_stripe(&app, &refund).await).await;
     assert_eq!(receipt["outcome"], "revoked", "{receipt}");
+    assert_eq!(
+        app.token_states("pi_before").await,
+        vec![(0, "revoked".to_owned()), (1, "revoked".to_owned())]
+    );
 }
 
 #[tokio::test]

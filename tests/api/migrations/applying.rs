@@ -336,3 +336,108 @@ async fn indexes_lost_after_their_migration_are_found_and_built_again() {
             .any(|(name, _)| name == "tokens_owner_type_status")
     );
 }
+
+/// An index of another shape where a migration's stood (made by hand: its name without
+/// `unique`, or its keys under another name) cannot be built over: it is named with
+/// what the operator does, and every run and start refuses until it is dropped.
+#[tokio::test]
+async fn an_index_lost_in_another_shape_is_named_and_left_to_the_operator() {
+    use mongodb::IndexModel;
+    use mongodb::options::IndexOptions;
+    let fresh = FreshDb::new().await;
+    let store = fresh.store().await;
+    run(&store, false).await.unwrap();
+    let by_hand = |keys, name: &str, unique: bool| {
+        IndexModel::builder()
+            .keys(keys)
+            .options(
+                IndexOptions::builder()
+                    .name(name.to_owned())
+                    .unique(unique)
+                    .build(),
+            )
+            .build()
+    };
+    let payments = fresh.collection("payments");
+    payments.drop_index("uniq_payment").await.unwrap();
+    payments
+        .create_index(by_hand(
+            doc! { "provider": 1, "accountId": 1, "paymentIntentId": 1.0 },
+            "uniq_payment",
+            false,
+        ))
+        .await
+        .unwrap();
+    let redemptions = fresh.collection("redemptions");
+    redemptions
+        .drop_index("uniq_redemption_reference")
+        .await
+        .unwrap();
+    redemptions
+        .create_index(by_hand(
+            doc! { "owner": 1, "reference": 1.0 },
+            "by_hand",
+            true,
+        ))
+        .await
+        .unwrap();
+
+    let found = missing_indexes(&store).await.unwrap();
+    assert_eq!(found.len(), 2, "{found:?}");
+    assert!(
+        found[0].starts_with(
+            "payments.uniq_payment (0006_payments_unique_payment) is not as its migration built it"
+        ),
+        "{found:?}"
+    );
+    assert!(
+        found[1].starts_with("redemptions.uniq_redemption_reference (0012_redemptions_unique_reference) has its keys indexed as `by_hand`"),
+        "{found:?}"
+    );
+    let err = run(&store, false).await.unwrap_err();
+    assert!(matches!(err, MigrateError::IndexesMissing(_)), "{err:?}");
+    assert!(err.to_string().contains("drop that index"), "{err}");
+    assert!(matches!(
+        verify_applied(&store).await.unwrap_err(),
+        MigrateError::IndexesMissing(_)
+    ));
+
+    // Dropped, a run builds them as their migrations did.
+    payments.drop_index("uniq_payment").await.unwrap();
+    redemptions.drop_index("by_hand").await.unwrap();
+    let report = run(&store, false).await.unwrap();
+    assert_eq!(report.recreated.len(), 2, "{:?}", report.recreated);
+    assert!(missing_indexes(&store).await.unwrap().is_empty());
+}
+
+/// What a pending migration drops is not built first, and a database a newer version
+/// migrated is left to it: neither is lost.
+#[tokio::test]
+async fn indexes_a_pending_migration_drops_or_a_newer_version_migrated_are_not_lost() {
+    let fresh = FreshDb::new().await;
+    let store = fresh.store().await;
+    run(&store, false).await.unwrap();
+    // 0015 dropped 0011's index; its record lost (an election before it was kept).
+    fresh
+        .collection("_migrations")
+        .delete_one(doc! { "_id": "0015_tokens_drop_owner_balance_index" })
+        .await
+        .unwrap();
+    assert!(missing_indexes(&store).await.unwrap().is_empty());
+    verify_applied(&store).await.unwrap();
+    run(&store, false).await.unwrap();
+
+    // A newer version's migration recorded, one of ours gone: what it changed is its own.
+    fresh
+        .collection("_migrations")
+        .insert_one(doc! { "_id": "9999_newer", "checksum": "0".repeat(64) })
+        .await
+        .unwrap();
+    fresh
+        .collection("tokens")
+        .drop_index("tokens_owner_id")
+        .await
+        .unwrap();
+    assert!(missing_indexes(&store).await.unwrap().is_empty());
+    verify_applied(&store).await.unwrap();
+}
