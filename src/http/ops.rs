@@ -22,8 +22,10 @@ const READY_FRESH_FOR: Duration = Duration::from_secs(1);
 
 /// The longest a readiness check may take: calls behind it wait for it, so a check stuck
 /// on a connection that no longer answers must not hold them for a request's timeout.
-/// Longer than the default server selection timeout (1.5 s), so an unreachable database
-/// is told as such; a probe's own timeout is often a second.
+/// A probe's own timeout is often a second. As long as the default server selection
+/// timeout (`mongo.server_selection_timeout_ms`, 2 s), so a database no server of which
+/// can be selected may be told as not answering in time rather than as unreachable:
+/// not ready, either way.
 const CHECK_AT_MOST: Duration = Duration::from_secs(2);
 
 /// The last readiness check of the database, and when it ended. One check runs at a
