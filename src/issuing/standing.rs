@@ -77,10 +77,17 @@ pub(super) fn withdrawn_whole(payment: &PaymentDoc) -> bool {
 }
 
 /// Whether money that came back makes a payment refunded by its withdrawals stand
-/// again: it is then `succeeded` once more, and can be issued.
+/// again: it is then `succeeded` once more, and can be issued. Never an authorisation
+/// to be captured with no capture recorded yet (Adyen under manual capture, its refund
+/// heard before its CAPTURE): a refund proves only that something was captured, not
+/// what was authorised, and its capture, when it comes, decides.
 pub(super) fn stands_again(payment: &PaymentDoc) -> bool {
+    let awaiting_capture = payment.authorised_amount.is_some() && payment.captures.is_empty();
     let money = payment.money();
-    payment.status == PaymentStatus::Refunded && money.explains_refund() && money.leaves_some()
+    payment.status == PaymentStatus::Refunded
+        && !awaiting_capture
+        && money.explains_refund()
+        && money.leaves_some()
 }
 
 /// The payment's state when it is refunded, canceled or failed: none of its tokens stand.

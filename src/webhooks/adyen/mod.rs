@@ -320,6 +320,14 @@ fn parse_item(
         "REFUND_FAILED" | "REFUNDED_REVERSED" => reversal("refund"),
         _ => None,
     };
+    if payment.is_empty() {
+        // A modification names its payment by `originalReference`, which Adyen leaves
+        // out of some dispute stages unless the webhook is set to include it. Loud, and
+        // recorded apart from the item's id: its money cannot be applied without it.
+        let reason = "no originalReference: enable the dispute's originalReference in the webhook's additional settings";
+        tracing::error!(event_code = %code, psp_reference = %psp, "an Adyen item names no payment (originalReference)");
+        return ignored(reason).ignored_apart("originalReference", reason);
+    }
     let account = field(item, "merchantAccountCode");
     let Some(key) = payment_key(provider, &account, Some(payment)) else {
         return ignored("invalid merchantAccountCode or payment reference");

@@ -663,3 +663,29 @@ async fn a_refunds_failure_restores_the_captured_parts_whatever_adyen_reported_a
     assert_eq!(payment_status(&app, "PSP_RF").await.0, "succeeded");
     assert!(app.store().await.verify().await.unwrap().is_clean());
 }
+
+/// A refund heard before the authorisation it refunds (a capture of 600, refunded for
+/// 300, its CAPTURE still in Adyen's retries): the refund proves only what was captured,
+/// not the 1,000 authorised, so the payment does not stand again on the authorisation's
+/// word. Its CAPTURE decides: then 3 tokens stand for the 300 kept.
+#[tokio::test]
+async fn a_refund_heard_before_the_authorisation_issues_nothing_until_the_capture() {
+    let app = spawn_app_with(&adyen_manual()).await;
+    let mut refund = modification("REFUND", "REF_E", "PSP_E", 300);
+    refund["eventDate"] = json!("2026-11-30T17:00:00Z");
+    send(&app, &[refund]).await;
+    send(&app, &[authorisation("PSP_E", 10)]).await;
+    assert!(
+        app.active_indexes("PSP_E").await.is_empty(),
+        "no capture recorded: nothing stands yet"
+    );
+    assert_eq!(payment_status(&app, "PSP_E").await.0, "refunded");
+
+    send(
+        &app,
+        &[adyen_capture("CAP_E", "PSP_E", 600, "2026-11-30T15:00:00Z")],
+    )
+    .await;
+    assert_eq!(app.active_indexes("PSP_E").await, vec![0, 1, 2]);
+    assert_eq!(payment_status(&app, "PSP_E").await.0, "succeeded");
+}

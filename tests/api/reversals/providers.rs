@@ -396,3 +396,42 @@ async fn a_second_chargeback_after_a_reversal_takes_the_tokens_back_again() {
     assert_eq!(payment_status(&app, "PSP_S").await, "refunded");
     verify_clean(&app).await;
 }
+
+/// Adyen leaves `originalReference` out of some dispute stages unless the webhook is set
+/// to include it: such an item names no payment. It is recorded `ignored`, saying what to
+/// set, apart from its id (`#originalReference`), so that it never stands for the item.
+#[tokio::test]
+async fn a_dispute_stage_that_names_no_payment_says_what_to_set_and_keeps_its_id_free() {
+    let app = spawn_app_with(ADYEN).await;
+    adyen::send(&app, &[authorisation("PSP_N", 3)]).await;
+    let mut second = modification("SECOND_CHARGEBACK", "CB_N", "", 1000);
+    second["originalReference"] = serde_json::Value::Null;
+    adyen::send(&app, &[second]).await;
+    let recorded = app
+        .find_stored(
+            "webhook_events",
+            doc! { "eventId": "SECOND_CHARGEBACK:CB_N:true#originalReference" },
+        )
+        .await;
+    assert_eq!(
+        recorded.get_str("outcome").unwrap(),
+        "ignored",
+        "{recorded}"
+    );
+    assert!(
+        recorded
+            .get_str("detail")
+            .unwrap()
+            .contains("enable the dispute's originalReference"),
+        "{recorded}"
+    );
+    assert_eq!(
+        app.count(
+            "webhook_events",
+            doc! { "eventId": "SECOND_CHARGEBACK:CB_N:true" }
+        )
+        .await,
+        0
+    );
+    assert_eq!(app.active_indexes("PSP_N").await, vec![0, 1, 2]);
+}
