@@ -324,7 +324,7 @@ fn parse_item(
         // A modification names its payment by `originalReference`, which Adyen leaves
         // out of some dispute stages unless the webhook is set to include it. Loud, and
         // recorded apart from the item's id: its money cannot be applied without it.
-        let reason = "no originalReference: enable the dispute's originalReference in the webhook's additional settings";
+        let reason = "no originalReference, so no payment (for a dispute stage: enable the dispute's originalReference in the webhook's additional settings)";
         tracing::error!(event_code = %code, psp_reference = %psp, "an Adyen item names no payment (originalReference)");
         return ignored(reason).ignored_apart("originalReference", reason);
     }
