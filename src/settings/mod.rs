@@ -391,8 +391,9 @@ pub struct ProviderSettings {
     /// When an Adyen payment is paid (scheme `adyen` only; unset is `auto`).
     #[serde(default)]
     pub capture: Option<Capture>,
-    /// The accounts whose events count: `default` stands for the provider's own (events
-    /// that name no account). Unset, every account's. One secret may sign many accounts'
+    /// The accounts whose payments may issue: `default` stands for the provider's own
+    /// (events that name no account). Unset, every account's; withdrawals count
+    /// whatever the account. One secret may sign many accounts'
     /// events alike (a Stripe Connect endpoint signs every connected account's), and an
     /// account's holder can make payments there at will: this says whose payments issue.
     #[serde(default)]

@@ -40,7 +40,8 @@ pub struct ProviderConfig {
     capture: Capture,
     /// The tokens each of the provider's prices sells (Paddle).
     token_packs: TokenPacks,
-    /// The accounts whose events count; `None`: every account's.
+    /// The accounts whose payments may issue (`Delivery::within`); `None`: every
+    /// account's.
     accounts: Option<Vec<AccountId>>,
 }
 

@@ -155,10 +155,7 @@ async fn a_field_missing_and_the_same_field_null_are_one_duplicate_key() {
         .await
         .unwrap();
 
-    let err = run(&store, false).await.unwrap_err();
-    let MigrateError::Duplicates { report, .. } = err else {
-        panic!("expected Duplicates, got {err:?}")
-    };
+    let report = blocked_by_duplicates(&store).await;
     assert_eq!(report.groups.len(), 1, "{report}");
     assert_eq!(report.groups[0].count, 2, "{report}");
     assert_eq!(report.groups[0].key.get("tokenIndex"), Some(&Bson::Null));
@@ -184,13 +181,20 @@ async fn a_report_lists_the_largest_groups_and_counts_them_all() {
         .await
         .unwrap();
 
-    let err = run(&store, false).await.unwrap_err();
-    let MigrateError::Duplicates { report, .. } = err else {
-        panic!("expected Duplicates, got {err:?}")
-    };
+    let report = blocked_by_duplicates(&store).await;
     assert_eq!(report.groups.len(), 20, "a report lists twenty: {report}");
     assert_eq!(report.total, groups, "{report}");
     let text = report.to_string();
     assert!(text.starts_with("23 group(s) of duplicates"), "{text}");
     assert!(text.contains("the 20 largest"), "{text}");
+}
+
+/// The report of the duplicates a run of the migrations stops on.
+async fn blocked_by_duplicates(
+    store: &tokenmint::store::Store,
+) -> tokenmint::migrate::DuplicateReport {
+    match run(store, false).await {
+        Err(MigrateError::Duplicates { report, .. }) => report,
+        other => panic!("expected Duplicates, got {other:?}"),
+    }
 }
